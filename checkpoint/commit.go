@@ -1,0 +1,243 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
+)
+
+// entry maps one source file onto its relative path in the commit.
+type entry struct {
+	src, rel string
+	mode     fs.FileMode
+}
+
+// collect lists the regular files of root (recursively) under prefix.
+// Symlinks and special files are refused: following them could commit
+// something outside the job's output.
+func collect(root, prefix string) ([]entry, []string, error) {
+	var files []entry
+	var dirs []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if prefix != "" {
+			rel = filepath.Join(prefix, rel)
+		}
+		if rel == "." {
+			return nil
+		}
+		rel = filepath.ToSlash(rel)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			return fmt.Errorf("%w: %s is a symlink", ErrUnsafe, p)
+		case d.IsDir():
+			dirs = append(dirs, rel)
+		case d.Type().IsRegular():
+			if rel == ManifestName || rel == MarkerName {
+				return fmt.Errorf("%w: %s uses the reserved name %s", ErrUnsafe, p, rel)
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			files = append(files, entry{src: p, rel: rel, mode: info.Mode().Perm()})
+		default:
+			return fmt.Errorf("%w: %s is not a regular file", ErrUnsafe, p)
+		}
+		return nil
+	})
+	return files, dirs, err
+}
+
+func randSuffix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// fill writes files and dirs into tmp, then MANIFEST, then COMPLETE.
+func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int64, opt Options) (Marker, error) {
+	sort.Strings(dirs)
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(tmp, filepath.FromSlash(d)), 0o755); err != nil {
+			return Marker{}, err
+		}
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].rel < files[j].rel })
+	m := manifest{V: formatV}
+	var total int64
+	for _, e := range files {
+		if err := ctx.Err(); err != nil {
+			return Marker{}, err
+		}
+		dst := filepath.Join(tmp, filepath.FromSlash(e.rel))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return Marker{}, err
+		}
+		f, err := place(e, dst, opt.Move)
+		if err != nil {
+			return Marker{}, fmt.Errorf("commit %s: %w", e.rel, err)
+		}
+		m.Files = append(m.Files, f)
+		total += f.Size
+	}
+	// Directory entries must be durable before the marker vouches for them.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := syncDir(filepath.Join(tmp, filepath.FromSlash(dirs[i]))); err != nil {
+			return Marker{}, err
+		}
+	}
+	mb, _ := jsonIndent(m)
+	if err := writeFileSync(filepath.Join(tmp, ManifestName), mb); err != nil {
+		return Marker{}, err
+	}
+	mk := Marker{V: formatV, Generation: gen, Manifest: fmt.Sprintf("%016x", xxhash.Sum64(mb)),
+		Owner: opt.Owner, Fingerprint: opt.Fingerprint, Time: time.Now().UTC(), Files: len(m.Files), Bytes: total}
+	if err := syncDir(tmp); err != nil {
+		return Marker{}, err
+	}
+	if err := writeFileSync(filepath.Join(tmp, MarkerName), mk.encode()); err != nil {
+		return Marker{}, err
+	}
+	return mk, syncDir(tmp)
+}
+
+// place moves (when allowed and possible) or copies one file, hashing it and
+// fsyncing the result.
+func place(e entry, dst string, move bool) (File, error) {
+	if move {
+		if err := os.Rename(e.src, dst); err == nil {
+			return hashSync(dst, e.rel, e.mode)
+		} else if !errors.Is(err, syscall.EXDEV) {
+			return File{}, err
+		}
+	}
+	in, err := os.Open(e.src)
+	if err != nil {
+		return File{}, err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, e.mode|0o200)
+	if err != nil {
+		return File{}, err
+	}
+	h := xxhash.New()
+	n, err := io.Copy(io.MultiWriter(out, h), in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return File{}, err
+	}
+	return File{Path: e.rel, Size: n, XXH64: fmt.Sprintf("%016x", h.Sum64()), Mode: uint32(e.mode)}, nil
+}
+
+func hashSync(path, rel string, mode fs.FileMode) (File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return File{}, err
+	}
+	defer f.Close()
+	h := xxhash.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return File{}, err
+	}
+	if err := f.Sync(); err != nil {
+		return File{}, err
+	}
+	return File{Path: rel, Size: n, XXH64: fmt.Sprintf("%016x", h.Sum64()), Mode: uint32(mode)}, nil
+}
+
+// CommitDir commits the regular files under src as the directory dst:
+// everything is written into a temporary directory beside dst, fsynced,
+// MANIFEST and then COMPLETE are written, and the result replaces dst in one
+// atomic exchange. A dst that existed is removed after the exchange, or moved
+// into keepReplaced when that is not empty (for inspection).
+func CommitDir(ctx context.Context, dst, src string, opt Options, keepReplaced string) (Marker, error) {
+	files, dirs, err := collect(src, "")
+	if err != nil {
+		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+	}
+	parent := filepath.Dir(dst)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+	}
+	tmp := filepath.Join(parent, ".tmp-"+filepath.Base(dst)+"-"+randSuffix())
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+	}
+	mk, err := fill(ctx, tmp, files, dirs, 1, opt)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+	}
+	replaced, err := swapIn(tmp, dst)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+	}
+	if err := syncDir(parent); err != nil {
+		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+	}
+	if replaced != "" {
+		if keepReplaced != "" {
+			if err := os.MkdirAll(keepReplaced, 0o755); err == nil {
+				aside := filepath.Join(keepReplaced, filepath.Base(dst)+"-"+time.Now().UTC().Format("20060102T150405")+"-"+randSuffix())
+				if os.Rename(replaced, aside) == nil {
+					return mk, nil
+				}
+			}
+		}
+		os.RemoveAll(replaced)
+	}
+	return mk, nil
+}
+
+// swapIn puts tmp at dst. When dst exists, the two are exchanged atomically
+// (renameat2 RENAME_EXCHANGE) and the old content's path is returned; on
+// filesystems without exchange, dst is renamed aside first, which leaves a
+// moment where dst is absent: a reader then sees "not committed", never a
+// partial directory.
+func swapIn(tmp, dst string) (string, error) {
+	err := os.Rename(tmp, dst)
+	if err == nil {
+		return "", nil
+	}
+	if !errors.Is(err, syscall.EEXIST) && !errors.Is(err, syscall.ENOTEMPTY) {
+		return "", err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_EXCHANGE); err == nil {
+		return tmp, nil
+	}
+	aside := tmp + ".old"
+	if err := os.Rename(dst, aside); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		_ = os.Rename(aside, dst)
+		return "", err
+	}
+	return aside, nil
+}
+
+func isTemp(name string) bool { return strings.HasPrefix(name, ".tmp-") }

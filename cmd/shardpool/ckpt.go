@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/shardpool/shardpool/checkpoint"
+)
+
+func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const syn = "shardpool ckpt commit [--retain N] DIR SRC... | ckpt latest DIR | ckpt verify [--json] DIR"
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "Usage:", syn)
+		return errUsage
+	}
+	switch args[0] {
+	case "commit":
+		fs := newFlags("ckpt commit", "shardpool ckpt commit [--retain N] DIR SRC...", stderr)
+		retain := fs.Int("retain", 0, "keep this many verified generations (0 keeps all)")
+		pos, err := parse(fs, args[1:])
+		if err != nil {
+			return err
+		}
+		if len(pos) < 2 {
+			fs.Usage()
+			return errUsage
+		}
+		g, err := checkpoint.Commit(ctx, pos[0], pos[1:], checkpoint.Options{Retain: *retain})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, g.Path)
+		return nil
+	case "latest":
+		fs := newFlags("ckpt latest", "shardpool ckpt latest DIR", stderr)
+		pos, err := parse(fs, args[1:])
+		if err != nil {
+			return err
+		}
+		if len(pos) != 1 {
+			fs.Usage()
+			return errUsage
+		}
+		g, rejected, err := checkpoint.Latest(pos[0])
+		for _, r := range rejected {
+			fmt.Fprintf(stderr, "shardpool: skipped generation %d: %s\n", r.N, r.Reason)
+		}
+		if errors.Is(err, checkpoint.ErrNoGeneration) {
+			return exitErr{code: exitUnverified, msg: err.Error()}
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, g.Path)
+		return nil
+	case "verify":
+		fs := newFlags("ckpt verify", "shardpool ckpt verify [--json] DIR", stderr)
+		asJSON := fs.Bool("json", false, "print the reports as JSON")
+		pos, err := parse(fs, args[1:])
+		if err != nil {
+			return err
+		}
+		if len(pos) != 1 {
+			fs.Usage()
+			return errUsage
+		}
+		reports, err := checkpoint.VerifyAll(pos[0])
+		if err != nil {
+			return err
+		}
+		bad := 0
+		for _, r := range reports {
+			if !r.OK {
+				bad++
+			}
+		}
+		if *asJSON {
+			if reports == nil {
+				reports = []checkpoint.Report{}
+			}
+			if err := writeJSON(stdout, reports); err != nil {
+				return err
+			}
+		} else {
+			for _, r := range reports {
+				status := "ok"
+				if !r.OK {
+					status = "FAILED " + r.Reason
+				}
+				fmt.Fprintf(stdout, "gen %d %s\n", r.N, status)
+			}
+		}
+		if bad > 0 {
+			return exitErr{code: exitUnverified, msg: fmt.Sprintf("%d of %d generation(s) failed verification", bad, len(reports))}
+		}
+		if len(reports) == 0 {
+			return exitErr{code: exitUnverified, msg: "no generations in " + pos[0]}
+		}
+		return nil
+	}
+	fmt.Fprintln(stderr, "Usage:", syn)
+	return errUsage
+}
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

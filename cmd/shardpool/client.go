@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+)
+
+func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--json] SPEC", stderr)
+	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	spec, man, err := loadRun(pos[0])
+	if err != nil {
+		return err
+	}
+	nc, js, err := connect(ctx, *server, "shardpool-submit")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	resume := fmt.Sprintf("shardpool submit --server %s %s", shellQuote(*server), shellQuote(spec.SpecPath))
+	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", shellQuote(*server), shellQuote(spec.SpecPath))
+	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(stdout, res)
+	}
+	fmt.Fprintf(stdout, "run %s\nfingerprint %s\nstate %s\npublished %d of %d shard(s)\n", res.Run, res.Fingerprint, res.State, res.Published, len(man.Shards))
+	if res.Retried > 0 {
+		fmt.Fprintf(stdout, "retried %d failed shard(s)\n", res.Retried)
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("status", "shardpool status --server URL [--json] [RUN]", stderr)
+	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	asJSON := fs.Bool("json", false, "print the status document as JSON (see docs/status-json.md)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		fs.Usage()
+		return errUsage
+	}
+	run := ""
+	if len(pos) == 1 {
+		run = pos[0]
+	}
+	nc, js, err := connect(ctx, *server, "shardpool-status")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	st, err := coordinator.ReadStatus(ctx, js, run)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(stdout, st)
+	}
+	printStatus(stdout, st)
+	return nil
+}
+
+func printStatus(w io.Writer, st *coordinator.Status) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tSTATE\tTOTAL\tPENDING\tRUNNING\tVALIDATED\tFAILED\tFINGERPRINT")
+	for _, r := range st.Runs {
+		c := r.Counts
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Name, r.State, c.Total, c.Pending, c.Running, c.Validated, c.Failed, r.Fingerprint)
+	}
+	tw.Flush()
+	for _, r := range st.Runs {
+		if r.Reason != "" {
+			fmt.Fprintf(w, "%s: %s\n", r.Name, r.Reason)
+		}
+		if r.State == stream.RunBlocked && r.Resume != "" {
+			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
+		}
+		for _, s := range r.Shards {
+			detail := s.Reason
+			if s.Owner != nil {
+				detail = fmt.Sprintf("attempt %d on %s (%s pid %d) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.Host, s.Owner.PID, detail)
+			}
+			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))
+		}
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKER\tHOST\tSLOTS\tRUNNING\tDONE\tFAILED\tREPORTED")
+	for _, wk := range st.Workers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", wk.Name, wk.Host, classMap(wk.Slots), classMap(wk.Running), wk.Done, wk.Failed, wk.Reported.Format("15:04:05"))
+	}
+	if len(st.Workers) == 0 {
+		fmt.Fprintln(tw, "(no live workers)")
+	}
+	tw.Flush()
+}
+
+func classMap(m map[string]int) string {
+	var parts []string
+	for _, k := range sortedKeys(m) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ",")
+}

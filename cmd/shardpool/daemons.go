@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
+)
+
+func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("coordinator", "shardpool coordinator --data DIR [--listen HOST:PORT] [--http HOST:PORT]", stderr)
+	data := fs.String("data", "", "state directory: JetStream store and evidence (required)")
+	listen := fs.String("listen", "127.0.0.1:4222", "NATS listener for workers and the nats CLI")
+	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status listener (empty to disable)")
+	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
+	noSync := fs.Bool("no-sync", false, "do not fsync every JetStream write (faster; a host crash can lose acknowledged state)")
+	verbose := fs.Bool("v", false, "debug logs")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 || *data == "" {
+		fs.Usage()
+		return errUsage
+	}
+	c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, NoSync: *noSync,
+		LeaseTTL: *leaseTTL, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+	if err != nil {
+		return err
+	}
+	if err := c.Start(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "coordinator ready: nats %s", c.ClientURL())
+	if a := c.HTTPAddr(); a != "" {
+		fmt.Fprintf(stdout, ", status http://%s/status", a)
+	}
+	fmt.Fprintf(stdout, ", data %s\n", c.DataDir())
+	return c.Run(ctx)
+}
+
+func connect(ctx context.Context, url, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+		nats.Timeout(5*time.Second), nats.RetryOnFailedConnect(false))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect %s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("connect %s: %w", url, err)
+	}
+	return nc, js, nil
+}
+
+func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("worker", "shardpool worker --server URL [--slots CLASS=N,...] [--scratch DIR] [--name NAME]", stderr)
+	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	slots := &slotsFlag{byClass: map[string]int{stream.DefaultClass: 1}}
+	fs.Var(slots, "slots", "concurrent shards per class: CLASS=N,... (default cpu=1)")
+	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>)")
+	name := fs.String("name", worker.DefaultName(), "worker name (unique per worker)")
+	data := fs.String("data", worker.DefaultStateDir(), "where this worker writes evidence (runs/<run>/)")
+	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
+	verbose := fs.Bool("v", false, "debug logs")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		fs.Usage()
+		return errUsage
+	}
+	nc, js, err := connect(ctx, *server, "shardpool-worker-"+*name)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Scratch: *scratch,
+		StateDir: *data, Grace: *grace, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.String(), *server)
+	return w.Run(ctx)
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+)
+
+// newFlags makes a FlagSet whose --help prints synopsis and flags.
+func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse accepts flags before and after positional arguments.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return nil, errHelp
+			}
+			return nil, errUsage
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// errHelp is returned after --help printed the usage: exit 0.
+var errHelp = exitErr{code: exitOK}
+
+// slotsFlag parses "cpu=4,gpu=1" or a bare "4" (for every class).
+type slotsFlag struct {
+	all     int
+	byClass map[string]int
+}
+
+func (s *slotsFlag) String() string {
+	if s == nil {
+		return ""
+	}
+	if len(s.byClass) == 0 {
+		return strconv.Itoa(s.all)
+	}
+	var parts []string
+	for k, v := range s.byClass {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (s *slotsFlag) Set(v string) error {
+	if n, err := strconv.Atoi(v); err == nil {
+		if n < 1 {
+			return fmt.Errorf("slots %d: want at least 1", n)
+		}
+		s.all = n
+		return nil
+	}
+	s.byClass = map[string]int{}
+	for _, p := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(p), "=")
+		n, err := strconv.Atoi(val)
+		if !ok || err != nil || n < 0 || k == "" {
+			return fmt.Errorf("slots %q: want N or CLASS=N,CLASS=N", v)
+		}
+		s.byClass[k] = n
+	}
+	return nil
+}
+
+// forClasses resolves the flag for the given classes.
+func (s *slotsFlag) forClasses(classes []string) map[string]int {
+	out := map[string]int{}
+	if len(s.byClass) > 0 {
+		for k, v := range s.byClass {
+			out[k] = v
+		}
+		return out
+	}
+	for _, c := range classes {
+		out[c] = s.all
+	}
+	return out
+}
+
+func logger(stderr io.Writer, verbose bool, level slog.Level) *slog.Logger {
+	if verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+}

@@ -1,0 +1,89 @@
+// Command shardpool plans, runs and recovers large batches of shards on
+// shared machines. See README.md and docs/cli.md; exit codes are in
+// exitcodes.go.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+const usage = `shardpool: measured, durable batches of shards on shared machines
+
+Usage:
+  shardpool run [flags] SPEC           coordinator + one local worker until COMPLETE or BLOCKED
+  shardpool coordinator --data DIR     the embedded JetStream coordinator (distributed form)
+  shardpool worker --server URL        one worker per host
+  shardpool submit --server URL SPEC   publish a run (idempotent)
+  shardpool status --server URL [RUN]  run and shard states, workers
+  shardpool ckpt commit|latest|verify  atomic checkpoint generations for jobs
+  shardpool version
+
+Run 'shardpool COMMAND --help' for a command's flags.
+Exit codes: 0 ok/COMPLETE, 1 error, 2 usage, 3 BLOCKED, 4 verification failed or nothing verified, 130 interrupted.
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return cmdRun(ctx, rest, stdout, stderr)
+	case "coordinator":
+		return cmdCoordinator(ctx, rest, stdout, stderr)
+	case "worker":
+		return cmdWorker(ctx, rest, stdout, stderr)
+	case "submit":
+		return cmdSubmit(ctx, rest, stdout, stderr)
+	case "status":
+		return cmdStatus(ctx, rest, stdout, stderr)
+	case "ckpt":
+		return cmdCkpt(ctx, rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "shardpool", version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "shardpool: unknown command %q\n\n%s", cmd, usage)
+	return errUsage
+}
+
+var version = "dev"
+
+// exitCode maps an error to the documented exit codes and prints it once.
+func exitCode(err error, stderr io.Writer) int {
+	var ec exitErr
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	case errors.As(err, &ec):
+		if ec.msg != "" {
+			fmt.Fprintln(stderr, "shardpool:", ec.msg)
+		}
+		return ec.code
+	case errors.Is(err, context.Canceled):
+		fmt.Fprintln(stderr, "shardpool: interrupted")
+		return 130
+	}
+	fmt.Fprintln(stderr, "shardpool:", err)
+	return 1
+}

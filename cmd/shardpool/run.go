@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/term"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
+)
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("run", "shardpool run [--data DIR] [--slots N|CLASS=N,...] [flags] SPEC", stderr)
+	data := fs.String("data", worker.DefaultStateDir(), "state directory: JetStream store and evidence (runs/<run>/)")
+	slots := &slotsFlag{all: 1}
+	fs.Var(slots, "slots", "concurrent shards: N for every class, or CLASS=N,... (default 1)")
+	listen := fs.String("listen", "127.0.0.1:0", "NATS listener for the nats CLI and extra workers (port 0: any free port)")
+	httpAddr := fs.String("http", "", "serve GET /status on this host:port")
+	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
+	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
+	retryFailed := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
+	noSync := fs.Bool("no-sync", false, "do not fsync every JetStream write (faster; a host crash can lose acknowledged state)")
+	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>)")
+	quiet := fs.Bool("quiet", false, "no progress display")
+	verbose := fs.Bool("v", false, "debug logs")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	spec, man, err := loadRun(pos[0])
+	if err != nil {
+		return err
+	}
+	absData, err := filepath.Abs(*data)
+	if err != nil {
+		return err
+	}
+	log := logger(stderr, *verbose, slog.LevelWarn)
+	coord, err := coordinator.New(coordinator.Config{DataDir: absData, Listen: *listen, HTTP: *httpAddr,
+		NoSync: *noSync, LeaseTTL: *leaseTTL, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := coord.Start(ctx); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
+	coordCtx, stopCoord := context.WithCancel(gctx)
+	defer stopCoord()
+	g.Go(func() error { return coord.Run(coordCtx) })
+
+	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
+	retry := fmt.Sprintf("shardpool run --data %s --retry-failed %s", shellQuote(absData), shellQuote(spec.SpecPath))
+	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry})
+	if err != nil {
+		stopCoord()
+		g.Wait()
+		if errors.Is(err, coordinator.ErrNothingToRetry) {
+			return exitErr{code: exitFailure, msg: err.Error()}
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "run %s fingerprint %s: %d shard(s), %d published, state %s\n", res.Run, res.Fingerprint, len(man.Shards), res.Published, res.State)
+	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
+
+	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()),
+		Scratch: *scratch, StateDir: absData, Grace: *grace, Logger: log})
+	if err != nil {
+		stopCoord()
+		g.Wait()
+		return err
+	}
+	workerCtx, stopWorker := context.WithCancel(gctx)
+	defer stopWorker()
+	g.Go(func() error { return wk.Run(workerCtx) })
+
+	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, progressOut(stderr, *quiet))
+	stopWorker() // the worker drains: SIGTERM to children, grace, Nak
+	time.Sleep(50 * time.Millisecond)
+	stopCoord()
+	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("shutdown", "err", err)
+	}
+	evidence := coord.EvidenceDir(spec.Name)
+	if waitErr != nil {
+		fmt.Fprintf(stdout, "interrupted; state is kept in %s\nresume with: %s\n", absData, resume)
+		return waitErr
+	}
+	fmt.Fprintf(stdout, "run %s: %s  (%d validated, %d failed of %d)\n", final.Name, final.State, final.Counts.Validated, final.Counts.Failed, final.Counts.Total)
+	if final.Reason != "" {
+		fmt.Fprintf(stdout, "reason: %s\n", final.Reason)
+	}
+	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
+	if final.State == stream.RunBlocked {
+		return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED: " + final.Reason}
+	}
+	return nil
+}
+
+func loadRun(path string) (*stream.Spec, *stream.Manifest, error) {
+	spec, err := stream.LoadSpec(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	man, err := stream.LoadManifest(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	return spec, man, nil
+}
+
+// waitRun follows the run record until COMPLETE or BLOCKED.
+func waitRun(ctx context.Context, js jetstream.JetStream, run string, progress io.Writer) (*stream.RunRecord, error) {
+	kv, err := js.KeyValue(ctx, stream.BucketRuns)
+	if err != nil {
+		return nil, err
+	}
+	w, err := kv.Watch(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	p := newProgress(progress)
+	defer p.done()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("watch of run %s ended", run)
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var r stream.RunRecord
+			if err := stream.Decode(e.Value(), &r); err != nil {
+				return nil, err
+			}
+			p.show(&r)
+			if r.State == stream.RunComplete || r.State == stream.RunBlocked {
+				return &r, nil
+			}
+		}
+	}
+}
+
+// progress draws a bar on a terminal and plain lines elsewhere.
+type progress struct {
+	w     io.Writer
+	tty   bool
+	last  time.Time
+	line  string
+	drawn bool
+}
+
+func progressOut(stderr io.Writer, quiet bool) io.Writer {
+	if quiet {
+		return nil
+	}
+	return stderr
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		p.tty = true
+	}
+	return p
+}
+
+func (p *progress) show(r *stream.RunRecord) {
+	if p.w == nil {
+		return
+	}
+	c := r.Counts
+	text := fmt.Sprintf("%s %d/%d validated, %d running, %d failed, %d pending", r.State, c.Validated, c.Total, c.Running, c.Failed, c.Pending)
+	if p.tty {
+		const width = 30
+		filled := 0
+		if c.Total > 0 {
+			filled = width * (c.Validated + c.Failed) / c.Total
+		}
+		fmt.Fprintf(p.w, "\r[%s%s] %s\x1b[K", strings.Repeat("#", filled), strings.Repeat(".", width-filled), text)
+		p.drawn = true
+		return
+	}
+	// Plain lines: on state changes and at most every 2 seconds.
+	if text == p.line || (time.Since(p.last) < 2*time.Second && r.State == stateOf(p.line) && r.State != stream.RunComplete && r.State != stream.RunBlocked) {
+		return
+	}
+	p.line, p.last = text, time.Now()
+	fmt.Fprintln(p.w, text)
+}
+
+func stateOf(line string) string { s, _, _ := strings.Cut(line, " "); return s }
+
+func (p *progress) done() {
+	if p.tty && p.drawn {
+		fmt.Fprintln(p.w)
+	}
+}
+
+// shellQuote quotes s for the resume command a person pastes into a shell.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '/' || r == '.' || r == '-' || r == '_' || r == ':' || r == '=' || r == ',' ||
+			(r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9'))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

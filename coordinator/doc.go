@@ -1,0 +1,21 @@
+// Package coordinator embeds nats-server with JetStream as shardpool's
+// durable queue, creates the layout, accepts runs (Submit), keeps each run's
+// state from its shard records, writes the run's evidence, and serves
+// GET /status over HTTP.
+//
+// Invariants:
+//   - Durability comes from JetStream's file store; with the default
+//     SyncAlways every acknowledged write is on disk before the ack.
+//   - The tracker is the only writer of a run record's state fields (state,
+//     counts, reason) and submit the only writer of its spec fields; both
+//     write with compare-and-set on the record's revision, so neither loses
+//     the other's update.
+//   - Counts are maintained by deltas from a watch of the shards bucket, not
+//     recounted; after a restart the watch replays every record once, which
+//     rebuilds them.
+//   - A run is COMPLETE only after every output at the destination verified
+//     (when the destination is visible here); otherwise the reason says who
+//     verified it.
+//
+// One goroutine (the tracker loop) owns all tracker state; no lock guards it.
+package coordinator

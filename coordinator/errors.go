@@ -1,0 +1,14 @@
+package coordinator
+
+import "errors"
+
+var (
+	// ErrNotReady means the embedded server or JetStream did not become healthy in time.
+	ErrNotReady = errors.New("jetstream not ready")
+	// ErrConfig names a bad Config field.
+	ErrConfig = errors.New("invalid coordinator config")
+	// ErrRunNotFound means no run of that name was submitted.
+	ErrRunNotFound = errors.New("run not found")
+	// ErrNothingToRetry means a retry was asked for a run with no failed shards.
+	ErrNothingToRetry = errors.New("no failed shards to retry")
+)

@@ -1,0 +1,263 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// Config configures a Coordinator. Zero values mean the documented default.
+type Config struct {
+	// DataDir holds the JetStream store (DataDir/jetstream) and the evidence
+	// folders (DataDir/runs/<run>). Required.
+	DataDir string
+	// Listen is the host:port of the NATS listener for workers and the nats
+	// CLI. Default "127.0.0.1:4222"; port 0 picks a free port.
+	Listen string
+	// HTTP is the host:port of the status server; "" disables it.
+	HTTP string
+	// NoSync turns off SyncAlways: faster, but an acknowledged write can be
+	// lost if the host (not only the process) crashes. Default false.
+	NoSync bool
+	// LeaseTTL is the lease bucket TTL and consumer AckWait. Default 30s.
+	LeaseTTL time.Duration
+	// ReadyTimeout bounds the wait for JetStream health. Default 30s.
+	ReadyTimeout time.Duration
+	// Logger receives structured logs; default discards.
+	Logger *slog.Logger
+}
+
+// Coordinator is an embedded JetStream server plus run tracking.
+type Coordinator struct {
+	cfg  Config
+	log  *slog.Logger
+	srv  *server.Server
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	http *http.Server
+	hl   net.Listener
+	b    *stream.Buckets
+}
+
+// New validates cfg. It does no I/O.
+func New(cfg Config) (*Coordinator, error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("%w: DataDir is required", ErrConfig)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:4222"
+	}
+	if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
+		return nil, fmt.Errorf("%w: Listen %q: %v", ErrConfig, cfg.Listen, err)
+	}
+	if cfg.HTTP != "" {
+		if _, _, err := net.SplitHostPort(cfg.HTTP); err != nil {
+			return nil, fmt.Errorf("%w: HTTP %q: %v", ErrConfig, cfg.HTTP, err)
+		}
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = stream.DefaultLeaseTTL
+	}
+	if cfg.LeaseTTL < time.Second {
+		return nil, fmt.Errorf("%w: LeaseTTL %s is below 1s", ErrConfig, cfg.LeaseTTL)
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	abs, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: DataDir: %v", ErrConfig, err)
+	}
+	cfg.DataDir = abs
+	return &Coordinator{cfg: cfg, log: cfg.Logger.With("component", "coordinator")}, nil
+}
+
+// Start starts the embedded server, waits until JetStream is healthy (not
+// only listening), connects in-process and creates the layout.
+func (c *Coordinator) Start(ctx context.Context) error {
+	host, portS, _ := net.SplitHostPort(c.cfg.Listen)
+	port, err := strconv.Atoi(portS)
+	if err != nil {
+		return fmt.Errorf("%w: Listen port %q", ErrConfig, portS)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	if err := os.MkdirAll(c.cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("start coordinator: %w", err)
+	}
+	opts := &server.Options{
+		ServerName:         "shardpool",
+		Host:               host,
+		Port:               port,
+		JetStream:          true,
+		StoreDir:           filepath.Join(c.cfg.DataDir, "jetstream"),
+		SyncAlways:         !c.cfg.NoSync,
+		NoSigs:             true,
+		MaxPayload:         8 << 20,
+		JetStreamMaxMemory: 256 << 20,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("start coordinator: %w", err)
+	}
+	srv.SetLoggerV2(natsLogger{c.log.With("component", "nats")}, false, false, false)
+	srv.Start()
+	c.srv = srv
+	if !srv.ReadyForConnections(c.cfg.ReadyTimeout) {
+		srv.Shutdown()
+		return fmt.Errorf("start coordinator: %w: no listener after %s", ErrNotReady, c.cfg.ReadyTimeout)
+	}
+	if err := c.waitHealthy(ctx); err != nil {
+		srv.Shutdown()
+		return err
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("shardpool-coordinator"), nats.MaxReconnects(-1))
+	if err != nil {
+		srv.Shutdown()
+		return fmt.Errorf("start coordinator: connect in-process: %w", err)
+	}
+	c.nc = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("start coordinator: %w", err)
+	}
+	c.js = js
+	if err := stream.Setup(ctx, js, stream.Layout{LeaseTTL: c.cfg.LeaseTTL}); err != nil {
+		c.Close()
+		return fmt.Errorf("start coordinator: %w", err)
+	}
+	b, err := stream.OpenBuckets(ctx, js)
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("start coordinator: %w", err)
+	}
+	c.b = b
+	if c.cfg.HTTP != "" {
+		l, err := net.Listen("tcp", c.cfg.HTTP)
+		if err != nil {
+			c.Close()
+			return fmt.Errorf("start coordinator: http listen: %w", err)
+		}
+		c.hl = l
+		c.http = &http.Server{Handler: c.routes(), ReadHeaderTimeout: 5 * time.Second}
+	}
+	c.log.Info("coordinator ready", "url", c.ClientURL(), "data", c.cfg.DataDir, "sync_always", !c.cfg.NoSync)
+	return nil
+}
+
+func (c *Coordinator) waitHealthy(ctx context.Context) error {
+	deadline := time.Now().Add(c.cfg.ReadyTimeout)
+	for {
+		hs := c.srv.Healthz(&server.HealthzOptions{})
+		if hs != nil && hs.Status == "ok" && c.srv.JetStreamEnabled() {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			reason := "unknown"
+			if hs != nil {
+				reason = hs.Error
+			}
+			return fmt.Errorf("start coordinator: %w: %s", ErrNotReady, reason)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Run tracks runs and serves HTTP until ctx ends, then shuts everything down.
+// It returns after every goroutine it started has exited.
+func (c *Coordinator) Run(ctx context.Context) error {
+	if c.srv == nil {
+		return fmt.Errorf("run coordinator: %w: Start was not called", ErrConfig)
+	}
+	defer c.Close()
+	g, gctx := errgroup.WithContext(ctx)
+	t := newTracker(c)
+	g.Go(func() error { return t.run(gctx) })
+	if c.http != nil {
+		g.Go(func() error {
+			if err := c.http.Serve(c.hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("http: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return c.http.Shutdown(sctx)
+		})
+	}
+	err := g.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Close shuts the connection and the server down; it is idempotent.
+func (c *Coordinator) Close() {
+	if c.nc != nil {
+		c.nc.Close()
+	}
+	if c.srv != nil {
+		c.srv.Shutdown()
+		c.srv.WaitForShutdown()
+	}
+}
+
+// ClientURL is the nats:// URL workers and the nats CLI connect to.
+func (c *Coordinator) ClientURL() string { return c.srv.ClientURL() }
+
+// HTTPAddr is the bound status address, or "" when HTTP is off.
+func (c *Coordinator) HTTPAddr() string {
+	if c.hl == nil {
+		return ""
+	}
+	return c.hl.Addr().String()
+}
+
+// JetStream is the coordinator's in-process JetStream client.
+func (c *Coordinator) JetStream() jetstream.JetStream { return c.js }
+
+// Conn is the coordinator's in-process connection.
+func (c *Coordinator) Conn() *nats.Conn { return c.nc }
+
+// DataDir is the absolute data directory.
+func (c *Coordinator) DataDir() string { return c.cfg.DataDir }
+
+// EvidenceDir is where a run's evidence lives.
+func (c *Coordinator) EvidenceDir(run string) string {
+	return filepath.Join(c.cfg.DataDir, "runs", run)
+}
+
+type natsLogger struct{ l *slog.Logger }
+
+func (n natsLogger) Noticef(f string, v ...any) { n.l.Debug(fmt.Sprintf(f, v...)) }
+func (n natsLogger) Warnf(f string, v ...any)   { n.l.Warn(fmt.Sprintf(f, v...)) }
+func (n natsLogger) Fatalf(f string, v ...any)  { n.l.Error(fmt.Sprintf(f, v...)) }
+func (n natsLogger) Errorf(f string, v ...any)  { n.l.Error(fmt.Sprintf(f, v...)) }
+func (n natsLogger) Debugf(f string, v ...any)  { n.l.Debug(fmt.Sprintf(f, v...)) }
+func (n natsLogger) Tracef(f string, v ...any)  {}

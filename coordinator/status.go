@@ -1,0 +1,126 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// StatusVersion is the "v" of the status document; fields are only added
+// within a version.
+const StatusVersion = 1
+
+// Status is the document behind `shardpool status --json` and GET /status.
+type Status struct {
+	V       int                   `json:"v"`
+	Time    time.Time             `json:"time"`
+	Runs    []RunStatus           `json:"runs"`
+	Workers []stream.WorkerReport `json:"workers"`
+}
+
+// RunStatus is one run in Status.
+type RunStatus struct {
+	Name        string               `json:"name"`
+	State       string               `json:"state"`
+	Fingerprint string               `json:"fingerprint"`
+	Counts      stream.Counts        `json:"counts"`
+	Reason      string               `json:"reason,omitempty"`
+	Resume      string               `json:"resume,omitempty"`
+	Evidence    string               `json:"evidence,omitempty"`
+	Output      string               `json:"output"`
+	Submitted   time.Time            `json:"submitted"`
+	Updated     time.Time            `json:"updated"`
+	Shards      []stream.ShardRecord `json:"shards,omitempty"`
+}
+
+// ReadStatus reads runs and workers from the KV buckets. With run set, it
+// returns that run only, with the records of its shards that are not
+// validated (running, failed, pending retries).
+func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Status, error) {
+	b, err := stream.OpenBuckets(ctx, js)
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	st := &Status{V: StatusVersion, Time: time.Now().UTC(), Runs: []RunStatus{}, Workers: []stream.WorkerReport{}}
+	names := []string{run}
+	if run == "" {
+		names = nil
+		l, err := b.Runs.ListKeys(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("status: list runs: %w", err)
+		}
+		for k := range l.Keys() {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+	}
+	for _, n := range names {
+		e, err := b.Runs.Get(ctx, n)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("status %s: %w", n, ErrRunNotFound)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("status %s: %w", n, err)
+		}
+		var r stream.RunRecord
+		if err := stream.Decode(e.Value(), &r); err != nil {
+			return nil, fmt.Errorf("status %s: %w", n, err)
+		}
+		rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
+			Resume: r.Resume, Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated}
+		if r.State == stream.RunBlocked {
+			rs.Resume = retryCommand(r)
+		}
+		if run != "" {
+			if rs.Shards, err = unfinished(ctx, b, r); err != nil {
+				return nil, err
+			}
+		}
+		st.Runs = append(st.Runs, rs)
+	}
+	wl, err := b.Workers.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("status: list workers: %w", err)
+	}
+	for k := range wl.Keys() {
+		e, err := b.Workers.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var w stream.WorkerReport
+		if stream.Decode(e.Value(), &w) == nil {
+			st.Workers = append(st.Workers, w)
+		}
+	}
+	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Name < st.Workers[j].Name })
+	return st, nil
+}
+
+func unfinished(ctx context.Context, b *stream.Buckets, r stream.RunRecord) ([]stream.ShardRecord, error) {
+	l, err := b.Shards.ListKeysFiltered(ctx, r.Name+".*")
+	if err != nil {
+		return nil, fmt.Errorf("status %s: %w", r.Name, err)
+	}
+	var out []stream.ShardRecord
+	for k := range l.Keys() {
+		e, err := b.Shards.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var s stream.ShardRecord
+		if stream.Decode(e.Value(), &s) != nil || s.Fingerprint != r.Fingerprint || s.State == stream.ShardValidated {
+			continue
+		}
+		s.Payload = nil
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return strings.Compare(out[i].ID, out[j].ID) < 0 })
+	return out, nil
+}

@@ -1,0 +1,250 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// SubmitOptions tune a submission.
+type SubmitOptions struct {
+	// RetryFailed requeues the run's failed shards (a new retry round).
+	RetryFailed bool
+	// Resume is the command a person runs to resume this run; it is recorded
+	// in the run record and resume.txt.
+	Resume string
+	// Retry is the command that retries the run's failed shards.
+	Retry string
+	// ClassCaps caps in-flight shards per class across the fleet (the
+	// consumer's MaxAckPending); absent means no fleet cap.
+	ClassCaps map[string]int
+}
+
+// SubmitResult says what a submission did.
+type SubmitResult struct {
+	Run         string `json:"run"`
+	Fingerprint string `json:"fingerprint"`
+	State       string `json:"state"`
+	Published   int    `json:"published"`
+	NewRun      bool   `json:"new_generation"`
+	Retried     int    `json:"retried"`
+}
+
+// Submit publishes a validated run. It is idempotent: the same run again
+// publishes nothing; a changed fingerprint starts a new generation and
+// purges the old one's queued messages, so the two are never mixed.
+func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man *stream.Manifest, opt SubmitOptions) (SubmitResult, error) {
+	b, err := stream.OpenBuckets(ctx, js)
+	if err != nil {
+		return SubmitResult{}, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
+	fp := stream.Fingerprint(spec, man.Hash)
+	res := SubmitResult{Run: spec.Name, Fingerprint: fp}
+	var prev *stream.RunRecord
+	var rev uint64
+	if e, err := b.Runs.Get(ctx, spec.Name); err == nil {
+		var r stream.RunRecord
+		if err := stream.Decode(e.Value(), &r); err != nil {
+			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+		}
+		prev, rev = &r, e.Revision()
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
+	if prev != nil && prev.Fingerprint == fp && prev.Queued {
+		res.State = prev.State
+		if opt.RetryFailed {
+			n, err := retryFailed(ctx, js, b, prev, man)
+			if err != nil {
+				return res, err
+			}
+			res.Retried, res.State = n, stream.RunRunning
+		}
+		return res, nil
+	}
+	if opt.RetryFailed && (prev == nil || prev.Fingerprint != fp) {
+		// A new generation runs every shard anyway; nothing to add.
+		opt.RetryFailed = false
+	}
+	ttl, err := leaseTTL(ctx, b)
+	if err != nil {
+		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
+	classes := map[string]int{}
+	for _, sh := range man.Shards {
+		classes[sh.Class]++
+	}
+	for class := range classes {
+		if _, err := stream.EnsureConsumer(ctx, js, class, spec.Retries+1, opt.ClassCaps[class], ttl); err != nil {
+			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+		}
+	}
+	rec := stream.RunRecord{
+		Name: spec.Name, Fingerprint: fp, Spec: *spec, ManifestSHA: man.Hash, Classes: classes,
+		State: stream.RunPrepared, Counts: stream.Counts{Total: len(man.Shards), Pending: len(man.Shards)},
+		Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
+	}
+	if prev != nil && prev.Fingerprint != fp {
+		res.NewRun = true
+		s, err := js.Stream(ctx, stream.StreamShards)
+		if err != nil {
+			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+		}
+		if err := s.Purge(ctx, jetstream.WithPurgeSubject(stream.RunSubjects(spec.Name))); err != nil {
+			return res, fmt.Errorf("submit %s: purge old generation %s: %w", spec.Name, prev.Fingerprint, err)
+		}
+	}
+	if prev == nil {
+		res.NewRun = true
+	}
+	if rev, err = putRun(ctx, b.Runs, &rec, rev, prev == nil); err != nil {
+		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
+	n, err := publish(ctx, js, fp, spec.Name, man.Shards, 0)
+	res.Published = n
+	if err != nil {
+		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
+	// Mark queued with compare-and-set: the tracker may have written state
+	// in between, so re-read on conflict.
+	for {
+		rec.Queued = true
+		if rec.State == stream.RunPrepared {
+			rec.State = stream.RunQueued
+		}
+		rec.Updated = time.Now().UTC()
+		if _, err := putRun(ctx, b.Runs, &rec, rev, false); err == nil {
+			break
+		} else if !isWrongSeq(err) {
+			return res, fmt.Errorf("submit %s: mark queued: %w", spec.Name, err)
+		}
+		e, err := b.Runs.Get(ctx, spec.Name)
+		if err != nil {
+			return res, fmt.Errorf("submit %s: mark queued: %w", spec.Name, err)
+		}
+		if err := stream.Decode(e.Value(), &rec); err != nil {
+			return res, err
+		}
+		rev = e.Revision()
+	}
+	res.State = rec.State
+	return res, nil
+}
+
+func putRun(ctx context.Context, kv jetstream.KeyValue, r *stream.RunRecord, rev uint64, create bool) (uint64, error) {
+	b, err := stream.Encode(r)
+	if err != nil {
+		return 0, err
+	}
+	if create {
+		return kv.Create(ctx, r.Name, b)
+	}
+	return kv.Update(ctx, r.Name, b, rev)
+}
+
+func isWrongSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return true
+	}
+	return errors.Is(err, jetstream.ErrKeyExists)
+}
+
+func leaseTTL(ctx context.Context, b *stream.Buckets) (time.Duration, error) {
+	st, err := b.Leases.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return st.TTL(), nil
+}
+
+// publish sends shards with de-duplication IDs and waits for every ack.
+func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards []stream.Shard, retry int) (int, error) {
+	futures := make([]jetstream.PubAckFuture, 0, len(shards))
+	for i := range shards {
+		sh := &shards[i]
+		m := stream.ShardMsg{Run: run, Fingerprint: fp, ID: sh.ID, Class: sh.Class, Inputs: sh.Inputs,
+			Cost: sh.Cost, Params: sh.Params, Retry: retry}
+		data, err := stream.Encode(&m)
+		if err != nil {
+			return 0, err
+		}
+		msg := &nats.Msg{Subject: stream.ShardSubject(run, sh.Class), Data: data, Header: nats.Header{}}
+		msg.Header.Set(nats.MsgIdHdr, stream.MsgID(fp, sh.ID, retry))
+		f, err := js.PublishMsgAsync(msg)
+		if err != nil {
+			return 0, fmt.Errorf("publish shard %s: %w", sh.ID, err)
+		}
+		futures = append(futures, f)
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	n := 0
+	for i, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			if !ack.Duplicate {
+				n++
+			}
+		case err := <-f.Err():
+			return n, fmt.Errorf("publish shard %s: %w", shards[i].ID, err)
+		}
+	}
+	return n, nil
+}
+
+// retryFailed resets the run's failed shards to pending in a new retry
+// round and republishes them. Their attempt history is kept.
+func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest) (int, error) {
+	lister, err := b.Shards.ListKeysFiltered(ctx, run.Name+".*")
+	if err != nil {
+		return 0, fmt.Errorf("retry %s: %w", run.Name, err)
+	}
+	byID := map[string]stream.Shard{}
+	for _, sh := range man.Shards {
+		byID[sh.ID] = sh
+	}
+	rounds := map[int][]stream.Shard{}
+	total := 0
+	for key := range lister.Keys() {
+		e, err := b.Shards.Get(ctx, key)
+		if err != nil {
+			continue
+		}
+		var r stream.ShardRecord
+		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint || r.State != stream.ShardFailed {
+			continue
+		}
+		sh, ok := byID[r.ID]
+		if !ok {
+			continue
+		}
+		r.State, r.Retry, r.Reason, r.Owner, r.Updated = stream.ShardPending, r.Retry+1, "retry requested", nil, time.Now().UTC()
+		data, _ := stream.Encode(&r)
+		if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
+			return 0, fmt.Errorf("retry shard %s: %w", r.ID, err)
+		}
+		rounds[r.Retry] = append(rounds[r.Retry], sh)
+		total++
+	}
+	if total == 0 {
+		return 0, fmt.Errorf("retry %s: %w", run.Name, ErrNothingToRetry)
+	}
+	// The retry round is part of the Msg-ID, so a retry is never taken for a
+	// duplicate of an earlier round.
+	for round, todo := range rounds {
+		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round); err != nil {
+			return 0, fmt.Errorf("retry %s: %w", run.Name, err)
+		}
+	}
+	return total, nil
+}

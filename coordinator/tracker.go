@@ -1,0 +1,404 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/stream"
+)
+
+type shardInfo struct {
+	fp, state, reason string
+	output            *stream.Output
+	attempts          int
+}
+
+type runInfo struct {
+	rec        stream.RunRecord
+	rev        uint64
+	known      bool
+	shards     map[string]*shardInfo
+	n          map[string]int // records per state for the current fingerprint
+	dirty      bool
+	verifiedFP string
+	evidence   string // state the evidence was last written for
+}
+
+// tracker keeps run state from shard records. Only its loop goroutine
+// touches its fields.
+type tracker struct {
+	c    *Coordinator
+	runs map[string]*runInfo
+	adv  chan *nats.Msg
+}
+
+func newTracker(c *Coordinator) *tracker {
+	return &tracker{c: c, runs: map[string]*runInfo{}, adv: make(chan *nats.Msg, 256)}
+}
+
+func (t *tracker) run(ctx context.Context) error {
+	b := t.c.b
+	sw, err := b.Shards.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("tracker: watch shards: %w", err)
+	}
+	defer sw.Stop()
+	rw, err := b.Runs.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("tracker: watch runs: %w", err)
+	}
+	defer rw.Stop()
+	sub, err := t.c.nc.ChanSubscribe(stream.AdvisoryMaxDeliveries, t.adv)
+	if err != nil {
+		return fmt.Errorf("tracker: subscribe advisories: %w", err)
+	}
+	defer sub.Unsubscribe()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			t.flush(context.Background())
+			return ctx.Err()
+		case e, ok := <-rw.Updates():
+			if !ok {
+				return fmt.Errorf("tracker: runs watch closed")
+			}
+			if e != nil {
+				t.onRun(e)
+			}
+		case e, ok := <-sw.Updates():
+			if !ok {
+				return fmt.Errorf("tracker: shards watch closed")
+			}
+			if e != nil {
+				t.onShard(e)
+			}
+		case m := <-t.adv:
+			t.onMaxDeliveries(ctx, m)
+		case <-tick.C:
+			t.flush(ctx)
+		}
+	}
+}
+
+func (t *tracker) info(run string) *runInfo {
+	ri := t.runs[run]
+	if ri == nil {
+		ri = &runInfo{shards: map[string]*shardInfo{}, n: map[string]int{}}
+		t.runs[run] = ri
+	}
+	return ri
+}
+
+func (t *tracker) onRun(e jetstream.KeyValueEntry) {
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(t.runs, e.Key())
+		return
+	}
+	var r stream.RunRecord
+	if err := stream.Decode(e.Value(), &r); err != nil {
+		t.c.log.Warn("skip undecodable run record", "run", e.Key(), "err", err)
+		return
+	}
+	ri := t.info(r.Name)
+	fpChanged := ri.rec.Fingerprint != r.Fingerprint
+	ri.rec, ri.rev, ri.known, ri.dirty = r, e.Revision(), true, true
+	if fpChanged {
+		ri.n = map[string]int{}
+		for _, si := range ri.shards {
+			if si.fp == r.Fingerprint {
+				ri.n[si.state]++
+			}
+		}
+		ri.verifiedFP, ri.evidence = "", ""
+		t.writeResume(ri, r.Resume)
+	}
+}
+
+func (t *tracker) onShard(e jetstream.KeyValueEntry) {
+	run, id, ok := strings.Cut(e.Key(), ".")
+	if !ok {
+		return
+	}
+	ri := t.info(run)
+	old := ri.shards[id]
+	if old != nil && old.fp == ri.rec.Fingerprint {
+		ri.n[old.state]--
+	}
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(ri.shards, id)
+		ri.dirty = true
+		return
+	}
+	var r stream.ShardRecord
+	if err := stream.Decode(e.Value(), &r); err != nil {
+		t.c.log.Warn("skip undecodable shard record", "key", e.Key(), "err", err)
+		delete(ri.shards, id)
+		return
+	}
+	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, output: r.Output, attempts: len(r.Attempts)}
+	ri.shards[id] = si
+	if si.fp == ri.rec.Fingerprint {
+		ri.n[si.state]++
+	}
+	ri.dirty = true
+}
+
+// derive computes the run's state from its counts.
+func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Counts, string) {
+	total := ri.rec.Counts.Total
+	c := stream.Counts{Total: total, Running: ri.n[stream.ShardRunning], Validated: ri.n[stream.ShardValidated], Failed: ri.n[stream.ShardFailed]}
+	c.Pending = total - c.Running - c.Validated - c.Failed
+	switch {
+	case !ri.rec.Queued:
+		return stream.RunPrepared, c, ""
+	case c.Validated >= total:
+		if ri.verifiedFP == ri.rec.Fingerprint {
+			return stream.RunComplete, c, ri.rec.Reason
+		}
+		reason, ok := t.verifyOutputs(ctx, ri)
+		if !ok {
+			return stream.RunRunning, c, reason
+		}
+		ri.verifiedFP = ri.rec.Fingerprint
+		return stream.RunComplete, c, reason
+	case c.Pending <= 0 && c.Running == 0 && c.Failed > 0:
+		ids := ri.failedIDs(5)
+		return stream.RunBlocked, c, fmt.Sprintf("%d shard(s) failed after their retries (%s); retry them with: %s", c.Failed, ids, retryCommand(ri.rec))
+	case c.Running+c.Validated+c.Failed > 0:
+		return stream.RunRunning, c, ""
+	}
+	return stream.RunQueued, c, ""
+}
+
+func (ri *runInfo) failedIDs(max int) string {
+	var ids []string
+	for id, si := range ri.shards {
+		if si.fp == ri.rec.Fingerprint && si.state == stream.ShardFailed {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	more := ""
+	if len(ids) > max {
+		more = fmt.Sprintf(" and %d more", len(ids)-max)
+		ids = ids[:max]
+	}
+	return strings.Join(ids, ", ") + more
+}
+
+func retryCommand(r stream.RunRecord) string {
+	if r.RetryCmd != "" {
+		return r.RetryCmd
+	}
+	return "shardpool submit --retry-failed " + r.Spec.SpecPath
+}
+
+// verifyOutputs checks every output of the run at the destination (marker,
+// MANIFEST checksum, sizes, fingerprint; the committing worker already read
+// every byte back). Shards whose output fails are marked failed so that the
+// run blocks with a retry command instead of claiming COMPLETE.
+func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool) {
+	out := ri.rec.Spec.Output
+	if _, err := os.Stat(out); errors.Is(err, fs.ErrNotExist) {
+		return "outputs verified by their committing workers; the destination is not visible from the coordinator", true
+	}
+	var bad []string
+	for id, si := range ri.shards {
+		if si.fp != ri.rec.Fingerprint {
+			continue
+		}
+		mk, err := checkpoint.VerifyQuick(filepath.Join(out, id))
+		if err == nil && mk.Fingerprint != ri.rec.Fingerprint {
+			err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
+		}
+		if err != nil {
+			bad = append(bad, id)
+			t.failShard(ctx, ri.rec.Name, id, "output at the destination failed verification: "+err.Error(), nil)
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Sprintf("%d output(s) failed verification at the destination", len(bad)), false
+	}
+	return "every output verified at the destination", true
+}
+
+// failShard records a shard as failed with compare-and-set; a validated
+// record of another attempt wins over it unless force is set by the caller
+// through the reason (verification).
+func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload *stream.ShardMsg) {
+	key := stream.ShardKey(run, id)
+	for i := 0; i < 5; i++ {
+		e, err := t.c.b.Shards.Get(ctx, key)
+		var r stream.ShardRecord
+		var rev uint64
+		if err == nil {
+			if derr := stream.Decode(e.Value(), &r); derr != nil {
+				return
+			}
+			rev = e.Revision()
+			if payload != nil && (r.State == stream.ShardValidated || r.Fingerprint != payload.Fingerprint) {
+				return
+			}
+		} else if errors.Is(err, jetstream.ErrKeyNotFound) && payload != nil {
+			r = stream.ShardRecord{Run: run, ID: id, Fingerprint: payload.Fingerprint, Class: payload.Class}
+		} else {
+			return
+		}
+		r.State, r.Reason, r.Owner, r.Updated = stream.ShardFailed, reason, nil, time.Now().UTC()
+		if payload != nil {
+			r.Payload = payload
+		}
+		data, _ := stream.Encode(&r)
+		if rev == 0 {
+			_, err = t.c.b.Shards.Create(ctx, key, data)
+		} else {
+			_, err = t.c.b.Shards.Update(ctx, key, data, rev)
+		}
+		if err == nil {
+			t.c.log.Warn("shard failed", "run", run, "shard", id, "reason", reason)
+			return
+		}
+	}
+}
+
+// onMaxDeliveries handles a shard whose message ran out of deliveries
+// without a worker recording its end (its last worker died mid-attempt).
+func (t *tracker) onMaxDeliveries(ctx context.Context, m *nats.Msg) {
+	var adv struct {
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries int    `json:"deliveries"`
+	}
+	if err := json.Unmarshal(m.Data, &adv); err != nil {
+		return
+	}
+	s, err := t.c.js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return
+	}
+	raw, err := s.GetMsg(ctx, adv.StreamSeq)
+	if err != nil {
+		return
+	}
+	var sm stream.ShardMsg
+	if err := stream.Decode(raw.Data, &sm); err != nil {
+		return
+	}
+	t.failShard(ctx, sm.Run, sm.ID, fmt.Sprintf("ran out of deliveries (%d): the last attempt ended without a report, its worker was lost", adv.Deliveries), &sm)
+	if err := s.DeleteMsg(ctx, adv.StreamSeq); err != nil {
+		t.c.log.Warn("delete exhausted message", "run", sm.Run, "shard", sm.ID, "err", err)
+	}
+}
+
+func (t *tracker) flush(ctx context.Context) {
+	for name, ri := range t.runs {
+		if !ri.dirty || !ri.known {
+			continue
+		}
+		state, counts, reason := t.derive(ctx, ri)
+		if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason {
+			ri.dirty = false
+			t.maybeEvidence(ri)
+			continue
+		}
+		r := ri.rec
+		r.State, r.Counts, r.Reason, r.Updated = state, counts, reason, time.Now().UTC()
+		r.Evidence = t.c.EvidenceDir(name)
+		data, err := stream.Encode(&r)
+		if err != nil {
+			continue
+		}
+		rev, err := t.c.b.Runs.Update(ctx, name, data, ri.rev)
+		if err != nil {
+			// Submit wrote in between: its update arrives through the watch
+			// and the next flush retries from it.
+			continue
+		}
+		if r.State != ri.rec.State {
+			t.c.log.Info("run state", "run", name, "state", r.State, "reason", r.Reason)
+		}
+		ri.rec, ri.rev, ri.dirty = r, rev, false
+		t.maybeEvidence(ri)
+	}
+}
+
+func (t *tracker) writeResume(ri *runInfo, cmd string) {
+	if cmd == "" {
+		return
+	}
+	dir := t.c.EvidenceDir(ri.rec.Name)
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		_ = checkpoint.WriteFile(filepath.Join(dir, "resume.txt"), []byte(cmd+"\n"))
+	}
+}
+
+// Final is final.json: what a run ended with.
+type Final struct {
+	Run         string        `json:"run"`
+	Fingerprint string        `json:"fingerprint"`
+	State       string        `json:"state"`
+	Reason      string        `json:"reason,omitempty"`
+	Counts      stream.Counts `json:"counts"`
+	Resume      string        `json:"resume"`
+	Output      string        `json:"output"`
+	Shards      []FinalShard  `json:"shards"`
+	Written     time.Time     `json:"written"`
+}
+
+// FinalShard is one shard in final.json.
+type FinalShard struct {
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Checksum string `json:"checksum,omitempty"`
+	Files    int    `json:"files,omitempty"`
+	Bytes    int64  `json:"bytes,omitempty"`
+	Attempts int    `json:"attempts"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+func (t *tracker) maybeEvidence(ri *runInfo) {
+	st := ri.rec.State
+	if (st != stream.RunComplete && st != stream.RunBlocked) || ri.evidence == st+ri.rec.Reason {
+		return
+	}
+	ri.evidence = st + ri.rec.Reason
+	f := Final{Run: ri.rec.Name, Fingerprint: ri.rec.Fingerprint, State: st, Reason: ri.rec.Reason, Counts: ri.rec.Counts,
+		Resume: ri.rec.Resume, Output: ri.rec.Spec.Output, Written: time.Now().UTC()}
+	if st == stream.RunBlocked {
+		f.Resume = retryCommand(ri.rec)
+	}
+	for id, si := range ri.shards {
+		if si.fp != ri.rec.Fingerprint {
+			continue
+		}
+		fs := FinalShard{ID: id, State: si.state, Attempts: si.attempts, Reason: si.reason}
+		if si.output != nil {
+			fs.Checksum, fs.Files, fs.Bytes = si.output.Checksum, si.output.Files, si.output.Bytes
+		}
+		f.Shards = append(f.Shards, fs)
+	}
+	sort.Slice(f.Shards, func(i, j int) bool { return f.Shards[i].ID < f.Shards[j].ID })
+	dir := t.c.EvidenceDir(ri.rec.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.c.log.Error("write evidence", "run", ri.rec.Name, "err", err)
+		return
+	}
+	b, _ := json.MarshalIndent(f, "", "  ")
+	if err := checkpoint.WriteFile(filepath.Join(dir, "final.json"), append(b, '\n')); err != nil {
+		t.c.log.Error("write final.json", "run", ri.rec.Name, "err", err)
+	}
+	t.writeResume(ri, f.Resume)
+}

@@ -1,0 +1,17 @@
+// Package stream owns the JetStream layout of shardpool: the names, subjects,
+// schemas and idempotent setup of every stream, consumer and KV bucket, the
+// encoding of every message, and the parsing of the run spec and manifest
+// that become those messages. It is the only package that knows subjects.
+//
+// Invariants:
+//   - Setup is idempotent: calling it again with the same Layout changes nothing;
+//     with a larger retry count or lease TTL it updates the affected config.
+//   - Every message and KV value carries a schema version "v"; decoders refuse a
+//     version they do not know instead of guessing.
+//   - A shard's publish Msg-ID is "<fingerprint>.<shard-id>" (plus a retry suffix
+//     for explicit retries), so a resubmission inside the duplicate window is a
+//     no-op at the server, and outside it a no-op because the run record says
+//     the generation was already queued.
+//   - Consumers are per class and shared by runs; their MaxDeliver is the largest
+//     retries+1 of any run seen, and the worker enforces each run's own limit.
+package stream

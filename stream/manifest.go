@@ -1,0 +1,236 @@
+package stream
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Shard is one validated manifest line with absolute input paths.
+type Shard struct {
+	ID     string            `json:"id"`
+	Inputs []string          `json:"inputs"`
+	Class  string            `json:"class"`
+	Cost   int64             `json:"cost"`
+	Params map[string]string `json:"params,omitempty"`
+	Line   int               `json:"line"`
+}
+
+// Manifest is a validated manifest: its shards in file order and the
+// xxhash64 of its bytes, which enters the run fingerprint.
+type Manifest struct {
+	Path   string
+	Hash   string
+	Shards []Shard
+}
+
+var manifestFields = map[string]bool{"id": true, "inputs": true, "class": true, "cost": true, "params": true}
+
+// LoadManifest reads the JSONL manifest of spec. Relative input paths are
+// relative to the spec's directory. Inputs must exist and be readable
+// regular files; classes must be declared by the spec. Every error wraps
+// ErrInvalidManifest and names the file, line and field.
+func LoadManifest(spec *Spec) (*Manifest, error) {
+	f, err := os.Open(spec.Manifest)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidManifest, err)
+	}
+	defer f.Close()
+	h := xxhash.New()
+	m := &Manifest{Path: spec.Manifest}
+	seen := map[string]int{}
+	r := bufio.NewReaderSize(io.TeeReader(f, h), 1<<16)
+	for n := 1; ; n++ {
+		line, err := r.ReadBytes('\n')
+		if len(line) > 0 {
+			sh, perr := parseLine(spec, m.Path, n, line)
+			if perr != nil {
+				return nil, perr
+			}
+			if sh != nil {
+				if prev, dup := seen[sh.ID]; dup {
+					return nil, fmt.Errorf("%s:%d: field \"id\": %w: duplicate shard id %q (first on line %d)", m.Path, n, ErrInvalidManifest, sh.ID, prev)
+				}
+				seen[sh.ID] = n
+				m.Shards = append(m.Shards, *sh)
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w: %v", m.Path, n, ErrInvalidManifest, err)
+		}
+	}
+	if len(m.Shards) == 0 {
+		return nil, fmt.Errorf("%s: %w: no shards", m.Path, ErrInvalidManifest)
+	}
+	m.Hash = fmt.Sprintf("%016x", h.Sum64())
+	return m, nil
+}
+
+func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%s:%d: field %q: %w: %s", path, n, field, ErrInvalidManifest, fmt.Sprintf(format, args...))
+	}
+	t := bytes.TrimSpace(line)
+	if len(t) == 0 {
+		return nil, nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(t, &raw); err != nil {
+		var se *json.SyntaxError
+		if e, ok := err.(*json.SyntaxError); ok {
+			se = e
+			return nil, fmt.Errorf("%s:%d:%d: %w: not a JSON object: %v", path, n, se.Offset, ErrInvalidManifest, err)
+		}
+		return nil, fmt.Errorf("%s:%d: %w: not a JSON object: %v", path, n, ErrInvalidManifest, err)
+	}
+	keys := make([]string, 0, len(raw))
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !manifestFields[k] {
+			return nil, bad(k, "unknown field (known: id, inputs, class, cost, params)")
+		}
+	}
+	sh := &Shard{Line: n, Class: DefaultClass}
+	if v, ok := raw["id"]; ok {
+		if err := json.Unmarshal(v, &sh.ID); err != nil {
+			return nil, bad("id", "want a string")
+		}
+		if !ValidShardID(sh.ID) {
+			return nil, bad("id", "%q must match [A-Za-z0-9_-]{1,128}; it names the shard's output directory", sh.ID)
+		}
+	} else {
+		sh.ID = fmt.Sprintf("line-%06d", n)
+	}
+	if v, ok := raw["inputs"]; ok {
+		if err := json.Unmarshal(v, &sh.Inputs); err != nil {
+			return nil, bad("inputs", "want an array of paths")
+		}
+	}
+	if v, ok := raw["class"]; ok {
+		if err := json.Unmarshal(v, &sh.Class); err != nil {
+			return nil, bad("class", "want a string")
+		}
+		if _, ok := spec.Classes[sh.Class]; !ok {
+			return nil, bad("class", "class %q is not declared in %s (declare [class.%s])", sh.Class, spec.SpecPath, sh.Class)
+		}
+	}
+	if v, ok := raw["params"]; ok {
+		if err := json.Unmarshal(v, &sh.Params); err != nil {
+			return nil, bad("params", "want an object of string values")
+		}
+		for k := range sh.Params {
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				return nil, bad("params", "key %q cannot become an environment variable", k)
+			}
+		}
+	}
+	var total int64
+	for i, in := range sh.Inputs {
+		if in == "" {
+			return nil, bad("inputs", "input %d is empty", i)
+		}
+		p := resolve(spec.Dir, in)
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, bad("inputs", "input %d: %v", i, err)
+		}
+		if st.IsDir() {
+			return nil, bad("inputs", "input %d: %s is a directory, want a file", i, p)
+		}
+		sh.Inputs[i] = p
+		total += st.Size()
+	}
+	sh.Cost = total
+	if v, ok := raw["cost"]; ok {
+		if err := json.Unmarshal(v, &sh.Cost); err != nil || sh.Cost < 0 {
+			return nil, bad("cost", "want a non-negative integer")
+		}
+	}
+	if err := checkPlaceholders(spec.Command, sh); err != nil {
+		return nil, bad("inputs", "%v", err)
+	}
+	return sh, nil
+}
+
+func checkPlaceholders(argv []string, sh *Shard) error {
+	for _, a := range argv {
+		if strings.Contains(a, "{input}") && len(sh.Inputs) != 1 {
+			return fmt.Errorf("%w: the command uses {input}, which needs exactly one input, and this shard has %d (use {inputs})", ErrPlaceholder, len(sh.Inputs))
+		}
+	}
+	return nil
+}
+
+// Vars are the values of a command's placeholders for one attempt.
+type Vars struct {
+	ID, Out, Ckpt, Scratch string
+	Inputs                 []string
+	Attempt                int
+}
+
+// Expand substitutes placeholders in argv. {inputs} must stand alone and
+// becomes one argument per input; other placeholders are replaced inside
+// arguments. Unknown braces are left alone (awk programs stay intact).
+func Expand(argv []string, v Vars) ([]string, error) {
+	out := make([]string, 0, len(argv)+len(v.Inputs))
+	for _, a := range argv {
+		if a == "{inputs}" {
+			out = append(out, v.Inputs...)
+			continue
+		}
+		var err error
+		s := placeholderRE.ReplaceAllStringFunc(a, func(m string) string {
+			switch m {
+			case "{id}":
+				return v.ID
+			case "{input}":
+				if len(v.Inputs) != 1 {
+					err = fmt.Errorf("%w: {input} with %d inputs", ErrPlaceholder, len(v.Inputs))
+					return m
+				}
+				return v.Inputs[0]
+			case "{out}":
+				return v.Out
+			case "{ckpt}":
+				return v.Ckpt
+			case "{scratch}":
+				return v.Scratch
+			case "{attempt}":
+				return fmt.Sprint(v.Attempt)
+			}
+			return m
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// InputPathsRelative reports inputs relative to dir for display.
+func InputPathsRelative(dir string, inputs []string) []string {
+	out := make([]string, len(inputs))
+	for i, p := range inputs {
+		if r, err := filepath.Rel(dir, p); err == nil && !strings.HasPrefix(r, "..") {
+			out[i] = r
+		} else {
+			out[i] = p
+		}
+	}
+	return out
+}

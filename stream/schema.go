@@ -1,0 +1,206 @@
+package stream
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// SchemaVersion is written as "v" in every message and KV value.
+const SchemaVersion = 1
+
+// Shard states, durable in the shards bucket. A shard with no record yet is
+// pending: its message sits in the SHARDS stream.
+const (
+	ShardPending   = "pending"
+	ShardRunning   = "running"
+	ShardValidated = "validated"
+	ShardFailed    = "failed"
+)
+
+// Run states.
+const (
+	RunPrepared = "PREPARED"
+	RunQueued   = "QUEUED"
+	RunRunning  = "RUNNING"
+	RunComplete = "COMPLETE"
+	RunBlocked  = "BLOCKED"
+)
+
+// ShardMsg is the payload published on shards.<run>.<class>.
+type ShardMsg struct {
+	V           int               `json:"v"`
+	Run         string            `json:"run"`
+	Fingerprint string            `json:"fingerprint"`
+	ID          string            `json:"id"`
+	Class       string            `json:"class"`
+	Inputs      []string          `json:"inputs"`
+	Cost        int64             `json:"cost"`
+	Params      map[string]string `json:"params,omitempty"`
+	Retry       int               `json:"retry,omitempty"`
+}
+
+// Owner identifies one attempt's process on one boot of one host, which is
+// what a reclaim must prove gone.
+type Owner struct {
+	Worker  string `json:"worker"`
+	Host    string `json:"host"`
+	BootID  string `json:"boot_id"`
+	PID     int    `json:"pid"`
+	Attempt int    `json:"attempt"`
+}
+
+// Attempt is what one run of a shard's command did.
+type Attempt struct {
+	N        int       `json:"n"`
+	Worker   string    `json:"worker"`
+	Host     string    `json:"host"`
+	Start    time.Time `json:"start"`
+	Duration Seconds   `json:"duration"`
+	ExitCode *int      `json:"exit_code,omitempty"`
+	Signal   string    `json:"signal,omitempty"`
+	Outcome  string    `json:"outcome"`
+	Reason   string    `json:"reason,omitempty"`
+	PeakRSS  int64     `json:"peak_rss,omitempty"`
+	Log      string    `json:"log,omitempty"`
+}
+
+// Attempt outcomes.
+const (
+	OutcomeOK          = "ok"
+	OutcomeExit        = "exit"
+	OutcomeTimeout     = "timeout"
+	OutcomeOOM         = "oom"
+	OutcomeSignal      = "signal"
+	OutcomeInvalid     = "invalid-output"
+	OutcomeCommit      = "commit-error"
+	OutcomeInterrupted = "interrupted"
+	OutcomeLeaseLost   = "lease-lost"
+	OutcomeStart       = "start-error"
+	OutcomeLost        = "lost"
+)
+
+// Output is a committed shard output.
+type Output struct {
+	Path     string `json:"path"`
+	Checksum string `json:"checksum"`
+	Files    int    `json:"files"`
+	Bytes    int64  `json:"bytes"`
+}
+
+// ShardRecord is the durable state of one shard, key <run>.<id> in the
+// shards bucket.
+type ShardRecord struct {
+	V           int       `json:"v"`
+	Run         string    `json:"run"`
+	ID          string    `json:"id"`
+	Fingerprint string    `json:"fingerprint"`
+	Class       string    `json:"class"`
+	State       string    `json:"state"`
+	Retry       int       `json:"retry"`
+	Owner       *Owner    `json:"owner,omitempty"`
+	Attempts    []Attempt `json:"attempts,omitempty"`
+	Output      *Output   `json:"output,omitempty"`
+	Reason      string    `json:"reason,omitempty"`
+	Payload     *ShardMsg `json:"payload,omitempty"`
+	Updated     time.Time `json:"updated"`
+}
+
+// Counts are shards per state of the run's current fingerprint.
+type Counts struct {
+	Total     int `json:"total"`
+	Pending   int `json:"pending"`
+	Running   int `json:"running"`
+	Validated int `json:"validated"`
+	Failed    int `json:"failed"`
+}
+
+// RunRecord is key <run> in the runs bucket. Submit writes the spec part;
+// the coordinator writes the state part.
+type RunRecord struct {
+	V           int            `json:"v"`
+	Name        string         `json:"name"`
+	Fingerprint string         `json:"fingerprint"`
+	Spec        Spec           `json:"spec"`
+	ManifestSHA string         `json:"manifest_hash"`
+	Classes     map[string]int `json:"classes"`
+	Queued      bool           `json:"queued"`
+	Retry       int            `json:"retry"`
+	Resume      string         `json:"resume"`
+	RetryCmd    string         `json:"retry_command"`
+	State       string         `json:"state"`
+	Counts      Counts         `json:"counts"`
+	Reason      string         `json:"reason,omitempty"`
+	Evidence    string         `json:"evidence,omitempty"`
+	Submitted   time.Time      `json:"submitted"`
+	Updated     time.Time      `json:"updated"`
+}
+
+// Lease is key <run>.<id> in the leases bucket; its life is the bucket TTL.
+type Lease struct {
+	V           int       `json:"v"`
+	Owner       Owner     `json:"owner"`
+	Fingerprint string    `json:"fingerprint"`
+	Taken       time.Time `json:"taken"`
+	Renewed     time.Time `json:"renewed"`
+}
+
+// WorkerReport is key <worker> in the workers bucket, refreshed every few
+// seconds; a worker whose key expired is gone.
+type WorkerReport struct {
+	V        int                `json:"v"`
+	Name     string             `json:"name"`
+	Host     string             `json:"host"`
+	BootID   string             `json:"boot_id"`
+	PID      int                `json:"pid"`
+	Slots    map[string]int     `json:"slots"`
+	Running  map[string]int     `json:"running"`
+	Done     int                `json:"done"`
+	Failed   int                `json:"failed"`
+	Started  time.Time          `json:"started"`
+	Reported time.Time          `json:"reported"`
+	Headroom map[string]Resource `json:"headroom,omitempty"`
+}
+
+// Resource is a three-state probe value: a number, unlimited, or unknown
+// with a reason. Zero never stands for "could not read".
+type Resource struct {
+	Value     int64  `json:"value,omitempty"`
+	Unlimited bool   `json:"unlimited,omitempty"`
+	Unknown   string `json:"unknown,omitempty"`
+	Source    string `json:"source,omitempty"`
+}
+
+// Encode marshals v after stamping its schema version.
+func Encode(v any) ([]byte, error) {
+	switch r := v.(type) {
+	case *ShardMsg:
+		r.V = SchemaVersion
+	case *ShardRecord:
+		r.V = SchemaVersion
+	case *RunRecord:
+		r.V = SchemaVersion
+	case *Lease:
+		r.V = SchemaVersion
+	case *WorkerReport:
+		r.V = SchemaVersion
+	}
+	return json.Marshal(v)
+}
+
+// Decode unmarshals b into v and refuses versions it does not know.
+func Decode(b []byte, v any) error {
+	var probe struct {
+		V int `json:"v"`
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return fmt.Errorf("decode %T: %w", v, err)
+	}
+	if probe.V != SchemaVersion {
+		return fmt.Errorf("decode %T: %w: %d", v, ErrSchemaVersion, probe.V)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode %T: %w", v, err)
+	}
+	return nil
+}

@@ -1,0 +1,308 @@
+package stream
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// DefaultClass is the class of a manifest line that names none.
+const DefaultClass = "cpu"
+
+// Spec is a validated run spec with every path made absolute. It is stored in
+// the run record, so workers on other hosts run exactly what was submitted.
+type Spec struct {
+	Name      string            `json:"name"`
+	SpecPath  string            `json:"spec_path"`
+	Dir       string            `json:"dir"`
+	Manifest  string            `json:"manifest"`
+	Output    string            `json:"output"`
+	Command   []string          `json:"command"`
+	Env       map[string]string `json:"env,omitempty"`
+	Retries   int               `json:"retries"`
+	Timeout   Seconds           `json:"timeout"`
+	CodeRev   string            `json:"code_rev"`
+	Stage     bool              `json:"stage"`
+	Validator []string          `json:"validator,omitempty"`
+	Classes   map[string]Class  `json:"classes"`
+}
+
+// Class is one resource class of a spec. Sizes are bytes.
+type Class struct {
+	CPUs    int     `json:"cpus"`
+	Memory  int64   `json:"memory"`
+	GPUs    int     `json:"gpus"`
+	VRAM    int64   `json:"vram"`
+	Time    Seconds `json:"time"`
+	Scratch int64   `json:"scratch"`
+	Stage   *bool   `json:"stage,omitempty"`
+}
+
+// StageFor reports whether shards of class stage their inputs first.
+func (s *Spec) StageFor(class string) bool {
+	if c, ok := s.Classes[class]; ok && c.Stage != nil {
+		return *c.Stage
+	}
+	return s.Stage
+}
+
+// TimeoutFor is the per-attempt limit for a class: the class's time if set,
+// else the spec's timeout (zero means none).
+func (s *Spec) TimeoutFor(class string) time.Duration {
+	if c, ok := s.Classes[class]; ok && c.Time > 0 {
+		return c.Time.D()
+	}
+	return s.Timeout.D()
+}
+
+type specFile struct {
+	Name      string               `toml:"name"`
+	Manifest  string               `toml:"manifest"`
+	Output    string               `toml:"output"`
+	Command   []string             `toml:"command"`
+	Env       map[string]string    `toml:"env"`
+	Retries   *int                 `toml:"retries"`
+	Timeout   string               `toml:"timeout"`
+	CodeRev   *string              `toml:"code_rev"`
+	Stage     bool                 `toml:"stage"`
+	Validator []string             `toml:"validator"`
+	Class     map[string]classFile `toml:"class"`
+}
+
+type classFile struct {
+	CPUs    *int   `toml:"cpus"`
+	Memory  string `toml:"memory"`
+	GPUs    int    `toml:"gpus"`
+	VRAM    string `toml:"vram"`
+	Time    string `toml:"time"`
+	Scratch string `toml:"scratch"`
+	Stage   *bool  `toml:"stage"`
+}
+
+// DefaultRetries is used when the spec does not say.
+const DefaultRetries = 2
+
+// LoadSpec reads and validates the spec at path. Every error wraps
+// ErrInvalidSpec and names the file, the line when it is known, and the field.
+func LoadSpec(path string) (*Spec, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w: %v", path, ErrInvalidSpec, err)
+	}
+	src, err := os.ReadFile(abs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
+	}
+	return parseSpec(abs, src)
+}
+
+func parseSpec(abs string, src []byte) (*Spec, error) {
+	bad := func(table, key, format string, args ...any) error {
+		loc := abs
+		if n := lineOf(src, table, key); n > 0 {
+			loc = fmt.Sprintf("%s:%d", abs, n)
+		}
+		field := key
+		switch {
+		case key == "":
+			field = table
+		case table != "":
+			field = table + "." + key
+		}
+		return fmt.Errorf("%s: field %q: %w: %s", loc, field, ErrInvalidSpec, fmt.Sprintf(format, args...))
+	}
+	var f specFile
+	dec := toml.NewDecoder(bytes.NewReader(src)).DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		var sm *toml.StrictMissingError
+		if errors.As(err, &sm) && len(sm.Errors) > 0 {
+			e := sm.Errors[0]
+			row, _ := e.Position()
+			return nil, fmt.Errorf("%s:%d: field %q: %w: unknown field", abs, row, strings.Join(e.Key(), "."), ErrInvalidSpec)
+		}
+		var de *toml.DecodeError
+		if errors.As(err, &de) {
+			row, col := de.Position()
+			field := strings.Join(de.Key(), ".")
+			return nil, fmt.Errorf("%s:%d:%d: field %q: %w: %s", abs, row, col, field, ErrInvalidSpec, strings.TrimPrefix(de.Error(), "toml: "))
+		}
+		return nil, fmt.Errorf("%s: %w: %v", abs, ErrInvalidSpec, err)
+	}
+	dir := filepath.Dir(abs)
+	s := &Spec{SpecPath: abs, Dir: dir, Env: f.Env, Stage: f.Stage, Classes: map[string]Class{}}
+	if !ValidRunName(f.Name) {
+		return nil, bad("", "name", "%q must match [a-z0-9][a-z0-9-]* (at most 64 characters)", f.Name)
+	}
+	s.Name = f.Name
+	if f.Manifest == "" {
+		return nil, bad("", "manifest", "missing: the path of the JSONL manifest")
+	}
+	s.Manifest = resolve(dir, f.Manifest)
+	if f.Output == "" {
+		return nil, bad("", "output", "missing: the durable output directory")
+	}
+	s.Output = filepath.Clean(resolve(dir, f.Output))
+	if s.Output == "/" {
+		return nil, bad("", "output", "the output directory cannot be /")
+	}
+	if len(f.Command) == 0 || f.Command[0] == "" {
+		return nil, bad("", "command", "missing: an argv array such as [\"gzip\", \"-k\", \"{input}\"]")
+	}
+	if err := checkArgv(f.Command); err != nil {
+		return nil, bad("", "command", "%v", err)
+	}
+	s.Command = f.Command
+	if len(f.Validator) > 0 {
+		if err := checkArgv(f.Validator); err != nil {
+			return nil, bad("", "validator", "%v", err)
+		}
+		s.Validator = f.Validator
+	}
+	for k := range f.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, bad("env", k, "not a valid environment variable name")
+		}
+	}
+	s.Retries = DefaultRetries
+	if f.Retries != nil {
+		if *f.Retries < 0 || *f.Retries > 100 {
+			return nil, bad("", "retries", "%d is outside 0..100", *f.Retries)
+		}
+		s.Retries = *f.Retries
+	}
+	if f.Timeout != "" {
+		d, err := time.ParseDuration(f.Timeout)
+		if err != nil || d <= 0 {
+			return nil, bad("", "timeout", "%q is not a positive Go duration such as \"90s\" or \"2h\"", f.Timeout)
+		}
+		s.Timeout = Seconds(d)
+	}
+	if f.CodeRev != nil {
+		s.CodeRev = *f.CodeRev
+	} else {
+		s.CodeRev = gitRev(dir)
+	}
+	for name, c := range f.Class {
+		tbl := "class." + name
+		if !ValidClass(name) {
+			return nil, bad(tbl, "", "class name must match [a-z0-9][a-z0-9_-]* (at most 32 characters)")
+		}
+		var k Class
+		k.CPUs = 1
+		if c.CPUs != nil {
+			if *c.CPUs < 1 {
+				return nil, bad(tbl, "cpus", "%d: want at least 1", *c.CPUs)
+			}
+			k.CPUs = *c.CPUs
+		}
+		if c.GPUs < 0 {
+			return nil, bad(tbl, "gpus", "%d: want 0 or more", c.GPUs)
+		}
+		k.GPUs = c.GPUs
+		for _, sz := range []struct {
+			key string
+			val string
+			dst *int64
+		}{{"memory", c.Memory, &k.Memory}, {"vram", c.VRAM, &k.VRAM}, {"scratch", c.Scratch, &k.Scratch}} {
+			if sz.val == "" {
+				continue
+			}
+			v, err := ParseSize(sz.val)
+			if err != nil {
+				return nil, bad(tbl, sz.key, "%v", err)
+			}
+			*sz.dst = v
+		}
+		if c.Time != "" {
+			d, err := time.ParseDuration(c.Time)
+			if err != nil || d <= 0 {
+				return nil, bad(tbl, "time", "%q is not a positive Go duration", c.Time)
+			}
+			k.Time = Seconds(d)
+		}
+		k.Stage = c.Stage
+		s.Classes[name] = k
+	}
+	if _, ok := s.Classes[DefaultClass]; !ok {
+		s.Classes[DefaultClass] = Class{CPUs: 1}
+	}
+	return s, nil
+}
+
+// ClassNames returns the spec's classes in a stable order.
+func (s *Spec) ClassNames() []string {
+	names := make([]string, 0, len(s.Classes))
+	for n := range s.Classes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func resolve(dir, p string) string {
+	if filepath.IsAbs(p) {
+		return filepath.Clean(p)
+	}
+	return filepath.Join(dir, p)
+}
+
+var placeholderRE = regexp.MustCompile(`\{(id|input|inputs|out|ckpt|scratch|attempt)\}`)
+
+func checkArgv(argv []string) error {
+	for i, a := range argv {
+		if strings.Contains(a, "{inputs}") && a != "{inputs}" {
+			return fmt.Errorf("argument %d (%q): {inputs} expands to one argument per input, so it must stand alone", i, a)
+		}
+		if strings.ContainsRune(a, 0) {
+			return fmt.Errorf("argument %d contains a NUL byte", i)
+		}
+	}
+	return nil
+}
+
+// lineOf finds the 1-based line that sets key inside table ("" for the top
+// level), or 0. It is a reader for error messages, not a TOML parser.
+func lineOf(src []byte, table, key string) int {
+	cur := ""
+	keyRE := regexp.MustCompile(`^\s*"?` + regexp.QuoteMeta(key) + `"?\s*=`)
+	for i, line := range strings.Split(string(src), "\n") {
+		t := strings.TrimSpace(line)
+		if strings.HasPrefix(t, "[") && !strings.HasPrefix(t, "[[") {
+			cur = strings.Trim(strings.SplitN(t, "]", 2)[0], "[ ")
+			if table != "" && cur == table && key == "" {
+				return i + 1
+			}
+			continue
+		}
+		if cur == table && keyRE.MatchString(line) {
+			return i + 1
+		}
+		// class.<name> may also be written inline as a key of [class].
+		if table != "" && strings.HasPrefix(table, cur+".") && cur != "" && keyRE.MatchString(line) {
+			return i + 1
+		}
+	}
+	if table != "" && key != "" {
+		return lineOf(src, table, "")
+	}
+	return 0
+}
+
+// gitRev is the HEAD commit of dir's git checkout, or "" when dir is not one
+// or git is missing. A failure here is not an error: code_rev is optional.
+func gitRev(dir string) string {
+	out, err := exec.Command("git", "-C", dir, "rev-parse", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}

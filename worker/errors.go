@@ -1,0 +1,14 @@
+package worker
+
+import "errors"
+
+var (
+	// ErrConfig names a bad Config field.
+	ErrConfig = errors.New("invalid worker config")
+	// ErrLeaseHeld means another live owner holds the shard's lease.
+	ErrLeaseHeld = errors.New("lease held by another owner")
+	// ErrLeaseLost means the worker could not renew a lease it held.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrStaleGeneration means a message belongs to a run generation that was replaced.
+	ErrStaleGeneration = errors.New("message of a replaced run generation")
+)

@@ -1,0 +1,174 @@
+package worker
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// result is how one child process ended.
+type result struct {
+	outcome  string
+	reason   string
+	exitCode *int
+	signal   string
+	peakRSS  int64
+	duration time.Duration
+}
+
+// stopCause says why the worker ended a child early.
+type stopCause int
+
+const (
+	stopNone stopCause = iota
+	stopTimeout
+	stopShutdown
+	stopLeaseLost
+)
+
+// threadVars are set to the class's CPU count so that N shards of a
+// threaded library do not each start one thread per core.
+var threadVars = []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+	"VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "RAYON_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"}
+
+// childEnv is the environment of a shard's command: the worker's own, the
+// spec's env, thread limits, and SHARDPOOL_* variables.
+func childEnv(spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) []string {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, val, ok := strings.Cut(kv, "="); ok {
+			env[k] = val
+		}
+	}
+	for _, k := range threadVars {
+		env[k] = fmt.Sprint(class.CPUs)
+	}
+	if class.GPUs == 0 {
+		// A class that asked for no GPU gets none, so it cannot take memory on
+		// a GPU that admission did not account for.
+		env["CUDA_VISIBLE_DEVICES"] = ""
+	}
+	for k, val := range spec.Env {
+		env[k] = val
+	}
+	env["SHARDPOOL_RUN"] = m.Run
+	env["SHARDPOOL_SHARD_ID"] = m.ID
+	env["SHARDPOOL_FINGERPRINT"] = m.Fingerprint
+	env["SHARDPOOL_ATTEMPT"] = fmt.Sprint(v.Attempt)
+	env["SHARDPOOL_OUT"] = v.Out
+	env["SHARDPOOL_CKPT_DIR"] = v.Ckpt
+	env["SHARDPOOL_SCRATCH"] = v.Scratch
+	for k, val := range m.Params {
+		env["SHARDPOOL_PARAM_"+paramKey(k)] = val
+	}
+	out := make([]string, 0, len(env))
+	for k, val := range env {
+		out = append(out, k+"="+val)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func paramKey(k string) string {
+	return strings.ToUpper(unsafeName.ReplaceAllString(k, "_"))
+}
+
+// execute runs argv in its own process group with output to logPath. It
+// returns when the child has exited; on timeout, shutdown or a lost lease the
+// group gets SIGTERM, then SIGKILL after the grace period.
+func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}) result {
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("open log: %v", err)}
+	}
+	defer logf.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	oomBefore := oomKills(w.cfg.ProcRoot)
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(logf, "shardpool: cannot start %q: %v\n", argv[0], err)
+		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err)}
+	}
+	pgid := cmd.Process.Pid
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	var tc <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		tc = t.C
+	}
+	cause := stopNone
+	var kill <-chan time.Time
+	var waitErr error
+	terminate := func(c stopCause) {
+		if cause != stopNone {
+			return
+		}
+		cause = c
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		kt := time.NewTimer(w.cfg.Grace)
+		kill = kt.C
+	}
+wait:
+	for {
+		select {
+		case waitErr = <-done:
+			break wait
+		case <-tc:
+			terminate(stopTimeout)
+		case <-stop:
+			stop = nil
+			terminate(stopShutdown)
+		case <-leaseLost:
+			leaseLost = nil
+			terminate(stopLeaseLost)
+		case <-kill:
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			kill = nil
+		}
+	}
+	// Whatever the child left behind in its group goes with it.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	r := result{duration: time.Since(start)}
+	ps := cmd.ProcessState
+	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
+		r.peakRSS = ru.Maxrss * 1024
+	}
+	ws, _ := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case cause == stopTimeout:
+		r.outcome, r.reason = stream.OutcomeTimeout, fmt.Sprintf("exceeded the time limit of %s", timeout)
+	case cause == stopShutdown:
+		r.outcome, r.reason = stream.OutcomeInterrupted, "worker shutting down"
+	case cause == stopLeaseLost:
+		r.outcome, r.reason = stream.OutcomeLeaseLost, "lease could not be renewed; stopped without commit"
+	case ws.Signaled():
+		r.signal = ws.Signal().String()
+		r.outcome, r.reason = stream.OutcomeSignal, "killed by signal "+r.signal
+		if ws.Signal() == syscall.SIGKILL {
+			if after := oomKills(w.cfg.ProcRoot); oomBefore >= 0 && after > oomBefore {
+				r.outcome, r.reason = stream.OutcomeOOM, "killed by the OOM killer (SIGKILL while the host's oom_kill count rose)"
+			}
+		}
+	case waitErr == nil:
+		code := 0
+		r.exitCode, r.outcome = &code, stream.OutcomeOK
+	default:
+		code := ps.ExitCode()
+		r.exitCode, r.outcome, r.reason = &code, stream.OutcomeExit, fmt.Sprintf("exit status %d", code)
+	}
+	if ws.Signaled() && cause != stopNone {
+		r.signal = ws.Signal().String()
+	}
+	return r
+}

@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// bootID identifies this boot of the host; an owner with another boot ID is
+// certainly gone. It is read from procRoot so tests can point it elsewhere.
+func bootID(procRoot string) string {
+	b, err := os.ReadFile(filepath.Join(procRoot, "sys/kernel/random/boot_id"))
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// oomKills is the host's OOM-kill counter from /proc/vmstat, or -1 when it
+// cannot be read.
+func oomKills(procRoot string) int64 {
+	f, err := os.Open(filepath.Join(procRoot, "vmstat"))
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// pidAlive reports whether pid exists on this host.
+func pidAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || err == syscall.EPERM
+}
+
+var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// DefaultName is the worker name used when none is given: the host name
+// with characters a KV key cannot hold replaced.
+func DefaultName() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "worker"
+	}
+	n := unsafeName.ReplaceAllString(h, "-")
+	if len(n) > 64 {
+		n = n[:64]
+	}
+	return n
+}

@@ -1,0 +1,97 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// lease is a held shard lease; rev is the revision to renew from.
+type lease struct {
+	key string
+	rec stream.Lease
+	rev uint64
+}
+
+// takeLease takes the shard's lease with Create. An existing lease is taken
+// over only when its owner is verified gone: the same boot of this host and
+// a process that no longer exists (or this very worker process). Otherwise
+// ErrLeaseHeld, and the caller waits for the TTL to expire it.
+func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (*lease, error) {
+	now := time.Now().UTC()
+	l := stream.Lease{Owner: stream.Owner{Worker: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Attempt: attempt},
+		Fingerprint: fp, Taken: now, Renewed: now}
+	data, err := stream.Encode(&l)
+	if err != nil {
+		return nil, err
+	}
+	for range 3 {
+		rev, err := w.b.Leases.Create(ctx, key, data)
+		if err == nil {
+			return &lease{key: key, rec: l, rev: rev}, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("take lease %s: %w", key, err)
+		}
+		e, gerr := w.b.Leases.Get(ctx, key)
+		if errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			continue // expired between the two calls
+		}
+		if gerr != nil {
+			return nil, fmt.Errorf("take lease %s: %w", key, gerr)
+		}
+		var cur stream.Lease
+		if derr := stream.Decode(e.Value(), &cur); derr == nil && !w.ownerGone(cur.Owner) {
+			return nil, fmt.Errorf("take lease %s: %w: worker %s on %s pid %d", key, ErrLeaseHeld, cur.Owner.Worker, cur.Owner.Host, cur.Owner.PID)
+		}
+		// Verified gone (or unreadable): take it over from its revision, so a
+		// concurrent taker cannot also win.
+		rev, err = w.b.Leases.Update(ctx, key, data, e.Revision())
+		if err == nil {
+			return &lease{key: key, rec: l, rev: rev}, nil
+		}
+	}
+	return nil, fmt.Errorf("take lease %s: %w", key, ErrLeaseHeld)
+}
+
+// ownerGone is true only when this host can prove the owner is not running:
+// it was this same process (an earlier attempt here), or it ran on this boot
+// of this host and its process is gone. Owners on other hosts are never
+// proven gone here; their leases end by TTL.
+func (w *Worker) ownerGone(o stream.Owner) bool {
+	if o.BootID != w.boot || o.Host != w.host {
+		return false
+	}
+	if o.PID == w.pid && o.Worker == w.cfg.Name {
+		return true
+	}
+	return !pidAlive(o.PID)
+}
+
+// renew extends the lease by updating it from its revision.
+func (w *Worker) renew(ctx context.Context, l *lease) error {
+	l.rec.Renewed = time.Now().UTC()
+	data, err := stream.Encode(&l.rec)
+	if err != nil {
+		return err
+	}
+	rev, err := w.b.Leases.Update(ctx, l.key, data, l.rev)
+	if err != nil {
+		return fmt.Errorf("renew lease %s: %w: %v", l.key, ErrLeaseLost, err)
+	}
+	l.rev = rev
+	return nil
+}
+
+// release deletes the lease if it is still ours, so another worker can take
+// the shard at once instead of after the TTL.
+func (w *Worker) release(l *lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = w.b.Leases.Delete(ctx, l.key, jetstream.LastRevision(l.rev))
+}

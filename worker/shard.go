@@ -1,0 +1,355 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/stream"
+)
+
+// ShardDirs are the per-shard paths under the run's output directory.
+const (
+	// MetaDir holds shardpool's own files inside the output directory.
+	MetaDir = ".shardpool"
+)
+
+// CkptDir is the shard's checkpoint directory ({ckpt}): under the durable
+// output so that it survives attempts and hosts.
+func CkptDir(output, id string) string { return filepath.Join(output, MetaDir, "ckpt", id) }
+
+// attemptState carries one attempt through its steps.
+type attemptState struct {
+	msg     jetstream.Msg
+	m       stream.ShardMsg
+	run     *stream.RunRecord
+	key     string
+	rec     stream.ShardRecord
+	rev     uint64
+	attempt int
+}
+
+// handle takes one delivered shard through its lifecycle. Every path ends
+// in exactly one of Ack, Nak or Term of the message (or, when the lease is
+// lost, in neither: the new owner's delivery decides).
+func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream.Msg, class, slotInfo string) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		w.log.Error("message without metadata", "err", err)
+		_ = msg.Term()
+		return
+	}
+	a := &attemptState{msg: msg, attempt: int(meta.NumDelivered)}
+	if err := stream.Decode(msg.Data(), &a.m); err != nil {
+		w.log.Error("undecodable shard message; terminating it", "subject", msg.Subject(), "err", err)
+		_ = msg.TermWithReason("undecodable: " + err.Error())
+		return
+	}
+	m := &a.m
+	a.key = stream.ShardKey(m.Run, m.ID)
+	run, err := w.runRecord(ctx, m.Run, m.Fingerprint)
+	if err != nil {
+		w.admission(m.Run, m.ID, class, "defer", "run record unreadable: "+err.Error())
+		_ = msg.NakWithDelay(w.backoff(1))
+		return
+	}
+	if run.Fingerprint != m.Fingerprint {
+		w.admission(m.Run, m.ID, class, "discard", fmt.Sprintf("message of generation %s; the run is now %s", m.Fingerprint, run.Fingerprint))
+		_ = msg.TermWithReason(ErrStaleGeneration.Error())
+		return
+	}
+	a.run = run
+	spec := &run.Spec
+	if err := w.loadRecord(ctx, a); err != nil {
+		w.admission(m.Run, m.ID, class, "defer", "shard record unreadable: "+err.Error())
+		_ = msg.NakWithDelay(w.backoff(1))
+		return
+	}
+	if w.alreadyDone(ctx, a) {
+		w.admission(m.Run, m.ID, class, "skip", "already committed with this fingerprint and its output verifies")
+		_ = msg.DoubleAck(ctx)
+		return
+	}
+	if a.rec.State == stream.ShardFailed && a.rec.Fingerprint == m.Fingerprint && a.rec.Retry >= m.Retry && len(a.rec.Attempts) > 0 {
+		w.admission(m.Run, m.ID, class, "discard", "shard already recorded failed in this retry round")
+		_ = msg.Term()
+		return
+	}
+	if limit := spec.Retries + 1; a.attempt > limit {
+		w.closeLost(a)
+		w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil)
+		_ = msg.TermWithReason("attempt limit reached")
+		w.count(false)
+		return
+	}
+	l, err := w.takeLease(ctx, a.key, m.Fingerprint, a.attempt)
+	if err != nil {
+		delay := w.ttl / 2
+		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; retry in %s", err, delay))
+		_ = msg.NakWithDelay(delay)
+		return
+	}
+	w.admission(m.Run, m.ID, class, "admit", fmt.Sprintf("attempt %d; %s; slots from configuration", a.attempt, slotInfo))
+	w.runAttempt(ctx, stop, a, l, class)
+}
+
+func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
+	e, err := w.b.Shards.Get(ctx, a.key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		a.rec = stream.ShardRecord{Run: a.m.Run, ID: a.m.ID, Fingerprint: a.m.Fingerprint, Class: a.m.Class, State: stream.ShardPending}
+		a.rev = 0
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := stream.Decode(e.Value(), &a.rec); err != nil {
+		return err
+	}
+	a.rev = e.Revision()
+	if a.rec.Fingerprint != a.m.Fingerprint {
+		// A record of an older generation: this generation starts afresh.
+		a.rec = stream.ShardRecord{Run: a.m.Run, ID: a.m.ID, Fingerprint: a.m.Fingerprint, Class: a.m.Class, State: stream.ShardPending}
+	}
+	return nil
+}
+
+// alreadyDone reports whether the shard is committed for this fingerprint
+// and its output verifies. A record without a verifying output, or an
+// output without a record, is checked against the other.
+func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
+	dst := filepath.Join(a.run.Spec.Output, a.m.ID)
+	if a.rec.State == stream.ShardValidated {
+		mk, err := checkpoint.VerifyQuick(dst)
+		return err == nil && mk.Fingerprint == a.m.Fingerprint
+	}
+	mk, err := checkpoint.Verify(dst)
+	if err != nil || mk.Fingerprint != a.m.Fingerprint {
+		return false
+	}
+	// Committed earlier (for example under another coordinator data dir):
+	// record it as validated so the run's counts see it.
+	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
+	return w.finish(ctx, a, stream.ShardValidated, "output already committed by an earlier run of this fingerprint", nil) == nil
+}
+
+// closeLost marks an attempt left open by a vanished worker as lost.
+func (w *Worker) closeLost(a *attemptState) {
+	if a.rec.State != stream.ShardRunning || len(a.rec.Attempts) == 0 {
+		return
+	}
+	last := &a.rec.Attempts[len(a.rec.Attempts)-1]
+	if last.Outcome == "" {
+		last.Outcome = stream.OutcomeLost
+		last.Reason = fmt.Sprintf("worker %s on %s stopped reporting; its lease expired", last.Worker, last.Host)
+	}
+}
+
+// putRecord writes a.rec with compare-and-set from a.rev.
+func (w *Worker) putRecord(ctx context.Context, a *attemptState) error {
+	a.rec.Updated = time.Now().UTC()
+	data, err := stream.Encode(&a.rec)
+	if err != nil {
+		return err
+	}
+	var rev uint64
+	if a.rev == 0 {
+		rev, err = w.b.Shards.Create(ctx, a.key, data)
+	} else {
+		rev, err = w.b.Shards.Update(ctx, a.key, data, a.rev)
+	}
+	if err != nil {
+		return fmt.Errorf("record shard %s: %w", a.key, err)
+	}
+	a.rev = rev
+	return nil
+}
+
+// finish records a final state for the shard.
+func (w *Worker) finish(ctx context.Context, a *attemptState, state, reason string, payload *stream.ShardMsg) error {
+	a.rec.State, a.rec.Reason, a.rec.Owner, a.rec.Payload = state, reason, nil, payload
+	a.rec.Retry = a.m.Retry
+	return w.putRecord(ctx, a)
+}
+
+func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, class string) {
+	m, spec := &a.m, &a.run.Spec
+	cls := spec.Classes[class]
+	owner := l.rec.Owner
+	w.closeLost(a)
+	a.rec.State, a.rec.Owner, a.rec.Retry, a.rec.Reason = stream.ShardRunning, &owner, m.Retry, ""
+	logDir := filepath.Join(w.evidenceDir(m.Run), "attempts", m.ID)
+	logName := fmt.Sprintf("%d.log", a.attempt)
+	if m.Retry > 0 {
+		logName = fmt.Sprintf("r%d-%d.log", m.Retry, a.attempt)
+	}
+	at := stream.Attempt{N: a.attempt, Worker: w.cfg.Name, Host: w.host, Start: time.Now().UTC(), Log: filepath.Join(logDir, logName)}
+	a.rec.Attempts = append(a.rec.Attempts, at)
+	if err := w.putRecord(ctx, a); err != nil {
+		// Someone else changed the record (a new generation, a verification
+		// failure): let the message come back and decide afresh.
+		w.admission(m.Run, m.ID, class, "defer", err.Error())
+		w.release(l)
+		_ = a.msg.NakWithDelay(w.backoff(1))
+		return
+	}
+	base := filepath.Join(w.cfg.Scratch, m.Run, m.ID, fmt.Sprintf("a%d-%s", a.attempt, w.cfg.Name))
+	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: filepath.Join(base, "out"), Scratch: filepath.Join(base, "tmp"),
+		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
+	defer os.RemoveAll(base)
+	res := w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
+	w.conclude(ctx, a, l, v, res)
+}
+
+func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string) result {
+	spec := &a.run.Spec
+	for _, d := range []string{v.Out, v.Scratch, v.Ckpt, logDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return result{outcome: stream.OutcomeStart, reason: err.Error()}
+		}
+	}
+	argv, err := stream.Expand(spec.Command, v)
+	if err != nil {
+		return result{outcome: stream.OutcomeStart, reason: err.Error()}
+	}
+	env := childEnv(spec, cls, &a.m, v)
+	hbCtx, stopHB := context.WithCancel(ctx)
+	lost := make(chan struct{})
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		w.heartbeat(hbCtx, a.msg, l, lost)
+	}()
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, lost)
+	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
+		vargv, err := stream.Expand(spec.Validator, v)
+		if err == nil {
+			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost)
+			if vr.outcome != stream.OutcomeOK {
+				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
+			}
+		} else {
+			res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+err.Error()
+		}
+	}
+	stopHB()
+	<-hbDone
+	return res
+}
+
+// heartbeat keeps the message in progress and the lease renewed at a third
+// of the TTL; it closes lost when the lease cannot be renewed.
+func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, l *lease, lost chan<- struct{}) {
+	t := time.NewTicker(max(w.ttl/3, 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = msg.InProgress()
+			if err := w.renew(ctx, l); err != nil && ctx.Err() == nil {
+				w.log.Warn("lease lost", "shard", l.key, "err", err)
+				close(lost)
+				return
+			}
+		}
+	}
+}
+
+// conclude commits a successful attempt or records a failed one, then
+// settles the message.
+func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stream.Vars, res result) {
+	m, spec := &a.m, &a.run.Spec
+	class := m.Class
+	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
+	at.Duration, at.ExitCode, at.Signal, at.PeakRSS = stream.Seconds(res.duration), res.exitCode, res.signal, res.peakRSS
+	at.Outcome, at.Reason = res.outcome, res.reason
+
+	if res.outcome == stream.OutcomeLeaseLost {
+		// Another owner may hold the shard now; this attempt leaves no trace
+		// but its log. The message is not settled: the lease decides.
+		w.admission(m.Run, m.ID, class, "abandon", res.reason)
+		return
+	}
+	if res.outcome == stream.OutcomeOK {
+		err := w.renew(ctx, l)
+		if err == nil {
+			err = w.commit(ctx, a, v)
+		}
+		if err == nil {
+			w.admission(m.Run, m.ID, class, "validated", fmt.Sprintf("attempt %d in %.3fs, output %s", a.attempt, res.duration.Seconds(), a.rec.Output.Checksum))
+			if err := a.msg.DoubleAck(ctx); err != nil {
+				w.log.Warn("ack after commit", "shard", a.key, "err", err)
+			}
+			w.count(true)
+			return
+		}
+		if errors.Is(err, ErrLeaseLost) {
+			w.admission(m.Run, m.ID, class, "abandon", "lease lost before commit; output discarded")
+			return
+		}
+		at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
+		res.outcome = stream.OutcomeCommit
+	}
+	if res.outcome == stream.OutcomeInterrupted {
+		a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, "interrupted by worker shutdown; requeued"
+		if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
+			w.log.Warn("record interruption", "shard", a.key, "err", err)
+		}
+		w.release(l)
+		w.admission(m.Run, m.ID, class, "requeue", "worker shutting down")
+		_ = a.msg.Nak()
+		return
+	}
+	limit := spec.Retries + 1
+	if a.attempt >= limit {
+		payload := a.m
+		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("%s after %d attempt(s)", at.Reason, a.attempt), &payload); err != nil {
+			w.log.Warn("record failure", "shard", a.key, "err", err)
+		}
+		w.release(l)
+		w.admission(m.Run, m.ID, class, "failed", fmt.Sprintf("attempt %d of %d: %s", a.attempt, limit, at.Reason))
+		_ = a.msg.TermWithReason("failed after retries")
+		w.count(false)
+		return
+	}
+	delay := w.backoff(a.attempt)
+	a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, fmt.Sprintf("attempt %d: %s; retry in %s", a.attempt, at.Reason, delay)
+	if err := w.putRecord(ctx, a); err != nil {
+		w.log.Warn("record attempt", "shard", a.key, "err", err)
+	}
+	w.release(l)
+	w.admission(m.Run, m.ID, class, "retry", fmt.Sprintf("attempt %d of %d: %s; redelivery in %s", a.attempt, limit, at.Reason, delay))
+	_ = a.msg.NakWithDelay(delay)
+}
+
+// commit moves the attempt's outputs to <output>/<id> through checkpoint and
+// records the shard validated. A previous output that does not verify is
+// kept aside under .shardpool/replaced for inspection.
+func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars) error {
+	spec := &a.run.Spec
+	dst := filepath.Join(spec.Output, a.m.ID)
+	keep := ""
+	if _, err := os.Stat(dst); err == nil {
+		if _, verr := checkpoint.VerifyQuick(dst); verr != nil {
+			keep = filepath.Join(spec.Output, MetaDir, "replaced")
+		}
+	}
+	mk, err := checkpoint.CommitDir(ctx, dst, v.Out, checkpoint.Options{
+		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Move: true}, keep)
+	if err != nil {
+		return err
+	}
+	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
+	if err := w.finish(ctx, a, stream.ShardValidated, "", nil); err != nil {
+		return err
+	}
+	return nil
+}

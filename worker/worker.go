@@ -1,0 +1,391 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// Config configures a Worker. Zero values mean the documented default.
+type Config struct {
+	// JetStream is the client connected to the coordinator. Required.
+	JetStream jetstream.JetStream
+	// Name identifies the worker in leases and reports. Default: host name.
+	Name string
+	// Slots is the number of concurrent shards per class. Required: a worker
+	// serves exactly the classes listed with a positive count.
+	Slots map[string]int
+	// Scratch is local scratch space for {out} and {scratch}. Default:
+	// $TMPDIR/shardpool-<name>.
+	Scratch string
+	// StateDir is where the worker writes evidence (attempt logs,
+	// admission.log) under runs/<run>/. Default: $XDG_STATE_HOME/shardpool.
+	StateDir string
+	// Grace is how long a child has after SIGTERM before SIGKILL. Default 10s.
+	Grace time.Duration
+	// BackoffMin and BackoffMax bound the delay before a failed shard is
+	// redelivered: min·2^(attempt-1), capped. Defaults 1s and 60s.
+	BackoffMin, BackoffMax time.Duration
+	// FetchWait bounds one Fetch when the queue is empty. Default 2s.
+	FetchWait time.Duration
+	// ReportEvery is the period of the worker report. Default 5s.
+	ReportEvery time.Duration
+	// ProcRoot is where /proc is read from (boot id, vmstat). Default "/proc".
+	ProcRoot string
+	// Logger receives structured logs; default discards.
+	Logger *slog.Logger
+	// OnEvent, when set, is called for every admission decision (tests and
+	// progress displays); it must not block.
+	OnEvent func(Event)
+}
+
+// Event is one admission decision or shard outcome.
+type Event struct {
+	Time     time.Time
+	Run      string
+	Shard    string
+	Class    string
+	Decision string
+	Detail   string
+}
+
+// Worker pulls and runs shards. Create with New, then Run.
+type Worker struct {
+	cfg  Config
+	log  *slog.Logger
+	host string
+	boot string
+	pid  int
+	b    *stream.Buckets
+	ttl  time.Duration
+
+	mu       sync.Mutex
+	running  map[string]int
+	done     int
+	failed   int
+	logs     map[string]*os.File
+	runs     map[string]*stream.RunRecord
+	started  time.Time
+}
+
+// New validates cfg; it does no I/O.
+func New(cfg Config) (*Worker, error) {
+	if cfg.JetStream == nil {
+		return nil, fmt.Errorf("%w: JetStream is required", ErrConfig)
+	}
+	if cfg.Name == "" {
+		cfg.Name = DefaultName()
+	}
+	if !stream.ValidWorkerName(cfg.Name) {
+		return nil, fmt.Errorf("%w: Name %q must match [A-Za-z0-9_-]{1,64}", ErrConfig, cfg.Name)
+	}
+	if len(cfg.Slots) == 0 {
+		return nil, fmt.Errorf("%w: Slots: no class to serve", ErrConfig)
+	}
+	for c, n := range cfg.Slots {
+		if !stream.ValidClass(c) {
+			return nil, fmt.Errorf("%w: Slots: %q is not a valid class name", ErrConfig, c)
+		}
+		if n < 0 {
+			return nil, fmt.Errorf("%w: Slots: class %s has %d slots", ErrConfig, c, n)
+		}
+	}
+	if cfg.Scratch == "" {
+		cfg.Scratch = filepath.Join(os.TempDir(), "shardpool-"+cfg.Name)
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir()
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 10 * time.Second
+	}
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = time.Second
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = time.Minute
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		return nil, fmt.Errorf("%w: BackoffMax %s is below BackoffMin %s", ErrConfig, cfg.BackoffMax, cfg.BackoffMin)
+	}
+	if cfg.FetchWait <= 0 {
+		cfg.FetchWait = 2 * time.Second
+	}
+	if cfg.ReportEvery <= 0 {
+		cfg.ReportEvery = 5 * time.Second
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}}, nil
+}
+
+// DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
+func DefaultStateDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "shardpool")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "shardpool")
+	}
+	return filepath.Join(os.TempDir(), "shardpool-state")
+}
+
+// Run serves until ctx ends, then drains: it stops fetching, gives running
+// children SIGTERM and the grace period, records and Naks what did not
+// finish, and returns nil once every goroutine it started has exited.
+func (w *Worker) Run(ctx context.Context) error {
+	w.started = time.Now().UTC()
+	w.host, _ = os.Hostname()
+	w.boot = bootID(w.cfg.ProcRoot)
+	w.pid = os.Getpid()
+	b, err := stream.OpenBuckets(ctx, w.cfg.JetStream)
+	if err != nil {
+		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
+	}
+	w.b = b
+	st, err := b.Leases.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("worker %s: lease bucket: %w", w.cfg.Name, err)
+	}
+	w.ttl = st.TTL()
+	if err := os.MkdirAll(w.cfg.Scratch, 0o755); err != nil {
+		return fmt.Errorf("worker %s: scratch: %w", w.cfg.Name, err)
+	}
+	defer w.closeLogs()
+
+	// Shards run under their own context: ctx ending stops fetching at once,
+	// while running shards get the grace period through drain.
+	shardCtx, stopShards := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopShards()
+	var shards sync.WaitGroup
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return w.report(gctx) })
+	classes := make([]string, 0, len(w.cfg.Slots))
+	for c, n := range w.cfg.Slots {
+		if n > 0 {
+			classes = append(classes, c)
+		}
+	}
+	sort.Strings(classes)
+	for _, class := range classes {
+		g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), class, &shards) })
+	}
+	err = g.Wait()
+	shards.Wait()
+	w.finalReport()
+	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// serve is the fetch loop of one class: it fetches exactly its free slots.
+func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, class string, shards *sync.WaitGroup) error {
+	slots := w.cfg.Slots[class]
+	free := make(chan struct{}, slots)
+	for range slots {
+		free <- struct{}{}
+	}
+	var cons jetstream.Consumer
+	for cons == nil {
+		c, err := w.cfg.JetStream.Consumer(ctx, stream.StreamShards, class)
+		if err == nil {
+			cons = c
+			break
+		}
+		if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			w.log.Warn("consumer lookup", "class", class, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	for {
+		// Wait for at least one free slot, then count every free one.
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-free:
+		}
+		n := 1
+	count:
+		for n < slots {
+			select {
+			case <-free:
+				n++
+			default:
+				break count
+			}
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
+		if err != nil {
+			for range n {
+				free <- struct{}{}
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			w.log.Warn("fetch", "class", class, "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		got := 0
+		for msg := range batch.Messages() {
+			got++
+			shards.Add(1)
+			w.track(class, +1)
+			go func() {
+				defer shards.Done()
+				defer func() { w.track(class, -1); free <- struct{}{} }()
+				w.handle(shardCtx, stop, msg, class, fmt.Sprintf("%d/%d slots of class %s in use", slots-len(free), slots, class))
+			}()
+		}
+		for range n - got {
+			free <- struct{}{}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			w.log.Debug("fetch ended", "class", class, "err", err)
+		}
+	}
+}
+
+func (w *Worker) track(class string, d int) {
+	w.mu.Lock()
+	w.running[class] += d
+	w.mu.Unlock()
+}
+
+func (w *Worker) count(ok bool) {
+	w.mu.Lock()
+	if ok {
+		w.done++
+	} else {
+		w.failed++
+	}
+	w.mu.Unlock()
+}
+
+func (w *Worker) snapshot() stream.WorkerReport {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	running := map[string]int{}
+	for c, n := range w.running {
+		running[c] = n
+	}
+	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Slots: w.cfg.Slots,
+		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC()}
+}
+
+func (w *Worker) report(ctx context.Context) error {
+	t := time.NewTicker(w.cfg.ReportEvery)
+	defer t.Stop()
+	for {
+		r := w.snapshot()
+		if data, err := stream.Encode(&r); err == nil {
+			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
+				w.log.Warn("worker report", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// finalReport removes the worker's report so status stops listing it.
+func (w *Worker) finalReport() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = w.b.Workers.Delete(ctx, w.cfg.Name)
+}
+
+// admission appends one decision to the run's admission.log and emits it.
+func (w *Worker) admission(run, shard, class, decision, detail string) {
+	ev := Event{Time: time.Now().UTC(), Run: run, Shard: shard, Class: class, Decision: decision, Detail: detail}
+	if w.cfg.OnEvent != nil {
+		w.cfg.OnEvent(ev)
+	}
+	line := fmt.Sprintf("%s worker=%s run=%s shard=%s class=%s decision=%s %s\n",
+		ev.Time.Format(time.RFC3339Nano), w.cfg.Name, run, shard, class, decision, strings.TrimSpace(detail))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f := w.logs[run]
+	if f == nil {
+		dir := w.evidenceDir(run)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return
+		}
+		var err error
+		if f, err = os.OpenFile(filepath.Join(dir, "admission.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+			return
+		}
+		w.logs[run] = f
+	}
+	f.WriteString(line)
+}
+
+func (w *Worker) closeLogs() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, f := range w.logs {
+		f.Close()
+		delete(w.logs, k)
+	}
+}
+
+func (w *Worker) evidenceDir(run string) string { return filepath.Join(w.cfg.StateDir, "runs", run) }
+
+// runRecord returns the run's record, refreshed when fp is not the cached one.
+func (w *Worker) runRecord(ctx context.Context, run, fp string) (*stream.RunRecord, error) {
+	w.mu.Lock()
+	r := w.runs[run]
+	w.mu.Unlock()
+	if r != nil && r.Fingerprint == fp {
+		return r, nil
+	}
+	e, err := w.b.Runs.Get(ctx, run)
+	if err != nil {
+		return nil, fmt.Errorf("run %s: %w", run, err)
+	}
+	var rec stream.RunRecord
+	if err := stream.Decode(e.Value(), &rec); err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	w.runs[run] = &rec
+	w.mu.Unlock()
+	return &rec, nil
+}
+
+func (w *Worker) backoff(attempt int) time.Duration {
+	d := w.cfg.BackoffMin
+	for i := 1; i < attempt && d < w.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, w.cfg.BackoffMax)
+}
