@@ -166,6 +166,10 @@ wait:
 	default:
 		code := ps.ExitCode()
 		r.exitCode, r.outcome, r.reason = &code, stream.OutcomeExit, fmt.Sprintf("exit status %d", code)
+		// A shell reports a child killed by SIGKILL as 128+9.
+		if after := oomKills(w.cfg.ProcRoot); code == 128+int(syscall.SIGKILL) && oomBefore >= 0 && after > oomBefore {
+			r.outcome, r.reason = stream.OutcomeOOM, "a process of the shard was killed by the OOM killer (exit 137 while the host's oom_kill count rose)"
+		}
 	}
 	if ws.Signaled() && cause != stopNone {
 		r.signal = ws.Signal().String()

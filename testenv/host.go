@@ -1,0 +1,64 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// RequireRoot skips t when not root, except under CI (CI=true), where the
+// test must run and a missing privilege is a failure, not a skip.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("this test needs root (CI runs as root)")
+	}
+	t.Skip("needs root: run as root or in CI")
+}
+
+// MemoryCgroup creates a cgroup v1 memory cgroup with limit bytes and
+// returns its directory; it is removed at cleanup.
+func MemoryCgroup(t testing.TB, limit int64) string {
+	t.Helper()
+	RequireRoot(t)
+	root := "/sys/fs/cgroup/memory"
+	if _, err := os.Stat(filepath.Join(root, "memory.limit_in_bytes")); err != nil {
+		t.Fatalf("no cgroup v1 memory controller at %s: %v", root, err)
+	}
+	dir := filepath.Join(root, fmt.Sprintf("shardpool-test-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "memory.memsw.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0o644)
+	t.Cleanup(func() {
+		for range 50 {
+			if os.Remove(dir) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	return dir
+}
+
+// SmallTmpfs mounts a tmpfs of size at dir (created) and unmounts it at cleanup.
+func SmallTmpfs(t testing.TB, dir, size string) {
+	t.Helper()
+	RequireRoot(t)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs at %s: %v %s", dir, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+}

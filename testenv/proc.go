@@ -1,0 +1,132 @@
+package testenv
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// Binary builds cmd/shardpool once per test process and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Dir(filepath.Dir(file))
+		dir, err := os.MkdirTemp("", "shardpool-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "shardpool")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/shardpool")
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build shardpool: %v", buildErr)
+	}
+	return buildPath
+}
+
+// Proc is a shardpool process started by a test.
+type Proc struct {
+	Cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Start runs the shardpool binary with args; the process is killed at cleanup.
+func Start(t testing.TB, args ...string) *Proc {
+	t.Helper()
+	cmd := exec.Command(Binary(t), args...)
+	p := &Proc{Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start shardpool %v: %v", args, err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.Signal(syscall.SIGKILL)
+		<-p.done
+	})
+	return p
+}
+
+// Output is everything the process printed so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// Signal sends sig to the process's whole group (it and its children).
+func (p *Proc) Signal(sig syscall.Signal) {
+	_ = syscall.Kill(-p.Cmd.Process.Pid, sig)
+}
+
+// SignalMain sends sig to the shardpool process only.
+func (p *Proc) SignalMain(sig syscall.Signal) { _ = p.Cmd.Process.Signal(sig) }
+
+// Wait waits for exit up to timeout and returns the exit code (-1 if killed
+// by a signal); it fails t on timeout.
+func (p *Proc) Wait(t testing.TB, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("shardpool %v still running after %s; output:\n%s", p.Cmd.Args[1:], timeout, p.Output())
+	}
+	return p.Cmd.ProcessState.ExitCode()
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// FreePort returns a loopback host:port that was free a moment ago.
+func FreePort(t testing.TB) string {
+	t.Helper()
+	l, err := netListen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}

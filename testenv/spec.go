@@ -1,0 +1,70 @@
+package testenv
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Job describes a run spec and manifest to write for a test.
+type Job struct {
+	Name    string
+	Command []string
+	// Shards is the number of shards, each with one input file of InputSize bytes.
+	Shards    int
+	InputSize int
+	Retries   int
+	Timeout   string
+	// Extra is appended verbatim to the spec (class tables, env).
+	Extra string
+	// Line, when set, writes manifest line i (0-based) itself.
+	Line func(i int, input string) string
+}
+
+// WriteJob writes inputs, manifest.jsonl and shardpool.toml into a new temp
+// dir and returns the spec path.
+func WriteJob(t testing.TB, j Job) string {
+	t.Helper()
+	dir := t.TempDir()
+	if j.Name == "" {
+		j.Name = "t"
+	}
+	if j.InputSize == 0 {
+		j.InputSize = 64
+	}
+	var man strings.Builder
+	for i := range j.Shards {
+		in := filepath.Join("in", fmt.Sprintf("s%04d.txt", i))
+		if err := os.MkdirAll(filepath.Join(dir, "in"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		data := []byte(strings.Repeat(fmt.Sprintf("shard %d\n", i), j.InputSize/8+1)[:j.InputSize])
+		if err := os.WriteFile(filepath.Join(dir, in), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if j.Line != nil {
+			man.WriteString(j.Line(i, in) + "\n")
+			continue
+		}
+		b, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("s%04d", i), "inputs": []string{in}})
+		man.Write(append(b, '\n'))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "manifest.jsonl"), []byte(man.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := json.Marshal(j.Command)
+	spec := fmt.Sprintf("name = %q\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = %s\nretries = %d\ncode_rev = \"test\"\n",
+		j.Name, cmd, j.Retries)
+	if j.Timeout != "" {
+		spec += fmt.Sprintf("timeout = %q\n", j.Timeout)
+	}
+	spec += j.Extra
+	path := filepath.Join(dir, "shardpool.toml")
+	if err := os.WriteFile(path, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

@@ -1,0 +1,372 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The nats client keeps a flusher per connection until Close, and
+		// the embedded server's file store has a background timer goroutine
+		// that outlives Shutdown by design.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).expireMsgs"),
+		goleak.IgnoreAnyFunction("time.Sleep"),
+	)
+}
+
+// copyJob copies each input into {out} and appends its id to a side-effect
+// log outside the outputs, which counts how many times the command ran.
+func copyJob(t *testing.T, shards, retries int, extra string) (spec, runs string) {
+	runs = filepath.Join(t.TempDir(), "runs.log")
+	spec = testenv.WriteJob(t, testenv.Job{Shards: shards, Retries: retries, Extra: extra,
+		Command: []string{"sh", "-c", `echo "$1" >> "$3" && cp "$2" "$4/"`, "sh", "{id}", "{input}", runs, "{out}"}})
+	return spec, runs
+}
+
+func countLines(t *testing.T, path string) map[string]int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return map[string]int{}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, l := range strings.Fields(string(b)) {
+		n[l]++
+	}
+	return n
+}
+
+func TestRunCompletesAndOutputsVerify(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec, runs := copyJob(t, 12, 0, "")
+	res := env.Submit(spec, coordinator.SubmitOptions{Resume: "shardpool run " + spec})
+	if res.Published != 12 || !res.NewRun {
+		t.Fatalf("submit: got %+v, want 12 published, new run", res)
+	}
+	r := env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if r.Counts.Validated != 12 || r.Counts.Failed != 0 {
+		t.Fatalf("counts: got %+v, want 12 validated", r.Counts)
+	}
+	for i := range 12 {
+		id := fmt.Sprintf("s%04d", i)
+		mk, err := checkpoint.Verify(filepath.Join(filepath.Dir(spec), "out", id))
+		if err != nil {
+			t.Fatalf("output %s: %v", id, err)
+		}
+		if mk.Fingerprint != r.Fingerprint || mk.Files != 1 {
+			t.Fatalf("output %s marker: got fingerprint %s files %d, want %s and 1", id, mk.Fingerprint, mk.Files, r.Fingerprint)
+		}
+	}
+	for id, n := range countLines(t, runs) {
+		if n != 1 {
+			t.Errorf("shard %s ran %d times, want 1", id, n)
+		}
+	}
+	// Evidence: final.json with every checksum, resume.txt, admission.log, attempt logs.
+	ev := env.Coord.EvidenceDir("t")
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		_, err := os.Stat(filepath.Join(ev, "final.json"))
+		return err == nil, "final.json not written"
+	})
+	var final coordinator.Final
+	b, _ := os.ReadFile(filepath.Join(ev, "final.json"))
+	if err := json.Unmarshal(b, &final); err != nil {
+		t.Fatalf("final.json: %v", err)
+	}
+	if final.State != stream.RunComplete || len(final.Shards) != 12 || final.Shards[0].Checksum == "" {
+		t.Fatalf("final.json: got state %s with %d shards (first checksum %q), want COMPLETE, 12, a checksum", final.State, len(final.Shards), final.Shards[0].Checksum)
+	}
+	if b, err := os.ReadFile(filepath.Join(ev, "resume.txt")); err != nil || !strings.Contains(string(b), spec) {
+		t.Fatalf("resume.txt: got %q (%v), want the resume command", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(ev, "admission.log")); err != nil || strings.Count(string(b), "decision=admit") != 12 {
+		t.Fatalf("admission.log: got %d admits (%v), want 12", strings.Count(string(b), "decision=admit"), err)
+	}
+	if _, err := os.Stat(filepath.Join(ev, "attempts", "s0000", "1.log")); err != nil {
+		t.Fatalf("attempt log: %v", err)
+	}
+}
+
+func TestResubmitIsNoOpAndChangeIsNewGeneration(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec, runs := copyJob(t, 5, 0, "")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	first := env.WaitState("t", 30*time.Second, stream.RunComplete)
+	again := env.Submit(spec, coordinator.SubmitOptions{})
+	if again.Published != 0 || again.NewRun || again.Fingerprint != first.Fingerprint {
+		t.Fatalf("resubmit: got %+v, want nothing published, same fingerprint %s", again, first.Fingerprint)
+	}
+	s, _ := env.JS.Stream(context.Background(), stream.StreamShards)
+	if info, _ := s.Info(context.Background()); info.State.Msgs != 0 {
+		t.Fatalf("stream holds %d messages after a no-op resubmit, want 0", info.State.Msgs)
+	}
+	// A changed env is a new fingerprint: every shard runs again.
+	b, _ := os.ReadFile(spec)
+	if err := os.WriteFile(spec, append(b, []byte("env = { MODE = \"v2\" }\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changed := env.Submit(spec, coordinator.SubmitOptions{})
+	if changed.Fingerprint == first.Fingerprint || changed.Published != 5 || !changed.NewRun {
+		t.Fatalf("changed spec: got %+v, want a new fingerprint with 5 published", changed)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := env.Run("t")
+		return err == nil && r.Fingerprint == changed.Fingerprint && r.State == stream.RunComplete, fmt.Sprintf("run %+v", r.Counts)
+	})
+	mk, err := checkpoint.Verify(filepath.Join(filepath.Dir(spec), "out", "s0000"))
+	if err != nil || mk.Fingerprint != changed.Fingerprint {
+		t.Fatalf("output after new generation: fingerprint %s (%v), want %s", mk.Fingerprint, err, changed.Fingerprint)
+	}
+	for id, n := range countLines(t, runs) {
+		if n != 2 {
+			t.Errorf("shard %s ran %d times over two generations, want 2", id, n)
+		}
+	}
+}
+
+func TestCommittedOutputIsSkippedOnFreshCoordinator(t *testing.T) {
+	spec, runs := copyJob(t, 4, 0, "")
+	env := testenv.New(t, testenv.Options{})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	env.Close()
+	// A new data directory knows nothing; the outputs' markers carry the fingerprint.
+	env2 := testenv.New(t, testenv.Options{})
+	env2.Submit(spec, coordinator.SubmitOptions{})
+	env2.WaitState("t", 30*time.Second, stream.RunComplete)
+	for id, n := range countLines(t, runs) {
+		if n != 1 {
+			t.Errorf("shard %s ran %d times, want 1 (second run must skip verified outputs)", id, n)
+		}
+	}
+	// A corrupted output is not taken as done.
+	out := filepath.Join(filepath.Dir(spec), "out", "s0001", "s0001.txt")
+	if err := os.WriteFile(out, []byte("tampered"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env2.Close()
+	env3 := testenv.New(t, testenv.Options{})
+	env3.Submit(spec, coordinator.SubmitOptions{})
+	env3.WaitState("t", 30*time.Second, stream.RunComplete)
+	if n := countLines(t, runs)["s0001"]; n != 2 {
+		t.Fatalf("tampered shard ran %d times in total, want 2", n)
+	}
+	if _, err := checkpoint.Verify(filepath.Dir(out)); err != nil {
+		t.Fatalf("redone output: %v", err)
+	}
+}
+
+func TestFailingShardRetriesThenBlocksThenRetryFailedCompletes(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "ok")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 1,
+		Command: []string{"sh", "-c", `[ "$1" != s0001 ] || [ -f "$2" ] || { echo boom >&2; exit 3; }; cp "$3" "$4/"`, "sh", "{id}", gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{Retry: "shardpool run --retry-failed " + spec})
+	r := env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if r.Counts.Failed != 1 || r.Counts.Validated != 2 {
+		t.Fatalf("counts: got %+v, want 1 failed 2 validated", r.Counts)
+	}
+	if !strings.Contains(r.Reason, "s0001") || !strings.Contains(r.Reason, "--retry-failed") {
+		t.Fatalf("reason: got %q, want the failed shard and the retry command", r.Reason)
+	}
+	rec, err := env.Shard("t", "s0001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != stream.ShardFailed || len(rec.Attempts) != 2 || rec.Payload == nil {
+		t.Fatalf("record: got state %s, %d attempts, payload %v; want failed, 2, kept", rec.State, len(rec.Attempts), rec.Payload != nil)
+	}
+	for _, a := range rec.Attempts {
+		if a.Outcome != stream.OutcomeExit || a.ExitCode == nil || *a.ExitCode != 3 {
+			t.Fatalf("attempt %d: got outcome %s exit %v, want exit 3", a.N, a.Outcome, a.ExitCode)
+		}
+		if b, err := os.ReadFile(a.Log); err != nil || !strings.Contains(string(b), "boom") {
+			t.Fatalf("attempt log %s: got %q (%v), want the child's stderr", a.Log, b, err)
+		}
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := env.Submit(spec, coordinator.SubmitOptions{RetryFailed: true})
+	if res.Retried != 1 {
+		t.Fatalf("retry: got %d retried, want 1", res.Retried)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, _ = env.Shard("t", "s0001")
+	if rec.State != stream.ShardValidated || len(rec.Attempts) != 3 || rec.Retry != 1 {
+		t.Fatalf("after retry: got %s with %d attempts, retry round %d; want validated, 3, 1", rec.State, len(rec.Attempts), rec.Retry)
+	}
+}
+
+func TestTimeoutIsRecordedAndFails(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Grace: 200 * time.Millisecond})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Timeout: "300ms",
+		Command: []string{"sh", "-c", "trap '' TERM; sleep 30"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	start := time.Now()
+	env.WaitState("t", 20*time.Second, stream.RunBlocked)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("timeout took %s to be enforced, want well under 10s", d)
+	}
+	rec, _ := env.Shard("t", "s0000")
+	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeTimeout {
+		t.Fatalf("attempts: got %+v, want one timeout", rec.Attempts)
+	}
+	if rec.Attempts[0].Signal != "killed" {
+		t.Fatalf("signal: got %q, want killed (the child ignored SIGTERM)", rec.Attempts[0].Signal)
+	}
+}
+
+func TestOOMKillIsRecorded(t *testing.T) {
+	cg := testenv.MemoryCgroup(t, 32<<20)
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 1,
+		Command: []string{"sh", "-c", `echo $$ > "$1/cgroup.procs" && head -c 300M /dev/zero | tail -n 1 > /dev/null`, "sh", cg}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunBlocked)
+	rec, _ := env.Shard("t", "s0000")
+	if rec.State != stream.ShardFailed || len(rec.Attempts) != 2 {
+		t.Fatalf("record: got %s with %d attempts, want failed with 2", rec.State, len(rec.Attempts))
+	}
+	for _, a := range rec.Attempts {
+		if a.Outcome != stream.OutcomeOOM {
+			t.Fatalf("attempt %d: got outcome %s (%s), want oom", a.N, a.Outcome, a.Reason)
+		}
+	}
+}
+
+func TestDiskFullDuringCommitLeavesNothingPartial(t *testing.T) {
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `head -c 400000 /dev/zero > "$1/big"`, "sh", "{out}"}})
+	out := filepath.Join(filepath.Dir(spec), "out")
+	testenv.SmallTmpfs(t, out, "128k")
+	env := testenv.New(t, testenv.Options{})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	rec, _ := env.Shard("t", "s0000")
+	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeCommit || !strings.Contains(rec.Attempts[0].Reason, "no space") {
+		t.Fatalf("attempt: got %+v, want a commit error naming no space", rec.Attempts)
+	}
+	ents, _ := os.ReadDir(out)
+	for _, e := range ents {
+		if e.Name() != ".shardpool" {
+			t.Fatalf("destination holds %s after a failed commit, want nothing", e.Name())
+		}
+	}
+}
+
+func TestOutputSymlinkIsRefused(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"ln", "-s", "/etc/passwd", "{out}/escape"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	rec, _ := env.Shard("t", "s0000")
+	if len(rec.Attempts) != 1 || !strings.Contains(rec.Attempts[0].Reason, "symlink") {
+		t.Fatalf("attempt: got %+v, want a refusal naming the symlink", rec.Attempts)
+	}
+	if _, err := os.Lstat(filepath.Join(filepath.Dir(spec), "out", "s0000")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("output dir exists after refusal (%v), want none", err)
+	}
+}
+
+func TestSlotsBoundConcurrency(t *testing.T) {
+	dir := t.TempDir()
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 3}})
+	// Each shard records its start and end; at most 3 may overlap.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 9, Retries: 0,
+		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 0.3 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	maxSeen := 0
+	for i := range 9 {
+		b, err := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", fmt.Sprintf("s%04d", i), "n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		fmt.Sscan(string(b), &n)
+		maxSeen = max(maxSeen, n)
+	}
+	if maxSeen > 3 || maxSeen < 2 {
+		t.Fatalf("concurrent shards seen: %d, want 2..3 with 3 slots", maxSeen)
+	}
+}
+
+func TestPlaceholdersAndEnvironment(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Extra: "env = { GREETING = \"hello world\" }\n[class.cpu]\ncpus = 3\n",
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"p%d","inputs":[%q,%q],"params":{"lr":"0.1"}}`, i, in, in)
+		},
+		Command: []string{"sh", "-c", `printf '%s\n' "$@" > "$SHARDPOOL_OUT/args"; env | sort > "$SHARDPOOL_OUT/env"`, "sh", "{id}", "{inputs}", "--ckpt={ckpt}", "{attempt}", "{print $1}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	out := filepath.Join(filepath.Dir(spec), "out", "p0")
+	args, _ := os.ReadFile(filepath.Join(out, "args"))
+	lines := strings.Split(strings.TrimSpace(string(args)), "\n")
+	in := filepath.Join(filepath.Dir(spec), "in", "s0000.txt")
+	want := []string{"p0", in, in, "--ckpt=" + filepath.Join(filepath.Dir(spec), "out", ".shardpool", "ckpt", "p0"), "1", "{print $1}"}
+	if strings.Join(lines, "|") != strings.Join(want, "|") {
+		t.Fatalf("argv: got %q, want %q", lines, want)
+	}
+	envb, _ := os.ReadFile(filepath.Join(out, "env"))
+	for _, kv := range []string{"GREETING=hello world", "OMP_NUM_THREADS=3", "OPENBLAS_NUM_THREADS=3", "SHARDPOOL_PARAM_LR=0.1", "SHARDPOOL_SHARD_ID=p0", "CUDA_VISIBLE_DEVICES="} {
+		if !strings.Contains(string(envb), kv+"\n") {
+			t.Errorf("child environment lacks %q", kv)
+		}
+	}
+}
+
+// TestNoPrefetch checks that a worker holds at most its slots in flight:
+// with 1 slot and 6 queued shards, the consumer never has more than 1
+// message pending acknowledgement.
+func TestNoPrefetch(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 6, Command: []string{"sleep", "0.2"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	maxPending := 0
+	for time.Now().Before(deadline) {
+		c, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
+		if err == nil {
+			info, err := c.Info(ctx)
+			if err == nil {
+				maxPending = max(maxPending, info.NumAckPending)
+			}
+		}
+		if r, _ := env.Run("t"); r.State == stream.RunComplete {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if maxPending != 1 {
+		t.Fatalf("max ack pending: got %d, want 1 (one slot, no prefetch)", maxPending)
+	}
+}
+
+var _ = jetstream.ErrKeyNotFound
+var _ = exec.Command
