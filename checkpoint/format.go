@@ -14,10 +14,10 @@ const (
 
 // File is one committed file; Path is slash-separated and relative.
 type File struct {
-	Path   string `json:"path"`
-	Size   int64  `json:"size"`
-	XXH64  string `json:"xxh64"`
-	Mode   uint32 `json:"mode"`
+	Path  string `json:"path"`
+	Size  int64  `json:"size"`
+	XXH64 string `json:"xxh64"`
+	Mode  uint32 `json:"mode"`
 }
 
 type manifest struct {

@@ -58,7 +58,9 @@ func numbers(dir string) ([]int64, error) {
 	return ns, nil
 }
 
-func genPath(dir string, n int64) string { return filepath.Join(dir, fmt.Sprintf("%s%d", genPrefix, n)) }
+func genPath(dir string, n int64) string {
+	return filepath.Join(dir, fmt.Sprintf("%s%d", genPrefix, n))
+}
 
 // Commit writes srcs (files, or directories copied recursively under their
 // base names) as the next generation of dir. The previous generations stay;

@@ -148,17 +148,17 @@ type Lease struct {
 // WorkerReport is key <worker> in the workers bucket, refreshed every few
 // seconds; a worker whose key expired is gone.
 type WorkerReport struct {
-	V        int                `json:"v"`
-	Name     string             `json:"name"`
-	Host     string             `json:"host"`
-	BootID   string             `json:"boot_id"`
-	PID      int                `json:"pid"`
-	Slots    map[string]int     `json:"slots"`
-	Running  map[string]int     `json:"running"`
-	Done     int                `json:"done"`
-	Failed   int                `json:"failed"`
-	Started  time.Time          `json:"started"`
-	Reported time.Time          `json:"reported"`
+	V        int                 `json:"v"`
+	Name     string              `json:"name"`
+	Host     string              `json:"host"`
+	BootID   string              `json:"boot_id"`
+	PID      int                 `json:"pid"`
+	Slots    map[string]int      `json:"slots"`
+	Running  map[string]int      `json:"running"`
+	Done     int                 `json:"done"`
+	Failed   int                 `json:"failed"`
+	Started  time.Time           `json:"started"`
+	Reported time.Time           `json:"reported"`
 	Headroom map[string]Resource `json:"headroom,omitempty"`
 }
 

@@ -71,13 +71,13 @@ type Worker struct {
 	b    *stream.Buckets
 	ttl  time.Duration
 
-	mu       sync.Mutex
-	running  map[string]int
-	done     int
-	failed   int
-	logs     map[string]*os.File
-	runs     map[string]*stream.RunRecord
-	started  time.Time
+	mu      sync.Mutex
+	running map[string]int
+	done    int
+	failed  int
+	logs    map[string]*os.File
+	runs    map[string]*stream.RunRecord
+	started time.Time
 }
 
 // New validates cfg; it does no I/O.
