@@ -109,9 +109,10 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 	}
 	mk := Marker{V: formatV, Generation: gen, Manifest: fmt.Sprintf("%016x", xxhash.Sum64(mb)),
 		Owner: opt.Owner, Fingerprint: opt.Fingerprint, Time: time.Now().UTC(), Files: len(m.Files), Bytes: total}
-	if err := syncDir(tmp); err != nil {
-		return Marker{}, err
-	}
+	// Every file and MANIFEST is fsynced before the marker is written. Their
+	// directory entries become durable with the one fsync of tmp below, which
+	// precedes the rename; a crash before it leaves a .tmp- directory that no
+	// reader consumes, and a marker whose files went missing fails Verify.
 	if err := writeFileSync(filepath.Join(tmp, MarkerName), mk.encode()); err != nil {
 		return Marker{}, err
 	}

@@ -5,9 +5,9 @@
 // Invariants:
 //   - A committed directory holds MANIFEST (every file with size and xxhash64)
 //     and COMPLETE (the MANIFEST's own checksum, generation, owner, run
-//     fingerprint, time). COMPLETE is written after every other byte is
-//     fsynced; the directory becomes visible under its final name by one
-//     rename, after which the parent is fsynced.
+//     fingerprint, time). COMPLETE is written after every file and MANIFEST
+//     is fsynced; the directory is fsynced, then becomes visible under its
+//     final name by one rename, after which the parent is fsynced.
 //   - Verify accepts a directory only when COMPLETE parses, MANIFEST matches
 //     its checksum, and every file matches MANIFEST with nothing extra. A
 //     file's existence is never proof of success.

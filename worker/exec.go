@@ -39,12 +39,10 @@ var threadVars = []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_TH
 
 // childEnv is the environment of a shard's command: the worker's own, the
 // spec's env, thread limits, and SHARDPOOL_* variables.
-func childEnv(spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) []string {
-	env := map[string]string{}
-	for _, kv := range os.Environ() {
-		if k, val, ok := strings.Cut(kv, "="); ok {
-			env[k] = val
-		}
+func childEnv(base map[string]string, spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) []string {
+	env := make(map[string]string, len(base)+len(threadVars)+16)
+	for k, val := range base {
+		env[k] = val
 	}
 	for _, k := range threadVars {
 		env[k] = fmt.Sprint(class.CPUs)
@@ -73,6 +71,17 @@ func childEnv(spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v strea
 	}
 	sort.Strings(out)
 	return out
+}
+
+// environ is the worker's own environment as a map.
+func environ() map[string]string {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, val, ok := strings.Cut(kv, "="); ok {
+			env[k] = val
+		}
+	}
+	return env
 }
 
 func paramKey(k string) string {

@@ -16,6 +16,9 @@ type lease struct {
 	key string
 	rec stream.Lease
 	rev uint64
+	// confirmed is when the server last acknowledged the lease; it lives at
+	// least until confirmed + TTL.
+	confirmed time.Time
 }
 
 // takeLease takes the shard's lease with Create. An existing lease is taken
@@ -31,9 +34,10 @@ func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (*l
 		return nil, err
 	}
 	for range 3 {
+		sent := time.Now()
 		rev, err := w.b.Leases.Create(ctx, key, data)
 		if err == nil {
-			return &lease{key: key, rec: l, rev: rev}, nil
+			return &lease{key: key, rec: l, rev: rev, confirmed: sent}, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("take lease %s: %w", key, err)
@@ -51,9 +55,10 @@ func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (*l
 		}
 		// Verified gone (or unreadable): take it over from its revision, so a
 		// concurrent taker cannot also win.
+		sent = time.Now()
 		rev, err = w.b.Leases.Update(ctx, key, data, e.Revision())
 		if err == nil {
-			return &lease{key: key, rec: l, rev: rev}, nil
+			return &lease{key: key, rec: l, rev: rev, confirmed: sent}, nil
 		}
 	}
 	return nil, fmt.Errorf("take lease %s: %w", key, ErrLeaseHeld)
@@ -75,7 +80,8 @@ func (w *Worker) ownerGone(o stream.Owner) bool {
 
 // renew extends the lease by updating it from its revision.
 func (w *Worker) renew(ctx context.Context, l *lease) error {
-	l.rec.Renewed = time.Now().UTC()
+	sent := time.Now()
+	l.rec.Renewed = sent.UTC()
 	data, err := stream.Encode(&l.rec)
 	if err != nil {
 		return err
@@ -84,8 +90,18 @@ func (w *Worker) renew(ctx context.Context, l *lease) error {
 	if err != nil {
 		return fmt.Errorf("renew lease %s: %w: %v", l.key, ErrLeaseLost, err)
 	}
-	l.rev = rev
+	l.rev, l.confirmed = rev, sent
 	return nil
+}
+
+// ensureHeld makes sure the lease outlives the next step: a lease confirmed
+// less than half a TTL ago is still held for at least half a TTL; an older
+// one is renewed, which fails if another owner took it.
+func (w *Worker) ensureHeld(ctx context.Context, l *lease) error {
+	if time.Since(l.confirmed) < w.ttl/2 {
+		return nil
+	}
+	return w.renew(ctx, l)
 }
 
 // release deletes the lease if it is still ours, so another worker can take

@@ -102,7 +102,7 @@ func TestRunCompletesAndOutputsVerify(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(ev, "admission.log")); err != nil || strings.Count(string(b), "decision=admit") != 12 {
 		t.Fatalf("admission.log: got %d admits (%v), want 12", strings.Count(string(b), "decision=admit"), err)
 	}
-	if _, err := os.Stat(filepath.Join(ev, "attempts", "s0000", "1.log")); err != nil {
+	if _, err := os.Stat(filepath.Join(ev, "attempts", "s0000.1.log")); err != nil {
 		t.Fatalf("attempt log: %v", err)
 	}
 }

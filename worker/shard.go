@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -65,27 +66,17 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		return
 	}
 	a.run = run
-	spec := &run.Spec
-	if err := w.loadRecord(ctx, a); err != nil {
+	// The first delivery of round 0 usually has no record yet: skip the
+	// read and let the Create in runAttempt find out (and settle afresh if
+	// a record exists after all).
+	if a.attempt == 1 && m.Retry == 0 {
+		a.rec, a.rev = w.freshRecord(m), 0
+	} else if err := w.loadRecord(ctx, a); err != nil {
 		w.admission(m.Run, m.ID, class, "defer", "shard record unreadable: "+err.Error())
 		_ = msg.NakWithDelay(w.backoff(1))
 		return
 	}
-	if w.alreadyDone(ctx, a) {
-		w.admission(m.Run, m.ID, class, "skip", "already committed with this fingerprint and its output verifies")
-		_ = msg.DoubleAck(ctx)
-		return
-	}
-	if a.rec.State == stream.ShardFailed && a.rec.Fingerprint == m.Fingerprint && a.rec.Retry >= m.Retry && len(a.rec.Attempts) > 0 {
-		w.admission(m.Run, m.ID, class, "discard", "shard already recorded failed in this retry round")
-		_ = msg.Term()
-		return
-	}
-	if limit := spec.Retries + 1; a.attempt > limit {
-		w.closeLost(a)
-		w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil)
-		_ = msg.TermWithReason("attempt limit reached")
-		w.count(false)
+	if w.settle(ctx, a, class) {
 		return
 	}
 	l, err := w.takeLease(ctx, a.key, m.Fingerprint, a.attempt)
@@ -99,11 +90,39 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	w.runAttempt(ctx, stop, a, l, class)
 }
 
+// settle ends the delivery without running when the record or the output
+// says so: already committed, already failed in this round, or out of
+// attempts. It reports whether it settled the message.
+func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool {
+	m, msg := &a.m, a.msg
+	if w.alreadyDone(ctx, a) {
+		w.admission(m.Run, m.ID, class, "skip", "already committed with this fingerprint and its output verifies")
+		_ = msg.DoubleAck(ctx)
+		return true
+	}
+	if a.rec.State == stream.ShardFailed && a.rec.Fingerprint == m.Fingerprint && a.rec.Retry >= m.Retry && len(a.rec.Attempts) > 0 {
+		w.admission(m.Run, m.ID, class, "discard", "shard already recorded failed in this retry round")
+		_ = msg.Term()
+		return true
+	}
+	if limit := a.run.Spec.Retries + 1; a.attempt > limit {
+		w.closeLost(a)
+		w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil)
+		_ = msg.TermWithReason("attempt limit reached")
+		w.count(false)
+		return true
+	}
+	return false
+}
+
+func (w *Worker) freshRecord(m *stream.ShardMsg) stream.ShardRecord {
+	return stream.ShardRecord{Run: m.Run, ID: m.ID, Fingerprint: m.Fingerprint, Class: m.Class, State: stream.ShardPending}
+}
+
 func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 	e, err := w.b.Shards.Get(ctx, a.key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		a.rec = stream.ShardRecord{Run: a.m.Run, ID: a.m.ID, Fingerprint: a.m.Fingerprint, Class: a.m.Class, State: stream.ShardPending}
-		a.rev = 0
+		a.rec, a.rev = w.freshRecord(&a.m), 0
 		return nil
 	}
 	if err != nil {
@@ -115,7 +134,7 @@ func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 	a.rev = e.Revision()
 	if a.rec.Fingerprint != a.m.Fingerprint {
 		// A record of an older generation: this generation starts afresh.
-		a.rec = stream.ShardRecord{Run: a.m.Run, ID: a.m.ID, Fingerprint: a.m.Fingerprint, Class: a.m.Class, State: stream.ShardPending}
+		a.rec = w.freshRecord(&a.m)
 	}
 	return nil
 }
@@ -184,14 +203,29 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	owner := l.rec.Owner
 	w.closeLost(a)
 	a.rec.State, a.rec.Owner, a.rec.Retry, a.rec.Reason = stream.ShardRunning, &owner, m.Retry, ""
-	logDir := filepath.Join(w.evidenceDir(m.Run), "attempts", m.ID)
-	logName := fmt.Sprintf("%d.log", a.attempt)
+	logDir := filepath.Join(w.evidenceDir(m.Run), "attempts")
+	logName := fmt.Sprintf("%s.%d.log", m.ID, a.attempt)
 	if m.Retry > 0 {
-		logName = fmt.Sprintf("r%d-%d.log", m.Retry, a.attempt)
+		logName = fmt.Sprintf("%s.r%d.%d.log", m.ID, m.Retry, a.attempt)
 	}
 	at := stream.Attempt{N: a.attempt, Worker: w.cfg.Name, Host: w.host, Start: time.Now().UTC(), Log: filepath.Join(logDir, logName)}
 	a.rec.Attempts = append(a.rec.Attempts, at)
-	if err := w.putRecord(ctx, a); err != nil {
+	err := w.putRecord(ctx, a)
+	if a.rev == 0 && errors.Is(err, jetstream.ErrKeyExists) {
+		// The optimistic first delivery met an existing record (an earlier
+		// generation, or a shard committed from another data directory).
+		if err = w.loadRecord(ctx, a); err == nil {
+			if w.settle(ctx, a, class) {
+				w.release(l)
+				return
+			}
+			w.closeLost(a)
+			a.rec.State, a.rec.Owner, a.rec.Retry, a.rec.Reason = stream.ShardRunning, &owner, m.Retry, ""
+			a.rec.Attempts = append(a.rec.Attempts, at)
+			err = w.putRecord(ctx, a)
+		}
+	}
+	if err != nil {
 		// Someone else changed the record (a new generation, a verification
 		// failure): let the message come back and decide afresh.
 		w.admission(m.Run, m.ID, class, "defer", err.Error())
@@ -199,26 +233,37 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		_ = a.msg.NakWithDelay(w.backoff(1))
 		return
 	}
-	base := filepath.Join(w.cfg.Scratch, m.Run, m.ID, fmt.Sprintf("a%d-%s", a.attempt, w.cfg.Name))
-	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: filepath.Join(base, "out"), Scratch: filepath.Join(base, "tmp"),
+	base := filepath.Join(w.cfg.Scratch, m.Run, fmt.Sprintf("%s.a%d", m.ID, a.attempt))
+	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: base + ".out", Scratch: base + ".tmp",
 		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
-	defer os.RemoveAll(base)
+	defer os.RemoveAll(v.Out)
+	defer os.RemoveAll(v.Scratch)
 	res := w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
 	w.conclude(ctx, a, l, v, res)
 }
 
 func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string) result {
 	spec := &a.run.Spec
-	for _, d := range []string{v.Out, v.Scratch, v.Ckpt, logDir} {
+	dirs := []string{v.Out, v.Scratch}
+	if usesCkpt(spec) {
+		// Created only when the command names {ckpt}: directory creation is
+		// a measurable part of a short shard's cost. A job that reads
+		// SHARDPOOL_CKPT_DIR gets it created by its first `ckpt commit`.
+		dirs = append(dirs, v.Ckpt)
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return result{outcome: stream.OutcomeStart, reason: err.Error()}
 		}
+	}
+	if err := w.ensureDir(logDir); err != nil {
+		return result{outcome: stream.OutcomeStart, reason: err.Error()}
 	}
 	argv, err := stream.Expand(spec.Command, v)
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: err.Error()}
 	}
-	env := childEnv(spec, cls, &a.m, v)
+	env := childEnv(w.env, spec, cls, &a.m, v)
 	hbCtx, stopHB := context.WithCancel(ctx)
 	lost := make(chan struct{})
 	hbDone := make(chan struct{})
@@ -241,6 +286,33 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	stopHB()
 	<-hbDone
 	return res
+}
+
+func usesCkpt(spec *stream.Spec) bool {
+	for _, a := range append(spec.Command[:len(spec.Command):len(spec.Command)], spec.Validator...) {
+		if strings.Contains(a, "{ckpt}") {
+			return true
+		}
+	}
+	return false
+}
+
+// ensureDir creates dir once per worker process (the attempts directory is
+// shared by every shard of a run).
+func (w *Worker) ensureDir(dir string) error {
+	w.mu.Lock()
+	done := w.dirs[dir]
+	w.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.dirs[dir] = true
+	w.mu.Unlock()
+	return nil
 }
 
 // heartbeat keeps the message in progress and the lease renewed at a third
@@ -279,7 +351,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		return
 	}
 	if res.outcome == stream.OutcomeOK {
-		err := w.renew(ctx, l)
+		err := w.ensureHeld(ctx, l)
 		if err == nil {
 			err = w.commit(ctx, a, v)
 		}

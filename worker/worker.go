@@ -70,6 +70,7 @@ type Worker struct {
 	pid  int
 	b    *stream.Buckets
 	ttl  time.Duration
+	env  map[string]string
 
 	mu      sync.Mutex
 	running map[string]int
@@ -77,6 +78,7 @@ type Worker struct {
 	failed  int
 	logs    map[string]*os.File
 	runs    map[string]*stream.RunRecord
+	dirs    map[string]bool
 	started time.Time
 }
 
@@ -133,7 +135,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}}, nil
 }
 
 // DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
@@ -155,6 +157,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.host, _ = os.Hostname()
 	w.boot = bootID(w.cfg.ProcRoot)
 	w.pid = os.Getpid()
+	w.env = environ()
 	b, err := stream.OpenBuckets(ctx, w.cfg.JetStream)
 	if err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
@@ -252,23 +255,37 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			}
 			continue
 		}
-		got := 0
-		for msg := range batch.Messages() {
-			got++
-			shards.Add(1)
-			w.track(class, +1)
-			go func() {
-				defer shards.Done()
-				defer func() { w.track(class, -1); free <- struct{}{} }()
-				w.handle(shardCtx, stop, msg, class, fmt.Sprintf("%d/%d slots of class %s in use", slots-len(free), slots, class))
-			}()
-		}
-		for range n - got {
-			free <- struct{}{}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-			w.log.Debug("fetch ended", "class", class, "err", err)
-		}
+		// A batch closes some time after its last message arrives; draining
+		// it aside lets the loop fetch for the next free slot at once. The
+		// slots of one request stay reserved until it ends, so requests in
+		// flight never ask for more than the free slots.
+		shards.Add(1)
+		go func() {
+			defer shards.Done()
+			got := 0
+			for msg := range batch.Messages() {
+				got++
+				if ctx.Err() != nil {
+					// Shutting down: hand it back untouched.
+					_ = msg.Nak()
+					free <- struct{}{}
+					continue
+				}
+				shards.Add(1)
+				w.track(class, +1)
+				go func() {
+					defer shards.Done()
+					defer func() { w.track(class, -1); free <- struct{}{} }()
+					w.handle(shardCtx, stop, msg, class, fmt.Sprintf("%d/%d slots of class %s in use", slots-len(free), slots, class))
+				}()
+			}
+			for range n - got {
+				free <- struct{}{}
+			}
+			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				w.log.Debug("fetch ended", "class", class, "err", err)
+			}
+		}()
 	}
 }
 

@@ -1,0 +1,36 @@
+# shardpool — see README.md.
+GO      ?= go
+BIN     := bin/shardpool
+# The test suite runs real processes and an embedded JetStream server; keep
+# packages serial so timing-sensitive lease tests are not starved on 2 cores.
+TESTFLAGS ?= -count=1 -timeout 15m -p 1
+
+.PHONY: build demo test bench vet clean tools
+
+build:
+	$(GO) build -o $(BIN) ./cmd/shardpool
+
+# The main job on the embedded default: generate a corpus, compress and
+# checksum it with standard tools, one coordinator and one worker in-process.
+demo: build
+	./examples/compress/make-corpus.sh 40
+	$(BIN) run --data .demo-state --slots 2 examples/compress/shardpool.toml
+
+# Tools the tests need: natscli v0.5.0 for the interop test.
+tools:
+	@command -v nats >/dev/null 2>&1 || [ -x "$$($(GO) env GOPATH)/bin/nats" ] || \
+		$(GO) install github.com/nats-io/natscli/nats@v0.5.0
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+
+test: tools vet
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test $(TESTFLAGS) ./...
+
+# Benchmarks print ratios against baselines measured in the same run.
+bench: build
+	$(GO) run ./bench/pool -bin $(BIN)
+
+clean:
+	rm -rf bin .demo-state examples/compress/out examples/compress/corpus examples/compress/manifest.jsonl

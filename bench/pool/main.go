@@ -1,0 +1,192 @@
+// Command pool is the worker-pool benchmark behind `make bench`: N shards
+// of /bin/true through `shardpool run` (all state durable, SyncAlways),
+// against GNU parallel --joblog and a bare Go fork/exec loop at the same
+// concurrency, in the same run. It prints shards/s, both ratios and the
+// peak RSS of the shardpool processes. It is a benchmark, not a test: it
+// asserts nothing and never fails on a slow machine.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+func main() {
+	bin := flag.String("bin", "bin/shardpool", "shardpool binary")
+	n := flag.Int("n", 5000, "shards")
+	j := flag.Int("j", 4, "concurrency for all three")
+	flag.Parse()
+	if err := run(*bin, *n, *j); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(bin string, n, j int) error {
+	bin, _ = filepath.Abs(bin)
+	dir, err := os.MkdirTemp("", "shardpool-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	spec := writeJob(dir, n)
+	fmt.Printf("shardpool pool benchmark: %d shards of /bin/true, concurrency %d, %d CPUs\n\n", n, j, cpus())
+
+	bare := bareExec(n, j)
+	par, parErr := gnuParallel(dir, n, j)
+	emb, embRSS, err := timed(exec.Command(bin, "run", "--quiet", "--data", filepath.Join(dir, "emb"), "--slots", fmt.Sprint(j), spec))
+	if err != nil {
+		return fmt.Errorf("shardpool run: %w", err)
+	}
+	os.RemoveAll(filepath.Join(dir, "out"))
+	dist, coordRSS, workerRSS, distErr := distributed(bin, dir, spec, n, j)
+
+	rate := func(d time.Duration) float64 { return float64(n) / d.Seconds() }
+	fmt.Printf("%-40s %10s %12s\n", "", "wall", "shards/s")
+	fmt.Printf("%-40s %9.2fs %12.0f\n", "bare Go fork/exec loop", bare.Seconds(), rate(bare))
+	if parErr == nil {
+		fmt.Printf("%-40s %9.2fs %12.0f\n", "GNU parallel --joblog", par.Seconds(), rate(par))
+	} else {
+		fmt.Printf("%-40s %s\n", "GNU parallel --joblog", parErr)
+	}
+	fmt.Printf("%-40s %9.2fs %12.0f\n", "shardpool run (embedded, SyncAlways)", emb.Seconds(), rate(emb))
+	if distErr == nil {
+		fmt.Printf("%-40s %9.2fs %12.0f\n", "shardpool coordinator+worker (TCP)", dist.Seconds(), rate(dist))
+	} else {
+		fmt.Printf("%-40s %s\n", "shardpool coordinator+worker (TCP)", distErr)
+	}
+	fmt.Println()
+	if parErr == nil {
+		fmt.Printf("ratio shardpool run / GNU parallel:   %.2fx (target >= 5x)\n", rate(emb)/rate(par))
+	}
+	fmt.Printf("ratio shardpool run / bare exec:      %.2fx (target >= 0.5x)\n", rate(emb)/rate(bare))
+	fmt.Printf("peak RSS shardpool run (one process): %.1f MiB\n", float64(embRSS)/(1<<20))
+	if distErr == nil {
+		fmt.Printf("peak RSS coordinator: %.1f MiB, worker: %.1f MiB\n", float64(coordRSS)/(1<<20), float64(workerRSS)/(1<<20))
+	}
+	return nil
+}
+
+func cpus() int {
+	out, err := exec.Command("nproc").Output()
+	if err != nil {
+		return 0
+	}
+	var c int
+	fmt.Sscan(string(out), &c)
+	return c
+}
+
+func writeJob(dir string, n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "{\"id\":\"s%05d\"}\n", i)
+	}
+	os.WriteFile(filepath.Join(dir, "manifest.jsonl"), []byte(b.String()), 0o644)
+	spec := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(spec, []byte("name = \"bench\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"/bin/true\"]\nretries = 0\ncode_rev = \"bench\"\n"), 0o644)
+	return spec
+}
+
+func bareExec(n, j int) time.Duration {
+	start := time.Now()
+	jobs := make(chan struct{})
+	var wg sync.WaitGroup
+	for range j {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				exec.Command("/bin/true").Run()
+			}
+		}()
+	}
+	for range n {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	wg.Wait()
+	return time.Since(start)
+}
+
+func gnuParallel(dir string, n, j int) (time.Duration, error) {
+	if _, err := exec.LookPath("parallel"); err != nil {
+		return 0, fmt.Errorf("not installed (apt-get install parallel)")
+	}
+	cmd := exec.Command("parallel", "--will-cite", "-j", fmt.Sprint(j), "--joblog", filepath.Join(dir, "joblog"), "/bin/true")
+	var in strings.Builder
+	for i := range n {
+		fmt.Fprintln(&in, i)
+	}
+	cmd.Stdin = strings.NewReader(in.String())
+	d, _, err := timed(cmd)
+	return d, err
+}
+
+// timed runs cmd and returns its wall time and peak RSS.
+func timed(cmd *exec.Cmd) (time.Duration, int64, error) {
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	d := time.Since(start)
+	if err != nil {
+		return d, 0, fmt.Errorf("%v: %s", err, out)
+	}
+	return d, maxRSS(cmd), nil
+}
+
+func maxRSS(cmd *exec.Cmd) int64 {
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		return ru.Maxrss * 1024
+	}
+	return 0
+}
+
+// distributed runs a coordinator and a worker as separate processes over TCP.
+func distributed(bin, dir, spec string, n, j int) (time.Duration, int64, int64, error) {
+	addr := "127.0.0.1:24222"
+	url := "nats://" + addr
+	coord := exec.Command(bin, "coordinator", "--data", filepath.Join(dir, "dist"), "--listen", addr, "--http", "")
+	if err := coord.Start(); err != nil {
+		return 0, 0, 0, err
+	}
+	defer coord.Process.Kill()
+	time.Sleep(1500 * time.Millisecond)
+	start := time.Now()
+	if out, err := exec.Command(bin, "submit", "--server", url, spec).CombinedOutput(); err != nil {
+		return 0, 0, 0, fmt.Errorf("submit: %v %s", err, out)
+	}
+	wk := exec.Command(bin, "worker", "--server", url, "--slots", fmt.Sprintf("cpu=%d", j), "--name", "bench",
+		"--data", filepath.Join(dir, "wdata"), "--scratch", filepath.Join(dir, "wscratch"))
+	if err := wk.Start(); err != nil {
+		return 0, 0, 0, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	for ctx.Err() == nil {
+		out, err := exec.Command(bin, "status", "--server", url, "--json", "bench").Output()
+		if err == nil {
+			var st struct {
+				Runs []struct{ State string } `json:"runs"`
+			}
+			if json.Unmarshal(out, &st) == nil && len(st.Runs) == 1 && (st.Runs[0].State == "COMPLETE" || st.Runs[0].State == "BLOCKED") {
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	d := time.Since(start)
+	wk.Process.Signal(syscall.SIGTERM)
+	wk.Wait()
+	coord.Process.Signal(syscall.SIGTERM)
+	coord.Wait()
+	return d, maxRSS(coord), maxRSS(wk), ctx.Err()
+}

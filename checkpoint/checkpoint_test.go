@@ -1,0 +1,164 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeTree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for p, c := range files {
+		full := filepath.Join(dir, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func TestCommitDirVerifyAndDetectDamage(t *testing.T) {
+	src := writeTree(t, map[string]string{"a.txt": "alpha", "sub/b.bin": "beta", "empty": ""})
+	dst := filepath.Join(t.TempDir(), "shard-1")
+	mk, err := CommitDir(context.Background(), dst, src, Options{Owner: "w1", Fingerprint: "fp"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mk.Files != 3 || mk.Bytes != 9 || mk.Fingerprint != "fp" {
+		t.Fatalf("marker: got %+v, want 3 files, 9 bytes, fp", mk)
+	}
+	if _, err := Verify(dst); err != nil {
+		t.Fatalf("verify fresh commit: %v", err)
+	}
+	damage := []struct {
+		name string
+		do   func(dir string)
+		want error
+	}{
+		{"flipped byte", func(d string) { os.WriteFile(filepath.Join(d, "a.txt"), []byte("alphA"), 0o644) }, ErrCorrupt},
+		{"truncated", func(d string) { os.Truncate(filepath.Join(d, "sub/b.bin"), 2) }, ErrCorrupt},
+		{"extra file", func(d string) { os.WriteFile(filepath.Join(d, "new"), nil, 0o644) }, ErrCorrupt},
+		{"missing file", func(d string) { os.Remove(filepath.Join(d, "empty")) }, ErrCorrupt},
+		{"no marker", func(d string) { os.Remove(filepath.Join(d, MarkerName)) }, ErrIncomplete},
+		{"edited manifest", func(d string) {
+			b, _ := os.ReadFile(filepath.Join(d, ManifestName))
+			os.WriteFile(filepath.Join(d, ManifestName), []byte(strings.Replace(string(b), `"size": 5`, `"size": 6`, 1)), 0o644)
+		}, ErrCorrupt},
+	}
+	for _, d := range damage {
+		t.Run(d.name, func(t *testing.T) {
+			dst := filepath.Join(t.TempDir(), "x")
+			if _, err := CommitDir(context.Background(), dst, src, Options{}, ""); err != nil {
+				t.Fatal(err)
+			}
+			d.do(dst)
+			if _, err := Verify(dst); !errors.Is(err, d.want) {
+				t.Fatalf("got %v, want %v", err, d.want)
+			}
+		})
+	}
+}
+
+func TestCommitDirReplacesAtomicallyAndKeepsUnverifiedAside(t *testing.T) {
+	parent := t.TempDir()
+	dst := filepath.Join(parent, "s")
+	if _, err := CommitDir(context.Background(), dst, writeTree(t, map[string]string{"v": "1"}), Options{Fingerprint: "a"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dst, "v"), []byte("tampered"), 0o644)
+	keep := filepath.Join(parent, ".replaced")
+	if _, err := CommitDir(context.Background(), dst, writeTree(t, map[string]string{"v": "2"}), Options{Fingerprint: "b"}, keep); err != nil {
+		t.Fatal(err)
+	}
+	mk, err := Verify(dst)
+	if err != nil || mk.Fingerprint != "b" {
+		t.Fatalf("after replace: %v fingerprint %s, want b", err, mk.Fingerprint)
+	}
+	aside, _ := os.ReadDir(keep)
+	if len(aside) != 1 {
+		t.Fatalf("replaced content kept aside: %d entries, want 1", len(aside))
+	}
+	ents, _ := os.ReadDir(parent)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			t.Fatalf("temporary %s left behind", e.Name())
+		}
+	}
+}
+
+func TestCommitRefusesUnsafeSources(t *testing.T) {
+	src := writeTree(t, map[string]string{"ok": "x"})
+	os.Symlink("/etc/passwd", filepath.Join(src, "link"))
+	dst := filepath.Join(t.TempDir(), "d")
+	if _, err := CommitDir(context.Background(), dst, src, Options{}, ""); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("symlink: got %v, want ErrUnsafe", err)
+	}
+	if _, err := os.Stat(dst); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("destination exists after a refused commit")
+	}
+	src2 := writeTree(t, map[string]string{MarkerName: "forged"})
+	if _, err := CommitDir(context.Background(), dst, src2, Options{}, ""); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("reserved name: got %v, want ErrUnsafe", err)
+	}
+}
+
+func TestGenerationsLatestSkipsCorruptAndRetains(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	for i := range 3 {
+		f := filepath.Join(t.TempDir(), "state.bin")
+		os.WriteFile(f, []byte{byte(i)}, 0o644)
+		g, err := Commit(ctx, dir, []string{f}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.N != int64(i+1) {
+			t.Fatalf("generation: got %d, want %d", g.N, i+1)
+		}
+	}
+	os.Truncate(filepath.Join(dir, "gen-3", "state.bin"), 0)
+	g, rejected, err := Latest(dir)
+	if err != nil || g.N != 2 || len(rejected) != 1 || rejected[0].N != 3 {
+		t.Fatalf("latest: got gen %d, rejected %+v, %v; want 2 with 3 rejected", g.N, rejected, err)
+	}
+	// A retained commit prunes verified old generations and quarantines the corrupt one.
+	f := filepath.Join(t.TempDir(), "state.bin")
+	os.WriteFile(f, []byte("new"), 0o644)
+	g, err = Commit(ctx, dir, []string{f}, Options{Retain: 2})
+	if err != nil || g.N != 4 {
+		t.Fatalf("commit 4: %v (gen %d)", err, g.N)
+	}
+	ns, _ := numbers(dir)
+	if len(ns) != 2 || ns[0] != 4 || ns[1] != 2 {
+		t.Fatalf("generations after retain 2: got %v, want [4 2]", ns)
+	}
+	rej, _ := os.ReadDir(filepath.Join(dir, RejectedDir))
+	if len(rej) != 1 || !strings.HasPrefix(rej[0].Name(), "gen-3-") {
+		t.Fatalf("rejected: got %v, want gen-3 quarantined", rej)
+	}
+	if _, _, err := Latest(t.TempDir()); !errors.Is(err, ErrNoGeneration) {
+		t.Fatalf("empty dir: got %v, want ErrNoGeneration", err)
+	}
+}
+
+func TestWriteFileIsAtomic(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "final.json")
+	if err := WriteFile(p, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(p, []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	ents, _ := os.ReadDir(filepath.Dir(p))
+	if string(b) != "two" || len(ents) != 1 {
+		t.Fatalf("got %q with %d entries, want \"two\" alone", b, len(ents))
+	}
+}

@@ -1,0 +1,233 @@
+package main_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+func TestRunExitCodes(t *testing.T) {
+	data := t.TempDir()
+	ok := testenv.WriteJob(t, testenv.Job{Name: "good", Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", ok)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run of a good job: exit %d, want 0\n%s", code, p.Output())
+	}
+	for _, want := range []string{"COMPLETE", "outputs:", "evidence: " + filepath.Join(data, "runs", "good")} {
+		if !strings.Contains(p.Output(), want) {
+			t.Errorf("run output lacks %q:\n%s", want, p.Output())
+		}
+	}
+	bad := testenv.WriteJob(t, testenv.Job{Name: "bad", Shards: 2, Retries: 0, Command: []string{"false"}})
+	p = testenv.Start(t, "run", "--data", data, bad)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("run of a failing job: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	if !strings.Contains(p.Output(), "BLOCKED") || !strings.Contains(p.Output(), "--retry-failed") {
+		t.Fatalf("blocked run output lacks the state or the retry command:\n%s", p.Output())
+	}
+	resume, err := os.ReadFile(filepath.Join(data, "runs", "bad", "resume.txt"))
+	if err != nil || !strings.Contains(string(resume), "--retry-failed") {
+		t.Fatalf("resume.txt: got %q (%v), want the retry command", resume, err)
+	}
+	p = testenv.Start(t, "run", "--bogus", ok)
+	if code := p.Wait(t, 10*time.Second); code != 2 {
+		t.Fatalf("bad flag: exit %d, want 2", code)
+	}
+	p = testenv.Start(t, "run", "--help")
+	if code := p.Wait(t, 10*time.Second); code != 0 || !strings.Contains(p.Output(), "--slots") {
+		t.Fatalf("--help: exit %d, output %q; want 0 and the flags", code, p.Output())
+	}
+}
+
+// TestBadInputNamesFileLineFieldAndPublishesNothing submits broken specs
+// and manifests to a live coordinator: each is refused with the file, the
+// line and the field, and the stream stays empty.
+func TestBadInputNamesFileLineFieldAndPublishesNothing(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	cmd := []string{"cp", "{input}", "{out}/"}
+	cases := []struct {
+		name string
+		spec func(t *testing.T) string
+		want []string
+	}{
+		{"malformed toml", func(t *testing.T) string {
+			p := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: cmd})
+			appendTo(t, p, "retries = = 3\n")
+			return p
+		}, []string{"shardpool.toml:7"}},
+		{"unknown spec field", func(t *testing.T) string {
+			p := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: cmd})
+			appendTo(t, p, "[class.cpu]\ncpus = 1\nmemroy = \"1GiB\"\n")
+			return p
+		}, []string{"shardpool.toml:9", `"class.cpu.memroy"`, "unknown field"}},
+		{"bad size", func(t *testing.T) string {
+			p := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: cmd})
+			appendTo(t, p, "[class.cpu]\nmemory = \"12 parsecs\"\n")
+			return p
+		}, []string{"shardpool.toml:8", `"class.cpu.memory"`, "unknown unit"}},
+		{"malformed jsonl", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Shards: 3, Command: cmd, Line: func(i int, in string) string {
+				if i == 1 {
+					return `{"id": "x", "inputs": [`
+				}
+				return `{"id":"a` + string(rune('0'+i)) + `","inputs":["` + in + `"]}`
+			}})
+		}, []string{"manifest.jsonl:2", "not a JSON object"}},
+		{"unknown manifest field", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Shards: 2, Command: cmd, Line: func(i int, in string) string {
+				if i == 1 {
+					return `{"id":"b","inputs":["` + in + `"],"priority":3}`
+				}
+				return `{"id":"a","inputs":["` + in + `"]}`
+			}})
+		}, []string{"manifest.jsonl:2", `field "priority"`, "unknown field"}},
+		{"duplicate id", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Shards: 3, Command: cmd, Line: func(i int, in string) string {
+				return `{"id":"same","inputs":["` + in + `"]}`
+			}})
+		}, []string{"manifest.jsonl:2", `field "id"`, "duplicate shard id", "first on line 1"}},
+		{"forbidden id", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Shards: 1, Command: cmd, Line: func(i int, in string) string {
+				return `{"id":"../../etc","inputs":["` + in + `"]}`
+			}})
+		}, []string{"manifest.jsonl:1", `field "id"`, "output directory"}},
+		{"missing input", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Shards: 2, Command: cmd, Line: func(i int, in string) string {
+				if i == 1 {
+					return `{"id":"b","inputs":["in/nope.txt"]}`
+				}
+				return `{"id":"a","inputs":["` + in + `"]}`
+			}})
+		}, []string{"manifest.jsonl:2", `field "inputs"`, "no such file"}},
+		{"undeclared class", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Shards: 1, Command: cmd, Line: func(i int, in string) string {
+				return `{"id":"a","inputs":["` + in + `"],"class":"gpu"}`
+			}})
+		}, []string{"manifest.jsonl:1", `field "class"`, "not declared"}},
+		{"bad run name", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Name: "Bad Name", Shards: 1, Command: cmd})
+		}, []string{"shardpool.toml:1", `field "name"`}},
+		{"{input} with two inputs", func(t *testing.T) string {
+			return testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"cat", "{input}"}, Line: func(i int, in string) string {
+				return `{"id":"a","inputs":["` + in + `","` + in + `"]}`
+			}})
+		}, []string{"manifest.jsonl:1", "{input}", "{inputs}"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := tc.spec(t)
+			p := testenv.Start(t, "submit", "--server", env.URL, spec)
+			code := p.Wait(t, 30*time.Second)
+			if code != 1 {
+				t.Fatalf("exit: got %d, want 1\n%s", code, p.Output())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(p.Output(), w) {
+					t.Errorf("error output lacks %q:\n%s", w, p.Output())
+				}
+			}
+		})
+	}
+	s, err := env.JS.Stream(context.Background(), stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := s.Info(context.Background())
+	if info.State.Msgs != 0 {
+		t.Fatalf("stream holds %d messages after only bad submissions, want 0", info.State.Msgs)
+	}
+}
+
+func appendTo(t *testing.T, path, text string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.WriteString(text)
+}
+
+// TestNatsCLIAgreesWithStatus runs the stock nats CLI (natscli v0.5.0)
+// against a live coordinator and compares what it reads with shardpool
+// status --json.
+func TestNatsCLIAgreesWithStatus(t *testing.T) {
+	natsBin, err := exec.LookPath("nats")
+	if err != nil {
+		if gp, e := exec.Command("go", "env", "GOPATH").Output(); e == nil {
+			cand := filepath.Join(strings.TrimSpace(string(gp)), "bin", "nats")
+			if _, e := os.Stat(cand); e == nil {
+				natsBin, err = cand, nil
+			}
+		}
+	}
+	if err != nil {
+		t.Fatalf("the nats CLI is not installed; run: go install github.com/nats-io/natscli/nats@v0.5.0")
+	}
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	natsJSON := func(args ...string) map[string]any {
+		t.Helper()
+		out, err := exec.Command(natsBin, append(append([]string{"-s", env.URL}, args...), "--json")...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nats %v: %v\n%s", args, err, out)
+		}
+		var v map[string]any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatalf("nats %v: not JSON: %s", args, out)
+		}
+		return v
+	}
+	// Queued, nothing running: the stream holds every shard.
+	si := natsJSON("stream", "info", stream.StreamShards)
+	if msgs := si["state"].(map[string]any)["messages"].(float64); msgs != 4 {
+		t.Fatalf("nats stream info: %v messages, want 4", msgs)
+	}
+	out, err := exec.Command(natsBin, "-s", env.URL, "consumer", "ls", stream.StreamShards, "--names").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "cpu" {
+		t.Fatalf("nats consumer ls: got %q (%v), want the cpu consumer", out, err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 2})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	si = natsJSON("stream", "info", stream.StreamShards)
+	if msgs := si["state"].(map[string]any)["messages"].(float64); msgs != 0 {
+		t.Fatalf("nats stream info after completion: %v messages, want 0 (work queue)", msgs)
+	}
+	raw, err := exec.Command(natsBin, "-s", env.URL, "kv", "get", stream.BucketShards, "t.s0002", "--raw").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nats kv get: %v\n%s", err, raw)
+	}
+	var rec stream.ShardRecord
+	if err := stream.Decode(raw, &rec); err != nil {
+		t.Fatalf("nats kv get value: %v\n%s", err, raw)
+	}
+	p := testenv.Start(t, "status", "--server", env.URL, "--json", "t")
+	if code := p.Wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("status: exit %d\n%s", code, p.Output())
+	}
+	var st coordinator.Status
+	if err := json.Unmarshal([]byte(p.Output()), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, p.Output())
+	}
+	if len(st.Runs) != 1 || st.Runs[0].State != stream.RunComplete || st.Runs[0].Counts.Validated != 4 {
+		t.Fatalf("status: got %+v, want t COMPLETE with 4 validated", st.Runs)
+	}
+	if rec.State != stream.ShardValidated || rec.Fingerprint != st.Runs[0].Fingerprint {
+		t.Fatalf("nats kv get says %s/%s, status says validated/%s", rec.State, rec.Fingerprint, st.Runs[0].Fingerprint)
+	}
+	kvInfo := natsJSON("stream", "info", "KV_"+stream.BucketLeases)
+	if ttl, ok := kvInfo["config"].(map[string]any)["max_age"].(float64); !ok || ttl != float64(3*time.Second) {
+		t.Fatalf("nats kv info %s: max_age %v, want the 3s lease TTL", stream.BucketLeases, kvInfo["config"])
+	}
+}

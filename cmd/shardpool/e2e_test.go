@@ -1,0 +1,189 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// cluster is a coordinator process and a client connection to it.
+type cluster struct {
+	t     *testing.T
+	data  string
+	addr  string
+	url   string
+	coord *testenv.Proc
+	nc    *nats.Conn
+	js    jetstream.JetStream
+}
+
+func startCluster(t *testing.T, leaseTTL string) *cluster {
+	c := &cluster{t: t, data: t.TempDir(), addr: testenv.FreePort(t)}
+	c.url = "nats://" + c.addr
+	c.startCoordinator(leaseTTL)
+	nc, err := nats.Connect(c.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c.nc = nc
+	c.js, _ = jetstream.New(nc)
+	return c
+}
+
+func (c *cluster) startCoordinator(leaseTTL string) {
+	c.coord = testenv.Start(c.t, "coordinator", "--data", c.data, "--listen", c.addr, "--http", "", "--lease-ttl", leaseTTL)
+	testenv.Eventually(c.t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(c.coord.Output(), "coordinator ready"), "coordinator output: " + c.coord.Output()
+	})
+}
+
+func (c *cluster) worker(name string, extra ...string) *testenv.Proc {
+	args := append([]string{"worker", "--server", c.url, "--name", name, "--data", filepath.Join(c.data, "w-"+name),
+		"--scratch", filepath.Join(c.data, "scratch-"+name), "--grace", "2s"}, extra...)
+	return testenv.Start(c.t, args...)
+}
+
+func (c *cluster) submit(spec string, extra ...string) string {
+	p := testenv.Start(c.t, append(append([]string{"submit", "--server", c.url}, extra...), spec)...)
+	if code := p.Wait(c.t, 30*time.Second); code != 0 {
+		c.t.Fatalf("submit exit %d:\n%s", code, p.Output())
+	}
+	return p.Output()
+}
+
+// validatedOnce checks the KV history: each shard was recorded validated
+// exactly once, and its output verifies with the run's fingerprint.
+func validatedOnce(t *testing.T, js jetstream.JetStream, run, outDir string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := testenv.ReadRun(ctx, js, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		id := fmt.Sprintf("s%04d", i)
+		hist, err := kv.History(ctx, stream.ShardKey(run, id))
+		if err != nil {
+			t.Fatalf("history of %s: %v", id, err)
+		}
+		validated := 0
+		for _, e := range hist {
+			var rec stream.ShardRecord
+			if stream.Decode(e.Value(), &rec) == nil && rec.State == stream.ShardValidated && rec.Fingerprint == r.Fingerprint {
+				validated++
+			}
+		}
+		if validated != 1 {
+			t.Errorf("shard %s recorded validated %d times, want exactly 1", id, validated)
+		}
+		mk, err := checkpoint.Verify(filepath.Join(outDir, id))
+		if err != nil || mk.Fingerprint != r.Fingerprint {
+			t.Errorf("output %s: %v (fingerprint %s, want %s)", id, err, mk.Fingerprint, r.Fingerprint)
+		}
+	}
+}
+
+func TestWorkerSIGKILLMidShardIsRedeliveredAndCompletesOnce(t *testing.T) {
+	c := startCluster(t, "2s")
+	started := filepath.Join(t.TempDir(), "started")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 2,
+		Command: []string{"sh", "-c", `echo "$1" >> "$2"; sleep 1.5; cp "$3" "$4/"`, "sh", "{id}", started, "{input}", "{out}"}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=3")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return strings.Count(string(b), "\n") >= 3, "shards not started yet"
+	})
+	w1.SignalMain(syscall.SIGKILL)
+	if code := w1.Wait(t, 10*time.Second); code != -1 {
+		t.Fatalf("worker exit: got %d, want killed", code)
+	}
+	// Its children die with it (parent-death signal): no output appears.
+	time.Sleep(2 * time.Second)
+	out := filepath.Join(filepath.Dir(spec), "out")
+	if ents, _ := os.ReadDir(out); len(ents) > 1 {
+		t.Fatalf("outputs appeared after the worker was killed: %d entries", len(ents))
+	}
+	c.worker("w2", "--slots", "cpu=3")
+	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
+	validatedOnce(t, c.js, "t", out, 3)
+	rec, _ := testenv.ReadShard(c.js, "t", "s0000")
+	if len(rec.Attempts) != 2 || rec.Attempts[0].Outcome != stream.OutcomeLost || rec.Attempts[1].Worker != "w2" {
+		t.Fatalf("attempts: got %+v, want a lost attempt on w1 then w2", rec.Attempts)
+	}
+}
+
+func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
+	c := startCluster(t, "3s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2,
+		Command: []string{"sh", "-c", `sleep 0.3; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	c.submit(spec)
+	c.worker("w1", "--slots", "cpu=4")
+	var before int
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := testenv.ReadRun(context.Background(), c.js, "t")
+		before = r.Counts.Validated
+		return err == nil && before >= 5, fmt.Sprintf("validated %d", before)
+	})
+	c.coord.SignalMain(syscall.SIGKILL)
+	if before >= 30 {
+		t.Fatalf("the run finished before the coordinator was killed; the test proves nothing")
+	}
+	c.coord.Wait(t, 10*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	c.startCoordinator("3s")
+	r := testenv.WaitState(t, c.js, "t", 90*time.Second, stream.RunComplete)
+	if r.Counts.Validated != 30 {
+		t.Fatalf("validated: got %d, want 30", r.Counts.Validated)
+	}
+	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 30)
+}
+
+func TestWorkerSIGTERMDrainsAndExitsZero(t *testing.T) {
+	c := startCluster(t, "3s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2,
+		// The job checkpoints on SIGTERM by writing a marker, then exits.
+		Command: []string{"sh", "-c", `trap 'echo term > "$2/term"; exit 143' TERM; [ -f "$3/done" ] && { cp "$1" "$4/"; exit 0; }; touch "$3/done"; sleep 30 & wait`, "sh", "{input}", "{ckpt}", "{ckpt}", "{out}"}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=2")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := testenv.ReadRun(context.Background(), c.js, "t")
+		return r.Counts.Running == 2, fmt.Sprintf("running %d", r.Counts.Running)
+	})
+	time.Sleep(300 * time.Millisecond)
+	w1.SignalMain(syscall.SIGTERM)
+	if code := w1.Wait(t, 15*time.Second); code != 0 {
+		t.Fatalf("worker exit after SIGTERM: got %d, want 0\n%s", code, w1.Output())
+	}
+	rec, _ := testenv.ReadShard(c.js, "t", "s0000")
+	if rec.State != stream.ShardPending || rec.Attempts[0].Outcome != stream.OutcomeInterrupted {
+		t.Fatalf("after drain: got %s %+v, want pending with an interrupted attempt", rec.State, rec.Attempts)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(spec), "out", ".shardpool", "ckpt", "s0000", "term")); err != nil {
+		t.Fatalf("child did not get SIGTERM to checkpoint: %v", err)
+	}
+	// Nak'd at once: a new worker finishes them without waiting for a lease.
+	start := time.Now()
+	c.worker("w2", "--slots", "cpu=2")
+	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	if d := time.Since(start); d > 2500*time.Millisecond {
+		t.Errorf("requeued shards took %s to finish, want them redelivered at once", d)
+	}
+}

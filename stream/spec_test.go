@@ -1,0 +1,174 @@
+package stream
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseSize(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int64
+		err  bool
+	}{
+		{"512MiB", 512 << 20, false},
+		{"2GiB", 2 << 30, false},
+		{"1.5G", 1_500_000_000, false},
+		{"100KB", 100_000, false},
+		{"0", 0, false},
+		{"64", 64, false},
+		{"1 TiB", 1 << 40, false},
+		{"", 0, true},
+		{"lots", 0, true},
+		{"12 parsecs", 0, true},
+		{"-1GiB", 0, true},
+	}
+	for _, c := range cases {
+		got, err := ParseSize(c.in)
+		if (err != nil) != c.err || got != c.want {
+			t.Errorf("ParseSize(%q): got %d, %v; want %d, error %v", c.in, got, err, c.want, c.err)
+		}
+	}
+}
+
+func writeSpec(t *testing.T, body string) string {
+	t.Helper()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "shardpool.toml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadSpecDefaultsAndResolution(t *testing.T) {
+	p := writeSpec(t, `name = "demo-1"
+manifest = "m.jsonl"
+output = "../out"
+command = ["gzip", "-k", "{input}"]
+timeout = "90s"
+code_rev = "abc"
+[class.gpu]
+cpus = 4
+gpus = 1
+memory = "16GiB"
+vram = "40GiB"
+time = "2h"
+stage = true
+`)
+	s, err := LoadSpec(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(p)
+	if s.Manifest != filepath.Join(dir, "m.jsonl") || s.Output != filepath.Join(filepath.Dir(dir), "out") {
+		t.Errorf("paths: got %s and %s, want them relative to the spec", s.Manifest, s.Output)
+	}
+	if s.Retries != DefaultRetries || s.Timeout.D() != 90*time.Second || s.CodeRev != "abc" {
+		t.Errorf("scalars: got retries %d timeout %s code_rev %q", s.Retries, s.Timeout.D(), s.CodeRev)
+	}
+	g := s.Classes["gpu"]
+	if g.CPUs != 4 || g.GPUs != 1 || g.Memory != 16<<30 || g.VRAM != 40<<30 || g.Time.D() != 2*time.Hour {
+		t.Errorf("class gpu: got %+v", g)
+	}
+	if c, ok := s.Classes[DefaultClass]; !ok || c.CPUs != 1 {
+		t.Errorf("default class: got %+v %v, want cpu with 1 cpu", c, ok)
+	}
+	if !s.StageFor("gpu") || s.StageFor("cpu") {
+		t.Errorf("stage: gpu %v cpu %v, want true false", s.StageFor("gpu"), s.StageFor("cpu"))
+	}
+	if s.TimeoutFor("gpu") != 2*time.Hour || s.TimeoutFor("cpu") != 90*time.Second {
+		t.Errorf("timeouts: gpu %s cpu %s", s.TimeoutFor("gpu"), s.TimeoutFor("cpu"))
+	}
+}
+
+func TestLoadSpecErrors(t *testing.T) {
+	base := "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"true\"]\n"
+	cases := []struct {
+		name, body, want string
+	}{
+		{"missing command", "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\n", `field "command"`},
+		{"shell string command", "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = \"gzip {input}\"\n", `:4:`},
+		{"inputs inside an argument", base[:len(base)-len("command = [\"true\"]\n")] + "command = [\"cat\", \"x{inputs}\"]\n", "must stand alone"},
+		{"bad timeout", base + "timeout = \"soon\"\n", `:5: field "timeout"`},
+		{"negative retries", base + "retries = -1\n", `:5: field "retries"`},
+		{"zero cpus", base + "[class.cpu]\ncpus = 0\n", `:6: field "class.cpu.cpus"`},
+		{"bad class name", base + "[class.GPU]\ncpus = 1\n", `:5: field "class.GPU"`},
+		{"output root", "name = \"x\"\nmanifest = \"m\"\noutput = \"/\"\ncommand = [\"true\"]\n", `:3: field "output"`},
+		{"unknown top-level", base + "retires = 3\n", `:5: field "retires"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := LoadSpec(writeSpec(t, c.body))
+			if !errors.Is(err, ErrInvalidSpec) {
+				t.Fatalf("got %v, want ErrInvalidSpec", err)
+			}
+			if !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "shardpool.toml") {
+				t.Fatalf("got %q, want the file and %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestExpand(t *testing.T) {
+	v := Vars{ID: "a1", Inputs: []string{"/x", "/y"}, Out: "/o", Ckpt: "/c", Scratch: "/s", Attempt: 2}
+	got, err := Expand([]string{"run", "--id={id}", "{inputs}", "{out}/f", "{ckpt}", "{scratch}", "{attempt}", "{print $1}", "{unknown}"}, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "run|--id=a1|/x|/y|/o/f|/c|/s|2|{print $1}|{unknown}"
+	if strings.Join(got, "|") != want {
+		t.Fatalf("got %q, want %q", strings.Join(got, "|"), want)
+	}
+	if _, err := Expand([]string{"{input}"}, v); !errors.Is(err, ErrPlaceholder) {
+		t.Fatalf("{input} with two inputs: got %v, want ErrPlaceholder", err)
+	}
+}
+
+func TestFingerprintCoversWhatChangesResults(t *testing.T) {
+	p := writeSpec(t, "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"true\"]\ncode_rev = \"r1\"\n")
+	s, err := LoadSpec(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Fingerprint(s, "m1")
+	if Fingerprint(s, "m1") != base {
+		t.Fatal("fingerprint is not deterministic")
+	}
+	mut := []func(s *Spec){
+		func(s *Spec) { s.Command = []string{"false"} },
+		func(s *Spec) { s.Env = map[string]string{"A": "1"} },
+		func(s *Spec) { s.CodeRev = "r2" },
+		func(s *Spec) { c := s.Classes["cpu"]; c.CPUs = 2; s.Classes = map[string]Class{"cpu": c} },
+	}
+	for i, m := range mut {
+		c := *s
+		m(&c)
+		if Fingerprint(&c, "m1") == base {
+			t.Errorf("mutation %d did not change the fingerprint", i)
+		}
+	}
+	if Fingerprint(s, "m2") == base {
+		t.Error("a changed manifest did not change the fingerprint")
+	}
+	c := *s
+	c.Retries, c.Output = 9, "/elsewhere"
+	if Fingerprint(&c, "m1") != base {
+		t.Error("retries or output location changed the fingerprint; they do not change results")
+	}
+}
+
+func TestDecodeRefusesUnknownVersion(t *testing.T) {
+	var r ShardRecord
+	if err := Decode([]byte(`{"v":99,"id":"x"}`), &r); !errors.Is(err, ErrSchemaVersion) {
+		t.Fatalf("got %v, want ErrSchemaVersion", err)
+	}
+	b, _ := Encode(&ShardRecord{ID: "x"})
+	if err := Decode(b, &r); err != nil || r.ID != "x" || r.V != SchemaVersion {
+		t.Fatalf("round trip: got %+v, %v", r, err)
+	}
+}
