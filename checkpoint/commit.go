@@ -175,43 +175,74 @@ func hashSync(path, rel string, mode fs.FileMode) (File, error) {
 // atomic exchange. A dst that existed is removed after the exchange, or moved
 // into keepReplaced when that is not empty (for inspection).
 func CommitDir(ctx context.Context, dst, src string, opt Options, keepReplaced string) (Marker, error) {
+	p, err := Prepare(ctx, dst, src, opt)
+	if err != nil {
+		return Marker{}, err
+	}
+	if err := p.Publish(keepReplaced); err != nil {
+		return Marker{}, err
+	}
+	return p.Marker, nil
+}
+
+// Pending is a fully written, fsynced commit that is not yet visible under
+// its final name. Exactly one of Publish or Discard must follow.
+type Pending struct {
+	Marker Marker
+	dst    string
+	tmp    string
+}
+
+// Prepare writes src into a temporary directory beside dst with MANIFEST
+// and COMPLETE, all fsynced, without touching dst. The caller can then win
+// a compare-and-set elsewhere before publishing.
+func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error) {
 	files, dirs, err := collect(src, "")
 	if err != nil {
-		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
 	parent := filepath.Dir(dst)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
 	tmp := filepath.Join(parent, ".tmp-"+filepath.Base(dst)+"-"+randSuffix())
 	if err := os.Mkdir(tmp, 0o755); err != nil {
-		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
 	mk, err := fill(ctx, tmp, files, dirs, 1, opt)
 	if err != nil {
 		os.RemoveAll(tmp)
-		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
-	replaced, err := swapIn(tmp, dst)
+	return &Pending{Marker: mk, dst: dst, tmp: tmp}, nil
+}
+
+// Discard removes the prepared directory.
+func (p *Pending) Discard() { os.RemoveAll(p.tmp) }
+
+// Publish makes the prepared directory visible as dst (see CommitDir).
+func (p *Pending) Publish(keepReplaced string) error {
+	dst, parent := p.dst, filepath.Dir(p.dst)
+	replaced, err := swapIn(p.tmp, dst)
 	if err != nil {
-		os.RemoveAll(tmp)
-		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+		os.RemoveAll(p.tmp)
+		return fmt.Errorf("commit %s: %w", dst, err)
 	}
 	if err := syncDir(parent); err != nil {
-		return Marker{}, fmt.Errorf("commit %s: %w", dst, err)
+		return fmt.Errorf("commit %s: %w", dst, err)
 	}
 	if replaced != "" {
 		if keepReplaced != "" {
 			if err := os.MkdirAll(keepReplaced, 0o755); err == nil {
 				aside := filepath.Join(keepReplaced, filepath.Base(dst)+"-"+time.Now().UTC().Format("20060102T150405")+"-"+randSuffix())
 				if os.Rename(replaced, aside) == nil {
-					return mk, nil
+					return nil
 				}
 			}
 		}
 		os.RemoveAll(replaced)
 	}
-	return mk, nil
+	return nil
 }
 
 // swapIn puts tmp at dst. When dst exists, the two are exchanged atomically

@@ -227,7 +227,9 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		}
 		if err != nil {
 			bad = append(bad, id)
-			t.failShard(ctx, ri.rec.Name, id, "output at the destination failed verification: "+err.Error(), nil)
+			reason := "output at the destination failed verification: " + err.Error()
+			t.revokeCommit(ctx, ri.rec.Name, id, reason)
+			t.failShard(ctx, ri.rec.Name, id, reason, nil)
 		}
 	}
 	if len(bad) > 0 {
@@ -270,6 +272,27 @@ func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload
 		}
 		if err == nil {
 			t.c.log.Warn("shard failed", "run", run, "shard", id, "reason", reason)
+			return
+		}
+	}
+}
+
+// revokeCommit marks the shard's commit record revoked, so the attempt
+// that redoes it can claim the commit again and the history shows why.
+func (t *tracker) revokeCommit(ctx context.Context, run, id, reason string) {
+	key := stream.ShardKey(run, id)
+	for range 5 {
+		e, err := t.c.b.Checkpoints.Get(ctx, key)
+		if err != nil {
+			return
+		}
+		var r stream.CommitRecord
+		if stream.Decode(e.Value(), &r) != nil {
+			return
+		}
+		r.State, r.Reason, r.Time = stream.CommitRevoked, reason, time.Now().UTC()
+		data, _ := stream.Encode(&r)
+		if _, err := t.c.b.Checkpoints.Update(ctx, key, data, e.Revision()); err == nil {
 			return
 		}
 	}

@@ -78,6 +78,7 @@ const (
 	OutcomeLeaseLost   = "lease-lost"
 	OutcomeStart       = "start-error"
 	OutcomeLost        = "lost"
+	OutcomeDiscarded   = "discarded"
 )
 
 // Output is a committed shard output.
@@ -145,6 +146,29 @@ type Lease struct {
 	Renewed     time.Time `json:"renewed"`
 }
 
+// Commit states in the checkpoints bucket.
+const (
+	CommitCommitted = "committed"
+	CommitRevoked   = "revoked"
+)
+
+// CommitRecord is key <run>.<id> in the checkpoints bucket: which attempt
+// won the right to publish the shard's output for a fingerprint. It is
+// written with compare-and-set, so exactly one attempt wins; the coordinator
+// revokes it when the published output later fails verification.
+type CommitRecord struct {
+	V           int       `json:"v"`
+	Run         string    `json:"run"`
+	ID          string    `json:"id"`
+	Fingerprint string    `json:"fingerprint"`
+	State       string    `json:"state"`
+	Owner       Owner     `json:"owner"`
+	Checksum    string    `json:"checksum"`
+	Path        string    `json:"path"`
+	Reason      string    `json:"reason,omitempty"`
+	Time        time.Time `json:"time"`
+}
+
 // WorkerReport is key <worker> in the workers bucket, refreshed every few
 // seconds; a worker whose key expired is gone.
 type WorkerReport struct {
@@ -183,6 +207,8 @@ func Encode(v any) ([]byte, error) {
 	case *Lease:
 		r.V = SchemaVersion
 	case *WorkerReport:
+		r.V = SchemaVersion
+	case *CommitRecord:
 		r.V = SchemaVersion
 	}
 	return json.Marshal(v)

@@ -353,7 +353,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	if res.outcome == stream.OutcomeOK {
 		err := w.ensureHeld(ctx, l)
 		if err == nil {
-			err = w.commit(ctx, a, v)
+			err = w.commit(ctx, a, v, l.rec.Owner)
 		}
 		if err == nil {
 			w.admission(m.Run, m.ID, class, "validated", fmt.Sprintf("attempt %d in %.3fs, output %s", a.attempt, res.duration.Seconds(), a.rec.Output.Checksum))
@@ -365,6 +365,21 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		}
 		if errors.Is(err, ErrLeaseLost) {
 			w.admission(m.Run, m.ID, class, "abandon", "lease lost before commit; output discarded")
+			return
+		}
+		if errors.Is(err, errCommitLost) {
+			w.recordDiscarded(ctx, a, err)
+			w.admission(m.Run, m.ID, class, "discard", "output discarded: "+err.Error())
+			_ = a.msg.DoubleAck(ctx)
+			return
+		}
+		if errors.Is(err, errCommitPending) {
+			// The other attempt may still fail to publish: keep the shard
+			// queued and look again after a lease TTL.
+			w.recordDiscarded(ctx, a, err)
+			w.release(l)
+			w.admission(m.Run, m.ID, class, "discard", fmt.Sprintf("output discarded: %v; recheck in %s", err, w.ttl))
+			_ = a.msg.NakWithDelay(w.ttl)
 			return
 		}
 		at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
@@ -403,25 +418,94 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 }
 
 // commit moves the attempt's outputs to <output>/<id> through checkpoint and
-// records the shard validated. A previous output that does not verify is
-// kept aside under .shardpool/replaced for inspection.
-func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars) error {
+// records the shard validated. The prepared output is published only after
+// this attempt won the shard's commit in the checkpoints bucket; a loser
+// discards its copy. A previous output that does not verify is kept aside
+// under .shardpool/replaced for inspection.
+func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, owner stream.Owner) error {
 	spec := &a.run.Spec
 	dst := filepath.Join(spec.Output, a.m.ID)
+	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
+		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Move: true})
+	if err != nil {
+		return err
+	}
+	if err := w.claimCommit(ctx, a, owner, p.Marker.Manifest, dst); err != nil {
+		p.Discard()
+		return err
+	}
 	keep := ""
 	if _, err := os.Stat(dst); err == nil {
 		if _, verr := checkpoint.VerifyQuick(dst); verr != nil {
 			keep = filepath.Join(spec.Output, MetaDir, "replaced")
 		}
 	}
-	mk, err := checkpoint.CommitDir(ctx, dst, v.Out, checkpoint.Options{
-		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Move: true}, keep)
+	if err := p.Publish(keep); err != nil {
+		return err
+	}
+	mk := p.Marker
+	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
+	return w.finish(ctx, a, stream.ShardValidated, "", nil)
+}
+
+var (
+	errCommitLost    = errors.New("another attempt committed this shard first")
+	errCommitPending = errors.New("another live attempt is committing this shard")
+)
+
+// claimCommit takes the shard's commit record with compare-and-set. A
+// committed record of the same fingerprint beats this attempt when its
+// output verifies at the destination with the recorded checksum
+// (errCommitLost), or when it is younger than the lease TTL and its owner
+// is not verified gone: it may be publishing right now (errCommitPending).
+// Only a claim whose owner is gone, or that is older than a lease, or whose
+// output was damaged, is taken over from its revision.
+func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.Owner, checksum, dst string) error {
+	rec := stream.CommitRecord{Run: a.m.Run, ID: a.m.ID, Fingerprint: a.m.Fingerprint, State: stream.CommitCommitted,
+		Owner: owner, Checksum: checksum, Path: dst, Time: time.Now().UTC()}
+	data, err := stream.Encode(&rec)
 	if err != nil {
 		return err
 	}
-	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
-	if err := w.finish(ctx, a, stream.ShardValidated, "", nil); err != nil {
-		return err
+	for range 5 {
+		e, err := w.b.Checkpoints.Get(ctx, a.key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			if _, err := w.b.Checkpoints.Create(ctx, a.key, data); err == nil {
+				return nil
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("claim commit %s: %w", a.key, err)
+		}
+		var cur stream.CommitRecord
+		if stream.Decode(e.Value(), &cur) == nil && cur.Fingerprint == a.m.Fingerprint && cur.State == stream.CommitCommitted {
+			if mk, verr := checkpoint.VerifyQuick(dst); verr == nil && mk.Manifest == cur.Checksum {
+				return errCommitLost
+			}
+			if time.Since(cur.Time) < w.ttl && !w.ownerGone(cur.Owner) {
+				return errCommitPending
+			}
+		}
+		if _, err := w.b.Checkpoints.Update(ctx, a.key, data, e.Revision()); err == nil {
+			return nil
+		}
 	}
-	return nil
+	return fmt.Errorf("claim commit %s: contended", a.key)
+}
+
+// recordDiscarded appends this attempt, marked discarded, to the shard's
+// record without disturbing the winner's state.
+func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error) {
+	at := a.rec.Attempts[len(a.rec.Attempts)-1]
+	at.Outcome, at.Reason = stream.OutcomeDiscarded, why.Error()
+	for range 5 {
+		if err := w.loadRecord(ctx, a); err != nil {
+			return
+		}
+		a.rec.Attempts = append(a.rec.Attempts, at)
+		if w.putRecord(ctx, a) == nil {
+			return
+		}
+	}
 }

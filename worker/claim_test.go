@@ -1,0 +1,68 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+)
+
+// TestConcurrentCommitClaimsExactlyOneWins races eight attempts of one
+// shard for its commit record on a real JetStream server.
+func TestConcurrentCommitClaimsExactlyOneWins(t *testing.T) {
+	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := New(Config{JetStream: c.JetStream(), Name: "w", Slots: map[string]int{"cpu": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.b, err = stream.OpenBuckets(ctx, c.JetStream()); err != nil {
+		t.Fatal(err)
+	}
+	w.ttl, w.boot, w.host, w.pid = 30*time.Second, "boot", "host", 1
+	dst := t.TempDir() + "/out"
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := &attemptState{m: stream.ShardMsg{Run: "r", ID: "s1", Fingerprint: "fp"}, key: "r.s1", attempt: i + 1}
+			// Owners on another host: never provably gone from here.
+			errs[i] = w.claimCommit(ctx, a, stream.Owner{Worker: fmt.Sprint("w", i), Host: "elsewhere", Attempt: i + 1}, fmt.Sprintf("sum%d", i), dst)
+		}()
+	}
+	wg.Wait()
+	wins := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case errors.Is(err, errCommitPending):
+		default:
+			t.Fatalf("claim %d: %v, want a win or errCommitPending", i, err)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("winners: got %d, want exactly 1", wins)
+	}
+	hist, err := w.b.Checkpoints.History(ctx, "r.s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 1 {
+		t.Fatalf("history has %d commit records, want 1", len(hist))
+	}
+}
