@@ -27,17 +27,20 @@ type Status struct {
 
 // RunStatus is one run in Status.
 type RunStatus struct {
-	Name        string               `json:"name"`
-	State       string               `json:"state"`
-	Fingerprint string               `json:"fingerprint"`
-	Counts      stream.Counts        `json:"counts"`
-	Reason      string               `json:"reason,omitempty"`
-	Resume      string               `json:"resume,omitempty"`
-	Evidence    string               `json:"evidence,omitempty"`
-	Output      string               `json:"output"`
-	Submitted   time.Time            `json:"submitted"`
-	Updated     time.Time            `json:"updated"`
-	Shards      []stream.ShardRecord `json:"shards,omitempty"`
+	Name        string                   `json:"name"`
+	State       string                   `json:"state"`
+	Fingerprint string                   `json:"fingerprint"`
+	Counts      stream.Counts            `json:"counts"`
+	Reason      string                   `json:"reason,omitempty"`
+	Resume      string                   `json:"resume,omitempty"`
+	Evidence    string                   `json:"evidence,omitempty"`
+	Output      string                   `json:"output"`
+	Submitted   time.Time                `json:"submitted"`
+	Updated     time.Time                `json:"updated"`
+	ClassCounts map[string]stream.Counts `json:"class_counts,omitempty"`
+	// Waiting says why queued shards are not running, per class.
+	Waiting []string             `json:"waiting,omitempty"`
+	Shards  []stream.ShardRecord `json:"shards,omitempty"`
 }
 
 // ReadStatus reads runs and workers from the KV buckets. With run set, it
@@ -78,6 +81,7 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		if r.State == stream.RunBlocked {
 			rs.Resume = retryCommand(r)
 		}
+		rs.ClassCounts = r.ClassCounts
 		if run != "" {
 			if rs.Shards, err = unfinished(ctx, b, r); err != nil {
 				return nil, err
@@ -100,7 +104,42 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		}
 	}
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Name < st.Workers[j].Name })
+	for i := range st.Runs {
+		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers)
+	}
 	return st, nil
+}
+
+// waiting explains, per class with queued shards, why they are not running.
+func waiting(r RunStatus, workers []stream.WorkerReport) []string {
+	var out []string
+	for _, class := range sortedClasses(r.ClassCounts) {
+		c := r.ClassCounts[class]
+		if c.Pending <= 0 {
+			continue
+		}
+		slots, busy := 0, 0
+		for _, w := range workers {
+			slots += w.Slots[class]
+			busy += w.Running[class]
+		}
+		switch {
+		case slots == 0:
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: no live worker serves class %s", class, c.Pending, class))
+		case busy >= slots:
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: all %d slot(s) of class %s are busy", class, c.Pending, slots, class))
+		}
+	}
+	return out
+}
+
+func sortedClasses(m map[string]stream.Counts) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func unfinished(ctx context.Context, b *stream.Buckets, r stream.RunRecord) ([]stream.ShardRecord, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -20,9 +21,9 @@ import (
 )
 
 type shardInfo struct {
-	fp, state, reason string
-	output            *stream.Output
-	attempts          int
+	fp, state, reason, class string
+	output                   *stream.Output
+	attempts                 int
 }
 
 type runInfo struct {
@@ -30,7 +31,8 @@ type runInfo struct {
 	rev        uint64
 	known      bool
 	shards     map[string]*shardInfo
-	n          map[string]int // records per state for the current fingerprint
+	n          map[string]int            // records per state for the current fingerprint
+	byClass    map[string]map[string]int // the same, per class
 	dirty      bool
 	verifiedFP string
 	evidence   string // state the evidence was last written for
@@ -97,7 +99,7 @@ func (t *tracker) run(ctx context.Context) error {
 func (t *tracker) info(run string) *runInfo {
 	ri := t.runs[run]
 	if ri == nil {
-		ri = &runInfo{shards: map[string]*shardInfo{}, n: map[string]int{}}
+		ri = &runInfo{shards: map[string]*shardInfo{}, n: map[string]int{}, byClass: map[string]map[string]int{}}
 		t.runs[run] = ri
 	}
 	return ri
@@ -117,10 +119,10 @@ func (t *tracker) onRun(e jetstream.KeyValueEntry) {
 	fpChanged := ri.rec.Fingerprint != r.Fingerprint
 	ri.rec, ri.rev, ri.known, ri.dirty = r, e.Revision(), true, true
 	if fpChanged {
-		ri.n = map[string]int{}
+		ri.n, ri.byClass = map[string]int{}, map[string]map[string]int{}
 		for _, si := range ri.shards {
 			if si.fp == r.Fingerprint {
-				ri.n[si.state]++
+				ri.add(si, 1)
 			}
 		}
 		ri.verifiedFP, ri.evidence = "", ""
@@ -136,7 +138,7 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) {
 	ri := t.info(run)
 	old := ri.shards[id]
 	if old != nil && old.fp == ri.rec.Fingerprint {
-		ri.n[old.state]--
+		ri.add(old, -1)
 	}
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(ri.shards, id)
@@ -149,12 +151,33 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) {
 		delete(ri.shards, id)
 		return
 	}
-	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, output: r.Output, attempts: len(r.Attempts)}
+	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, class: r.Class, output: r.Output, attempts: len(r.Attempts)}
 	ri.shards[id] = si
 	if si.fp == ri.rec.Fingerprint {
-		ri.n[si.state]++
+		ri.add(si, 1)
 	}
 	ri.dirty = true
+}
+
+func (ri *runInfo) add(si *shardInfo, d int) {
+	ri.n[si.state] += d
+	m := ri.byClass[si.class]
+	if m == nil {
+		m = map[string]int{}
+		ri.byClass[si.class] = m
+	}
+	m[si.state] += d
+}
+
+func (ri *runInfo) classCounts() map[string]stream.Counts {
+	out := map[string]stream.Counts{}
+	for class, total := range ri.rec.Classes {
+		m := ri.byClass[class]
+		c := stream.Counts{Total: total, Running: m[stream.ShardRunning], Validated: m[stream.ShardValidated], Failed: m[stream.ShardFailed]}
+		c.Pending = total - c.Running - c.Validated - c.Failed
+		out[class] = c
+	}
+	return out
 }
 
 // derive computes the run's state from its counts.
@@ -176,14 +199,14 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 		ri.verifiedFP = ri.rec.Fingerprint
 		return stream.RunComplete, c, reason
 	case c.Pending <= 0 && c.Running == 0 && c.Failed > 0:
-		ids := ri.failedIDs(5)
-		return stream.RunBlocked, c, fmt.Sprintf("%d shard(s) failed after their retries (%s); retry them with: %s", c.Failed, ids, retryCommand(ri.rec))
+		return stream.RunBlocked, c, fmt.Sprintf("%d shard(s) failed: %s; retry them with: %s", c.Failed, ri.failedIDs(3), retryCommand(ri.rec))
 	case c.Running+c.Validated+c.Failed > 0:
 		return stream.RunRunning, c, ""
 	}
 	return stream.RunQueued, c, ""
 }
 
+// failedIDs names up to max failed shards with their reasons.
 func (ri *runInfo) failedIDs(max int) string {
 	var ids []string
 	for id, si := range ri.shards {
@@ -192,12 +215,19 @@ func (ri *runInfo) failedIDs(max int) string {
 		}
 	}
 	sort.Strings(ids)
-	more := ""
-	if len(ids) > max {
-		more = fmt.Sprintf(" and %d more", len(ids)-max)
-		ids = ids[:max]
+	var parts []string
+	for i, id := range ids {
+		if i == max {
+			parts = append(parts, fmt.Sprintf("and %d more", len(ids)-max))
+			break
+		}
+		reason := ri.shards[id].reason
+		if len(reason) > 160 {
+			reason = reason[:160] + "..."
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", id, reason))
 	}
-	return strings.Join(ids, ", ") + more
+	return strings.Join(parts, ", ")
 }
 
 func retryCommand(r stream.RunRecord) string {
@@ -332,13 +362,14 @@ func (t *tracker) flush(ctx context.Context) {
 			continue
 		}
 		state, counts, reason := t.derive(ctx, ri)
-		if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason {
+		classes := ri.classCounts()
+		if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) {
 			ri.dirty = false
 			t.maybeEvidence(ri)
 			continue
 		}
 		r := ri.rec
-		r.State, r.Counts, r.Reason, r.Updated = state, counts, reason, time.Now().UTC()
+		r.State, r.Counts, r.ClassCounts, r.Reason, r.Updated = state, counts, classes, reason, time.Now().UTC()
 		r.Evidence = t.c.EvidenceDir(name)
 		data, err := stream.Encode(&r)
 		if err != nil {

@@ -32,6 +32,9 @@ type Options struct {
 	NoWorkers bool
 	// OnEvent receives worker admission events.
 	OnEvent func(worker.Event)
+	// Binary builds the shardpool binary and gives it to jobs as
+	// SHARDPOOL_BIN (for jobs that call "shardpool ckpt").
+	Binary bool
 }
 
 // Env is a running coordinator plus workers.
@@ -146,7 +149,11 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 		name = fmt.Sprintf("w%d", e.n)
 	}
 	e.mu.Unlock()
-	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots,
+	bin := ""
+	if e.opts.Binary {
+		bin = Binary(e.t)
+	}
+	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin,
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
 		ReportEvery: 500 * time.Millisecond, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})

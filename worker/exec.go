@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -39,7 +40,7 @@ var threadVars = []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_TH
 
 // childEnv is the environment of a shard's command: the worker's own, the
 // spec's env, thread limits, and SHARDPOOL_* variables.
-func childEnv(base map[string]string, spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) []string {
+func childEnv(bin string, base map[string]string, spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) []string {
 	env := make(map[string]string, len(base)+len(threadVars)+16)
 	for k, val := range base {
 		env[k] = val
@@ -54,6 +55,9 @@ func childEnv(base map[string]string, spec *stream.Spec, class stream.Class, m *
 	}
 	for k, val := range spec.Env {
 		env[k] = val
+	}
+	if bin != "" {
+		env["SHARDPOOL_BIN"] = bin
 	}
 	env["SHARDPOOL_RUN"] = m.Run
 	env["SHARDPOOL_SHARD_ID"] = m.ID
@@ -71,6 +75,17 @@ func childEnv(base map[string]string, spec *stream.Spec, class stream.Class, m *
 	}
 	sort.Strings(out)
 	return out
+}
+
+// selfPath is the running shardpool binary, so that jobs can call
+// "$SHARDPOOL_BIN ckpt commit" without it being on PATH; "" when this
+// process is not shardpool (a test binary), where Config.Binary is used.
+func selfPath() string {
+	p, err := os.Executable()
+	if err != nil || filepath.Base(p) != "shardpool" {
+		return ""
+	}
+	return p
 }
 
 // environ is the worker's own environment as a map.

@@ -263,7 +263,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: err.Error()}
 	}
-	env := childEnv(w.env, spec, cls, &a.m, v)
+	env := childEnv(w.cfg.Binary, w.env, spec, cls, &a.m, v)
 	hbCtx, stopHB := context.WithCancel(ctx)
 	lost := make(chan struct{})
 	hbDone := make(chan struct{})

@@ -44,6 +44,9 @@ type Config struct {
 	ReportEvery time.Duration
 	// ProcRoot is where /proc is read from (boot id, vmstat). Default "/proc".
 	ProcRoot string
+	// Binary is the shardpool binary exported to jobs as SHARDPOOL_BIN.
+	// Default: this executable when it is shardpool.
+	Binary string
 	// Logger receives structured logs; default discards.
 	Logger *slog.Logger
 	// OnEvent, when set, is called for every admission decision (tests and
@@ -133,6 +136,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Binary == "" {
+		cfg.Binary = selfPath()
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
 		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}}, nil

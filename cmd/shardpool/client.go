@@ -102,6 +102,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if r.Reason != "" {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, r.Reason)
 		}
+		for _, why := range r.Waiting {
+			fmt.Fprintf(w, "%s: %s\n", r.Name, why)
+		}
 		if r.State == stream.RunBlocked && r.Resume != "" {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}

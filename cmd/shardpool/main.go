@@ -29,6 +29,7 @@ Usage:
   shardpool submit --server URL SPEC   publish a run (idempotent)
   shardpool status --server URL [RUN]  run and shard states, workers
   shardpool ckpt commit|latest|verify  atomic checkpoint generations for jobs
+  shardpool drill [--data DIR]         the recovery drill; exit 0 only if every check passed
   shardpool version
 
 Run 'shardpool COMMAND --help' for a command's flags.
@@ -54,6 +55,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdStatus(ctx, rest, stdout, stderr)
 	case "ckpt":
 		return cmdCkpt(ctx, rest, stdout, stderr)
+	case "drill":
+		return cmdDrill(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "shardpool", version)
 		return nil

@@ -1,0 +1,54 @@
+package main_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator/drill"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// TestDrillPasses runs `shardpool drill` as a user would and checks the
+// table, drill.json and the exit code.
+func TestDrillPasses(t *testing.T) {
+	data := t.TempDir()
+	start := time.Now()
+	p := testenv.Start(t, "drill", "--data", data)
+	if code := p.Wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("drill exit %d, want 0:\n%s", code, p.Output())
+	}
+	if d := time.Since(start); d > 2*time.Minute {
+		t.Errorf("drill took %s, want under 2 minutes", d)
+	}
+	b, err := os.ReadFile(filepath.Join(data, "runs", "drill", "drill.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep drill.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Passed || len(rep.Checks) < 9 {
+		t.Fatalf("drill.json: passed %v with %d checks, want passed with every check", rep.Passed, len(rep.Checks))
+	}
+	unverified := 0
+	for _, c := range rep.Checks {
+		switch c.Status {
+		case drill.Pass:
+		case drill.Unverified:
+			unverified++
+		default:
+			t.Errorf("check %q: %s %s", c.Name, c.Status, c.Detail)
+		}
+		if !strings.Contains(p.Output(), c.Name) {
+			t.Errorf("the table lacks check %q", c.Name)
+		}
+	}
+	if unverified != 1 {
+		t.Errorf("unverified checks: %d, want 1 (reboot)", unverified)
+	}
+}
