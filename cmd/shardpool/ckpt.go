@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"sort"
 
 	"github.com/shardpool/shardpool/checkpoint"
 )
 
 func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const syn = "shardpool ckpt commit [--retain N] DIR SRC... | ckpt latest DIR | ckpt verify [--json] DIR"
+	const syn = "shardpool ckpt commit [--retain N] DIR SRC... | ckpt latest DIR | ckpt verify [--json] DIR | ckpt replicate DIR DEST"
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "Usage:", syn)
 		return errUsage
@@ -55,6 +56,29 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 		fmt.Fprintln(stdout, g.Path)
+		return nil
+	case "replicate":
+		fs := newFlags("ckpt replicate", "shardpool ckpt replicate DIR DEST  (copies DIR's newest verified generation to DEST/gen-N)", stderr)
+		pos, err := parse(fs, args[1:])
+		if err != nil {
+			return err
+		}
+		if len(pos) != 2 {
+			fs.Usage()
+			return errUsage
+		}
+		g, _, err := checkpoint.Latest(pos[0])
+		if errors.Is(err, checkpoint.ErrNoGeneration) {
+			return exitErr{code: exitUnverified, msg: err.Error()}
+		}
+		if err != nil {
+			return err
+		}
+		r, err := checkpoint.Replicate(ctx, g.Path, filepath.Join(pos[1], filepath.Base(g.Path)))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s -> %s: %d bytes in %.3fs\n", r.Source, r.Path, r.Bytes, r.Seconds)
 		return nil
 	case "verify":
 		fs := newFlags("ckpt verify", "shardpool ckpt verify [--json] DIR", stderr)
