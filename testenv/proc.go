@@ -72,7 +72,13 @@ func (s *syncBuffer) String() string {
 // Start runs the shardpool binary with args; the process is killed at cleanup.
 func Start(t testing.TB, args ...string) *Proc {
 	t.Helper()
-	cmd := exec.Command(Binary(t), args...)
+	return StartCmd(t, Binary(t), args...)
+}
+
+// StartCmd runs any program like Start does.
+func StartCmd(t testing.TB, name string, args ...string) *Proc {
+	t.Helper()
+	cmd := exec.Command(name, args...)
 	p := &Proc{Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

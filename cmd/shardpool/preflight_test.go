@@ -1,0 +1,60 @@
+package main_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// preflightIn runs `shardpool preflight --json` inside the cgroup v1 memory
+// cgroup dir and returns its snapshot.
+func preflightIn(t *testing.T, dir string) probe.Snapshot {
+	t.Helper()
+	bin := testenv.Binary(t)
+	sh := testenv.StartCmd(t, "sh", "-c", `echo $$ > "$1/cgroup.procs" && exec "$2" preflight --json`, "sh", dir, bin)
+	if code := sh.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("preflight in %s: exit %d\n%s", dir, code, sh.Output())
+	}
+	var s probe.Snapshot
+	if err := json.Unmarshal([]byte(sh.Output()), &s); err != nil {
+		t.Fatalf("preflight --json: %v\n%s", err, sh.Output())
+	}
+	return s
+}
+
+func TestPreflightFindsRealCgroupLimits(t *testing.T) {
+	one := testenv.MemoryCgroup(t, 300<<20)
+	s := preflightIn(t, one)
+	want := "/" + filepath.Base(one)
+	if s.Cgroups.MemoryPath != want || s.Cgroups.MemoryLimit.N != 300<<20 || s.Cgroups.MemoryBinds != want {
+		t.Fatalf("own cgroup: got path %s limit %+v binding %q; want %s, 300MiB, binding there", s.Cgroups.MemoryPath, s.Cgroups.MemoryLimit, s.Cgroups.MemoryBinds, want)
+	}
+	// A tighter parent above a looser child: the parent binds.
+	parent := testenv.MemoryCgroup(t, 256<<20)
+	child := filepath.Join(parent, "child")
+	if err := os.Mkdir(child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(child) })
+	if err := os.WriteFile(filepath.Join(child, "memory.limit_in_bytes"), []byte(fmt.Sprint(1<<30)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s = preflightIn(t, child)
+	wantParent := "/" + filepath.Base(parent)
+	if s.Cgroups.MemoryLimit.N != 256<<20 || s.Cgroups.MemoryBinds != wantParent {
+		t.Fatalf("nested: got limit %+v binding %q, want 256MiB bound by %s", s.Cgroups.MemoryLimit, s.Cgroups.MemoryBinds, wantParent)
+	}
+	if len(s.Cgroups.MemoryLevels) < 2 || s.Cgroups.MemoryLevels[0].Limit.N != 1<<30 {
+		t.Fatalf("levels: got %+v, want the child's own 1GiB first", s.Cgroups.MemoryLevels)
+	}
+	if s.Budget.Memory.Effective.N != 256<<20 || !strings.Contains(s.Budget.Memory.Binding, wantParent) {
+		t.Fatalf("budget: %+v bound by %q, want 256MiB by the parent cgroup", s.Budget.Memory.Effective, s.Budget.Memory.Binding)
+	}
+}

@@ -1,0 +1,85 @@
+package probe
+
+import "fmt"
+
+// Limit is one bound on a resource, with where it applies.
+type Limit struct {
+	Scope string `json:"scope"` // host, affinity, cgroup <path>, allocation, policy, headroom
+	Value Value  `json:"value"`
+}
+
+// Line is the effective budget of one resource: the tightest limit, minus
+// the reserve. Unknown anywhere makes it unknown.
+type Line struct {
+	Effective Value   `json:"effective"`
+	Binding   string  `json:"binding"`
+	Reserve   int64   `json:"reserve"`
+	Limits    []Limit `json:"limits"`
+}
+
+// Budget is the effective budget per resource. CPU is in millicores.
+type Budget struct {
+	CPU    Line `json:"cpu_millicores"`
+	Memory Line `json:"memory"`
+	GPUs   Line `json:"gpus"`
+	VRAM   Line `json:"vram"`
+}
+
+func line(reserve int64, limits ...Limit) Line {
+	l := Line{Reserve: reserve, Limits: limits}
+	eff := Unlimited("no limit found")
+	for _, lim := range limits {
+		before := eff
+		eff = tighter(eff, lim.Value)
+		if eff != before || (lim.Value.IsUnknown() && l.Binding == "") {
+			l.Binding = lim.Scope
+		}
+		if eff.IsUnknown() {
+			l.Binding = lim.Scope
+			break
+		}
+	}
+	if eff.IsKnown() {
+		eff = Known(max(eff.N-reserve, 0), fmt.Sprintf("%s minus reserve %d", l.Binding, reserve))
+	}
+	l.Effective = eff
+	return l
+}
+
+func times1000(v Value) Value {
+	if v.IsKnown() {
+		v.N *= 1000
+	}
+	return v
+}
+
+func (p *Prober) budget(s *Snapshot) Budget {
+	var b Budget
+	cpu := []Limit{{"host online CPUs", times1000(s.Host.OnlineCPUs)}, {"affinity", times1000(s.Host.Affinity)},
+		{"cgroup cpuset", times1000(s.Cgroups.Cpuset)}, {scoped("cgroup cpu quota", s.Cgroups.CPUBinds), s.Cgroups.CPUQuota}}
+	mem := []Limit{{"host MemAvailable (physical headroom)", s.Host.MemAvailable}, {scoped("cgroup memory", s.Cgroups.MemoryBinds), s.Cgroups.MemoryLimit}}
+	gpus := []Limit{{"usable GPUs", s.GPUs.Usable}}
+	vram := []Limit{{"free VRAM of usable GPUs", s.GPUs.VRAM}}
+	if s.Slurm != nil {
+		cpu = append(cpu, Limit{"allocation " + s.Slurm.JobID, times1000(s.Slurm.CPUs)})
+		mem = append(mem, Limit{"allocation " + s.Slurm.JobID, s.Slurm.Memory})
+		gpus = append(gpus, Limit{"allocation " + s.Slurm.JobID, s.Slurm.GPUs})
+	}
+	pol := s.Policy
+	cpu = append(cpu, Limit{"policy", pol.CPUs})
+	mem = append(mem, Limit{"policy", pol.Memory})
+	gpus = append(gpus, Limit{"policy", pol.GPUs})
+	vram = append(vram, Limit{"policy", pol.VRAM})
+	b.CPU = line(pol.ReserveCPU, cpu...)
+	b.Memory = line(pol.ReserveMemory, mem...)
+	b.GPUs = line(0, gpus...)
+	b.VRAM = line(pol.ReserveVRAM, vram...)
+	return b
+}
+
+func scoped(what, at string) string {
+	if at == "" {
+		return what
+	}
+	return what + " at " + at
+}

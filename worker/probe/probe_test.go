@@ -1,0 +1,311 @@
+package probe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeStatFS answers statfs by the fixture's mount points.
+type fakeStatFS struct {
+	root  string
+	types map[string]int64 // guest mount point -> magic
+}
+
+var _ StatFS = (*fakeStatFS)(nil)
+
+func (f *fakeStatFS) Statfs(p string) (Statfs, error) {
+	rel, _ := filepath.Rel(f.root, p)
+	guest := "/" + rel
+	best, magic := "", int64(0xEF53)
+	for mp, m := range f.types {
+		if (guest == mp || strings.HasPrefix(guest, mp+"/")) && len(mp) > len(best) {
+			best, magic = mp, m
+		}
+	}
+	return Statfs{Type: magic, Bsize: 4096, Blocks: 1 << 20, Bavail: 1 << 19, Files: 1000, Ffree: 900}, nil
+}
+
+// fakeGPUs returns fixture devices or an error.
+type fakeGPUs struct {
+	devs []GPU
+	err  error
+}
+
+var _ GPUSource = (*fakeGPUs)(nil)
+
+func (f *fakeGPUs) Devices(context.Context) ([]GPU, error) { return f.devs, f.err }
+
+func fixture(t *testing.T, name string, gpus GPUSource, env map[string]string) *Snapshot {
+	t.Helper()
+	root, _ := filepath.Abs(filepath.Join("testdata", name))
+	if gpus == nil {
+		gpus = &fakeGPUs{err: ErrNVMLMissing}
+	}
+	p, err := New(Config{Root: root, GPUs: gpus, Users: true,
+		StatFS:     &fakeStatFS{root: root, types: map[string]int64{"/home": 0x6969, "/dev/shm": 0x01021994, "/mnt/my data": 0x65735546, "/mnt/lxc": 0x65735546, "/scratch": 0x58465342}},
+		Getenv:     func(k string) string { return env[k] },
+		PolicyPath: env["POLICY"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.Snapshot(context.Background(), map[string]string{"inputs": "/data", "scratch": "/scratch", "shm": "/dev/shm", "spaced": "/mnt/my data/set", "lxc": "/mnt/lxc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestCgroupFixtures(t *testing.T) {
+	cases := []struct {
+		name, version, memBinds string
+		memLimit                int64
+		cpuQuota                int64 // millicores, -1 unlimited
+		cpuset                  int64
+		workingSet, oomKills    int64
+	}{
+		// v2: user.slice (8GiB) is tighter than the session scope (16GiB) below it.
+		{"v2", "v2", "/user.slice", 8 << 30, 4000, 6, 2 << 30, 2},
+		// v1 (Slurm): job_42 (4GiB, 2 CPUs) is tighter than its step and task.
+		{"v1", "v1", "/slurm/uid_1000/job_42", 4 << 30, 2000, 4, 1<<30 - 256<<20, 1},
+		// hybrid: v1 memory controller, empty cgroup2 hierarchy.
+		{"hybrid", "hybrid", "/process_api", 2 << 30, -1, 16, 104857600 - 4857600, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := fixture(t, c.name, nil, nil)
+			cg := s.Cgroups
+			if cg.Version != c.version {
+				t.Errorf("version: got %s, want %s", cg.Version, c.version)
+			}
+			if !cg.MemoryLimit.IsKnown() || cg.MemoryLimit.N != c.memLimit || cg.MemoryBinds != c.memBinds {
+				t.Errorf("memory limit: got %+v binding at %q, want %d at %q", cg.MemoryLimit, cg.MemoryBinds, c.memLimit, c.memBinds)
+			}
+			if c.cpuQuota < 0 {
+				if !cg.CPUQuota.Unlimited {
+					t.Errorf("cpu quota: got %+v, want unlimited", cg.CPUQuota)
+				}
+			} else if cg.CPUQuota.N != c.cpuQuota {
+				t.Errorf("cpu quota: got %+v, want %d millicores", cg.CPUQuota, c.cpuQuota)
+			}
+			if cg.Cpuset.N != c.cpuset {
+				t.Errorf("cpuset: got %+v, want %d", cg.Cpuset, c.cpuset)
+			}
+			if cg.WorkingSet.N != c.workingSet || cg.OOMKills.N != c.oomKills {
+				t.Errorf("working set %+v oom %+v, want %d and %d", cg.WorkingSet, cg.OOMKills, c.workingSet, c.oomKills)
+			}
+			// The budget names the binding limit.
+			if s.Budget.Memory.Effective.N != c.memLimit || !strings.Contains(s.Budget.Memory.Binding, c.memBinds) {
+				t.Errorf("memory budget: %+v binding %q, want %d bound by %s", s.Budget.Memory.Effective, s.Budget.Memory.Binding, c.memLimit, c.memBinds)
+			}
+		})
+	}
+}
+
+func TestPSIPresentAbsentUnreadable(t *testing.T) {
+	s := fixture(t, "v2", nil, nil)
+	if s.PSI.MemorySome10.F != 12.25 || s.PSI.MemoryFull10.F != 4.75 || s.PSI.CPUSome10.Unknown != "" {
+		t.Errorf("host PSI: got %+v", s.PSI)
+	}
+	if s.Cgroups.PSI.MemorySome10.F != 20 {
+		t.Errorf("cgroup PSI: got %+v, want memory some 20", s.Cgroups.PSI.MemorySome10)
+	}
+	s = fixture(t, "v1", nil, nil)
+	if !strings.Contains(s.PSI.MemorySome10.Unknown, "absent") {
+		t.Errorf("absent PSI: got %+v, want unknown (absent)", s.PSI.MemorySome10)
+	}
+	s = fixture(t, "hybrid", nil, nil)
+	if s.PSI.MemorySome10.Unknown == "" || strings.Contains(s.PSI.MemorySome10.Unknown, "absent") {
+		t.Errorf("unreadable PSI: got %+v, want unknown with the read error", s.PSI.MemorySome10)
+	}
+	if s.PSI.CPUSome10.Unknown != "" || s.PSI.CPUSome10.F != 1.5 {
+		t.Errorf("readable cpu PSI next to an unreadable one: got %+v", s.PSI.CPUSome10)
+	}
+}
+
+func TestStorageTypes(t *testing.T) {
+	s := fixture(t, "v2", nil, nil)
+	got := map[string]PathInfo{}
+	for _, p := range s.Storage {
+		got[p.Name] = p
+	}
+	cases := []struct {
+		name, resolved, typ, sub, loc, mount string
+	}{
+		{"inputs", "/home/alice/data", "nfs4", "", Network, "/home"}, // a symlink that lands on NFS
+		{"scratch", "/scratch", "xfs", "", Local, "/scratch"},
+		{"shm", "/dev/shm", "tmpfs", "", Local, "/dev/shm"},
+		{"spaced", "/mnt/my data/set", "fuse", "sshfs", Network, "/mnt/my data"}, // escaped space in mountinfo
+		{"lxc", "/mnt/lxc", "fuse", "lxcfs", Local, "/mnt/lxc"},
+	}
+	for _, c := range cases {
+		p := got[c.name]
+		if p.Resolved != c.resolved || p.Type != c.typ || p.Subtype != c.sub || p.Locality != c.loc || p.MountPoint != c.mount {
+			t.Errorf("%s: got resolved %q type %q.%q locality %s mount %q; want %q %q.%q %s %q",
+				c.name, p.Resolved, p.Type, p.Subtype, p.Locality, p.MountPoint, c.resolved, c.typ, c.sub, c.loc, c.mount)
+		}
+		if p.BytesFree.N != (1<<19)*4096 || p.InodesFree.N != 900 {
+			t.Errorf("%s: free %+v inodes %+v", c.name, p.BytesFree, p.InodesFree)
+		}
+	}
+}
+
+// blockingStatFS never answers, like statfs on a dead NFS server.
+type blockingStatFS struct{ release chan struct{} }
+
+func (b *blockingStatFS) Statfs(string) (Statfs, error) {
+	<-b.release
+	return Statfs{}, errors.New("released")
+}
+
+func TestHungMountIsUnknownNotAHang(t *testing.T) {
+	root, _ := filepath.Abs("testdata/v2")
+	b := &blockingStatFS{release: make(chan struct{})}
+	defer close(b.release)
+	p, _ := New(Config{Root: root, StatFS: b, GPUs: &fakeGPUs{err: ErrNVMLMissing}, PathTimeout: 100 * 1e6})
+	s, err := p.Snapshot(context.Background(), map[string]string{"inputs": "/data"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Storage[0].Unknown == "" || !s.Storage[0].BytesFree.IsUnknown() {
+		t.Fatalf("hung mount: got %+v, want unknown", s.Storage[0])
+	}
+	if s.Seconds > 2 {
+		t.Fatalf("snapshot took %.1fs with a hung mount, want about the 100ms deadline", s.Seconds)
+	}
+}
+
+func gpuFixture(t *testing.T) []GPU {
+	t.Helper()
+	b, err := os.ReadFile("testdata/gpus.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []GPU
+	if err := json.Unmarshal(b, &devs); err != nil {
+		t.Fatal(err)
+	}
+	return devs
+}
+
+func TestGPUs(t *testing.T) {
+	devs := gpuFixture(t)
+	s := fixture(t, "v2", &fakeGPUs{devs: devs[:3]}, nil)
+	byUUID := map[string]GPU{}
+	for _, d := range s.GPUs.Devices {
+		byUUID[d.Name+"/"+d.UUID] = d
+	}
+	idle, busy, mig := s.GPUs.Devices[0], s.GPUs.Devices[1], s.GPUs.Devices[2]
+	if !idle.Usable {
+		t.Errorf("idle GPU: not usable: %s", idle.Why)
+	}
+	if busy.Usable || !strings.Contains(busy.Why, "busy") {
+		t.Errorf("busy GPU with %s free: usable %v (%s), want not usable because busy", humanBytes(busy.MemFree), busy.Usable, busy.Why)
+	}
+	if mig.Usable || !strings.Contains(mig.Why, "MIG") || len(mig.MIGDevices) != 2 {
+		t.Errorf("MIG GPU: usable %v (%s) with %d instances", mig.Usable, mig.Why, len(mig.MIGDevices))
+	}
+	if s.GPUs.Usable.N != 1 || s.GPUs.VRAM.N != idle.MemFree || s.Budget.GPUs.Effective.N != 1 {
+		t.Errorf("usable %+v vram %+v budget %+v, want 1 GPU with the idle one's free memory", s.GPUs.Usable, s.GPUs.VRAM, s.Budget.GPUs.Effective)
+	}
+	// A lost GPU makes the count of usable GPUs unknown, not smaller.
+	s = fixture(t, "v2", &fakeGPUs{devs: devs}, nil)
+	if !s.GPUs.Usable.IsUnknown() || !s.Budget.GPUs.Effective.IsUnknown() || s.Budget.VRAM.Effective.IsKnown() {
+		t.Errorf("lost GPU: usable %+v budget %+v, want unknown", s.GPUs.Usable, s.Budget.GPUs.Effective)
+	}
+	// The policy may allow sharing: then the busy GPU counts.
+	pol := filepath.Join(t.TempDir(), "policy.toml")
+	os.WriteFile(pol, []byte("[gpu]\nshare = true\n[caps]\ngpus = 1\n"), 0o644)
+	s = fixture(t, "v2", &fakeGPUs{devs: devs[:2]}, map[string]string{"POLICY": pol})
+	if s.GPUs.Usable.N != 2 || s.Budget.GPUs.Effective.N != 1 || s.Budget.GPUs.Binding != "policy" {
+		t.Errorf("shared: usable %+v budget %+v bound by %q, want 2 usable, budget 1 by policy", s.GPUs.Usable, s.Budget.GPUs.Effective, s.Budget.GPUs.Binding)
+	}
+}
+
+func TestMissingNVMLWithAndWithoutDeviceNodes(t *testing.T) {
+	s := fixture(t, "v2", &fakeGPUs{err: ErrNVMLMissing}, nil)
+	if !s.GPUs.Count.IsKnown() || s.GPUs.Count.N != 0 || !strings.Contains(s.GPUs.Reason, "no /dev/nvidia") {
+		t.Errorf("no library, no nodes: got %+v (%s), want 0 GPUs", s.GPUs.Count, s.GPUs.Reason)
+	}
+	root, _ := filepath.Abs("testdata/v2")
+	dev := filepath.Join(t.TempDir(), "root")
+	// A copy of the fixture root with a device node added.
+	if err := os.CopyFS(dev, os.DirFS(root)); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(dev, "dev"), 0o755)
+	os.WriteFile(filepath.Join(dev, "dev", "nvidia0"), nil, 0o644)
+	p, _ := New(Config{Root: dev, GPUs: &fakeGPUs{err: ErrNVMLMissing}})
+	s, err := p.Snapshot(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.GPUs.Count.IsUnknown() || !s.Budget.GPUs.Effective.IsUnknown() {
+		t.Errorf("no library but /dev/nvidia0: got count %+v budget %+v, want unknown", s.GPUs.Count, s.Budget.GPUs.Effective)
+	}
+}
+
+func TestSlurmAllocationBinds(t *testing.T) {
+	env := map[string]string{"SLURM_JOB_ID": "42", "SLURM_CPUS_ON_NODE": "2", "SLURM_MEM_PER_NODE": "3072", "SLURM_GPUS_ON_NODE": "0"}
+	s := fixture(t, "v1", nil, env)
+	if s.Slurm == nil || s.Slurm.JobID != "42" || s.Slurm.Memory.N != 3<<30 || s.Slurm.Cgroup == "" {
+		t.Fatalf("slurm: got %+v", s.Slurm)
+	}
+	if s.Budget.Memory.Effective.N != 3<<30 || s.Budget.Memory.Binding != "allocation 42" {
+		t.Errorf("memory budget %+v bound by %q, want 3GiB by the allocation", s.Budget.Memory.Effective, s.Budget.Memory.Binding)
+	}
+}
+
+func TestPolicyTightensAndReserves(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "policy.toml")
+	os.WriteFile(pol, []byte("[caps]\ncpus = 3\nmemory = \"64GiB\"\n[reserve]\ncpus = 0.5\nmemory = \"1GiB\"\n"), 0o644)
+	s := fixture(t, "v2", nil, map[string]string{"POLICY": pol})
+	// cpu: the cgroup quota (4) and cpuset (6) are looser than the policy's 3.
+	if s.Budget.CPU.Effective.N != 2500 || s.Budget.CPU.Binding != "policy" {
+		t.Errorf("cpu: %+v bound by %q, want 2500 millicores by policy", s.Budget.CPU.Effective, s.Budget.CPU.Binding)
+	}
+	// memory: a cap above the cgroup limit cannot relax it.
+	if s.Budget.Memory.Effective.N != 7<<30 || !strings.Contains(s.Budget.Memory.Binding, "cgroup") {
+		t.Errorf("memory: %+v bound by %q, want 8GiB-1GiB by the cgroup", s.Budget.Memory.Effective, s.Budget.Memory.Binding)
+	}
+	os.WriteFile(pol, []byte("[caps]\ncpus = 3\nmemroy = \"1G\"\n"), 0o644)
+	p, _ := New(Config{Root: "testdata/v2", PolicyPath: pol, GPUs: &fakeGPUs{err: ErrNVMLMissing}})
+	if _, err := p.Snapshot(context.Background(), nil); !errors.Is(err, ErrPolicy) || !strings.Contains(err.Error(), ":3:") || !strings.Contains(err.Error(), "memroy") {
+		t.Errorf("bad policy: got %v, want file:line and the field", err)
+	}
+}
+
+func TestUsersAreTotalsOnly(t *testing.T) {
+	s := fixture(t, "v2", nil, nil)
+	var u1000 *UserLoad
+	for i := range s.Users {
+		if s.Users[i].UID == 1000 {
+			u1000 = &s.Users[i]
+		}
+	}
+	if u1000 == nil || u1000.Processes != 1 || u1000.RSS != 200<<20 || u1000.CPUTime != 7.5 {
+		t.Fatalf("user 1000: got %+v, want 1 process, 200MiB, 7.5 CPU seconds", u1000)
+	}
+	b, _ := json.Marshal(s)
+	if strings.Contains(string(b), "python worker") {
+		t.Fatal("the snapshot leaks a process name")
+	}
+}
+
+func TestValueJSONIsThreeState(t *testing.T) {
+	for _, v := range []Value{Known(0, "f"), Unlimited("f"), Unknown("f", "why")} {
+		b, _ := json.Marshal(v)
+		var back Value
+		if err := json.Unmarshal(b, &back); err != nil || back != v {
+			t.Errorf("round trip of %+v: %s -> %+v", v, b, back)
+		}
+	}
+	b, _ := json.Marshal(Known(0, "f"))
+	if !strings.Contains(string(b), `"value":0`) {
+		t.Errorf("a known zero must carry its value: %s", b)
+	}
+}

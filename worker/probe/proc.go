@@ -1,0 +1,293 @@
+package probe
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// PSI is pressure stall information: the share of time some (or all)
+// tasks were stalled on a resource, averaged over 10 and 60 seconds.
+type PSI struct {
+	CPUSome10    Ratio `json:"cpu_some_avg10"`
+	MemorySome10 Ratio `json:"memory_some_avg10"`
+	MemoryFull10 Ratio `json:"memory_full_avg10"`
+	IOSome10     Ratio `json:"io_some_avg10"`
+	IOFull10     Ratio `json:"io_full_avg10"`
+}
+
+func unknownPSI(source, why string) PSI {
+	u := Ratio{Unknown: why, Source: source}
+	return PSI{u, u, u, u, u}
+}
+
+// psiFile reads one pressure file; a file that is absent or fails to read
+// is unknown (a kernel without PSI, or psi=0).
+func (p *Prober) psiFile(file string) (some, full Ratio) {
+	b, err := p.read(file)
+	if err != nil {
+		why := fmt.Sprintf("read: %v", err)
+		if errors.Is(err, fs.ErrNotExist) {
+			why = "absent (kernel without PSI)"
+		}
+		u := Ratio{Unknown: why, Source: file}
+		return u, u
+	}
+	some, full = Ratio{Unknown: "no 'some' line", Source: file}, Ratio{Unknown: "no 'full' line", Source: file}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		for _, kv := range f[1:] {
+			if v, ok := strings.CutPrefix(kv, "avg10="); ok {
+				x, err := strconv.ParseFloat(v, 64)
+				r := Ratio{F: x, Source: file}
+				if err != nil {
+					r = Ratio{Unknown: "parse " + kv, Source: file}
+				}
+				switch f[0] {
+				case "some":
+					some = r
+				case "full":
+					full = r
+				}
+			}
+		}
+	}
+	return some, full
+}
+
+func (p *Prober) psiDir(dir string) PSI {
+	var out PSI
+	out.CPUSome10, _ = p.psiFile(path.Join(dir, "cpu.pressure"))
+	out.MemorySome10, out.MemoryFull10 = p.psiFile(path.Join(dir, "memory.pressure"))
+	out.IOSome10, out.IOFull10 = p.psiFile(path.Join(dir, "io.pressure"))
+	return out
+}
+
+func (p *Prober) hostPSI() PSI {
+	var out PSI
+	dir := path.Join(p.cfg.ProcRoot, "pressure")
+	out.CPUSome10, _ = p.psiFile(path.Join(dir, "cpu"))
+	out.MemorySome10, out.MemoryFull10 = p.psiFile(path.Join(dir, "memory"))
+	out.IOSome10, out.IOFull10 = p.psiFile(path.Join(dir, "io"))
+	return out
+}
+
+// Host is host-wide memory, swap and load.
+type Host struct {
+	MemTotal     Value  `json:"mem_total"`
+	MemAvailable Value  `json:"mem_available"`
+	SwapTotal    Value  `json:"swap_total"`
+	SwapUsed     Value  `json:"swap_used"`
+	Load1        Ratio  `json:"load1"`
+	Load5        Ratio  `json:"load5"`
+	Load15       Ratio  `json:"load15"`
+	OnlineCPUs   Value  `json:"online_cpus"`
+	Affinity     Value  `json:"affinity_cpus"`
+	AffinityList string `json:"affinity_list,omitempty"`
+	OOMKills     Value  `json:"oom_kills"`
+}
+
+func (p *Prober) host() Host {
+	var h Host
+	mi := path.Join(p.cfg.ProcRoot, "meminfo")
+	vals, err := p.meminfo(mi)
+	get := func(k string) Value {
+		if err != nil {
+			return Unknown(mi, "read: %v", err)
+		}
+		v, ok := vals[k]
+		if !ok {
+			return Unknown(mi, "no %s line", k)
+		}
+		return Known(v, mi+" "+k)
+	}
+	h.MemTotal, h.MemAvailable, h.SwapTotal = get("MemTotal"), get("MemAvailable"), get("SwapTotal")
+	if free := get("SwapFree"); h.SwapTotal.IsKnown() && free.IsKnown() {
+		h.SwapUsed = Known(h.SwapTotal.N-free.N, mi+" SwapTotal-SwapFree")
+	} else {
+		h.SwapUsed = Unknown(mi, "swap unreadable")
+	}
+	la := path.Join(p.cfg.ProcRoot, "loadavg")
+	if b, err := p.read(la); err == nil && len(strings.Fields(string(b))) >= 3 {
+		f := strings.Fields(string(b))
+		for i, dst := range []*Ratio{&h.Load1, &h.Load5, &h.Load15} {
+			x, err := strconv.ParseFloat(f[i], 64)
+			*dst = Ratio{F: x, Source: la}
+			if err != nil {
+				*dst = Ratio{Unknown: "parse " + f[i], Source: la}
+			}
+		}
+	} else {
+		u := Ratio{Unknown: fmt.Sprintf("read: %v", err), Source: la}
+		h.Load1, h.Load5, h.Load15 = u, u, u
+	}
+	online := path.Join(p.cfg.SysRoot, "devices/system/cpu/online")
+	if b, err := p.read(online); err == nil {
+		if n, err := countCPUList(strings.TrimSpace(string(b))); err == nil {
+			h.OnlineCPUs = Known(int64(n), online)
+		} else {
+			h.OnlineCPUs = Unknown(online, "parse: %v", err)
+		}
+	} else {
+		h.OnlineCPUs = Unknown(online, "read: %v", err)
+	}
+	h.Affinity, h.AffinityList = p.affinity()
+	vm := path.Join(p.cfg.ProcRoot, "vmstat")
+	if n, err := p.keyed(vm, "oom_kill"); err == nil {
+		h.OOMKills = Known(n, vm)
+	} else {
+		h.OOMKills = Unknown(vm, "%v", err)
+	}
+	return h
+}
+
+func (p *Prober) meminfo(file string) (map[string]int64, error) {
+	b, err := p.read(file)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	s := bufio.NewScanner(bytes.NewReader(b))
+	for s.Scan() {
+		k, rest, ok := strings.Cut(s.Text(), ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		n, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		if len(f) > 1 && f[1] == "kB" {
+			n *= 1024
+		}
+		out[k] = n
+	}
+	return out, nil
+}
+
+// affinity is the CPU count the process may run on: sched_getaffinity for
+// this process on the real host, Cpus_allowed_list from status otherwise.
+func (p *Prober) affinity() (Value, string) {
+	if p.real() {
+		if n, list, err := schedAffinity(); err == nil {
+			return Known(int64(n), "sched_getaffinity"), list
+		}
+	}
+	st := path.Join(p.procDir(), "status")
+	b, err := p.read(st)
+	if err != nil {
+		return Unknown(st, "read: %v", err), ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			list := strings.TrimSpace(v)
+			n, err := countCPUList(list)
+			if err != nil {
+				return Unknown(st, "parse Cpus_allowed_list: %v", err), ""
+			}
+			return Known(int64(n), st+" Cpus_allowed_list"), list
+		}
+	}
+	return Unknown(st, "no Cpus_allowed_list"), ""
+}
+
+// UserLoad is one user's totals: no command lines, no environments.
+type UserLoad struct {
+	UID       int     `json:"uid"`
+	Processes int     `json:"processes"`
+	RSS       int64   `json:"rss"`
+	CPUCores  float64 `json:"cpu_cores"`
+	CPUTime   float64 `json:"cpu_seconds"`
+}
+
+type procSample struct {
+	uid   int
+	rss   int64
+	ticks int64
+}
+
+// sampleProcs reads uid, RSS and CPU ticks of every process.
+func (p *Prober) sampleProcs() (map[int]procSample, error) {
+	ents, err := os.ReadDir(p.hostPath(p.cfg.ProcRoot))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]procSample, len(ents))
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		dir := path.Join(p.cfg.ProcRoot, e.Name())
+		st, err := p.read(path.Join(dir, "status"))
+		if err != nil {
+			continue // exited between readdir and read
+		}
+		s := procSample{uid: -1}
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 {
+					s.uid, _ = strconv.Atoi(f[0])
+				}
+			} else if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				if f := strings.Fields(v); len(f) > 0 {
+					n, _ := strconv.ParseInt(f[0], 10, 64)
+					s.rss = n * 1024
+				}
+			}
+		}
+		if b, err := p.read(path.Join(dir, "stat")); err == nil {
+			// Fields after the parenthesised name: utime is 14th, stime 15th overall.
+			if i := bytes.LastIndexByte(b, ')'); i > 0 {
+				f := strings.Fields(string(b[i+1:]))
+				if len(f) > 13 {
+					u, _ := strconv.ParseInt(f[11], 10, 64)
+					k, _ := strconv.ParseInt(f[12], 10, 64)
+					s.ticks = u + k
+				}
+			}
+		}
+		out[pid] = s
+	}
+	return out, nil
+}
+
+// clockTicks is USER_HZ, 100 on every Linux shardpool supports.
+const clockTicks = 100
+
+func usersLoad(before, after map[int]procSample, seconds float64) []UserLoad {
+	by := map[int]*UserLoad{}
+	for pid, s := range after {
+		u := by[s.uid]
+		if u == nil {
+			u = &UserLoad{UID: s.uid}
+			by[s.uid] = u
+		}
+		u.Processes++
+		u.RSS += s.rss
+		u.CPUTime += float64(s.ticks) / clockTicks
+		if b, ok := before[pid]; ok && seconds > 0 && s.ticks >= b.ticks {
+			u.CPUCores += float64(s.ticks-b.ticks) / clockTicks / seconds
+		}
+	}
+	out := make([]UserLoad, 0, len(by))
+	for _, u := range by {
+		out = append(out, *u)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].RSS > out[j].RSS })
+	return out
+}

@@ -1,0 +1,180 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Config configures a Prober. Zero values mean the real host.
+type Config struct {
+	// Root is where the host's files are read from (fixtures set a
+	// testdata tree). Default "/".
+	Root string
+	// ProcRoot and SysRoot are /proc and /sys inside Root.
+	ProcRoot, SysRoot string
+	// PID is whose cgroups and affinity are read: "self" by default.
+	PID string
+	// GPUs lists devices. Default: DefaultGPUs() of this build.
+	GPUs GPUSource
+	// StatFS answers statfs(2). Default: the real syscall.
+	StatFS StatFS
+	// PathTimeout bounds each storage probe. Default 2s.
+	PathTimeout time.Duration
+	// Getenv reads SLURM_* and XDG variables. Default os.Getenv.
+	Getenv func(string) string
+	// PolicyPath is the policy file. Default: DefaultPolicyPath.
+	PolicyPath string
+	// Users turns on the per-user load scan (the full snapshot); the
+	// worker's periodic report leaves it off.
+	Users bool
+}
+
+// Prober takes snapshots.
+type Prober struct {
+	cfg    Config
+	policy Policy
+}
+
+// New validates cfg; it does no I/O.
+func New(cfg Config) (*Prober, error) {
+	if cfg.Root == "" {
+		cfg.Root = "/"
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	if cfg.SysRoot == "" {
+		cfg.SysRoot = "/sys"
+	}
+	if cfg.PID == "" {
+		cfg.PID = "self"
+	}
+	if cfg.GPUs == nil {
+		cfg.GPUs = DefaultGPUs()
+	}
+	if cfg.StatFS == nil {
+		cfg.StatFS = realStatFS{}
+	}
+	if cfg.PathTimeout <= 0 {
+		cfg.PathTimeout = 2 * time.Second
+	}
+	if cfg.Getenv == nil {
+		cfg.Getenv = os.Getenv
+	}
+	if cfg.PolicyPath == "" {
+		cfg.PolicyPath = DefaultPolicyPath(cfg.Getenv)
+	}
+	return &Prober{cfg: cfg}, nil
+}
+
+// Snapshot is one timestamped look at the host. See docs/preflight.md.
+type Snapshot struct {
+	V        int        `json:"v"`
+	Host     Host       `json:"host"`
+	Hostname string     `json:"hostname"`
+	BootID   string     `json:"boot_id"`
+	Time     time.Time  `json:"time"`
+	Seconds  float64    `json:"seconds"`
+	Cgroups  Cgroups    `json:"cgroups"`
+	PSI      PSI        `json:"pressure"`
+	Users    []UserLoad `json:"users,omitempty"`
+	UsersSec float64    `json:"users_window_seconds,omitempty"`
+	Procs    int        `json:"processes,omitempty"`
+	GPUs     GPUs       `json:"gpus"`
+	Storage  []PathInfo `json:"storage"`
+	Slurm    *Slurm     `json:"slurm,omitempty"`
+	Policy   Policy     `json:"policy"`
+	Budget   Budget     `json:"budget"`
+	Errors   []string   `json:"errors,omitempty"`
+}
+
+// Snapshot reads everything once. paths names the storage to probe
+// (inputs, scratch, output, checkpoints).
+func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapshot, error) {
+	start := time.Now()
+	s := &Snapshot{V: 1, Time: start.UTC()}
+	var before map[int]procSample
+	if p.cfg.Users {
+		before, _ = p.sampleProcs()
+	}
+	pol, err := LoadPolicy(p.cfg.PolicyPath)
+	if err != nil {
+		return nil, err
+	}
+	p.policy, s.Policy = pol, pol
+	s.Hostname, _ = os.Hostname()
+	if b, err := p.read(path.Join(p.cfg.ProcRoot, "sys/kernel/random/boot_id")); err == nil {
+		s.BootID = strings.TrimSpace(string(b))
+	}
+	var mounts []Mount
+	mi := path.Join(p.procDir(), "mountinfo")
+	if f, err := os.Open(p.hostPath(mi)); err == nil {
+		mounts, err = parseMountinfo(f)
+		f.Close()
+		if err != nil {
+			s.Errors = append(s.Errors, fmt.Sprintf("%s: %v", mi, err))
+		}
+	} else {
+		s.Errors = append(s.Errors, fmt.Sprintf("%s: %v", mi, err))
+	}
+	s.Host = p.host()
+	s.Cgroups = p.cgroups(mounts)
+	s.PSI = p.hostPSI()
+	s.GPUs = p.gpus(ctx)
+	s.Storage = p.storage(ctx, mounts, paths)
+	s.Slurm = p.slurm(s.Cgroups)
+	if p.cfg.Users {
+		if before == nil {
+			s.Errors = append(s.Errors, "per-user load: /proc unreadable")
+		} else {
+			// A short window gives every user's CPU rate a denominator.
+			if wait := 50*time.Millisecond - time.Since(start); wait > 0 {
+				time.Sleep(wait)
+			}
+			after, err := p.sampleProcs()
+			if err == nil {
+				win := time.Since(start).Seconds()
+				s.Users, s.UsersSec, s.Procs = usersLoad(before, after, win), win, len(after)
+			}
+		}
+	}
+	s.Budget = p.budget(s)
+	s.Seconds = time.Since(start).Seconds()
+	return s, nil
+}
+
+// read reads a file below Root.
+func (p *Prober) read(name string) ([]byte, error) { return os.ReadFile(p.hostPath(name)) }
+
+// hostPath maps an absolute path of the probed host to a path here.
+func (p *Prober) hostPath(name string) string {
+	if p.cfg.Root == "/" {
+		return name
+	}
+	return filepath.Join(p.cfg.Root, name)
+}
+
+// guestPath maps back a path found here to the probed host's.
+func (p *Prober) guestPath(name string) string {
+	if p.cfg.Root == "/" {
+		return name
+	}
+	rel, err := filepath.Rel(p.cfg.Root, name)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return name
+	}
+	return "/" + rel
+}
+
+func (p *Prober) procDir() string { return path.Join(p.cfg.ProcRoot, p.cfg.PID) }
+
+// real reports whether the probe looks at this very process on this host.
+func (p *Prober) real() bool { return p.cfg.Root == "/" && p.cfg.PID == "self" }
+
+func sortStrings(s []string) { sort.Strings(s) }
