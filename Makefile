@@ -5,10 +5,12 @@ BIN     := bin/shardpool
 # packages serial so timing-sensitive lease tests are not starved on 2 cores.
 TESTFLAGS ?= -count=1 -timeout 15m -p 1
 
-.PHONY: build demo test bench vet clean tools
+.PHONY: build demo test test-gpu bench vet clean tools
 
+# The binary carries the NVML adapter (it loads libnvidia-ml at run time and
+# reports GPUs as unknown, never idle, where the library is missing).
 build:
-	$(GO) build -o $(BIN) ./cmd/shardpool
+	CGO_CFLAGS="-Wno-deprecated-declarations" $(GO) build -tags nvml -o $(BIN) ./cmd/shardpool
 
 # The main job on the embedded default: generate a corpus, compress and
 # checksum it with standard tools, one coordinator and one worker in-process.
@@ -28,9 +30,15 @@ vet:
 test: tools vet
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test $(TESTFLAGS) ./...
 
+# On a machine with NVIDIA GPUs: the real NVML adapter against the devices.
+test-gpu: build
+	CGO_CFLAGS="-Wno-deprecated-declarations" $(GO) test -tags nvml -count=1 -v -run RealNVML ./worker/probe
+	$(BIN) preflight
+
 # Benchmarks print ratios against baselines measured in the same run.
 bench: build
 	$(GO) run ./bench/pool -bin $(BIN)
+	$(GO) run ./bench/probe
 
 clean:
 	rm -rf bin .demo-state examples/compress/out examples/compress/corpus examples/compress/manifest.jsonl

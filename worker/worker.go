@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // Config configures a Worker. Zero values mean the documented default.
@@ -44,6 +45,9 @@ type Config struct {
 	ReportEvery time.Duration
 	// ProcRoot is where /proc is read from (boot id, vmstat). Default "/proc".
 	ProcRoot string
+	// Probe measures the host for the worker's reports. Default: the real
+	// host (probe.New with zero Config).
+	Probe *probe.Prober
 	// Binary is the shardpool binary exported to jobs as SHARDPOOL_BIN.
 	// Default: this executable when it is shardpool.
 	Binary string
@@ -139,6 +143,13 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.Binary == "" {
 		cfg.Binary = selfPath()
+	}
+	if cfg.Probe == nil {
+		p, err := probe.New(probe.Config{})
+		if err != nil {
+			return nil, fmt.Errorf("%w: Probe: %v", ErrConfig, err)
+		}
+		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
 		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}}, nil
@@ -322,11 +333,31 @@ func (w *Worker) snapshot() stream.WorkerReport {
 		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC()}
 }
 
+// headroom is the compact probe published with each report: the effective
+// budget per resource with the limit that binds it.
+func (w *Worker) headroom(ctx context.Context) map[string]stream.Resource {
+	snap, err := w.cfg.Probe.Snapshot(ctx, nil)
+	if err != nil {
+		u := stream.Resource{Unknown: err.Error(), Source: "probe"}
+		return map[string]stream.Resource{"cpu_millicores": u, "memory": u, "gpus": u, "vram": u}
+	}
+	conv := func(l probe.Line) stream.Resource {
+		v := l.Effective
+		return stream.Resource{Value: v.N, Unlimited: v.Unlimited, Unknown: v.Unknown, Source: l.Binding}
+	}
+	return map[string]stream.Resource{
+		"cpu_millicores": conv(snap.Budget.CPU), "memory": conv(snap.Budget.Memory),
+		"gpus": conv(snap.Budget.GPUs), "vram": conv(snap.Budget.VRAM),
+		"memory_available": {Value: snap.Host.MemAvailable.N, Unknown: snap.Host.MemAvailable.Unknown, Source: "MemAvailable"},
+	}
+}
+
 func (w *Worker) report(ctx context.Context) error {
 	t := time.NewTicker(w.cfg.ReportEvery)
 	defer t.Stop()
 	for {
 		r := w.snapshot()
+		r.Headroom = w.headroom(ctx)
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
 				w.log.Warn("worker report", "err", err)

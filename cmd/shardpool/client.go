@@ -118,9 +118,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKER\tHOST\tSLOTS\tRUNNING\tDONE\tFAILED\tREPORTED")
+	fmt.Fprintln(tw, "WORKER\tHOST\tSLOTS\tRUNNING\tDONE\tFAILED\tREPORTED\tHEADROOM (binding limit)")
 	for _, wk := range st.Workers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", wk.Name, wk.Host, classMap(wk.Slots), classMap(wk.Running), wk.Done, wk.Failed, wk.Reported.Format("15:04:05"))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, classMap(wk.Slots), classMap(wk.Running), wk.Done, wk.Failed, wk.Reported.Format("15:04:05"), headroom(wk.Headroom))
 	}
 	if len(st.Workers) == 0 {
 		fmt.Fprintln(tw, "(no live workers)")
@@ -137,4 +137,34 @@ func classMap(m map[string]int) string {
 		return "-"
 	}
 	return strings.Join(parts, ",")
+}
+
+// headroom renders a worker's budget: "mem 23.1GiB (cgroup memory at /x), cpu 2.00 (host online CPUs), ...".
+func headroom(h map[string]stream.Resource) string {
+	if len(h) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, k := range []string{"memory", "cpu_millicores", "gpus", "vram"} {
+		r, ok := h[k]
+		if !ok {
+			continue
+		}
+		var v string
+		switch {
+		case r.Unknown != "":
+			v = "unknown: " + r.Unknown
+		case r.Unlimited:
+			v = "unlimited"
+		case k == "memory" || k == "vram":
+			v = stream.FormatSize(r.Value)
+		case k == "cpu_millicores":
+			v = fmt.Sprintf("%.2f", float64(r.Value)/1000)
+		default:
+			v = fmt.Sprint(r.Value)
+		}
+		name := strings.TrimSuffix(k, "_millicores")
+		parts = append(parts, fmt.Sprintf("%s %s (%s)", name, v, r.Source))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -8,9 +8,11 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // PSI is pressure stall information: the share of time some (or all)
@@ -220,46 +222,47 @@ type procSample struct {
 	ticks int64
 }
 
-// sampleProcs reads uid, RSS and CPU ticks of every process.
+// sampleProcs reads uid, RSS and CPU ticks of every process from
+// /proc/<pid>/stat. On the real /proc the uid is the owner of the
+// process's directory (its effective uid); fixture trees cannot carry
+// ownership, so there the Uid line of status is read instead.
 func (p *Prober) sampleProcs() (map[int]procSample, error) {
-	ents, err := os.ReadDir(p.hostPath(p.cfg.ProcRoot))
+	dir := p.hostPath(p.cfg.ProcRoot)
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
+	page := int64(os.Getpagesize())
 	out := make(map[int]procSample, len(ents))
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		dir := path.Join(p.cfg.ProcRoot, e.Name())
-		st, err := p.read(path.Join(dir, "status"))
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
 		if err != nil {
 			continue // exited between readdir and read
 		}
 		s := procSample{uid: -1}
-		for _, line := range strings.Split(string(st), "\n") {
-			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-				if f := strings.Fields(v); len(f) > 0 {
-					s.uid, _ = strconv.Atoi(f[0])
-				}
-			} else if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				if f := strings.Fields(v); len(f) > 0 {
-					n, _ := strconv.ParseInt(f[0], 10, 64)
-					s.rss = n * 1024
-				}
+		// Fields after the parenthesised name: utime, stime and rss are the
+		// 14th, 15th and 24th fields overall.
+		if i := bytes.LastIndexByte(b, ')'); i > 0 {
+			f := strings.Fields(string(b[i+1:]))
+			if len(f) > 21 {
+				u, _ := strconv.ParseInt(f[11], 10, 64)
+				k, _ := strconv.ParseInt(f[12], 10, 64)
+				rss, _ := strconv.ParseInt(f[21], 10, 64)
+				s.ticks, s.rss = u+k, rss*page
 			}
 		}
-		if b, err := p.read(path.Join(dir, "stat")); err == nil {
-			// Fields after the parenthesised name: utime is 14th, stime 15th overall.
-			if i := bytes.LastIndexByte(b, ')'); i > 0 {
-				f := strings.Fields(string(b[i+1:]))
-				if len(f) > 13 {
-					u, _ := strconv.ParseInt(f[11], 10, 64)
-					k, _ := strconv.ParseInt(f[12], 10, 64)
-					s.ticks = u + k
+		if p.cfg.Root == "/" {
+			if info, err := e.Info(); err == nil {
+				if st, ok := info.Sys().(*syscall.Stat_t); ok {
+					s.uid = int(st.Uid)
 				}
 			}
+		} else {
+			s.uid = p.uidOf(pid)
 		}
 		out[pid] = s
 	}

@@ -134,7 +134,7 @@ func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapsh
 			s.Errors = append(s.Errors, "per-user load: /proc unreadable")
 		} else {
 			// A short window gives every user's CPU rate a denominator.
-			if wait := 50*time.Millisecond - time.Since(start); wait > 0 {
+			if wait := 25*time.Millisecond - time.Since(start); wait > 0 {
 				time.Sleep(wait)
 			}
 			after, err := p.sampleProcs()
