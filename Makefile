@@ -39,6 +39,7 @@ test-gpu: build
 bench: build
 	$(GO) run ./bench/pool -bin $(BIN)
 	$(GO) run ./bench/probe
+	$(GO) run ./bench/stage
 
 clean:
 	rm -rf bin .demo-state examples/compress/out examples/compress/corpus examples/compress/manifest.jsonl

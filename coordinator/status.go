@@ -47,7 +47,7 @@ type RunStatus struct {
 // returns that run only, with the records of its shards that are not
 // validated (running, failed, pending retries).
 func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Status, error) {
-	b, err := stream.OpenBuckets(ctx, js)
+	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("status: %w", err)
 	}

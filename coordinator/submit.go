@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -24,6 +27,9 @@ type SubmitOptions struct {
 	// ClassCaps caps in-flight shards per class across the fleet (the
 	// consumer's MaxAckPending); absent means no fleet cap.
 	ClassCaps map[string]int
+	// Hashes caches input checksums for classes that stage (by path, size
+	// and mtime); nil hashes without a cache file.
+	Hashes *staging.Hashes
 }
 
 // SubmitResult says what a submission did.
@@ -40,7 +46,7 @@ type SubmitResult struct {
 // publishes nothing; a changed fingerprint starts a new generation and
 // purges the old one's queued messages, so the two are never mixed.
 func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man *stream.Manifest, opt SubmitOptions) (SubmitResult, error) {
-	b, err := stream.OpenBuckets(ctx, js)
+	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
 	if err != nil {
 		return SubmitResult{}, fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
@@ -104,6 +110,9 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		res.NewRun = true
 	}
 	if rev, err = putRun(ctx, b.Runs, &rec, rev, prev == nil); err != nil {
+		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
+	if err := describeInputs(ctx, spec, man, opt.Hashes); err != nil {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
 	n, err := publish(ctx, js, fp, spec.Name, man.Shards, 0)
@@ -170,7 +179,7 @@ func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards
 	for i := range shards {
 		sh := &shards[i]
 		m := stream.ShardMsg{Run: run, Fingerprint: fp, ID: sh.ID, Class: sh.Class, Inputs: sh.Inputs,
-			Cost: sh.Cost, Params: sh.Params, Retry: retry}
+			Cost: sh.Cost, Params: sh.Params, Retry: retry, Files: sh.Files}
 		data, err := stream.Encode(&m)
 		if err != nil {
 			return 0, err
@@ -200,6 +209,47 @@ func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards
 		}
 	}
 	return n, nil
+}
+
+// describeInputs records size, mtime and checksums of the inputs of every
+// shard whose class stages, once per run (cached across submissions).
+func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest, h *staging.Hashes) error {
+	if h == nil {
+		h = staging.LoadHashes("")
+	}
+	for i := range man.Shards {
+		sh := &man.Shards[i]
+		if !spec.StageFor(sh.Class) || len(sh.Files) == len(sh.Inputs) {
+			continue
+		}
+		sh.Files = sh.Files[:0]
+		if staging.ShouldPack(sh.Inputs, sh.Cost) {
+			pack := filepath.Join(spec.Output, ".shardpool", "packs", fmt.Sprintf("%s-%s.tar", sh.ID, stream.Fingerprint(spec, man.Hash)[:8]))
+			if err := os.MkdirAll(filepath.Dir(pack), 0o755); err != nil {
+				return err
+			}
+			if _, err := os.Stat(pack); err != nil {
+				if _, err := staging.Pack(ctx, pack, sh.Inputs); err != nil {
+					return fmt.Errorf("shard %s (%s line %d): %w", sh.ID, man.Path, sh.Line, err)
+				}
+			}
+			f, err := h.Describe(ctx, pack)
+			if err != nil {
+				return err
+			}
+			f.Pack = true
+			sh.Files = append(sh.Files, f)
+			continue
+		}
+		for _, in := range sh.Inputs {
+			f, err := h.Describe(ctx, in)
+			if err != nil {
+				return fmt.Errorf("shard %s (%s line %d): %w", sh.ID, man.Path, sh.Line, err)
+			}
+			sh.Files = append(sh.Files, f)
+		}
+	}
+	return h.Save()
 }
 
 // retryFailed resets the run's failed shards to pending in a new retry

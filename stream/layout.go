@@ -127,6 +127,23 @@ type Buckets struct {
 	Runs, Shards, Leases, Checkpoints, Workers jetstream.KeyValue
 }
 
+// WaitBuckets is OpenBuckets for a client that may have connected to a
+// coordinator still creating its layout: it retries for up to wait.
+func WaitBuckets(ctx context.Context, js jetstream.JetStream, wait time.Duration) (*Buckets, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		b, err := OpenBuckets(ctx, js)
+		if err == nil || !errors.Is(err, jetstream.ErrBucketNotFound) || time.Now().After(deadline) {
+			return b, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // OpenBuckets binds to every bucket; it fails when Setup has not run.
 func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
 	var b Buckets

@@ -22,6 +22,8 @@ type Shard struct {
 	Cost   int64             `json:"cost"`
 	Params map[string]string `json:"params,omitempty"`
 	Line   int               `json:"line"`
+	// Files describes Inputs when the shard's class stages (set by submit).
+	Files []InputFile `json:"files,omitempty"`
 }
 
 // Manifest is a validated manifest: its shards in file order and the

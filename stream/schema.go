@@ -38,6 +38,23 @@ type ShardMsg struct {
 	Cost        int64             `json:"cost"`
 	Params      map[string]string `json:"params,omitempty"`
 	Retry       int               `json:"retry,omitempty"`
+	// Files describes Inputs (size, mtime, checksums) when the shard's
+	// class stages its inputs; every copy is verified against it.
+	Files []InputFile `json:"files,omitempty"`
+}
+
+// InputFile is one input as the submitter saw it: staging verifies every
+// copy against it, and resumes an interrupted copy from the longest prefix
+// whose chunks match.
+type InputFile struct {
+	Path   string   `json:"path"`
+	Size   int64    `json:"size"`
+	MTime  int64    `json:"mtime_ns"`
+	XXH64  string   `json:"xxh64"`
+	Chunks []string `json:"chunks"` // xxh64 of each ChunkSize piece
+	// Pack marks a tar of the shard's many small inputs (made at submit);
+	// the worker stages it as one file and unpacks it, verified, locally.
+	Pack bool `json:"pack,omitempty"`
 }
 
 // Owner identifies one attempt's process on one boot of one host, which is
@@ -63,6 +80,10 @@ type Attempt struct {
 	Reason   string    `json:"reason,omitempty"`
 	PeakRSS  int64     `json:"peak_rss,omitempty"`
 	Log      string    `json:"log,omitempty"`
+	// StageSeconds and CommitSeconds time staging the inputs and the final
+	// sync of the outputs to the destination.
+	StageSeconds  float64 `json:"stage_seconds,omitempty"`
+	CommitSeconds float64 `json:"commit_seconds,omitempty"`
 }
 
 // Attempt outcomes.
@@ -79,6 +100,7 @@ const (
 	OutcomeStart       = "start-error"
 	OutcomeLost        = "lost"
 	OutcomeDiscarded   = "discarded"
+	OutcomeStage       = "stage-error"
 )
 
 // Output is a committed shard output.

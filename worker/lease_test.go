@@ -50,6 +50,9 @@ func TestLiveForeignLeaseIsNotTakenOver(t *testing.T) {
 		t.Fatalf("shard ran %d times, want 1", strings.Count(string(b), "s0000"))
 	}
 	rec, _ := env.Shard("t", "s0000")
+	if len(rec.Attempts) != 1 || rec.Attempts[0].N != 1 {
+		t.Fatalf("attempts %+v: waiting on another owner's lease must not spend a delivery", rec.Attempts)
+	}
 	if started := rec.Attempts[len(rec.Attempts)-1].Start; started.Sub(held) < 1500*time.Millisecond {
 		t.Fatalf("shard started %s after the foreign lease was taken, want after it expired (2s TTL)", started.Sub(held))
 	}

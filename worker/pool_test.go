@@ -17,6 +17,7 @@ import (
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 )
@@ -370,3 +371,63 @@ func TestNoPrefetch(t *testing.T) {
 
 var _ = jetstream.ErrKeyNotFound
 var _ = exec.Command
+
+func TestStagedInputsRunFromLocalScratch(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	// The command records where {input} points and checks that the staged
+	// copy equals the original, whose path comes in a param.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, InputSize: 100000, Extra: "stage = true\n",
+		Command: []string{"sh", "-c", `echo "$1" > "$2/where" && cmp "$1" "$SHARDPOOL_PARAM_ORIG" && cp "$1" "$2/"`, "sh", "{input}", "{out}"},
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"s%04d","inputs":[%q],"params":{"orig":%q}}`, i, in, in)
+		}})
+	// params hold the path relative to the spec; the command runs there.
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
+	if r.State != stream.RunComplete {
+		rec, _ := env.Shard("t", "s0001")
+		t.Fatalf("run %s: %s %+v", r.State, r.Reason, rec.Attempts)
+	}
+	where, _ := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", "s0000", "where"))
+	if !strings.Contains(string(where), filepath.Join("scratch", "w1", "stage", "cache")) {
+		t.Fatalf("{input} was %q, want a path in the worker's staging cache", where)
+	}
+	log, err := os.ReadFile(filepath.Join(env.Data, "runs", "t", "staging.jsonl"))
+	if err != nil || strings.Count(string(log), `"copied":100000`) != 3 {
+		t.Fatalf("staging.jsonl: %v\n%s", err, log)
+	}
+	rec, _ := env.Shard("t", "s0000")
+	if rec.Attempts[0].StageSeconds <= 0 || rec.Attempts[0].CommitSeconds <= 0 {
+		t.Fatalf("attempt timings: %+v, want stage and commit seconds", rec.Attempts[0])
+	}
+}
+
+func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	dir := t.TempDir()
+	var inputs []string
+	for i := range staging.PackMinFiles {
+		p := filepath.Join(dir, fmt.Sprintf("tiny-%04d.txt", i))
+		os.WriteFile(p, []byte(fmt.Sprintf("file %d\n", i)), 0o644)
+		inputs = append(inputs, p)
+	}
+	inJSON, _ := json.Marshal(inputs)
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Extra: "stage = true\n",
+		Command: []string{"sh", "-c", `cat "$@" > "$SHARDPOOL_OUT/all"; echo "$1" > "$SHARDPOOL_OUT/first"`, "sh", "{inputs}"},
+		Line:    func(int, string) string { return `{"id":"many","inputs":` + string(inJSON) + `}` }})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	out := filepath.Join(filepath.Dir(spec), "out")
+	packs, _ := filepath.Glob(filepath.Join(out, ".shardpool", "packs", "many-*.tar"))
+	if len(packs) != 1 {
+		t.Fatalf("packs: %v, want one for the shard", packs)
+	}
+	all, _ := os.ReadFile(filepath.Join(out, "many", "all"))
+	if strings.Count(string(all), "\n") != staging.PackMinFiles || !strings.HasPrefix(string(all), "file 0\nfile 1\n") {
+		t.Fatalf("the command saw %d lines in order %q..., want every input in manifest order", strings.Count(string(all), "\n"), string(all)[:min(20, len(all))])
+	}
+	first, _ := os.ReadFile(filepath.Join(out, "many", "first"))
+	if !strings.HasSuffix(strings.TrimSpace(string(first)), "tiny-0000.txt") || strings.HasPrefix(string(first), dir) {
+		t.Fatalf("{inputs} pointed at %q, want the unpacked local copy", first)
+	}
+}

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -80,6 +82,22 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		return
 	}
 	l, err := w.takeLease(ctx, a.key, m.Fingerprint, a.attempt)
+	if errors.Is(err, ErrLeaseHeld) {
+		// A Nak would spend one of the shard's deliveries on someone else's
+		// lease; instead keep the message in progress until the lease
+		// expires or its owner releases it, then look at the record again.
+		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; waiting for it to expire (TTL %s)", err, w.ttl))
+		l, err = w.awaitLease(ctx, stop, a)
+		if err == nil {
+			if lerr := w.loadRecord(ctx, a); lerr != nil || w.settle(ctx, a, class) {
+				w.release(l)
+				if lerr != nil {
+					_ = msg.NakWithDelay(w.backoff(1))
+				}
+				return
+			}
+		}
+	}
 	if err != nil {
 		delay := w.ttl / 2
 		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; retry in %s", err, delay))
@@ -88,6 +106,28 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	}
 	w.admission(m.Run, m.ID, class, "admit", fmt.Sprintf("attempt %d; %s; slots from configuration", a.attempt, slotInfo))
 	w.runAttempt(ctx, stop, a, l, class)
+}
+
+// awaitLease polls for the shard's lease at a third of the TTL, keeping the
+// message in progress, for at most three TTLs.
+func (w *Worker) awaitLease(ctx context.Context, stop <-chan struct{}, a *attemptState) (*lease, error) {
+	t := time.NewTicker(max(w.ttl/3, 100*time.Millisecond))
+	defer t.Stop()
+	deadline := time.Now().Add(3 * w.ttl)
+	for {
+		select {
+		case <-stop:
+			return nil, fmt.Errorf("worker shutting down while waiting for the lease of %s", a.key)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		_ = a.msg.InProgress()
+		l, err := w.takeLease(ctx, a.key, a.m.Fingerprint, a.attempt)
+		if !errors.Is(err, ErrLeaseHeld) || time.Now().After(deadline) {
+			return l, err
+		}
+	}
 }
 
 // settle ends the delivery without running when the record or the output
@@ -238,7 +278,19 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
 	defer os.RemoveAll(v.Out)
 	defer os.RemoveAll(v.Scratch)
-	res := w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
+	var res result
+	if spec.StageFor(class) {
+		staged, sres := w.stage(ctx, a, cls, base+".in")
+		defer os.RemoveAll(base + ".in")
+		if staged != nil {
+			defer staged.Release()
+			v.Inputs = staged.Paths
+		}
+		res = sres
+	}
+	if res.outcome == "" {
+		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
+	}
 	w.conclude(ctx, a, l, v, res)
 }
 
@@ -315,6 +367,68 @@ func (w *Worker) ensureDir(dir string) error {
 	return nil
 }
 
+// stage copies the shard's inputs to local scratch. On failure the result
+// carries the reason and the attempt goes through the failure path.
+func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, unpackDir string) (*staging.Staged, result) {
+	m := &a.m
+	st, err := w.stagerFor(ctx)
+	if err != nil {
+		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
+	}
+	files := m.Files
+	if len(files) != len(m.Inputs) {
+		// Submitted without descriptions: describe here (reads each input once more).
+		h := staging.LoadHashes("")
+		files = nil
+		for _, in := range m.Inputs {
+			f, err := h.Describe(ctx, in)
+			if err != nil {
+				return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
+			}
+			files = append(files, f)
+		}
+	}
+	staged, err := st.Stage(ctx, files, cls.Scratch)
+	if err != nil {
+		w.admission(m.Run, m.ID, m.Class, "stage-failed", err.Error())
+		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
+	}
+	if len(files) == 1 && files[0].Pack {
+		// Many small inputs came as one pack: unpack a verified working copy.
+		dir := unpackDir
+		if err := os.MkdirAll(dir, 0o755); err == nil {
+			staged.Paths, err = staging.Unpack(ctx, staged.Paths[0], dir)
+		}
+		if err != nil {
+			staged.Release()
+			return nil, result{outcome: stream.OutcomeStage, reason: "unpack: " + err.Error()}
+		}
+	}
+	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
+	at.StageSeconds = staged.Stats.Seconds
+	w.stagingLog(m, a.attempt, staged.Stats)
+	return staged, result{}
+}
+
+// stagingLog appends one line per staging to runs/<run>/staging.jsonl.
+func (w *Worker) stagingLog(m *stream.ShardMsg, attempt int, s staging.Stats) {
+	line, _ := json.Marshal(struct {
+		Time    time.Time     `json:"time"`
+		Worker  string        `json:"worker"`
+		Shard   string        `json:"shard"`
+		Attempt int           `json:"attempt"`
+		Stats   staging.Stats `json:"stats"`
+	}{time.Now().UTC(), w.cfg.Name, m.ID, attempt, s})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f, err := os.OpenFile(filepath.Join(w.evidenceDir(m.Run), "staging.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	f.Write(append(line, '\n'))
+}
+
 // heartbeat keeps the message in progress and the lease renewed at a third
 // of the TTL; it closes lost when the lease cannot be renewed.
 func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, l *lease, lost chan<- struct{}) {
@@ -353,7 +467,8 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	if res.outcome == stream.OutcomeOK {
 		err := w.ensureHeld(ctx, l)
 		if err == nil {
-			err = w.commit(ctx, a, v, l.rec.Owner)
+			t := time.Now()
+			err = w.commit(ctx, a, v, l.rec.Owner, t)
 		}
 		if err == nil {
 			w.admission(m.Run, m.ID, class, "validated", fmt.Sprintf("attempt %d in %.3fs, output %s", a.attempt, res.duration.Seconds(), a.rec.Output.Checksum))
@@ -422,7 +537,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 // this attempt won the shard's commit in the checkpoints bucket; a loser
 // discards its copy. A previous output that does not verify is kept aside
 // under .shardpool/replaced for inspection.
-func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, owner stream.Owner) error {
+func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, owner stream.Owner, start time.Time) error {
 	spec := &a.run.Spec
 	dst := filepath.Join(spec.Output, a.m.ID)
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
@@ -445,6 +560,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	}
 	mk := p.Marker
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
+	a.rec.Attempts[len(a.rec.Attempts)-1].CommitSeconds = time.Since(start).Seconds()
 	return w.finish(ctx, a, stream.ShardValidated, "", nil)
 }
 

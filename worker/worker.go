@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -45,6 +46,10 @@ type Config struct {
 	ReportEvery time.Duration
 	// ProcRoot is where /proc is read from (boot id, vmstat). Default "/proc".
 	ProcRoot string
+	// Staging bounds input staging on this host (used by classes with
+	// stage = true): concurrent copies, bytes per second, bytes of staged
+	// files kept for later shards. Its Dir defaults to Scratch/stage.
+	Staging staging.Config
 	// Probe measures the host for the worker's reports. Default: the real
 	// host (probe.New with zero Config).
 	Probe *probe.Prober
@@ -86,7 +91,11 @@ type Worker struct {
 	logs    map[string]*os.File
 	runs    map[string]*stream.RunRecord
 	dirs    map[string]bool
-	started time.Time
+
+	stageOnce sync.Once
+	stager    *staging.Stager
+	stageErr  error
+	started   time.Time
 }
 
 // New validates cfg; it does no I/O.
@@ -175,7 +184,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.boot = bootID(w.cfg.ProcRoot)
 	w.pid = os.Getpid()
 	w.env = environ()
-	b, err := stream.OpenBuckets(ctx, w.cfg.JetStream)
+	b, err := stream.WaitBuckets(ctx, w.cfg.JetStream, 15*time.Second)
 	if err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
 	}
@@ -442,4 +451,26 @@ func (w *Worker) backoff(attempt int) time.Duration {
 		d *= 2
 	}
 	return min(d, w.cfg.BackoffMax)
+}
+
+// stagerFor creates the host's stager on first use and refuses scratch that
+// is not local storage.
+func (w *Worker) stagerFor(ctx context.Context) (*staging.Stager, error) {
+	w.stageOnce.Do(func() {
+		cfg := w.cfg.Staging
+		if cfg.Dir == "" {
+			cfg.Dir = filepath.Join(w.cfg.Scratch, "stage")
+		}
+		if cfg.Probe == nil {
+			cfg.Probe = w.cfg.Probe
+		}
+		if cfg.Logger == nil {
+			cfg.Logger = w.log
+		}
+		w.stager, w.stageErr = staging.New(cfg)
+		if w.stageErr == nil {
+			w.stageErr = w.stager.Check(ctx)
+		}
+	})
+	return w.stager, w.stageErr
 }

@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
 )
 
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -38,7 +41,8 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer nc.Close()
 	resume := fmt.Sprintf("shardpool submit --server %s %s", shellQuote(*server), shellQuote(spec.SpecPath))
 	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", shellQuote(*server), shellQuote(spec.SpecPath))
-	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd})
+	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd,
+		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json"))})
 	if err != nil {
 		return err
 	}

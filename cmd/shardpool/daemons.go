@@ -71,6 +71,8 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	data := fs.String("data", worker.DefaultStateDir(), "where this worker writes evidence (runs/<run>/)")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	verbose := fs.Bool("v", false, "debug logs")
+	var sf stagingFlags
+	sf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -85,7 +87,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Scratch: *scratch,
-		StateDir: *data, Grace: *grace, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+		StateDir: *data, Grace: *grace, Staging: sf.config(""), Logger: logger(stderr, *verbose, slog.LevelInfo)})
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
 )
@@ -34,6 +35,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>)")
 	quiet := fs.Bool("quiet", false, "no progress display")
 	verbose := fs.Bool("v", false, "debug logs")
+	var sf stagingFlags
+	sf.register(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -66,7 +69,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	retry := fmt.Sprintf("shardpool run --data %s --retry-failed %s", shellQuote(absData), shellQuote(spec.SpecPath))
-	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry})
+	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry,
+		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json"))})
 	if err != nil {
 		stopCoord()
 		g.Wait()
@@ -79,7 +83,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
 
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()),
-		Scratch: *scratch, StateDir: absData, Grace: *grace, Logger: log})
+		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), Logger: log})
 	if err != nil {
 		stopCoord()
 		g.Wait()

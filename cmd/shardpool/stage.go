@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/staging"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
+)
+
+// sizeFlag is a size with units ("100MiB"); 0 means none.
+type sizeFlag int64
+
+func (s *sizeFlag) String() string { return fmt.Sprint(int64(*s)) }
+
+func (s *sizeFlag) Set(v string) error {
+	n, err := stream.ParseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = sizeFlag(n)
+	return nil
+}
+
+// stagingFlags are the per-host staging bounds shared by run, worker and stage.
+type stagingFlags struct {
+	concurrency int
+	bwlimit     sizeFlag
+	cache       sizeFlag
+}
+
+func (f *stagingFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.concurrency, "stage-concurrency", 2, "input copies at once on this host (independent of slots)")
+	fs.Var(&f.bwlimit, "stage-bwlimit", "bytes per second for staging on this host, e.g. 200MiB (0: unbounded)")
+	fs.Var(&f.cache, "stage-cache", "bytes of staged inputs kept for later shards, e.g. 20GiB (0: removed after each shard)")
+}
+
+func (f *stagingFlags) config(dir string) staging.Config {
+	return staging.Config{Dir: dir, Concurrency: f.concurrency, BytesPerSec: int64(f.bwlimit), CacheBytes: int64(f.cache)}
+}
+
+// StageReport is staging.json.
+type StageReport struct {
+	Run     string        `json:"run"`
+	Scratch string        `json:"scratch"`
+	Shards  int           `json:"shards"`
+	Total   staging.Stats `json:"total"`
+	Written time.Time     `json:"written"`
+}
+
+func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("stage", "shardpool stage [--scratch DIR] [--stage-bwlimit SIZE] [--stage-concurrency N] [--json] SPEC", stderr)
+	scratch := fs.String("scratch", filepath.Join(os.TempDir(), "shardpool-"+worker.DefaultName(), "stage"), "local scratch to stage into (the worker's default)")
+	data := fs.String("data", worker.DefaultStateDir(), "state directory: input checksum cache and evidence")
+	asJSON := fs.Bool("json", false, "print staging.json")
+	var sf stagingFlags
+	sf.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	spec, man, err := loadRun(pos[0])
+	if err != nil {
+		return err
+	}
+	cfg := sf.config(*scratch)
+	if cfg.CacheBytes == 0 {
+		// Staging ahead of a run keeps what it staged.
+		cfg.CacheBytes = 1 << 62
+	}
+	st, err := staging.New(cfg)
+	if err != nil {
+		return err
+	}
+	if err := st.Check(ctx); err != nil {
+		return err
+	}
+	hashes := staging.LoadHashes(filepath.Join(*data, "inputs-cache.json"))
+	rep := StageReport{Run: spec.Name, Scratch: *scratch}
+	start := time.Now()
+	for _, sh := range man.Shards {
+		var files []stream.InputFile
+		for _, in := range sh.Inputs {
+			f, err := hashes.Describe(ctx, in)
+			if err != nil {
+				return fmt.Errorf("%s line %d: %w", man.Path, sh.Line, err)
+			}
+			files = append(files, f)
+		}
+		staged, err := st.Stage(ctx, files, 0)
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", sh.ID, err)
+		}
+		s := staged.Stats
+		rep.Shards++
+		rep.Total.Files += s.Files
+		rep.Total.Bytes += s.Bytes
+		rep.Total.Copied += s.Copied
+		rep.Total.Resumed += s.Resumed
+		rep.Total.Reused += s.Reused
+		rep.Total.Refetched += s.Refetched
+		rep.Total.VerifySeconds += s.VerifySeconds
+		staged.Release()
+	}
+	if err := hashes.Save(); err != nil {
+		return err
+	}
+	rep.Total.Seconds = time.Since(start).Seconds()
+	if rep.Total.Seconds > 0 {
+		rep.Total.BytesPerSec = float64(rep.Total.Copied) / rep.Total.Seconds
+		rep.Total.FilesPerSec = float64(rep.Total.Files) / rep.Total.Seconds
+	}
+	rep.Written = time.Now().UTC()
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	dir := filepath.Join(*data, "runs", spec.Name)
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		_ = checkpoint.WriteFile(filepath.Join(dir, "staging.json"), append(b, '\n'))
+	}
+	if *asJSON {
+		return writeJSON(stdout, rep)
+	}
+	t := rep.Total
+	fmt.Fprintf(stdout, "staged %d shard(s), %d file(s), %s into %s in %.2fs: %s copied (%s resumed), %d reused after verification, %d re-fetched; %.1f MiB/s, %.0f files/s, verify %.2fs\n",
+		rep.Shards, t.Files, stream.FormatSize(t.Bytes), *scratch, t.Seconds, stream.FormatSize(t.Copied), stream.FormatSize(t.Resumed), t.Reused, t.Refetched,
+		t.BytesPerSec/(1<<20), t.FilesPerSec, t.VerifySeconds)
+	return nil
+}

@@ -1,0 +1,177 @@
+package staging
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// PackManifestName is the first member of a pack: every file with its size
+// and checksum.
+const PackManifestName = ".shardpool-pack.json"
+
+// Packing thresholds: a shard with at least PackMinFiles inputs whose
+// average size is at most PackMaxAvg is staged as one pack.
+const (
+	PackMinFiles = 256
+	PackMaxAvg   = 256 << 10
+)
+
+// ShouldPack reports whether inputs (of total cost bytes) are better staged
+// as one pack: many, small, and with distinct base names.
+func ShouldPack(inputs []string, bytes int64) bool {
+	if len(inputs) < PackMinFiles || bytes/int64(len(inputs)) > PackMaxAvg {
+		return false
+	}
+	seen := make(map[string]bool, len(inputs))
+	for _, in := range inputs {
+		b := filepath.Base(in)
+		if seen[b] {
+			return false
+		}
+		seen[b] = true
+	}
+	return true
+}
+
+// PackEntry is one packed file.
+type PackEntry struct {
+	Name  string `json:"name"`
+	Size  int64  `json:"size"`
+	XXH64 string `json:"xxh64"`
+}
+
+// Pack writes files into one tar stream at dst, manifest first, so that a
+// shard of thousands of small inputs is staged as one sequential read
+// instead of thousands of metadata round trips. Names are the files' base
+// names and must be unique.
+func Pack(ctx context.Context, dst string, files []string) ([]PackEntry, error) {
+	entries := make([]PackEntry, 0, len(files))
+	seen := map[string]bool{}
+	for _, f := range files {
+		name := filepath.Base(f)
+		if seen[name] {
+			return nil, fmt.Errorf("pack %s: two inputs named %s", dst, name)
+		}
+		seen[name] = true
+		size, sum, err := hashPath(f)
+		if err != nil {
+			return nil, fmt.Errorf("pack %s: %w", dst, err)
+		}
+		entries = append(entries, PackEntry{Name: name, Size: size, XXH64: sum})
+	}
+	out, err := os.Create(dst)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	tw := tar.NewWriter(out)
+	man, _ := json.Marshal(entries)
+	if err := tw.WriteHeader(&tar.Header{Name: PackManifestName, Mode: 0o644, Size: int64(len(man))}); err != nil {
+		return nil, err
+	}
+	tw.Write(man)
+	for i, f := range files {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		in, err := os.Open(f)
+		if err != nil {
+			return nil, err
+		}
+		err = tw.WriteHeader(&tar.Header{Name: entries[i].Name, Mode: 0o644, Size: entries[i].Size})
+		if err == nil {
+			_, err = io.Copy(tw, in)
+		}
+		in.Close()
+		if err != nil {
+			return nil, fmt.Errorf("pack %s: %s: %w", dst, f, err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return entries, out.Sync()
+}
+
+// Unpack extracts a pack into dir, verifying every file against the pack's
+// manifest; a member that is missing, extra, escapes dir or does not match
+// fails the whole unpack.
+func Unpack(ctx context.Context, pack, dir string) ([]string, error) {
+	in, err := os.Open(pack)
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	tr := tar.NewReader(in)
+	h, err := tr.Next()
+	if err != nil || h.Name != PackManifestName {
+		return nil, fmt.Errorf("unpack %s: %w: no manifest first", pack, ErrMismatch)
+	}
+	var entries []PackEntry
+	if err := json.NewDecoder(tr).Decode(&entries); err != nil {
+		return nil, fmt.Errorf("unpack %s: manifest: %w", pack, err)
+	}
+	want := map[string]PackEntry{}
+	for _, e := range entries {
+		want[e.Name] = e
+	}
+	var paths []string
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("unpack %s: %w", pack, err)
+		}
+		e, ok := want[h.Name]
+		if !ok || strings.ContainsAny(h.Name, "/\\") || h.Name == ".." {
+			return nil, fmt.Errorf("unpack %s: %w: unexpected member %q", pack, ErrMismatch, h.Name)
+		}
+		delete(want, h.Name)
+		p := filepath.Join(dir, h.Name)
+		out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		// Unpacked files are working copies in scratch, checked against the
+		// pack's manifest here; they are not fsynced one by one (the pack
+		// itself was staged and verified).
+		d := xxhash.New()
+		n, err := io.Copy(io.MultiWriter(out, d), tr)
+		out.Close()
+		if err != nil {
+			return nil, err
+		}
+		if n != e.Size || fmt.Sprintf("%016x", d.Sum64()) != e.XXH64 {
+			return nil, fmt.Errorf("unpack %s: %w: %s", pack, ErrMismatch, h.Name)
+		}
+		paths = append(paths, p)
+	}
+	for name := range want {
+		return nil, fmt.Errorf("unpack %s: %w: %s is missing", pack, ErrMismatch, name)
+	}
+	return paths, nil
+}
+
+func hashPath(p string) (int64, string, error) {
+	in, err := os.Open(p)
+	if err != nil {
+		return 0, "", err
+	}
+	defer in.Close()
+	d := xxhash.New()
+	n, err := io.Copy(d, in)
+	return n, fmt.Sprintf("%016x", d.Sum64()), err
+}

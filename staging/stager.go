@@ -1,0 +1,549 @@
+package staging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// Config configures a Stager. Zero values mean the documented default.
+type Config struct {
+	// Dir is the local scratch directory; staged files live in Dir/cache.
+	// Required.
+	Dir string
+	// Concurrency bounds simultaneous file copies on this host. Default 2.
+	Concurrency int
+	// BytesPerSec bounds the copy rate of this host (all copies together);
+	// 0 means unbounded.
+	BytesPerSec int64
+	// Retries is how many times a file is fetched again after a checksum
+	// mismatch before the shard fails. Default 2.
+	Retries int
+	// CacheBytes is how many bytes of staged files no running shard uses
+	// are kept for later shards. Default 0: removed at release.
+	CacheBytes int64
+	// Probe decides whether Dir is local storage. Default: the real host.
+	Probe *probe.Prober
+	// Free reports the bytes available at Dir. Default: statfs.
+	Free func(dir string) (int64, error)
+	// Logger receives structured logs; default discards.
+	Logger *slog.Logger
+}
+
+// Stager stages inputs for the shards of one host.
+type Stager struct {
+	cfg     Config
+	sem     chan struct{}
+	limiter *rate.Limiter
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	reserved int64
+	entries  map[string]*entry // by cache key
+}
+
+type entry struct {
+	mu       sync.Mutex // held while the file is verified or copied
+	path     string
+	size     int64
+	refs     int
+	lastUsed time.Time
+	ready    bool
+}
+
+// New validates cfg; it does no I/O (call Check before staging).
+func New(cfg Config) (*Stager, error) {
+	if cfg.Dir == "" {
+		return nil, fmt.Errorf("%w: Dir is required", ErrConfig)
+	}
+	abs, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Dir: %v", ErrConfig, err)
+	}
+	cfg.Dir = abs
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 2
+	}
+	if cfg.BytesPerSec < 0 || cfg.Retries < 0 || cfg.CacheBytes < 0 {
+		return nil, fmt.Errorf("%w: BytesPerSec, Retries and CacheBytes cannot be negative", ErrConfig)
+	}
+	if cfg.Retries == 0 {
+		cfg.Retries = 2
+	}
+	if cfg.Free == nil {
+		cfg.Free = statfsFree
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Stager{cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), log: cfg.Logger.With("component", "staging"), entries: map[string]*entry{}}
+	if cfg.BytesPerSec > 0 {
+		s.limiter = rate.NewLimiter(rate.Limit(cfg.BytesPerSec), int(min(cfg.BytesPerSec, 1<<20)))
+	}
+	return s, nil
+}
+
+func statfsFree(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+// Check refuses scratch that is network storage or whose locality cannot
+// be told (probing Dir, or its nearest existing ancestor), and only then
+// creates the cache directory.
+func (s *Stager) Check(ctx context.Context) error {
+	pr := s.cfg.Probe
+	if pr == nil {
+		var err error
+		if pr, err = probe.New(probe.Config{}); err != nil {
+			return err
+		}
+	}
+	snap, err := pr.Snapshot(ctx, map[string]string{"scratch": s.cfg.Dir})
+	if err != nil {
+		return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
+	}
+	pi := snap.Storage[0]
+	if pi.Unknown != "" && errors.Is(errNotExist(pi.Unknown), fs.ErrNotExist) {
+		// Not created yet: judge the directory it will be created in.
+		parent := filepath.Dir(s.cfg.Dir)
+		for parent != "/" {
+			snap, err = pr.Snapshot(ctx, map[string]string{"scratch": parent})
+			if err == nil && !strings.Contains(snap.Storage[0].Unknown, "no such file") {
+				break
+			}
+			parent = filepath.Dir(parent)
+		}
+		if err != nil {
+			return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
+		}
+		pi = snap.Storage[0]
+	}
+	switch {
+	case pi.Unknown != "":
+		return fmt.Errorf("staging scratch %s: %w: cannot probe it: %s", s.cfg.Dir, ErrNetworkScratch, pi.Unknown)
+	case pi.Locality == probe.Network:
+		return fmt.Errorf("staging scratch %s: %w: it resolves to %s on %s%s (%s, mounted at %s); use a local disk", s.cfg.Dir, ErrNetworkScratch, pi.Resolved, pi.Type, subtype(pi.Subtype), pi.Source, pi.MountPoint)
+	case pi.Locality != probe.Local:
+		return fmt.Errorf("staging scratch %s: %w: cannot tell whether %s%s at %s is local", s.cfg.Dir, ErrNetworkScratch, pi.Type, subtype(pi.Subtype), pi.MountPoint)
+	}
+	if err := os.MkdirAll(filepath.Join(s.cfg.Dir, "cache"), 0o755); err != nil {
+		return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
+	}
+	return nil
+}
+
+// errNotExist turns a probe's "no such file" reason back into fs.ErrNotExist.
+func errNotExist(reason string) error {
+	if strings.Contains(reason, "no such file or directory") {
+		return fs.ErrNotExist
+	}
+	return errors.New(reason)
+}
+
+func subtype(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "." + s
+}
+
+// Stats are one staging's measurements, written to the evidence folder.
+type Stats struct {
+	Files         int     `json:"files"`
+	Bytes         int64   `json:"bytes"`
+	Copied        int64   `json:"copied"`
+	Resumed       int64   `json:"resumed_bytes"`
+	Reused        int     `json:"reused"`
+	Refetched     int     `json:"refetched"`
+	Seconds       float64 `json:"seconds"`
+	VerifySeconds float64 `json:"verify_seconds"`
+	BytesPerSec   float64 `json:"bytes_per_sec"`
+	FilesPerSec   float64 `json:"files_per_sec"`
+}
+
+// Staged is a shard's staged inputs; Release them after the shard ends.
+type Staged struct {
+	Paths    []string
+	Stats    Stats
+	s        *Stager
+	keys     []string
+	reserved int64
+	once     sync.Once
+}
+
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+func key(f stream.InputFile) string {
+	return fmt.Sprintf("%s-%d-%s", f.XXH64, f.Size, unsafeChars.ReplaceAllString(filepath.Base(f.Path), "_"))
+}
+
+// Stage copies files to local scratch (or reuses verified copies) and
+// returns their local paths in order. extra is the space the shard needs
+// besides its inputs (expected output and checkpoints); it is reserved
+// until Release.
+func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int64) (*Staged, error) {
+	start := time.Now()
+	st := &Staged{s: s, Paths: make([]string, len(files))}
+	need := extra
+	s.mu.Lock()
+	for _, f := range files {
+		k := key(f)
+		if e := s.entries[k]; e == nil || !e.ready {
+			need += f.Size
+		}
+	}
+	free, err := s.cfg.Free(s.cfg.Dir)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("stage: free space of %s: %w", s.cfg.Dir, err)
+	}
+	if need > free-s.reserved {
+		free += s.freeUpLocked(need - (free - s.reserved))
+	}
+	if need > free-s.reserved {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("stage: %w: the shard needs %s (inputs not yet staged plus %s declared scratch), %s is free at %s and %s is reserved by other shards",
+			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved))
+	}
+	s.reserved += need
+	st.reserved = need
+	for _, f := range files {
+		k := key(f)
+		e := s.entries[k]
+		if e == nil {
+			e = &entry{path: filepath.Join(s.cfg.Dir, "cache", k, filepath.Base(f.Path)), size: f.Size}
+			s.entries[k] = e
+		}
+		e.refs++
+		e.lastUsed = time.Now()
+		st.keys = append(st.keys, k)
+	}
+	s.mu.Unlock()
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for i, f := range files {
+		k := st.keys[i]
+		st.Paths[i] = s.entries[k].path
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.stageOne(ctx, f, k)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			st.Stats.Copied += r.copied
+			st.Stats.Resumed += r.resumed
+			st.Stats.VerifySeconds += r.verify.Seconds()
+			st.Stats.Refetched += r.refetched
+			if r.reused {
+				st.Stats.Reused++
+			}
+		}()
+	}
+	wg.Wait()
+	for _, f := range files {
+		st.Stats.Files++
+		st.Stats.Bytes += f.Size
+	}
+	st.Stats.Seconds = time.Since(start).Seconds()
+	if st.Stats.Seconds > 0 {
+		st.Stats.BytesPerSec = float64(st.Stats.Copied) / st.Stats.Seconds
+		st.Stats.FilesPerSec = float64(st.Stats.Files) / st.Stats.Seconds
+	}
+	if firstErr != nil {
+		st.Release()
+		return nil, firstErr
+	}
+	return st, nil
+}
+
+type oneResult struct {
+	copied, resumed int64
+	refetched       int
+	reused          bool
+	verify          time.Duration
+}
+
+// stageOne makes the cache entry k hold a verified copy of f.
+func (s *Stager) stageOne(ctx context.Context, f stream.InputFile, k string) (oneResult, error) {
+	var r oneResult
+	s.sem <- struct{}{}
+	defer func() { <-s.sem }()
+	s.mu.Lock()
+	e := s.entries[k]
+	s.mu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.mu.Lock()
+	ready := e.ready
+	s.mu.Unlock()
+	dst := e.path
+	if ready || fileExists(dst) {
+		t := time.Now()
+		err := verifyFile(dst, f)
+		r.verify = time.Since(t)
+		if err == nil {
+			r.reused = true
+			s.markReady(k)
+			return r, nil
+		}
+		s.log.Warn("staged copy failed verification; fetching again", "file", dst, "err", err)
+		os.Remove(dst)
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return r, fmt.Errorf("stage %s: %w", f.Path, err)
+	}
+	var err error
+	for attempt := 0; attempt <= s.cfg.Retries; attempt++ {
+		if attempt > 0 {
+			r.refetched++
+		}
+		var c, res int64
+		c, res, err = s.copyFile(ctx, f, dst)
+		r.copied += c
+		r.resumed += res
+		if err == nil {
+			s.markReady(k)
+			return r, nil
+		}
+		if !errors.Is(err, ErrMismatch) {
+			return r, fmt.Errorf("stage %s: %w", f.Path, err)
+		}
+		os.Remove(dst + ".part")
+	}
+	return r, fmt.Errorf("stage %s: %w after %d fetches: the source changed since it was submitted or is corrupt (%v)", f.Path, ErrMismatch, s.cfg.Retries+1, err)
+}
+
+func (s *Stager) markReady(k string) {
+	s.mu.Lock()
+	s.entries[k].ready = true
+	s.mu.Unlock()
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// verifyFile reads p and checks size and checksum.
+func verifyFile(p string, f stream.InputFile) error {
+	in, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	ch := newChunker(nil)
+	if _, err := io.Copy(ch, in); err != nil {
+		return err
+	}
+	_, whole := ch.finish()
+	if ch.n != f.Size || whole != f.XXH64 {
+		return fmt.Errorf("%w: %s has %d bytes xxh64 %s, want %d bytes xxh64 %s", ErrMismatch, p, ch.n, whole, f.Size, f.XXH64)
+	}
+	return nil
+}
+
+// copyFile copies f to dst through dst.part, resuming from the verified
+// prefix of an existing .part. It returns bytes copied now and bytes kept.
+func (s *Stager) copyFile(ctx context.Context, f stream.InputFile, dst string) (copied, resumed int64, err error) {
+	part := dst + ".part"
+	ch := newChunker(f.Chunks)
+	offset, err := verifiedPrefix(part, f, ch)
+	if err != nil {
+		return 0, 0, err
+	}
+	out, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		if out != nil {
+			out.Close()
+		}
+	}()
+	if err := out.Truncate(offset); err != nil {
+		return 0, 0, err
+	}
+	if _, err := out.Seek(offset, io.SeekStart); err != nil {
+		return 0, 0, err
+	}
+	in, err := os.Open(f.Path)
+	if err != nil {
+		return 0, offset, err
+	}
+	defer in.Close()
+	if _, err := in.Seek(offset, io.SeekStart); err != nil {
+		return 0, offset, err
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		if err := ctx.Err(); err != nil {
+			return copied, offset, err
+		}
+		n, rerr := in.Read(buf)
+		if n > 0 {
+			if s.limiter != nil {
+				if err := s.limiter.WaitN(ctx, n); err != nil {
+					return copied, offset, err
+				}
+			}
+			if _, err := ch.Write(buf[:n]); err != nil {
+				return copied, offset, err
+			}
+			if _, err := out.Write(buf[:n]); err != nil {
+				return copied, offset, err
+			}
+			copied += int64(n)
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return copied, offset, rerr
+		}
+	}
+	_, whole := ch.finish()
+	if ch.n != f.Size || whole != f.XXH64 {
+		return copied, offset, fmt.Errorf("%w: read %d bytes xxh64 %s, recorded %d bytes xxh64 %s", ErrMismatch, ch.n, whole, f.Size, f.XXH64)
+	}
+	if err := out.Sync(); err != nil {
+		return copied, offset, err
+	}
+	if err := out.Close(); err != nil {
+		out = nil
+		return copied, offset, err
+	}
+	out = nil
+	// No directory fsync after the rename: a staged file is verified
+	// against its checksum before any later reuse, so a rename lost in a
+	// crash costs a copy, never a wrong input.
+	if err := os.Rename(part, dst); err != nil {
+		return copied, offset, err
+	}
+	return copied, offset, nil
+}
+
+// verifiedPrefix hashes the whole chunks of an existing .part and returns
+// how many bytes of it match f's recorded chunks; those bytes are fed to ch.
+func verifiedPrefix(part string, f stream.InputFile, ch *chunker) (int64, error) {
+	in, err := os.Open(part)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	buf := make([]byte, ChunkSize)
+	var good int64
+	for i := 0; i < len(f.Chunks) && good+ChunkSize <= f.Size; i++ {
+		n, err := io.ReadFull(in, buf)
+		if n < ChunkSize || err != nil {
+			break
+		}
+		probe := newChunker(nil)
+		probe.Write(buf)
+		sums, _ := probe.finish()
+		if sums[0] != f.Chunks[i] {
+			break
+		}
+		ch.Write(buf)
+		good += ChunkSize
+	}
+	return good, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Release returns the shard's reservation and references; unreferenced
+// staged files beyond the cache cap are removed, least recently used first.
+func (st *Staged) Release() {
+	st.once.Do(func() {
+		s := st.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.reserved -= st.reserved
+		for _, k := range st.keys {
+			if e := s.entries[k]; e != nil {
+				e.refs--
+				e.lastUsed = time.Now()
+			}
+		}
+		s.evictLocked()
+	})
+}
+
+// freeUpLocked removes idle staged files, least recently used first, until
+// at least want bytes are freed or none is left; it returns bytes freed.
+func (s *Stager) freeUpLocked(want int64) int64 {
+	var freed int64
+	for _, x := range s.idleLocked() {
+		if freed >= want {
+			break
+		}
+		os.RemoveAll(filepath.Dir(x.e.path))
+		delete(s.entries, x.k)
+		freed += x.e.size
+	}
+	return freed
+}
+
+type keyed struct {
+	k string
+	e *entry
+}
+
+func (s *Stager) idleLocked() []keyed {
+	var idle []keyed
+	for k, e := range s.entries {
+		if e.refs == 0 {
+			idle = append(idle, keyed{k, e})
+		}
+	}
+	sort.Slice(idle, func(i, j int) bool { return idle[i].e.lastUsed.Before(idle[j].e.lastUsed) })
+	return idle
+}
+
+func (s *Stager) evictLocked() {
+	idle := s.idleLocked()
+	var kept int64
+	for _, x := range idle {
+		kept += x.e.size
+	}
+	for _, x := range idle {
+		if kept <= s.cfg.CacheBytes {
+			break
+		}
+		os.RemoveAll(filepath.Dir(x.e.path))
+		delete(s.entries, x.k)
+		kept -= x.e.size
+	}
+}

@@ -1,0 +1,238 @@
+package staging_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/staging"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+func randomFile(t *testing.T, dir, name string, size int) string {
+	t.Helper()
+	b := make([]byte, size)
+	rand.Read(b)
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func newStager(t *testing.T, cfg staging.Config) *staging.Stager {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	s, err := staging.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func describe(t *testing.T, paths ...string) []stream.InputFile {
+	t.Helper()
+	h := staging.LoadHashes("")
+	var out []stream.InputFile
+	for _, p := range paths {
+		f, err := h.Describe(context.Background(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func TestStageVerifiesAndShares(t *testing.T) {
+	src := t.TempDir()
+	a := randomFile(t, src, "a.bin", 3*staging.ChunkSize+123)
+	b := randomFile(t, src, "b.txt", 10)
+	s := newStager(t, staging.Config{CacheBytes: 1 << 30})
+	files := describe(t, a, b)
+	st, err := s.Stage(context.Background(), files, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Stats.Copied != files[0].Size+files[1].Size || filepath.Base(st.Paths[0]) != "a.bin" {
+		t.Fatalf("first stage: copied %d to %v", st.Stats.Copied, st.Paths)
+	}
+	// A second shard with the same input reuses the verified copy.
+	st2, err := s.Stage(context.Background(), files[:1], 0)
+	if err != nil || st2.Stats.Copied != 0 || st2.Stats.Reused != 1 || st2.Paths[0] != st.Paths[0] {
+		t.Fatalf("second stage: %+v %v, want a verified reuse", st2.Stats, err)
+	}
+	st.Release()
+	st2.Release()
+}
+
+func TestCorruptCopyIsRefetchedAndCorruptSourceFails(t *testing.T) {
+	src := t.TempDir()
+	a := randomFile(t, src, "a.bin", 2*staging.ChunkSize+7)
+	s := newStager(t, staging.Config{CacheBytes: 1 << 30})
+	files := describe(t, a)
+	st, err := s.Stage(context.Background(), files, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Release()
+	// Damage the staged copy: the next stage detects it and copies again.
+	f, _ := os.OpenFile(st.Paths[0], os.O_WRONLY, 0)
+	f.WriteAt([]byte{0xff, 0xfe}, 100)
+	f.Close()
+	st, err = s.Stage(context.Background(), files, 0)
+	if err != nil || st.Stats.Copied != files[0].Size || st.Stats.Reused != 0 {
+		t.Fatalf("after damaging the copy: %+v %v, want a fresh copy", st.Stats, err)
+	}
+	st.Release()
+	// Change the source after it was described: every fetch mismatches.
+	g, _ := os.OpenFile(a, os.O_WRONLY, 0)
+	g.WriteAt([]byte("changed"), staging.ChunkSize+5)
+	g.Close()
+	s2 := newStager(t, staging.Config{Retries: 2})
+	_, err = s2.Stage(context.Background(), files, 0)
+	if !errors.Is(err, staging.ErrMismatch) || !strings.Contains(err.Error(), "3 fetches") || !strings.Contains(err.Error(), "a.bin") {
+		t.Fatalf("corrupt source: got %v, want a mismatch after 3 fetches naming the file", err)
+	}
+}
+
+func TestDiskThatWouldFillIsRefusedBeforeCopying(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "small")
+	testenv.SmallTmpfs(t, dir, "1m")
+	src := t.TempDir()
+	big := randomFile(t, src, "big.bin", 2<<20)
+	s := newStager(t, staging.Config{Dir: dir})
+	_, err := s.Stage(context.Background(), describe(t, big), 0)
+	if !errors.Is(err, staging.ErrNoSpace) || !strings.Contains(err.Error(), "2.0MiB") {
+		t.Fatalf("got %v, want ErrNoSpace naming the 2MiB need", err)
+	}
+	small := randomFile(t, src, "small.bin", 100<<10)
+	if _, err := s.Stage(context.Background(), describe(t, small), 4<<20); !errors.Is(err, staging.ErrNoSpace) {
+		t.Fatalf("declared scratch beyond the disk: got %v, want ErrNoSpace", err)
+	}
+	var parts []string
+	filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() {
+			parts = append(parts, p)
+		}
+		return nil
+	})
+	if len(parts) != 0 {
+		t.Fatalf("files written before the refusal: %v", parts)
+	}
+}
+
+// fixtureStatFS types the probe fixture's mounts by statfs magic.
+type fixtureStatFS struct{ root string }
+
+func (f fixtureStatFS) Statfs(p string) (probe.Statfs, error) {
+	magic := int64(0xEF53)
+	if strings.HasPrefix(p, filepath.Join(f.root, "home")) {
+		magic = 0x6969
+	}
+	return probe.Statfs{Type: magic, Bsize: 4096, Blocks: 100, Bavail: 100, Files: 10, Ffree: 10}, nil
+}
+
+func TestScratchThroughSymlinkOnNFSIsRefused(t *testing.T) {
+	root, _ := filepath.Abs("../worker/probe/testdata/v2")
+	pr, err := probe.New(probe.Config{Root: root, StatFS: fixtureStatFS{root}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// /data is a symlink to /home/alice/data, on NFS in the fixture's mountinfo.
+	s, err := staging.New(staging.Config{Dir: "/data", Probe: pr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Check(context.Background())
+	if !errors.Is(err, staging.ErrNetworkScratch) || !strings.Contains(err.Error(), "nfs4") || !strings.Contains(err.Error(), "/home/alice/data") {
+		t.Fatalf("got %v, want ErrNetworkScratch naming nfs4 and the resolved path", err)
+	}
+	if _, err := os.Stat("/data/cache"); err == nil {
+		t.Fatal("Check created a directory before refusing")
+	}
+}
+
+func TestPackRoundTrip(t *testing.T) {
+	src := t.TempDir()
+	var files []string
+	for i := range 500 {
+		files = append(files, randomFile(t, src, fmt.Sprintf("f%03d.dat", i), 1+i*7))
+	}
+	pack := filepath.Join(t.TempDir(), "shard.tar")
+	entries, err := staging.Pack(context.Background(), pack, files)
+	if err != nil || len(entries) != 500 {
+		t.Fatalf("pack: %d entries, %v", len(entries), err)
+	}
+	out := t.TempDir()
+	paths, err := staging.Unpack(context.Background(), pack, out)
+	if err != nil || len(paths) != 500 {
+		t.Fatalf("unpack: %d files, %v", len(paths), err)
+	}
+	for i, p := range paths {
+		a, _ := os.ReadFile(files[i])
+		b, _ := os.ReadFile(p)
+		if string(a) != string(b) {
+			t.Fatalf("%s differs after the round trip", p)
+		}
+	}
+	// A damaged pack is refused.
+	f, _ := os.OpenFile(pack, os.O_WRONLY, 0)
+	info, _ := f.Stat()
+	f.WriteAt([]byte("XXXX"), info.Size()/2)
+	f.Close()
+	if _, err := staging.Unpack(context.Background(), pack, t.TempDir()); !errors.Is(err, staging.ErrMismatch) {
+		t.Fatalf("damaged pack: got %v, want ErrMismatch", err)
+	}
+}
+
+// TestInterruptedCopyResumes SIGKILLs `shardpool stage` mid-file and checks
+// that the next run keeps the verified prefix of the .part.
+func TestInterruptedCopyResumes(t *testing.T) {
+	src := t.TempDir()
+	randomFile(t, src, "big.bin", 5*staging.ChunkSize+999)
+	os.WriteFile(filepath.Join(src, "manifest.jsonl"), []byte(`{"id":"a","inputs":["big.bin"]}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte("name = \"st\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"true\"]\ncode_rev = \"x\"\nstage = true\n"), 0o644)
+	scratch, data := t.TempDir(), t.TempDir()
+	args := []string{"stage", "--scratch", scratch, "--data", data, "--json", filepath.Join(src, "shardpool.toml")}
+	p := testenv.Start(t, append(args[:1:1], append([]string{"--stage-bwlimit", "16MiB"}, args[1:]...)...)...)
+	// At 16 MiB/s, two 8 MiB chunks are in the .part after about a second.
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		matches, _ := filepath.Glob(filepath.Join(scratch, "cache", "*", "*.part"))
+		if len(matches) == 0 {
+			return false, "no .part yet"
+		}
+		info, err := os.Stat(matches[0])
+		return err == nil && info.Size() > 2*staging.ChunkSize+staging.ChunkSize/2, "part too small"
+	})
+	p.Signal(syscall.SIGKILL)
+	p.Wait(t, 10*time.Second)
+	p = testenv.Start(t, args...)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("second stage: exit %d\n%s", code, p.Output())
+	}
+	var rep struct {
+		Total staging.Stats `json:"total"`
+	}
+	if err := json.Unmarshal([]byte(p.Output()), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, p.Output())
+	}
+	if rep.Total.Resumed < 2*staging.ChunkSize || rep.Total.Copied+rep.Total.Resumed != 5*staging.ChunkSize+999 {
+		t.Fatalf("resume: kept %d bytes and copied %d, want at least 2 chunks kept and the rest copied", rep.Total.Resumed, rep.Total.Copied)
+	}
+}
