@@ -231,3 +231,32 @@ func TestNatsCLIAgreesWithStatus(t *testing.T) {
 		t.Fatalf("nats kv info %s: max_age %v, want the 3s lease TTL", stream.BucketLeases, kvInfo["config"])
 	}
 }
+
+// TestImpossibleShardBlocksBeforeQueuing: a class that needs more memory
+// than this host has makes `run` BLOCKED before anything is queued.
+func TestImpossibleShardBlocksBeforeQueuing(t *testing.T) {
+	data := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"true"},
+		Extra: "[class.huge]\ncpus = 1\nmemory = \"64TiB\"\n",
+		Line: func(i int, in string) string {
+			if i == 1 {
+				return `{"id":"giant","inputs":["` + in + `"],"class":"huge"}`
+			}
+			return `{"id":"s` + string(rune('0'+i)) + `","inputs":["` + in + `"]}`
+		}})
+	p := testenv.Start(t, "run", "--data", data, spec)
+	if code := p.Wait(t, 30*time.Second); code != 3 {
+		t.Fatalf("exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	for _, want := range []string{"BLOCKED before queuing", "giant", "memory", "no worker here can ever run it"} {
+		if !strings.Contains(p.Output(), want) {
+			t.Errorf("output lacks %q:\n%s", want, p.Output())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(data, "runs", "t", "plan.json")); err != nil {
+		t.Errorf("plan.json: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(data, "jetstream")); err == nil {
+		t.Errorf("a JetStream store was created: something was queued")
+	}
+}

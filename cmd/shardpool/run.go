@@ -53,6 +53,16 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	// Plan before anything is queued: a shard no host here can ever run
+	// makes the run BLOCKED now rather than pending forever.
+	pl, err := makePlan(ctx, spec, man, absData)
+	if err != nil {
+		return err
+	}
+	if pl.Blocked != "" {
+		printPlan(stdout, pl)
+		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED before queuing: " + pl.Blocked}
+	}
 	log := logger(stderr, *verbose, slog.LevelWarn)
 	coord, err := coordinator.New(coordinator.Config{DataDir: absData, Listen: *listen, HTTP: *httpAddr,
 		NoSync: *noSync, LeaseTTL: *leaseTTL, Logger: log})

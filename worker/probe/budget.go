@@ -18,11 +18,20 @@ type Line struct {
 }
 
 // Budget is the effective budget per resource. CPU is in millicores.
+// Hard is capacity rather than headroom (MemTotal instead of MemAvailable,
+// every healthy GPU whether busy or not, the largest device's memory): a
+// shard beyond Hard can never run here, while one beyond the budget may run
+// once other work ends.
 type Budget struct {
 	CPU    Line `json:"cpu_millicores"`
 	Memory Line `json:"memory"`
 	GPUs   Line `json:"gpus"`
 	VRAM   Line `json:"vram"`
+	Hard   struct {
+		Memory Line `json:"memory"`
+		GPUs   Line `json:"gpus"`
+		VRAM   Line `json:"vram_per_shard"`
+	} `json:"hard"`
 }
 
 func line(reserve int64, limits ...Limit) Line {
@@ -74,6 +83,21 @@ func (p *Prober) budget(s *Snapshot) Budget {
 	b.Memory = line(pol.ReserveMemory, mem...)
 	b.GPUs = line(0, gpus...)
 	b.VRAM = line(pol.ReserveVRAM, vram...)
+	hardMem := append([]Limit{{"host MemTotal", s.Host.MemTotal}}, mem[1:]...)
+	b.Hard.Memory = line(pol.ReserveMemory, hardMem...)
+	healthy, largest := s.GPUs.Count, s.GPUs.VRAM
+	if healthy.IsKnown() {
+		n, big := int64(0), int64(0)
+		for _, d := range s.GPUs.Devices {
+			if d.Error == "" && !d.RemapFailed {
+				n++
+				big = max(big, d.MemTotal)
+			}
+		}
+		healthy, largest = Known(n, "nvml: healthy devices, busy or not"), Known(big, "nvml: largest healthy device")
+	}
+	b.Hard.GPUs = line(0, append([]Limit{{"healthy GPUs", healthy}}, gpus[1:]...)...)
+	b.Hard.VRAM = line(pol.ReserveVRAM, Limit{"largest GPU", largest}, Limit{"policy", pol.VRAM})
 	return b
 }
 

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// makePlan plans the run on this host and writes plan.json to its evidence.
+func makePlan(ctx context.Context, spec *stream.Spec, man *stream.Manifest, data string) (*plan.Plan, error) {
+	pr, err := probe.New(probe.Config{})
+	if err != nil {
+		return nil, err
+	}
+	snap, err := pr.Snapshot(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(data, "runs", spec.Name)
+	prof, err := plan.LoadProfile(filepath.Join(dir, "profile.json"))
+	if err != nil {
+		return nil, err
+	}
+	p := plan.Make(spec, man, snap.Hostname, plan.FromProbe(snap.Budget), plan.HardFromProbe(snap.Budget), prof)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	b, _ := json.MarshalIndent(p, "", "  ")
+	return p, checkpoint.WriteFile(filepath.Join(dir, "plan.json"), append(b, '\n'))
+}
+
+func printPlan(w io.Writer, p *plan.Plan) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tSLOTS\tWHY\tOUTLIERS")
+	for _, c := range p.Classes {
+		out := "-"
+		if len(c.Outliers) > 0 {
+			out = fmt.Sprintf("%d (%v)", len(c.Outliers), c.Outliers[:min(3, len(c.Outliers))])
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%d\t%d\t%s [%s]\t%s\n", c.Class, c.Shards, stream.FormatSize(c.Peak.Memory), float64(c.Peak.CPU)/1000, c.Peak.GPUs, c.Slots.N, c.Slots.Reason, c.Peak.Source, out)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "limits: %s\n", p.Enforced)
+	if p.Blocked != "" {
+		fmt.Fprintf(w, "BLOCKED: %s\n", p.Blocked)
+	}
+}
+
+func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("plan", "shardpool plan [--data DIR] [--json] SPEC", stderr)
+	data := fs.String("data", worker.DefaultStateDir(), "state directory (reads runs/<run>/profile.json, writes plan.json)")
+	asJSON := fs.Bool("json", false, "print plan.json")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	spec, man, err := loadRun(pos[0])
+	if err != nil {
+		return err
+	}
+	p, err := makePlan(ctx, spec, man, *data)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if err := writeJSON(stdout, p); err != nil {
+			return err
+		}
+	} else {
+		printPlan(stdout, p)
+	}
+	if p.Blocked != "" {
+		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED: " + p.Blocked}
+	}
+	return nil
+}

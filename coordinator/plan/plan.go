@@ -1,0 +1,107 @@
+package plan
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// Profile is the part of profile.json the plan reads: measured peaks per class.
+type Profile struct {
+	Classes map[string]Peak `json:"classes"`
+}
+
+// LoadProfile reads profile.json; a missing file is no profile.
+func LoadProfile(path string) (*Profile, error) {
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var p Profile
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &p, nil
+}
+
+// Declared is a class's peak from the spec's request.
+func Declared(c stream.Class) Peak {
+	return Peak{CPU: int64(c.CPUs) * 1000, Memory: c.Memory, GPUs: int64(c.GPUs), VRAM: c.VRAM, Source: "declared (spec)"}
+}
+
+// ClassPlan is one class in plan.json.
+type ClassPlan struct {
+	Class    string   `json:"class"`
+	Shards   int      `json:"shards"`
+	Cost     int64    `json:"cost"`
+	Peak     Peak     `json:"peak"`
+	Slots    Slots    `json:"slots"`
+	Outliers []string `json:"outliers,omitempty"`
+	Blocked  string   `json:"blocked,omitempty"`
+}
+
+// Plan is plan.json.
+type Plan struct {
+	Run      string      `json:"run"`
+	Host     string      `json:"host"`
+	Budget   Budget      `json:"budget"`
+	Hard     Budget      `json:"hard_limits"`
+	Classes  []ClassPlan `json:"classes"`
+	Blocked  string      `json:"blocked,omitempty"`
+	Enforced string      `json:"limits"`
+}
+
+// OutlierFactor: a shard costing more than this times its class's median
+// is listed as an outlier.
+const OutlierFactor = 4
+
+// Make plans spec's shards on one host: slots from the budget (headroom),
+// and a class whose peak exceeds the host's hard limits (capacity) blocks
+// the run, naming a shard and the resource, since waiting cannot fix it.
+func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, prof *Profile) *Plan {
+	p := &Plan{Run: spec.Name, Host: host, Budget: b, Hard: hard,
+		Enforced: "watched: limits are checked by admission; per-shard cgroups that enforce them are not built yet"}
+	by := map[string][]stream.Shard{}
+	for _, sh := range man.Shards {
+		by[sh.Class] = append(by[sh.Class], sh)
+	}
+	classes := make([]string, 0, len(by))
+	for c := range by {
+		classes = append(classes, c)
+	}
+	sort.Strings(classes)
+	for _, c := range classes {
+		shards := by[c]
+		cls := spec.Classes[c]
+		peak := Declared(cls)
+		if prof != nil {
+			if m, ok := prof.Classes[c]; ok {
+				peak = m
+				peak.Source = "measured (profile.json)"
+			}
+		}
+		cp := ClassPlan{Class: c, Shards: len(shards), Peak: peak, Slots: Compute(b, Peak{}, peak, cls.GPUs > 0)}
+		costs := make([]int64, len(shards))
+		for i, sh := range shards {
+			costs[i] = sh.Cost
+			cp.Cost += sh.Cost
+		}
+		for _, i := range Outliers(costs, OutlierFactor) {
+			cp.Outliers = append(cp.Outliers, shards[i].ID)
+		}
+		if ok, why := Fits(hard, peak, cls.GPUs > 0); !ok {
+			cp.Blocked = fmt.Sprintf("shard %s (class %s) %s on host %s: no worker here can ever run it", shards[0].ID, c, why, host)
+			if p.Blocked == "" {
+				p.Blocked = cp.Blocked
+			}
+		}
+		p.Classes = append(p.Classes, cp)
+	}
+	return p
+}

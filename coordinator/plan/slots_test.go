@@ -1,0 +1,57 @@
+package plan
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+func TestCompute(t *testing.T) {
+	gib := int64(1 << 30)
+	full := Budget{"cpu": probe.Known(16000, "cgroup"), "memory": probe.Known(64*gib, "cgroup"), "gpus": probe.Known(4, "nvml"), "vram": probe.Known(320*gib, "nvml")}
+	cases := []struct {
+		name    string
+		b       Budget
+		shared  Peak
+		peak    Peak
+		gpu     bool
+		want    int
+		binding string
+		reason  string
+	}{
+		{"memory binds", full, Peak{}, Peak{CPU: 1000, Memory: 10 * gib}, false, 6, "memory", "memory binds"},
+		{"cpu binds", full, Peak{}, Peak{CPU: 4000, Memory: gib}, false, 4, "cpu", "cpu binds"},
+		{"shared use counts", full, Peak{Memory: 34 * gib}, Peak{CPU: 1000, Memory: 10 * gib}, false, 3, "memory", "36507222016 shared"},
+		{"gpus bind", full, Peak{}, Peak{CPU: 1000, Memory: gib, GPUs: 1, VRAM: 40 * gib}, true, 4, "gpus", "gpus binds"},
+		{"vram binds", full, Peak{}, Peak{CPU: 1000, Memory: gib, GPUs: 1, VRAM: 100 * gib}, true, 3, "vram", "vram binds"},
+		{"gpu budget ignored for a cpu class", Budget{"cpu": probe.Known(2000, ""), "memory": probe.Known(8*gib, ""), "gpus": probe.Unknown("nvml", "lost GPU")}, Peak{}, Peak{CPU: 1000, Memory: gib}, false, 2, "cpu", ""},
+		{"unknown memory admits nothing", Budget{"cpu": probe.Known(16000, ""), "memory": probe.Unknown("cgroup", "memory.max unreadable")}, Peak{}, Peak{CPU: 1000, Memory: gib}, false, 0, "", "memory budget unknown (memory.max unreadable)"},
+		{"unknown gpus admit nothing for a gpu class", Budget{"cpu": probe.Known(16000, ""), "memory": probe.Known(64*gib, ""), "gpus": probe.Unknown("nvml", "library missing"), "vram": probe.Unknown("nvml", "library missing")}, Peak{}, Peak{CPU: 1000, Memory: gib, GPUs: 1}, true, 0, "", "gpus budget unknown"},
+		{"no peak is not a guess", full, Peak{}, Peak{CPU: 1000}, false, 0, "", "no measured or declared memory peak"},
+		{"unlimited memory, cpu binds", Budget{"cpu": probe.Known(3000, ""), "memory": probe.Unlimited("")}, Peak{}, Peak{CPU: 1000, Memory: gib}, false, 3, "cpu", ""},
+		{"over-committed budget gives 0, not negative", full, Peak{Memory: 70 * gib}, Peak{CPU: 1000, Memory: gib}, false, 0, "memory", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := Compute(c.b, c.shared, c.peak, c.gpu)
+			if got.N != c.want || (c.binding != "" && got.Binding != c.binding) || !strings.Contains(got.Reason, c.reason) {
+				t.Fatalf("got %d bound by %q (%s), want %d by %q with %q", got.N, got.Binding, got.Reason, c.want, c.binding, c.reason)
+			}
+		})
+	}
+}
+
+func TestFitsAndOutliers(t *testing.T) {
+	b := Budget{"cpu": probe.Known(4000, "host"), "memory": probe.Known(8<<30, "cgroup")}
+	if ok, why := Fits(b, Peak{CPU: 1000, Memory: 16 << 30}, false); ok || !strings.Contains(why, "memory") {
+		t.Fatalf("16GiB shard on an 8GiB budget: fits %v (%s)", ok, why)
+	}
+	if ok, _ := Fits(b, Peak{CPU: 4000, Memory: 8 << 30}, false); !ok {
+		t.Fatal("a shard exactly the size of the budget must fit")
+	}
+	got := Outliers([]int64{10, 12, 9, 11, 500, 10, 13}, 4)
+	if len(got) != 1 || got[0] != 4 {
+		t.Fatalf("outliers: got %v, want [4]", got)
+	}
+}
