@@ -16,7 +16,7 @@ build:
 # checksum it with standard tools, one coordinator and one worker in-process.
 demo: build
 	./examples/compress/make-corpus.sh 40
-	$(BIN) run --data .demo-state --slots 2 examples/compress/shardpool.toml
+	$(BIN) run --data .demo-state examples/compress/shardpool.toml
 
 # Tools the tests need: natscli v0.5.0 for the interop test.
 tools:

@@ -16,6 +16,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // Options configure an Env; zero values are test-friendly defaults.
@@ -32,6 +33,10 @@ type Options struct {
 	NoWorkers bool
 	// OnEvent receives worker admission events.
 	OnEvent func(worker.Event)
+	// Auto starts workers with measured admission (Slots become caps).
+	Auto bool
+	// Probe replaces the workers' host probe (fixture hosts).
+	Probe *probe.Prober
 	// Binary builds the shardpool binary and gives it to jobs as
 	// SHARDPOOL_BIN (for jobs that call "shardpool ckpt").
 	Binary bool
@@ -153,7 +158,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 	if e.opts.Binary {
 		bin = Binary(e.t)
 	}
-	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin,
+	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe,
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
 		ReportEvery: 500 * time.Millisecond, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})

@@ -106,7 +106,9 @@ func paramKey(k string) string {
 // execute runs argv in its own process group with output to logPath. It
 // returns when the child has exited; on timeout, shutdown or a lost lease the
 // group gets SIGTERM, then SIGKILL after the grace period.
-func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}) result {
+// peak, when positive, registers the child's process group for the
+// admission's growth estimate while it runs.
+func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}, class string, peak int64) result {
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("open log: %v", err)}
@@ -122,6 +124,10 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err)}
 	}
 	pgid := cmd.Process.Pid
+	if peak > 0 {
+		w.liveStart(pgid, class, peak)
+		defer w.liveEnd(pgid)
+	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 

@@ -323,11 +323,11 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		defer close(hbDone)
 		w.heartbeat(hbCtx, a.msg, l, lost)
 	}()
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, lost)
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, lost, a.m.Class, cls.Memory)
 	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
 		vargv, err := stream.Expand(spec.Validator, v)
 		if err == nil {
-			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost)
+			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost, a.m.Class, 0)
 			if vr.outcome != stream.OutcomeOK {
 				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -26,9 +27,14 @@ type Config struct {
 	JetStream jetstream.JetStream
 	// Name identifies the worker in leases and reports. Default: host name.
 	Name string
-	// Slots is the number of concurrent shards per class. Required: a worker
-	// serves exactly the classes listed with a positive count.
+	// Slots is the number of concurrent shards per class: the worker serves
+	// exactly the classes listed with a positive count. With Auto it is an
+	// optional cap per class.
 	Slots map[string]int
+	// Auto computes each class's slots from the host's budget and the
+	// class's peak (plan.Compute), serves every class of the active runs,
+	// and checks live headroom before each fetch.
+	Auto bool
 	// Scratch is local scratch space for {out} and {scratch}. Default:
 	// $TMPDIR/shardpool-<name>.
 	Scratch string
@@ -92,6 +98,11 @@ type Worker struct {
 	runs    map[string]*stream.RunRecord
 	dirs    map[string]bool
 
+	peaks    map[string]plan.Peak
+	gpuClass map[string]bool
+	live     map[int]liveShard
+	hostLogF *os.File
+
 	stageOnce sync.Once
 	stager    *staging.Stager
 	stageErr  error
@@ -109,8 +120,8 @@ func New(cfg Config) (*Worker, error) {
 	if !stream.ValidWorkerName(cfg.Name) {
 		return nil, fmt.Errorf("%w: Name %q must match [A-Za-z0-9_-]{1,64}", ErrConfig, cfg.Name)
 	}
-	if len(cfg.Slots) == 0 {
-		return nil, fmt.Errorf("%w: Slots: no class to serve", ErrConfig)
+	if len(cfg.Slots) == 0 && !cfg.Auto {
+		return nil, fmt.Errorf("%w: Slots: no class to serve (set slots or Auto)", ErrConfig)
 	}
 	for c, n := range cfg.Slots {
 		if !stream.ValidClass(c) {
@@ -161,7 +172,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}, live: map[int]liveShard{}}, nil
 }
 
 // DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
@@ -216,6 +227,30 @@ func (w *Worker) Run(ctx context.Context) error {
 	for _, class := range classes {
 		g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), class, &shards) })
 	}
+	if w.cfg.Auto {
+		// Serve every class of the active runs, as they appear.
+		served := map[string]bool{}
+		for _, c := range classes {
+			served[c] = true
+		}
+		g.Go(func() error {
+			t := time.NewTicker(w.cfg.ReportEvery)
+			defer t.Stop()
+			for {
+				for _, c := range w.refreshPeaks(gctx) {
+					if !served[c] {
+						served[c] = true
+						g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), c, &shards) })
+					}
+				}
+				select {
+				case <-gctx.Done():
+					return nil
+				case <-t.C:
+				}
+			}
+		})
+	}
 	err = g.Wait()
 	shards.Wait()
 	w.finalReport()
@@ -225,13 +260,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	return err
 }
 
-// serve is the fetch loop of one class: it fetches exactly its free slots.
+// serve is the fetch loop of one class: it fetches exactly as many shards
+// as admission allows right now (free slots, and in auto mode the live
+// memory check), never more.
 func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, class string, shards *sync.WaitGroup) error {
-	slots := w.cfg.Slots[class]
-	free := make(chan struct{}, slots)
-	for range slots {
-		free <- struct{}{}
-	}
 	var cons jetstream.Consumer
 	for cons == nil {
 		c, err := w.cfg.JetStream.Consumer(ctx, stream.StreamShards, class)
@@ -248,28 +280,28 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	g := &gate{wake: make(chan struct{}, 1)}
+	lastWhy := ""
 	for {
-		// Wait for at least one free slot, then count every free one.
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-free:
-		}
-		n := 1
-	count:
-		for n < slots {
-			select {
-			case <-free:
-				n++
-			default:
-				break count
+		n, why := w.admit(ctx, class, g.count())
+		if n <= 0 {
+			if why != lastWhy {
+				w.hostLog(class, "wait", why)
+				lastWhy = why
 			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-g.wake:
+			case <-time.After(time.Second):
+			}
+			continue
 		}
+		lastWhy = ""
+		g.add(n)
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
-			for range n {
-				free <- struct{}{}
-			}
+			g.done(n)
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -284,7 +316,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 		// A batch closes some time after its last message arrives; draining
 		// it aside lets the loop fetch for the next free slot at once. The
 		// slots of one request stay reserved until it ends, so requests in
-		// flight never ask for more than the free slots.
+		// flight never ask for more than admission allowed.
 		shards.Add(1)
 		go func() {
 			defer shards.Done()
@@ -294,24 +326,54 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				if ctx.Err() != nil {
 					// Shutting down: hand it back untouched.
 					_ = msg.Nak()
-					free <- struct{}{}
+					g.done(1)
 					continue
 				}
 				shards.Add(1)
 				w.track(class, +1)
 				go func() {
 					defer shards.Done()
-					defer func() { w.track(class, -1); free <- struct{}{} }()
-					w.handle(shardCtx, stop, msg, class, fmt.Sprintf("%d/%d slots of class %s in use", slots-len(free), slots, class))
+					defer func() { w.track(class, -1); g.done(1) }()
+					w.handle(shardCtx, stop, msg, class, why)
 				}()
 			}
-			for range n - got {
-				free <- struct{}{}
-			}
+			g.done(n - got)
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				w.log.Debug("fetch ended", "class", class, "err", err)
 			}
 		}()
+	}
+}
+
+// gate counts a class's shards in flight (requested or running).
+type gate struct {
+	mu       sync.Mutex
+	inflight int
+	wake     chan struct{}
+}
+
+func (g *gate) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.inflight
+}
+
+func (g *gate) add(n int) {
+	g.mu.Lock()
+	g.inflight += n
+	g.mu.Unlock()
+}
+
+func (g *gate) done(n int) {
+	if n == 0 {
+		return
+	}
+	g.mu.Lock()
+	g.inflight -= n
+	g.mu.Unlock()
+	select {
+	case g.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -415,6 +477,10 @@ func (w *Worker) admission(run, shard, class, decision, detail string) {
 func (w *Worker) closeLogs() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.hostLogF != nil {
+		w.hostLogF.Close()
+		w.hostLogF = nil
+	}
 	for k, f := range w.logs {
 		f.Close()
 		delete(w.logs, k)

@@ -64,8 +64,8 @@ func connect(ctx context.Context, url, name string) (*nats.Conn, jetstream.JetSt
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("worker", "shardpool worker --server URL [--slots CLASS=N,...] [--scratch DIR] [--name NAME]", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
-	slots := &slotsFlag{byClass: map[string]int{stream.DefaultClass: 1}}
-	fs.Var(slots, "slots", "concurrent shards per class: CLASS=N,... (default cpu=1)")
+	slots := &slotsFlag{auto: true}
+	fs.Var(slots, "slots", "auto (from this host's budget and each class's peak; serves every class of the active runs) or CLASS=N,...")
 	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>)")
 	name := fs.String("name", worker.DefaultName(), "worker name (unique per worker)")
 	data := fs.String("data", worker.DefaultStateDir(), "where this worker writes evidence (runs/<run>/)")
@@ -86,7 +86,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer nc.Close()
-	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Scratch: *scratch,
+	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Auto: slots.auto, Scratch: *scratch,
 		StateDir: *data, Grace: *grace, Staging: sf.config(""), Logger: logger(stderr, *verbose, slog.LevelInfo)})
 	if err != nil {
 		return err

@@ -41,8 +41,9 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 // errHelp is returned after --help printed the usage: exit 0.
 var errHelp = exitErr{code: exitOK}
 
-// slotsFlag parses "cpu=4,gpu=1" or a bare "4" (for every class).
+// slotsFlag parses "auto", "cpu=4,gpu=1" or a bare "4" (for every class).
 type slotsFlag struct {
+	auto    bool
 	all     int
 	byClass map[string]int
 }
@@ -50,6 +51,9 @@ type slotsFlag struct {
 func (s *slotsFlag) String() string {
 	if s == nil {
 		return ""
+	}
+	if s.auto {
+		return "auto"
 	}
 	if len(s.byClass) == 0 {
 		return strconv.Itoa(s.all)
@@ -62,6 +66,11 @@ func (s *slotsFlag) String() string {
 }
 
 func (s *slotsFlag) Set(v string) error {
+	s.auto = v == "auto"
+	if s.auto {
+		s.all, s.byClass = 0, nil
+		return nil
+	}
 	if n, err := strconv.Atoi(v); err == nil {
 		if n < 1 {
 			return fmt.Errorf("slots %d: want at least 1", n)

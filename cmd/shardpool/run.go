@@ -24,8 +24,8 @@ import (
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("run", "shardpool run [--data DIR] [--slots N|CLASS=N,...] [flags] SPEC", stderr)
 	data := fs.String("data", worker.DefaultStateDir(), "state directory: JetStream store and evidence (runs/<run>/)")
-	slots := &slotsFlag{all: 1}
-	fs.Var(slots, "slots", "concurrent shards: N for every class, or CLASS=N,... (default 1)")
+	slots := &slotsFlag{auto: true}
+	fs.Var(slots, "slots", "auto (from the host's budget and each class's declared or measured peak), N for every class, or CLASS=N,...")
 	listen := fs.String("listen", "127.0.0.1:0", "NATS listener for the nats CLI and extra workers (port 0: any free port)")
 	httpAddr := fs.String("http", "", "serve GET /status on this host:port")
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
@@ -92,7 +92,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "run %s fingerprint %s: %d shard(s), %d published, state %s\n", res.Run, res.Fingerprint, len(man.Shards), res.Published, res.State)
 	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
 
-	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()),
+	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
 		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), Logger: log})
 	if err != nil {
 		stopCoord()

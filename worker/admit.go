@@ -1,0 +1,228 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/stream"
+)
+
+// Memory pressure (PSI some avg10, percent) above which auto admission
+// stops fetching.
+const pressureStop = 20.0
+
+// admit says how many shards of class may be fetched now, and why.
+func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, string) {
+	if !w.cfg.Auto {
+		slots := w.cfg.Slots[class]
+		return slots - inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
+	}
+	peak, gpu, ok := w.peakFor(class)
+	if !ok {
+		return 0, fmt.Sprintf("class %s: no active run declares it", class)
+	}
+	snap, err := w.cfg.Probe.Snapshot(ctx, nil)
+	if err != nil {
+		return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
+	}
+	slots := plan.Compute(plan.FromProbe(snap.Budget), plan.Peak{}, peak, gpu)
+	n, reason := slots.N, slots.Reason
+	if n == 0 && peak.Memory <= 0 && !strings.Contains(slots.Reason, "unknown") {
+		// Nothing measured or declared: one at a time until it is.
+		n, reason = 1, "no measured or declared memory peak: one shard at a time ("+slots.Reason+")"
+	}
+	if max := w.cfg.Slots[class]; max > 0 && n > max {
+		n, reason = max, fmt.Sprintf("%s; capped at %d by configuration", reason, max)
+	}
+	free := n - inflight
+	if free <= 0 {
+		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason)
+	}
+	// Live check: headroom now, minus what running shards may still grow to.
+	mem := snap.Host.MemAvailable
+	if !mem.IsKnown() {
+		return 0, fmt.Sprintf("class %s: memory available unknown (%s): admitting nothing", class, mem.Unknown)
+	}
+	headroom, src := mem.N, "MemAvailable"
+	if cg := snap.Cgroups; cg.MemoryLimit.IsKnown() && cg.WorkingSet.IsKnown() {
+		if h := cg.MemoryLimit.N - cg.WorkingSet.N; h < headroom {
+			headroom, src = h, "cgroup "+cg.MemoryBinds+" limit minus working set"
+		}
+	} else if cg.MemoryLimit.IsUnknown() {
+		return 0, fmt.Sprintf("class %s: cgroup memory limit unknown (%s): admitting nothing", class, cg.MemoryLimit.Unknown)
+	}
+	growth := w.growthRoom()
+	// Fetched but not started yet: they will grow to their whole peak.
+	if starting := inflight - w.liveCount(class); starting > 0 {
+		growth += int64(starting) * peak.Memory
+	}
+	if ps := snap.PSI.MemorySome10; ps.Unknown == "" && ps.F > pressureStop {
+		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop)
+	}
+	fit := free
+	if peak.Memory > 0 {
+		fit = int((headroom - growth) / peak.Memory)
+	}
+	k := min(free, max(fit, 0))
+	detail := fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - growth of running shards %s = %s; peak %s (%s): fetch %d",
+		class, n, reason, inflight, stream.FormatSize(headroom), src, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
+		stream.FormatSize(peak.Memory), peak.Source, k)
+	if k > 0 {
+		w.hostLog(class, "fetch", detail)
+	}
+	return k, detail
+}
+
+// peakFor is the largest declared peak of class over the active runs.
+func (w *Worker) peakFor(class string) (plan.Peak, bool, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.peaks[class]
+	return p, w.gpuClass[class], ok
+}
+
+// refreshPeaks reads the active runs and records, per class, the largest
+// declared peak; it returns the classes seen.
+func (w *Worker) refreshPeaks(ctx context.Context) []string {
+	l, err := w.b.Runs.ListKeys(ctx)
+	if err != nil {
+		return nil
+	}
+	peaks, gpu := map[string]plan.Peak{}, map[string]bool{}
+	for k := range l.Keys() {
+		e, err := w.b.Runs.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var r stream.RunRecord
+		if stream.Decode(e.Value(), &r) != nil || r.State == stream.RunComplete {
+			continue
+		}
+		for c := range r.Classes {
+			d := plan.Declared(r.Spec.Classes[c])
+			cur := peaks[c]
+			cur.CPU, cur.Memory, cur.GPUs, cur.VRAM = max(cur.CPU, d.CPU), max(cur.Memory, d.Memory), max(cur.GPUs, d.GPUs), max(cur.VRAM, d.VRAM)
+			cur.Source = d.Source
+			peaks[c] = cur
+			gpu[c] = gpu[c] || d.GPUs > 0
+		}
+	}
+	w.mu.Lock()
+	w.peaks, w.gpuClass = peaks, gpu
+	w.mu.Unlock()
+	classes := make([]string, 0, len(peaks))
+	for c := range peaks {
+		classes = append(classes, c)
+	}
+	return classes
+}
+
+// liveShard is a running child: its process group and its class's peak.
+type liveShard struct {
+	class string
+	peak  int64
+}
+
+func (w *Worker) liveStart(pgid int, class string, peak int64) {
+	w.mu.Lock()
+	w.live[pgid] = liveShard{class: class, peak: peak}
+	w.mu.Unlock()
+}
+
+func (w *Worker) liveCount(class string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, s := range w.live {
+		if s.class == class {
+			n++
+		}
+	}
+	return n
+}
+
+func (w *Worker) liveEnd(pgid int) {
+	w.mu.Lock()
+	delete(w.live, pgid)
+	w.mu.Unlock()
+}
+
+// growthRoom is how much running shards may still grow: for each, its
+// peak minus what its process group holds now (one scan of /proc).
+func (w *Worker) growthRoom() int64 {
+	w.mu.Lock()
+	live := make(map[int]liveShard, len(w.live))
+	for k, v := range w.live {
+		live[k] = v
+	}
+	w.mu.Unlock()
+	if len(live) == 0 {
+		return 0
+	}
+	rss := groupRSS(w.cfg.ProcRoot, live)
+	var g int64
+	for pgid, s := range live {
+		g += max(s.peak-rss[pgid], 0)
+	}
+	return g
+}
+
+// groupRSS sums the resident memory of the processes of each group.
+func groupRSS(procRoot string, groups map[int]liveShard) map[int]int64 {
+	out := map[int]int64{}
+	ents, err := os.ReadDir(procRoot)
+	if err != nil {
+		return out
+	}
+	page := int64(os.Getpagesize())
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 22 {
+			continue
+		}
+		pgrp, _ := strconv.Atoi(f[2])
+		if _, ok := groups[pgrp]; !ok {
+			continue
+		}
+		r, _ := strconv.ParseInt(f[21], 10, 64)
+		out[pgrp] += r * page
+	}
+	return out
+}
+
+// hostLog appends a worker-level admission decision (fetch or wait, per
+// class, with its numbers) to <state>/admission.log.
+func (w *Worker) hostLog(class, decision, detail string) {
+	line := fmt.Sprintf("%s worker=%s class=%s decision=%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), w.cfg.Name, class, decision, detail)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.hostLogF == nil {
+		if err := os.MkdirAll(w.cfg.StateDir, 0o755); err != nil {
+			return
+		}
+		f, err := os.OpenFile(filepath.Join(w.cfg.StateDir, "admission.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return
+		}
+		w.hostLogF = f
+	}
+	w.hostLogF.WriteString(line)
+}

@@ -1,0 +1,81 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+type noGPUs struct{}
+
+func (noGPUs) Devices(context.Context) ([]probe.GPU, error) { return nil, probe.ErrNVMLMissing }
+
+// TestAutoAdmissionLiveHeadroomBinds runs real shards on a worker whose
+// probe reads a fixture host: cgroup limit 8 GiB with 2 GiB already used,
+// 4 CPUs of quota. With a 2 GiB peak the formula allows 4 slots, but the
+// live check (6 GiB of headroom minus what running shards may still grow
+// to) admits only 3 at once.
+func TestAutoAdmissionLiveHeadroomBinds(t *testing.T) {
+	root, _ := filepath.Abs("probe/testdata/v2")
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
+	dir := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 8, Extra: "[class.cpu]\ncpus = 1\nmemory = \"2GiB\"\n",
+		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 0.4 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	maxSeen := 0
+	for i := range 8 {
+		b, _ := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", fmt.Sprintf("s%04d", i), "n"))
+		var n int
+		fmt.Sscan(string(b), &n)
+		maxSeen = max(maxSeen, n)
+	}
+	if maxSeen != 3 {
+		t.Fatalf("concurrent shards: got %d, want 3 (6 GiB of cgroup headroom / 2 GiB peak)", maxSeen)
+	}
+	log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	for _, want := range []string{"slots 4 (cpu binds", "headroom 6.0GiB (cgroup /user.slice limit minus working set)", "peak 2.0GiB (declared (spec))", "decision=wait"} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("admission.log lacks %q", want)
+		}
+	}
+}
+
+// TestAutoAdmissionUnknownAdmitsNothing: a host whose cgroup limit cannot
+// be read runs nothing, and says why.
+func TestAutoAdmissionUnknownAdmitsNothing(t *testing.T) {
+	src, _ := filepath.Abs("probe/testdata/v2")
+	root := filepath.Join(t.TempDir(), "host")
+	if err := os.CopyFS(root, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	// memory.max that exists but cannot be read: a directory in its place.
+	f := filepath.Join(root, "sys/fs/cgroup/user.slice/memory.max")
+	os.Remove(f)
+	os.Mkdir(f, 0o755)
+	pr, _ := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Extra: "[class.cpu]\ncpus = 1\nmemory = \"1GiB\"\n", Command: []string{"true"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+		return strings.Contains(string(log), "memory budget unknown"), "no wait decision naming the unknown budget yet"
+	})
+	time.Sleep(time.Second)
+	if r, _ := env.Run("t"); r.Counts.Running+r.Counts.Validated != 0 {
+		t.Fatalf("counts %+v: shards ran although the memory budget is unknown", r.Counts)
+	}
+}
