@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // Memory pressure (PSI some avg10, percent) above which auto admission
@@ -32,7 +33,15 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	if err != nil {
 		return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
 	}
-	slots := plan.Compute(plan.FromProbe(snap.Budget), plan.Peak{}, peak, gpu)
+	budget := plan.FromProbe(snap.Budget)
+	var gpuFree []probe.GPU
+	if gpu {
+		// Devices held by this worker's own shards count as ours, not busy.
+		var total int
+		gpuFree, total = w.gpuView(snap, peak.VRAM/max(peak.GPUs, 1))
+		budget["gpus"] = probe.Known(int64(total), "usable GPUs and those held by this worker")
+	}
+	slots := plan.Compute(budget, plan.Peak{}, peak, gpu)
 	n, reason := slots.N, slots.Reason
 	if n == 0 && peak.Memory <= 0 && !strings.Contains(slots.Reason, "unknown") {
 		// Nothing measured or declared: one at a time until it is.
@@ -71,6 +80,9 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 		fit = int((headroom - growth) / peak.Memory)
 	}
 	k := min(free, max(fit, 0))
+	if gpu && peak.GPUs > 0 {
+		k = min(k, len(gpuFree)/int(peak.GPUs))
+	}
 	detail := fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - growth of running shards %s = %s; peak %s (%s): fetch %d",
 		class, n, reason, inflight, stream.FormatSize(headroom), src, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
 		stream.FormatSize(peak.Memory), peak.Source, k)

@@ -316,6 +316,19 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		return result{outcome: stream.OutcomeStart, reason: err.Error()}
 	}
 	env := childEnv(w.cfg.Binary, w.env, spec, cls, &a.m, v)
+	if cls.GPUs > 0 {
+		snap, err := w.cfg.Probe.Snapshot(ctx, nil)
+		if err != nil {
+			return result{outcome: stream.OutcomeStart, reason: "probe GPUs: " + err.Error()}
+		}
+		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, cls.VRAM/int64(cls.GPUs))
+		if err != nil {
+			return result{outcome: stream.OutcomeStart, reason: "assign GPUs: " + err.Error()}
+		}
+		defer w.releaseGPUs(a.key)
+		env = append(env, "CUDA_VISIBLE_DEVICES="+uuids)
+		w.admission(a.m.Run, a.m.ID, a.m.Class, "gpus", "CUDA_VISIBLE_DEVICES="+uuids)
+	}
 	hbCtx, stopHB := context.WithCancel(ctx)
 	lost := make(chan struct{})
 	hbDone := make(chan struct{})

@@ -1,0 +1,81 @@
+package worker
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// gpuView counts, for a class needing perShard GPUs with vramEach bytes on
+// each, the devices this worker may give out now: usable (healthy, not MIG,
+// free of other users' processes), not already reserved by one of this
+// worker's own shards (whose processes may not have allocated yet), and
+// with enough free memory. total counts the devices usable or held by us.
+func (w *Worker) gpuView(snap *probe.Snapshot, vramEach int64) (free []probe.GPU, total int) {
+	visible := w.visibleGPUs()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, d := range snap.GPUs.Devices {
+		if visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)] {
+			continue // outside the worker's own allocation
+		}
+		if _, mine := w.gpuRes[d.UUID]; mine {
+			total++
+			continue
+		}
+		if !d.Usable {
+			continue
+		}
+		total++
+		if d.MemFree >= vramEach {
+			free = append(free, d)
+		}
+	}
+	sort.Slice(free, func(i, j int) bool { return free[i].Index < free[j].Index })
+	return free, total
+}
+
+// reserveGPUs picks n devices for shard key and records the reservation;
+// it returns CUDA_VISIBLE_DEVICES (UUIDs) or an error saying what is short.
+func (w *Worker) reserveGPUs(snap *probe.Snapshot, key string, n int, vramEach int64) (string, error) {
+	free, _ := w.gpuView(snap, vramEach)
+	if len(free) < n {
+		return "", fmt.Errorf("needs %d GPU(s) with %d bytes free each; %d available now (others are busy, reserved by this worker's shards, or unhealthy)", n, vramEach, len(free))
+	}
+	uuids := make([]string, n)
+	w.mu.Lock()
+	for i := range n {
+		uuids[i] = free[i].UUID
+		w.gpuRes[free[i].UUID] = key
+	}
+	w.mu.Unlock()
+	return strings.Join(uuids, ","), nil
+}
+
+func (w *Worker) releaseGPUs(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for u, k := range w.gpuRes {
+		if k == key {
+			delete(w.gpuRes, u)
+		}
+	}
+}
+
+// visibleGPUs is the worker's own CUDA_VISIBLE_DEVICES (set by Slurm or the
+// user) as a set of UUIDs and indexes; nil when unset (all devices).
+func (w *Worker) visibleGPUs() map[string]bool {
+	v, ok := w.env["CUDA_VISIBLE_DEVICES"]
+	if !ok {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, x := range strings.Split(v, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			set[x] = true
+		}
+	}
+	return set
+}
