@@ -79,7 +79,10 @@ type Attempt struct {
 	Outcome  string    `json:"outcome"`
 	Reason   string    `json:"reason,omitempty"`
 	PeakRSS  int64     `json:"peak_rss,omitempty"`
-	Log      string    `json:"log,omitempty"`
+	// PeakMemory is the shard cgroup's peak (the whole process tree) where
+	// per-shard cgroups are enforced.
+	PeakMemory int64  `json:"peak_memory,omitempty"`
+	Log        string `json:"log,omitempty"`
 	// StageSeconds and CommitSeconds time staging the inputs and the final
 	// sync of the outputs to the destination.
 	StageSeconds  float64 `json:"stage_seconds,omitempty"`
@@ -207,6 +210,8 @@ type WorkerReport struct {
 	Started  time.Time           `json:"started"`
 	Reported time.Time           `json:"reported"`
 	Headroom map[string]Resource `json:"headroom,omitempty"`
+	// Limits says whether per-shard limits are enforced by the OS or only watched.
+	Limits string `json:"limits,omitempty"`
 }
 
 // Resource is a three-state probe value: a number, unlimited, or unknown

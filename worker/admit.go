@@ -142,10 +142,15 @@ type liveShard struct {
 	peak  int64
 }
 
-func (w *Worker) liveStart(pgid int, class string, peak int64) {
-	w.mu.Lock()
-	w.live[pgid] = liveShard{class: class, peak: peak}
-	w.mu.Unlock()
+// trackLive returns an onStart hook that registers a running shard's
+// process group with its class's peak for the growth estimate.
+func (w *Worker) trackLive(class string, peak int64) func(int) func() {
+	return func(pgid int) func() {
+		w.mu.Lock()
+		w.live[pgid] = liveShard{class: class, peak: peak}
+		w.mu.Unlock()
+		return func() { w.liveEnd(pgid) }
+	}
 }
 
 func (w *Worker) liveCount(class string) int {

@@ -79,3 +79,28 @@ func TestAutoAdmissionUnknownAdmitsNothing(t *testing.T) {
 		t.Fatalf("counts %+v: shards ran although the memory budget is unknown", r.Counts)
 	}
 }
+
+// TestShardOverItsDeclaredMemoryIsKilledInItsOwnCgroup: with per-shard
+// cgroups (root on cgroup v1), a shard that outgrows its class's memory is
+// OOM-killed alone, the attempt says so exactly, and its peak is recorded.
+func TestShardOverItsDeclaredMemoryIsKilledInItsOwnCgroup(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Extra: "[class.cpu]\ncpus = 1\nmemory = \"48MiB\"\n",
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"m%d","inputs":[%q],"params":{"mib":"%d"}}`, i, in, []int{8, 300}[i])
+		},
+		Command: []string{"sh", "-c", `head -c "${SHARDPOOL_PARAM_MIB}M" /dev/zero | tail -n 1 > /dev/null`}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunBlocked)
+	small, _ := env.Shard("t", "m0")
+	big, _ := env.Shard("t", "m1")
+	if small.State != stream.ShardValidated || small.Attempts[0].PeakMemory <= 0 || small.Attempts[0].PeakMemory > 48<<20 {
+		t.Fatalf("small shard: %s, peak %d; want validated with a measured peak under the limit", small.State, small.Attempts[0].PeakMemory)
+	}
+	a := big.Attempts[0]
+	if big.State != stream.ShardFailed || a.Outcome != stream.OutcomeOOM || !strings.Contains(a.Reason, "its own cgroup") {
+		t.Fatalf("big shard: %s %s (%s), want failed by OOM in its own cgroup", big.State, a.Outcome, a.Reason)
+	}
+}

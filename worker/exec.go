@@ -15,12 +15,13 @@ import (
 
 // result is how one child process ended.
 type result struct {
-	outcome  string
-	reason   string
-	exitCode *int
-	signal   string
-	peakRSS  int64
-	duration time.Duration
+	outcome    string
+	reason     string
+	exitCode   *int
+	signal     string
+	peakRSS    int64
+	peakMemory int64
+	duration   time.Duration
 }
 
 // stopCause says why the worker ended a child early.
@@ -32,6 +33,10 @@ const (
 	stopShutdown
 	stopLeaseLost
 )
+
+// enterScript writes the shell's pid to each file before "--", then execs
+// the rest.
+const enterScript = `while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"`
 
 // threadVars are set to the class's CPU count so that N shards of a
 // threaded library do not each start one thread per core.
@@ -106,9 +111,19 @@ func paramKey(k string) string {
 // execute runs argv in its own process group with output to logPath. It
 // returns when the child has exited; on timeout, shutdown or a lost lease the
 // group gets SIGTERM, then SIGKILL after the grace period.
-// peak, when positive, registers the child's process group for the
-// admission's growth estimate while it runs.
-func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}, class string, peak int64) result {
+// onStart, when set, is called with the child's process group as soon as
+// it runs (admission's registry, the profiler's sampler, a shard cgroup);
+// the function it returns is called when the child has exited.
+//
+// enter lists cgroup.procs files the child must be in before it runs the
+// command: a small /bin/sh prologue writes its own pid into each, then
+// execs argv, which it receives as positional parameters (never as text
+// in the script), so nothing the child forks can escape the cgroup.
+func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}, onStart func(pgid int) func(), enter []string) result {
+	if len(enter) > 0 {
+		wrapped := append([]string{"/bin/sh", "-c", enterScript, "shardpool-enter"}, enter...)
+		argv = append(append(wrapped, "--"), argv...)
+	}
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("open log: %v", err)}
@@ -124,9 +139,10 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err)}
 	}
 	pgid := cmd.Process.Pid
-	if peak > 0 {
-		w.liveStart(pgid, class, peak)
-		defer w.liveEnd(pgid)
+	if onStart != nil {
+		if end := onStart(pgid); end != nil {
+			defer end()
+		}
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

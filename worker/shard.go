@@ -336,11 +336,30 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		defer close(hbDone)
 		w.heartbeat(hbCtx, a.msg, l, lost)
 	}()
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, lost, a.m.Class, cls.Memory)
+	onStart := w.trackLive(a.m.Class, cls.Memory)
+	var cg *shardCgroup
+	if w.enforce && cls.Memory > 0 {
+		// The class's memory is a hard per-shard limit here; CPU is capped at
+		// its cpus. The cgroup lives under the worker's own.
+		if c, err := newShardCgroup(fmt.Sprintf("%s-%s-a%d", a.m.Run, a.m.ID, a.attempt), cls.Memory, int64(cls.CPUs)*1000); err == nil {
+			cg = c
+			defer cg.remove()
+		} else {
+			w.log.Warn("shard cgroup", "shard", a.key, "err", err)
+		}
+	}
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, lost, onStart, cg.procsFiles())
+	if cg != nil {
+		res.peakMemory = cg.peak()
+		if n := cg.oomKills(); n > 0 && res.outcome != stream.OutcomeOK {
+			res.outcome = stream.OutcomeOOM
+			res.reason = fmt.Sprintf("killed by the OOM killer at the class's memory limit of %s (its own cgroup)", stream.FormatSize(cls.Memory))
+		}
+	}
 	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
 		vargv, err := stream.Expand(spec.Validator, v)
 		if err == nil {
-			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost, a.m.Class, 0)
+			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost, nil, nil)
 			if vr.outcome != stream.OutcomeOK {
 				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
 			}
@@ -469,6 +488,9 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	class := m.Class
 	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.Duration, at.ExitCode, at.Signal, at.PeakRSS = stream.Seconds(res.duration), res.exitCode, res.signal, res.peakRSS
+	if res.peakMemory > 0 {
+		at.PeakMemory = res.peakMemory
+	}
 	at.Outcome, at.Reason = res.outcome, res.reason
 
 	if res.outcome == stream.OutcomeLeaseLost {

@@ -102,6 +102,8 @@ type Worker struct {
 	gpuClass map[string]bool
 	live     map[int]liveShard
 	gpuRes   map[string]string // GPU UUID -> shard key holding it
+	enforce  bool              // per-shard cgroups can be made here
+	limits   string
 	hostLogF *os.File
 
 	stageOnce sync.Once
@@ -196,6 +198,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.boot = bootID(w.cfg.ProcRoot)
 	w.pid = os.Getpid()
 	w.env = environ()
+	w.limits = limitsMode()
+	w.enforce = strings.HasPrefix(w.limits, "enforced")
 	b, err := stream.WaitBuckets(ctx, w.cfg.JetStream, 15*time.Second)
 	if err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
@@ -430,6 +434,7 @@ func (w *Worker) report(ctx context.Context) error {
 	for {
 		r := w.snapshot()
 		r.Headroom = w.headroom(ctx)
+		r.Limits = w.limits
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
 				w.log.Warn("worker report", "err", err)

@@ -130,6 +130,11 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		fmt.Fprintln(tw, "(no live workers)")
 	}
 	tw.Flush()
+	for _, wk := range st.Workers {
+		if wk.Limits != "" {
+			fmt.Fprintf(w, "%s: per-shard limits %s\n", wk.Name, wk.Limits)
+		}
+	}
 }
 
 func classMap(m map[string]int) string {

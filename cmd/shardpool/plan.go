@@ -31,7 +31,7 @@ func makePlan(ctx context.Context, spec *stream.Spec, man *stream.Manifest, data
 	if err != nil {
 		return nil, err
 	}
-	p := plan.Make(spec, man, snap.Hostname, plan.FromProbe(snap.Budget), plan.HardFromProbe(snap.Budget), prof)
+	p := plan.Make(spec, man, snap.Hostname, plan.FromProbe(snap.Budget), plan.HardFromProbe(snap.Budget), prof, worker.LimitsMode())
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}

@@ -64,9 +64,8 @@ const OutlierFactor = 4
 // Make plans spec's shards on one host: slots from the budget (headroom),
 // and a class whose peak exceeds the host's hard limits (capacity) blocks
 // the run, naming a shard and the resource, since waiting cannot fix it.
-func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, prof *Profile) *Plan {
-	p := &Plan{Run: spec.Name, Host: host, Budget: b, Hard: hard,
-		Enforced: "watched: limits are checked by admission; per-shard cgroups that enforce them are not built yet"}
+func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, prof *Profile, limits string) *Plan {
+	p := &Plan{Run: spec.Name, Host: host, Budget: b, Hard: hard, Enforced: limits}
 	by := map[string][]stream.Shard{}
 	for _, sh := range man.Shards {
 		by[sh.Class] = append(by[sh.Class], sh)
