@@ -32,12 +32,14 @@ func TestAutoAdmissionLiveHeadroomBinds(t *testing.T) {
 	}
 	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
 	dir := t.TempDir()
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 8, Extra: "[class.cpu]\ncpus = 1\nmemory = \"2GiB\"\n",
-		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 0.4 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
+	// Each shard runs a second, long enough for admitted shards to overlap
+	// even on a busy machine.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 7, Extra: "[class.cpu]\ncpus = 1\nmemory = \"2GiB\"\n",
+		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 1 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("t", 60*time.Second, stream.RunComplete)
 	maxSeen := 0
-	for i := range 8 {
+	for i := range 7 {
 		b, _ := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", fmt.Sprintf("s%04d", i), "n"))
 		var n int
 		fmt.Sscan(string(b), &n)
