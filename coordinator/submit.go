@@ -27,6 +27,8 @@ type SubmitOptions struct {
 	// ClassCaps caps in-flight shards per class across the fleet (the
 	// consumer's MaxAckPending); absent means no fleet cap.
 	ClassCaps map[string]int
+	// MeasuredMemory is each class's measured peak memory (profile.json).
+	MeasuredMemory map[string]int64
 	// Hashes caches input checksums for classes that stage (by path, size
 	// and mtime); nil hashes without a cache file.
 	Hashes *staging.Hashes
@@ -94,7 +96,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	rec := stream.RunRecord{
 		Name: spec.Name, Fingerprint: fp, Spec: *spec, ManifestSHA: man.Hash, Classes: classes,
 		State: stream.RunPrepared, Counts: stream.Counts{Total: len(man.Shards), Pending: len(man.Shards)},
-		Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
+		MeasuredMemory: opt.MeasuredMemory, Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
 	}
 	if prev != nil && prev.Fingerprint != fp {
 		res.NewRun = true

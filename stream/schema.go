@@ -144,23 +144,26 @@ type Counts struct {
 // RunRecord is key <run> in the runs bucket. Submit writes the spec part;
 // the coordinator writes the state part.
 type RunRecord struct {
-	V           int               `json:"v"`
-	Name        string            `json:"name"`
-	Fingerprint string            `json:"fingerprint"`
-	Spec        Spec              `json:"spec"`
-	ManifestSHA string            `json:"manifest_hash"`
-	Classes     map[string]int    `json:"classes"`
-	Queued      bool              `json:"queued"`
-	Retry       int               `json:"retry"`
-	Resume      string            `json:"resume"`
-	RetryCmd    string            `json:"retry_command"`
-	State       string            `json:"state"`
-	Counts      Counts            `json:"counts"`
-	ClassCounts map[string]Counts `json:"class_counts,omitempty"`
-	Reason      string            `json:"reason,omitempty"`
-	Evidence    string            `json:"evidence,omitempty"`
-	Submitted   time.Time         `json:"submitted"`
-	Updated     time.Time         `json:"updated"`
+	V           int            `json:"v"`
+	Name        string         `json:"name"`
+	Fingerprint string         `json:"fingerprint"`
+	Spec        Spec           `json:"spec"`
+	ManifestSHA string         `json:"manifest_hash"`
+	Classes     map[string]int `json:"classes"`
+	// MeasuredMemory is each class\'s peak memory from profile.json, which
+	// workers\' admission prefers to the declared one.
+	MeasuredMemory map[string]int64  `json:"measured_memory,omitempty"`
+	Queued         bool              `json:"queued"`
+	Retry          int               `json:"retry"`
+	Resume         string            `json:"resume"`
+	RetryCmd       string            `json:"retry_command"`
+	State          string            `json:"state"`
+	Counts         Counts            `json:"counts"`
+	ClassCounts    map[string]Counts `json:"class_counts,omitempty"`
+	Reason         string            `json:"reason,omitempty"`
+	Evidence       string            `json:"evidence,omitempty"`
+	Submitted      time.Time         `json:"submitted"`
+	Updated        time.Time         `json:"updated"`
 }
 
 // Lease is key <run>.<id> in the leases bucket; its life is the bucket TTL.

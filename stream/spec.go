@@ -34,6 +34,17 @@ type Spec struct {
 	Stage     bool              `json:"stage"`
 	Validator []string          `json:"validator,omitempty"`
 	Classes   map[string]Class  `json:"classes"`
+	Profile   ProfileSpec       `json:"profile"`
+}
+
+// ProfileSpec is the [profile] table: what `shardpool profile` runs
+// besides the smallest, median and largest shard.
+type ProfileSpec struct {
+	// Malformed inputs (paths) that must make the command fail cleanly.
+	Malformed []string `json:"malformed,omitempty"`
+	// Sustained is how many shards the sustained sample runs after a
+	// warm-up. Default 4.
+	Sustained int `json:"sustained"`
 }
 
 // Class is one resource class of a spec. Sizes are bytes.
@@ -76,6 +87,10 @@ type specFile struct {
 	Stage     bool                 `toml:"stage"`
 	Validator []string             `toml:"validator"`
 	Class     map[string]classFile `toml:"class"`
+	Profile   struct {
+		Malformed []string `toml:"malformed"`
+		Sustained *int     `toml:"sustained"`
+	} `toml:"profile"`
 }
 
 type classFile struct {
@@ -234,6 +249,20 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 	}
 	if _, ok := s.Classes[DefaultClass]; !ok {
 		s.Classes[DefaultClass] = Class{CPUs: 1}
+	}
+	s.Profile.Sustained = 4
+	if f.Profile.Sustained != nil {
+		if *f.Profile.Sustained < 1 || *f.Profile.Sustained > 1000 {
+			return nil, bad("profile", "sustained", "%d is outside 1..1000", *f.Profile.Sustained)
+		}
+		s.Profile.Sustained = *f.Profile.Sustained
+	}
+	for i, m := range f.Profile.Malformed {
+		p := resolve(dir, m)
+		if _, err := os.Stat(p); err != nil {
+			return nil, bad("profile", "malformed", "input %d: %v", i, err)
+		}
+		s.Profile.Malformed = append(s.Profile.Malformed, p)
 	}
 	return s, nil
 }

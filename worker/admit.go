@@ -119,6 +119,9 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 		}
 		for c := range r.Classes {
 			d := plan.Declared(r.Spec.Classes[c])
+			if m, ok := r.MeasuredMemory[c]; ok && m > 0 {
+				d.Memory, d.Source = m, "measured (profile.json)"
+			}
 			cur := peaks[c]
 			cur.CPU, cur.Memory, cur.GPUs, cur.VRAM = max(cur.CPU, d.CPU), max(cur.Memory, d.Memory), max(cur.GPUs, d.GPUs), max(cur.VRAM, d.VRAM)
 			cur.Source = d.Source

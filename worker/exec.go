@@ -22,6 +22,9 @@ type result struct {
 	peakRSS    int64
 	peakMemory int64
 	duration   time.Duration
+	cpuSeconds float64
+	readBytes  int64
+	writeBytes int64
 }
 
 // stopCause says why the worker ended a child early.
@@ -188,7 +191,10 @@ wait:
 	r := result{duration: time.Since(start)}
 	ps := cmd.ProcessState
 	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
+		// wait4's usage covers the child and the descendants it waited for.
 		r.peakRSS = ru.Maxrss * 1024
+		r.cpuSeconds = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+		r.readBytes, r.writeBytes = ru.Inblock*512, ru.Oublock*512
 	}
 	ws, _ := ps.Sys().(syscall.WaitStatus)
 	switch {

@@ -29,6 +29,7 @@ Usage:
   shardpool submit --server URL SPEC   publish a run (idempotent)
   shardpool status --server URL [RUN]  run and shard states, workers
   shardpool ckpt commit|latest|verify  atomic checkpoint generations for jobs
+  shardpool profile [--sweep] SPEC     measure the command on small, typical, largest and malformed inputs
   shardpool plan SPEC                  slots per class from measured or declared peaks and this host's budget
   shardpool stage SPEC                 stage a run's inputs to local scratch (checksummed, resumable)
   shardpool preflight [--json]         host snapshot: cgroups, memory, GPUs, mounts, effective budget
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdStatus(ctx, rest, stdout, stderr)
 	case "ckpt":
 		return cmdCkpt(ctx, rest, stdout, stderr)
+	case "profile":
+		return cmdProfile(ctx, rest, stdout, stderr)
 	case "plan":
 		return cmdPlan(ctx, rest, stdout, stderr)
 	case "stage":

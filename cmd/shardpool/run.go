@@ -16,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
@@ -80,7 +81,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	retry := fmt.Sprintf("shardpool run --data %s --retry-failed %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry,
-		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json"))})
+		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl)})
 	if err != nil {
 		stopCoord()
 		g.Wait()
@@ -239,4 +240,16 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// measured is each class's measured peak memory from a plan built on a
+// profile (none for declared peaks).
+func measured(p *plan.Plan) map[string]int64 {
+	out := map[string]int64{}
+	for _, c := range p.Classes {
+		if strings.HasPrefix(c.Peak.Source, "measured") {
+			out[c.Class] = c.Peak.Memory
+		}
+	}
+	return out
 }

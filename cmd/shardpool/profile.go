@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
+)
+
+func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("profile", "shardpool profile [--sweep] [--data DIR] [--json] SPEC", stderr)
+	data := fs.String("data", worker.DefaultStateDir(), "state directory (writes runs/<run>/profile.json)")
+	sweep := fs.Bool("sweep", false, "raise concurrency 1, 2, 4, ... while throughput improves by more than 10%")
+	asJSON := fs.Bool("json", false, "print profile.json")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	spec, man, err := loadRun(pos[0])
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(*data, "runs", spec.Name)
+	scratch, err := os.MkdirTemp("", "shardpool-profile-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(scratch)
+	rep, perr := worker.Profile(ctx, worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: scratch, LogDir: filepath.Join(dir, "profile-logs"), Sweep: *sweep})
+	if rep != nil {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.MkdirAll(dir, 0o755); err == nil {
+			if err := checkpoint.WriteFile(filepath.Join(dir, "profile.json"), append(b, '\n')); err != nil {
+				return err
+			}
+		}
+		if *asJSON {
+			writeJSON(stdout, rep)
+		} else {
+			printProfile(stdout, rep)
+			fmt.Fprintf(stdout, "profile.json: %s\n", filepath.Join(dir, "profile.json"))
+		}
+	}
+	if errors.Is(perr, worker.ErrProfile) {
+		return exitErr{code: exitFailure, msg: perr.Error()}
+	}
+	return perr
+}
+
+func printProfile(w io.Writer, r *worker.ProfileReport) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SAMPLE\tSHARD\tCOST\tSECONDS\tITEMS/S\tPEAK MEMORY\tCPU DUTY\tOUTPUT\tOUTCOME")
+	for _, s := range r.Samples {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f\t%s\t%s %s\n", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, stream.FormatSize(s.PeakMemory), s.CPUDuty, stream.FormatSize(s.OutputBytes), s.Outcome, s.Reason)
+	}
+	tw.Flush()
+	if len(r.Samples) > 0 {
+		fmt.Fprintf(w, "peak memory measured by: %s\n", r.Samples[0].PeakSource)
+	}
+	if s := r.Sustained; s != nil {
+		fmt.Fprintf(w, "sustained: %d shards, p50 %.3fs, p95 %.3fs, %.4fs between shards\n", s.Shards, s.P50, s.P95, s.Overhead)
+	}
+	if o := r.Overhead; o != nil {
+		fmt.Fprintf(w, "profiler overhead: %.3fs with sampling, %.3fs without (%+.3fs)\n", o.With, o.Without, o.Diff)
+	}
+	for _, p := range r.Sweep {
+		fmt.Fprintf(w, "sweep: concurrency %d, %d shards in %.2fs, %.0f items/s\n", p.Concurrency, p.Shards, p.Seconds, p.Throughput)
+	}
+	if r.SweepStop != "" {
+		fmt.Fprintf(w, "sweep stopped: %s; knee at %d\n", r.SweepStop, r.Knee)
+	}
+	for c, p := range r.Classes {
+		fmt.Fprintf(w, "class %s: measured peak memory %s, cpu %.2f\n", c, stream.FormatSize(p.Memory), float64(p.CPU)/1000)
+	}
+	if r.Error != "" {
+		fmt.Fprintf(w, "STOPPED: %s\n", r.Error)
+	}
+}

@@ -1,0 +1,372 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// ErrProfile means a sample failed its correctness check; nothing scales
+// after that.
+var ErrProfile = errors.New("profile stopped")
+
+// ProfileConfig configures Profile.
+type ProfileConfig struct {
+	Spec     *stream.Spec
+	Manifest *stream.Manifest
+	// Scratch holds the samples' {out} and {scratch} (removed after).
+	Scratch string
+	// LogDir receives each sample's stdout and stderr.
+	LogDir string
+	// Sweep raises concurrency 1, 2, 4, ... while throughput improves by
+	// more than SweepGain (default 0.1), up to the budget's slots.
+	Sweep     bool
+	SweepGain float64
+	// Probe gives the budget for the sweep's ceiling. Default: real host.
+	Probe  *probe.Prober
+	Logger *slog.Logger
+}
+
+// Sample is one measured run of the command.
+type Sample struct {
+	Kind         string  `json:"kind"`
+	ID           string  `json:"id"`
+	Class        string  `json:"class"`
+	Cost         int64   `json:"cost"`
+	Seconds      float64 `json:"seconds"`
+	ItemsPerSec  float64 `json:"items_per_sec"`
+	PeakMemory   int64   `json:"peak_memory"`
+	PeakSource   string  `json:"peak_memory_source"`
+	PeakVRAM     string  `json:"peak_vram"`
+	CPUSeconds   float64 `json:"cpu_seconds"`
+	CPUDuty      float64 `json:"cpu_duty"`
+	GPUDuty      string  `json:"gpu_duty"`
+	ReadBytes    int64   `json:"read_bytes"`
+	WriteBytes   int64   `json:"write_bytes"`
+	OutputBytes  int64   `json:"output_bytes"`
+	ScratchBytes int64   `json:"scratch_bytes"`
+	Outcome      string  `json:"outcome"`
+	Reason       string  `json:"reason,omitempty"`
+	Log          string  `json:"log"`
+}
+
+// SweepPoint is one concurrency level of the sweep.
+type SweepPoint struct {
+	Concurrency int     `json:"concurrency"`
+	Shards      int     `json:"shards"`
+	Seconds     float64 `json:"seconds"`
+	Throughput  float64 `json:"items_per_sec"`
+}
+
+// ProfileReport is profile.json.
+type ProfileReport struct {
+	Run       string               `json:"run"`
+	Time      time.Time            `json:"time"`
+	Samples   []Sample             `json:"samples"`
+	Sustained *Sustained           `json:"sustained,omitempty"`
+	Overhead  *Overhead            `json:"profiler_overhead,omitempty"`
+	Sweep     []SweepPoint         `json:"sweep,omitempty"`
+	Knee      int                  `json:"knee,omitempty"`
+	SweepStop string               `json:"sweep_stop,omitempty"`
+	Classes   map[string]plan.Peak `json:"classes"`
+	Limits    string               `json:"limits"`
+	Error     string               `json:"error,omitempty"`
+}
+
+// Sustained is several shards in a row after a warm-up.
+type Sustained struct {
+	Shards   int     `json:"shards"`
+	P50      float64 `json:"p50_seconds"`
+	P95      float64 `json:"p95_seconds"`
+	Overhead float64 `json:"overhead_between_shards_seconds"`
+}
+
+// Overhead compares the median shard with and without sampling.
+type Overhead struct {
+	With    float64 `json:"with_sampling_seconds"`
+	Without float64 `json:"without_sampling_seconds"`
+	Diff    float64 `json:"difference_seconds"`
+}
+
+// Profile measures the command on the smallest, a typical (median) and the
+// largest shard of each class, the malformed inputs the spec names, a
+// sustained sample, and optionally a concurrency sweep. It runs the command
+// exactly as a worker would (environment, thread variables, per-shard
+// cgroup where the host allows). A sample that fails or leaves invalid
+// output stops the profile with that reason: nothing scales after a failed
+// correctness check.
+func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
+	if cfg.SweepGain <= 0 {
+		cfg.SweepGain = 0.1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Probe == nil {
+		p, err := probe.New(probe.Config{})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Probe = p
+	}
+	w := &Worker{cfg: Config{Grace: 5 * time.Second, ProcRoot: "/proc", Probe: cfg.Probe, Binary: selfPath()},
+		log: cfg.Logger, env: environ(), live: map[int]liveShard{}, gpuRes: map[string]string{}}
+	w.limits = limitsMode()
+	w.enforce = w.limits[:8] == "enforced"
+	spec, man := cfg.Spec, cfg.Manifest
+	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Limits: w.limits}
+	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return rep, err
+	}
+	fail := func(s Sample, why string) (*ProfileReport, error) {
+		rep.Samples = append(rep.Samples, s)
+		rep.Error = why
+		return rep, fmt.Errorf("%w: %s", ErrProfile, why)
+	}
+	byClass := map[string][]stream.Shard{}
+	for _, sh := range man.Shards {
+		byClass[sh.Class] = append(byClass[sh.Class], sh)
+	}
+	var median stream.Shard
+	for _, class := range sortedKeys(byClass) {
+		shards := append([]stream.Shard(nil), byClass[class]...)
+		sort.SliceStable(shards, func(i, j int) bool { return shards[i].Cost < shards[j].Cost })
+		picks := []struct {
+			kind string
+			sh   stream.Shard
+		}{{"smallest", shards[0]}, {"median", shards[len(shards)/2]}, {"largest", shards[len(shards)-1]}}
+		if class == stream.DefaultClass || median.ID == "" {
+			median = shards[len(shards)/2]
+		}
+		seen := map[string]bool{}
+		// CPU stays the declared allocation (the thread variables follow it;
+		// using more time-slices rather than fails); memory is measured.
+		peak := plan.Declared(spec.Classes[class])
+		peak.Memory, peak.Source = 0, "measured (profile.json)"
+		for _, p := range picks {
+			if seen[p.sh.ID] {
+				continue
+			}
+			seen[p.sh.ID] = true
+			s := w.sample(ctx, cfg, p.kind, p.sh, true)
+			if s.Outcome != stream.OutcomeOK {
+				return fail(s, fmt.Sprintf("%s shard %s (line %d) failed: %s; fix it before scaling", p.kind, p.sh.ID, p.sh.Line, s.Reason))
+			}
+			rep.Samples = append(rep.Samples, s)
+			peak.Memory = max(peak.Memory, s.PeakMemory)
+		}
+		rep.Classes[class] = peak
+	}
+	for i, bad := range spec.Profile.Malformed {
+		sh := stream.Shard{ID: fmt.Sprintf("malformed-%d", i), Inputs: []string{bad}, Class: stream.DefaultClass}
+		s := w.sample(ctx, cfg, "malformed", sh, true)
+		switch s.Outcome {
+		case stream.OutcomeOK:
+			return fail(s, fmt.Sprintf("malformed input %s was accepted (exit 0): the command must reject bad input", bad))
+		case stream.OutcomeTimeout:
+			return fail(s, fmt.Sprintf("malformed input %s hung until the time limit: the command must fail cleanly", bad))
+		}
+		rep.Samples = append(rep.Samples, s)
+	}
+	// Sustained: a warm-up, then shards in a row.
+	n := min(spec.Profile.Sustained, len(man.Shards))
+	var durs []float64
+	var gaps float64
+	last := time.Time{}
+	for i := range n + 1 {
+		sh := man.Shards[i%len(man.Shards)]
+		start := time.Now()
+		if !last.IsZero() {
+			gaps += start.Sub(last).Seconds()
+		}
+		s := w.sample(ctx, cfg, "sustained", sh, false)
+		last = time.Now()
+		if s.Outcome != stream.OutcomeOK {
+			return fail(s, fmt.Sprintf("sustained sample %s failed: %s", sh.ID, s.Reason))
+		}
+		if i > 0 {
+			durs = append(durs, s.Seconds)
+		}
+	}
+	if len(durs) > 0 {
+		sort.Float64s(durs)
+		rep.Sustained = &Sustained{Shards: len(durs), P50: durs[len(durs)/2], P95: durs[min(len(durs)-1, int(math.Ceil(0.95*float64(len(durs))))-1)], Overhead: gaps / float64(n)}
+	}
+	// Profiler overhead: the median shard without sampling.
+	with := w.sample(ctx, cfg, "median-sampled", median, true)
+	without := w.sample(ctx, cfg, "median-unsampled", median, false)
+	rep.Overhead = &Overhead{With: with.Seconds, Without: without.Seconds, Diff: with.Seconds - without.Seconds}
+	if cfg.Sweep {
+		w.sweep(ctx, cfg, rep)
+	}
+	return rep, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// sample runs one shard's command; with measure, its process tree's peak
+// memory is sampled (a cgroup's peak where one can be made, else polling).
+func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh stream.Shard, measure bool) Sample {
+	spec := cfg.Spec
+	cls := spec.Classes[sh.Class]
+	s := Sample{Kind: kind, ID: sh.ID, Class: sh.Class, Cost: sh.Cost, PeakVRAM: "unknown: needs NVML per-process accounting (not built)", GPUDuty: "unknown: not built"}
+	base, err := os.MkdirTemp(cfg.Scratch, "sample-")
+	if err != nil {
+		s.Outcome, s.Reason = stream.OutcomeStart, err.Error()
+		return s
+	}
+	defer os.RemoveAll(base)
+	v := stream.Vars{ID: sh.ID, Inputs: sh.Inputs, Out: filepath.Join(base, "out"), Scratch: filepath.Join(base, "tmp"), Ckpt: filepath.Join(base, "ckpt"), Attempt: 1}
+	for _, d := range []string{v.Out, v.Scratch, v.Ckpt} {
+		os.MkdirAll(d, 0o755)
+	}
+	argv, err := stream.Expand(spec.Command, v)
+	if err != nil {
+		s.Outcome, s.Reason = stream.OutcomeStart, err.Error()
+		return s
+	}
+	env := childEnv(w.cfg.Binary, w.env, spec, cls, &stream.ShardMsg{Run: spec.Name, ID: sh.ID, Params: sh.Params}, v)
+	s.Log = filepath.Join(cfg.LogDir, fmt.Sprintf("%s-%s.log", kind, sh.ID))
+	var cg *shardCgroup
+	var onStart func(int) func()
+	var peak int64
+	var mu sync.Mutex
+	if measure {
+		if w.enforce {
+			if c, err := newShardCgroup(fmt.Sprintf("profile-%s-%d", sh.ID, time.Now().UnixNano()), 0, 0); err == nil {
+				cg = c
+				defer cg.remove()
+				s.PeakSource = "cgroup v1 memory.max_usage_in_bytes of the shard's own cgroup"
+			}
+		}
+		if cg == nil {
+			s.PeakSource = "polling the process group's RSS in /proc every 20 ms (short peaks can be missed)"
+			onStart = func(pgid int) func() {
+				stop := make(chan struct{})
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					t := time.NewTicker(20 * time.Millisecond)
+					defer t.Stop()
+					for {
+						r := groupRSS("/proc", map[int]liveShard{pgid: {}})[pgid]
+						mu.Lock()
+						peak = max(peak, r)
+						mu.Unlock()
+						select {
+						case <-stop:
+							return
+						case <-t.C:
+						}
+					}
+				}()
+				return func() { close(stop); <-done }
+			}
+		}
+	}
+	timeout := spec.TimeoutFor(sh.Class)
+	if timeout == 0 {
+		timeout = 10 * time.Minute
+	}
+	res := w.execute(argv, env, spec.Dir, s.Log, timeout, nil, nil, onStart, cg.procsFiles())
+	s.Seconds, s.CPUSeconds, s.ReadBytes, s.WriteBytes = res.duration.Seconds(), res.cpuSeconds, res.readBytes, res.writeBytes
+	s.Outcome, s.Reason = res.outcome, res.reason
+	if cg != nil {
+		peak = cg.peak()
+	}
+	mu.Lock()
+	s.PeakMemory = max(peak, res.peakRSS)
+	mu.Unlock()
+	if s.Seconds > 0 {
+		s.ItemsPerSec = float64(sh.Cost) / s.Seconds
+		s.CPUDuty = s.CPUSeconds / s.Seconds / float64(max(cls.CPUs, 1))
+	}
+	s.OutputBytes, s.ScratchBytes = dirBytes(v.Out), dirBytes(v.Scratch)
+	if s.Outcome == stream.OutcomeOK {
+		// The output must be committable: no symlinks, devices or reserved names.
+		if p, err := checkpoint.Prepare(ctx, filepath.Join(base, "check"), v.Out, checkpoint.Options{}); err != nil {
+			s.Outcome, s.Reason = stream.OutcomeInvalid, err.Error()
+		} else {
+			p.Discard()
+		}
+	}
+	return s
+}
+
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// sweep raises concurrency in powers of two while throughput improves by
+// more than the threshold, up to the slots the budget allows for the
+// measured peak.
+func (w *Worker) sweep(ctx context.Context, cfg ProfileConfig, rep *ProfileReport) {
+	spec, man := cfg.Spec, cfg.Manifest
+	ceiling := len(man.Shards)
+	if snap, err := cfg.Probe.Snapshot(ctx, nil); err == nil {
+		for c, peak := range rep.Classes {
+			sl := plan.Compute(plan.FromProbe(snap.Budget), plan.Peak{}, peak, spec.Classes[c].GPUs > 0)
+			ceiling = min(ceiling, max(sl.N, 1))
+		}
+	}
+	best := 0.0
+	for k := 1; k <= ceiling; k *= 2 {
+		shards := make([]stream.Shard, 2*k)
+		var cost int64
+		for i := range shards {
+			shards[i] = man.Shards[i%len(man.Shards)]
+			cost += max(shards[i].Cost, 1)
+		}
+		start := time.Now()
+		sem := make(chan struct{}, k)
+		var wg sync.WaitGroup
+		for _, sh := range shards {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				w.sample(ctx, cfg, fmt.Sprintf("sweep-%d", k), sh, false)
+			}()
+		}
+		wg.Wait()
+		secs := time.Since(start).Seconds()
+		pt := SweepPoint{Concurrency: k, Shards: len(shards), Seconds: secs, Throughput: float64(cost) / secs}
+		rep.Sweep = append(rep.Sweep, pt)
+		if pt.Throughput <= best*(1+cfg.SweepGain) {
+			rep.SweepStop = fmt.Sprintf("throughput at %d (%.0f/s) is not %.0f%% better than at %d: the knee", k, pt.Throughput, 100*cfg.SweepGain, rep.Knee)
+			return
+		}
+		best, rep.Knee = pt.Throughput, k
+	}
+	rep.SweepStop = fmt.Sprintf("reached the budget's ceiling of %d slot(s)", ceiling)
+}

@@ -1,0 +1,92 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
+)
+
+func profileJob(t *testing.T, command []string, extra string) (*stream.Spec, *stream.Manifest) {
+	t.Helper()
+	path := testenv.WriteJob(t, testenv.Job{Shards: 5, Command: command, Extra: extra,
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"p%d","inputs":[%q],"cost":%d,"params":{"mib":"%d"}}`, i, in, (i+1)*10, (i+1)*10)
+		}})
+	spec, err := stream.LoadSpec(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := stream.LoadManifest(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec, man
+}
+
+func runProfile(t *testing.T, spec *stream.Spec, man *stream.Manifest, sweep bool) (*worker.ProfileReport, error) {
+	t.Helper()
+	return worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Sweep: sweep})
+}
+
+// The largest shard allocates 50 MiB: the class's measured peak must see it.
+func TestProfileMeasuresPeaksAndSweeps(t *testing.T) {
+	spec, man := profileJob(t, []string{"sh", "-c", `head -c "${SHARDPOOL_PARAM_MIB}M" /dev/zero | tail -n 1 > /dev/null; echo ok > "$1/r"`, "sh", "{out}"}, "")
+	rep, err := runProfile(t, spec, man, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]worker.Sample{}
+	for _, s := range rep.Samples {
+		kinds[s.Kind] = s
+	}
+	if kinds["smallest"].ID != "p0" || kinds["median"].ID != "p2" || kinds["largest"].ID != "p4" {
+		t.Fatalf("samples by cost: got %v/%v/%v, want p0/p2/p4", kinds["smallest"].ID, kinds["median"].ID, kinds["largest"].ID)
+	}
+	if p := rep.Classes["cpu"].Memory; p < 40<<20 {
+		t.Fatalf("measured peak %d, want at least 40 MiB (the largest shard holds 50 MiB) via %s", p, kinds["largest"].PeakSource)
+	}
+	if kinds["largest"].OutputBytes != 3 || kinds["largest"].CPUSeconds <= 0 {
+		t.Fatalf("largest sample: %+v", kinds["largest"])
+	}
+	if rep.Sustained == nil || rep.Sustained.Shards != 4 || rep.Overhead == nil {
+		t.Fatalf("sustained %+v overhead %+v", rep.Sustained, rep.Overhead)
+	}
+	if len(rep.Sweep) == 0 || rep.Knee < 1 || rep.SweepStop == "" {
+		t.Fatalf("sweep: %+v knee %d (%s)", rep.Sweep, rep.Knee, rep.SweepStop)
+	}
+}
+
+func TestProfileStopsOnCorrectness(t *testing.T) {
+	// The median shard fails: nothing after it runs.
+	spec, man := profileJob(t, []string{"sh", "-c", `[ "$SHARDPOOL_SHARD_ID" != p2 ] || { echo broken >&2; exit 4; }`}, "")
+	rep, err := runProfile(t, spec, man, true)
+	if !errors.Is(err, worker.ErrProfile) || !strings.Contains(err.Error(), "median shard p2") || len(rep.Sweep) != 0 {
+		t.Fatalf("failing sample: got %v (sweep %v), want a stop naming the median shard and no sweep", err, rep.Sweep)
+	}
+	// A malformed input that the command accepts is a failed check.
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.txt")
+	os.WriteFile(bad, []byte("\x00\x01garbage"), 0o644)
+	spec, man = profileJob(t, []string{"true"}, fmt.Sprintf("[profile]\nmalformed = [%q]\n", bad))
+	if _, err := runProfile(t, spec, man, false); !errors.Is(err, worker.ErrProfile) || !strings.Contains(err.Error(), "was accepted") {
+		t.Fatalf("accepted malformed input: got %v", err)
+	}
+	// One that hangs is a failed check too, bounded by the timeout.
+	spec, man = profileJob(t, []string{"sh", "-c", `case "$1" in *bad.txt) sleep 30;; esac`, "sh", "{input}"}, fmt.Sprintf("timeout = \"500ms\"\n[profile]\nmalformed = [%q]\n", bad))
+	if _, err := runProfile(t, spec, man, false); !errors.Is(err, worker.ErrProfile) || !strings.Contains(err.Error(), "hung") {
+		t.Fatalf("hanging on malformed input: got %v", err)
+	}
+	// One that fails cleanly passes.
+	spec, man = profileJob(t, []string{"sh", "-c", `case "$1" in *bad.txt) exit 2;; esac`, "sh", "{input}"}, fmt.Sprintf("[profile]\nmalformed = [%q]\n", bad))
+	if _, err := runProfile(t, spec, man, false); err != nil {
+		t.Fatalf("clean rejection of a malformed input: %v", err)
+	}
+}
