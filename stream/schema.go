@@ -104,6 +104,7 @@ const (
 	OutcomeLost        = "lost"
 	OutcomeDiscarded   = "discarded"
 	OutcomeStage       = "stage-error"
+	OutcomePreempted   = "preempted"
 )
 
 // Output is a committed shard output.

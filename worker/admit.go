@@ -21,6 +21,9 @@ const pressureStop = 20.0
 
 // admit says how many shards of class may be fetched now, and why.
 func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, string) {
+	if crit, why := w.isCritical(); crit {
+		return 0, fmt.Sprintf("class %s: host under critical memory pressure (%s): not fetching", class, why)
+	}
 	if !w.cfg.Auto {
 		slots := w.cfg.Slots[class]
 		return slots - inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)

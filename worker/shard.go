@@ -348,7 +348,19 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			w.log.Warn("shard cgroup", "shard", a.key, "err", err)
 		}
 	}
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, lost, onStart, cg.procsFiles())
+	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, started: time.Now(), preempt: make(chan struct{})}
+	w.addRunning(rr)
+	stopOrPreempt, unmerge := mergeStop(stop, rr.preempt)
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stopOrPreempt, lost, onStart, cg.procsFiles())
+	unmerge()
+	w.removeRunning(a.key)
+	select {
+	case <-rr.preempt:
+		if res.outcome == stream.OutcomeInterrupted {
+			res.outcome, res.reason = stream.OutcomePreempted, rr.why
+		}
+	default:
+	}
 	if cg != nil {
 		res.peakMemory = cg.peak()
 		if n := cg.oomKills(); n > 0 && res.outcome != stream.OutcomeOK {
@@ -461,6 +473,24 @@ func (w *Worker) stagingLog(m *stream.ShardMsg, attempt int, s staging.Stats) {
 	f.Write(append(line, '\n'))
 }
 
+// mergeStop returns a channel that closes when either a or b closes; the
+// returned function releases the goroutine that watches them.
+func mergeStop(a, b <-chan struct{}) (<-chan struct{}, func()) {
+	out, done := make(chan struct{}), make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-a:
+			close(out)
+		case <-b:
+			close(out)
+		case <-done:
+		}
+	}()
+	return out, func() { close(done); <-exited }
+}
+
 // heartbeat keeps the message in progress and the lease renewed at a third
 // of the TTL; it closes lost when the lease cannot be renewed.
 func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, l *lease, lost chan<- struct{}) {
@@ -534,6 +564,17 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		}
 		at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
 		res.outcome = stream.OutcomeCommit
+	}
+	if res.outcome == stream.OutcomePreempted {
+		delay := w.backoff(a.attempt)
+		a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
+		if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
+			w.log.Warn("record preemption", "shard", a.key, "err", err)
+		}
+		w.release(l)
+		w.admission(m.Run, m.ID, class, "requeue", a.rec.Reason)
+		_ = a.msg.NakWithDelay(delay)
+		return
 	}
 	if res.outcome == stream.OutcomeInterrupted {
 		a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, "interrupted by worker shutdown; requeued"

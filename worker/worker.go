@@ -56,6 +56,17 @@ type Config struct {
 	// stage = true): concurrent copies, bytes per second, bytes of staged
 	// files kept for later shards. Its Dir defaults to Scratch/stage.
 	Staging staging.Config
+	// PressureEvery is the period of the memory pressure check. Default 1s.
+	PressureEvery time.Duration
+	// CriticalHeadroom: below this much free memory (host or cgroup) the
+	// host is critical. Default 256 MiB.
+	CriticalHeadroom int64
+	// PressureFull: memory PSI "full" avg10 (percent) above which the host
+	// is critical. Default 10.
+	PressureFull float64
+	// CriticalFor is how many consecutive critical checks preempt the
+	// youngest shard. Default 3.
+	CriticalFor int
 	// Probe measures the host for the worker's reports. Default: the real
 	// host (probe.New with zero Config).
 	Probe *probe.Prober
@@ -101,8 +112,10 @@ type Worker struct {
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
 	live     map[int]liveShard
-	gpuRes   map[string]string // GPU UUID -> shard key holding it
-	enforce  bool              // per-shard cgroups can be made here
+	gpuRes   map[string]string   // GPU UUID -> shard key holding it
+	active   map[string]*running // shards whose command runs, by key
+	critical string              // why memory is critical now, or ""
+	enforce  bool                // per-shard cgroups can be made here
 	limits   string
 	hostLogF *os.File
 
@@ -167,6 +180,18 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Binary == "" {
 		cfg.Binary = selfPath()
 	}
+	if cfg.PressureEvery <= 0 {
+		cfg.PressureEvery = time.Second
+	}
+	if cfg.CriticalHeadroom <= 0 {
+		cfg.CriticalHeadroom = 256 << 20
+	}
+	if cfg.PressureFull <= 0 {
+		cfg.PressureFull = 10
+	}
+	if cfg.CriticalFor <= 0 {
+		cfg.CriticalFor = 3
+	}
 	if cfg.Probe == nil {
 		p, err := probe.New(probe.Config{})
 		if err != nil {
@@ -175,7 +200,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}}, nil
 }
 
 // DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
@@ -222,6 +247,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var shards sync.WaitGroup
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.report(gctx) })
+	g.Go(func() error { return w.watchPressure(gctx) })
 	classes := make([]string, 0, len(w.cfg.Slots))
 	for c, n := range w.cfg.Slots {
 		if n > 0 {
