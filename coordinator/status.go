@@ -104,14 +104,31 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		}
 	}
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Name < st.Workers[j].Name })
+	caps := fleetState(ctx, js)
 	for i := range st.Runs {
-		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers)
+		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
 	}
 	return st, nil
 }
 
+// capState is a class consumer's fleet cap and what is in flight.
+type capState struct{ cap, inflight int }
+
+func fleetState(ctx context.Context, js jetstream.JetStream) map[string]capState {
+	out := map[string]capState{}
+	s, err := js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return out
+	}
+	l := s.ListConsumers(ctx)
+	for info := range l.Info() {
+		out[info.Name] = capState{cap: info.Config.MaxAckPending, inflight: info.NumAckPending}
+	}
+	return out
+}
+
 // waiting explains, per class with queued shards, why they are not running.
-func waiting(r RunStatus, workers []stream.WorkerReport) []string {
+func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]capState) []string {
 	var out []string
 	for _, class := range sortedClasses(r.ClassCounts) {
 		c := r.ClassCounts[class]
@@ -123,7 +140,12 @@ func waiting(r RunStatus, workers []stream.WorkerReport) []string {
 			slots += w.Slots[class]
 			busy += w.Running[class]
 		}
+		cs := caps[class]
 		switch {
+		case cs.cap > 0 && cs.inflight >= cs.cap:
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: the fleet cap of %d in flight is reached", class, c.Pending, cs.cap))
+		case slots == 0 && len(workers) > 0 && anyAuto(workers):
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: workers admit by measured headroom; see their admission.log", class, c.Pending))
 		case slots == 0:
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: no live worker serves class %s", class, c.Pending, class))
 		case busy >= slots:
@@ -162,4 +184,15 @@ func unfinished(ctx context.Context, b *stream.Buckets, r stream.RunRecord) ([]s
 	}
 	sort.Slice(out, func(i, j int) bool { return strings.Compare(out[i].ID, out[j].ID) < 0 })
 	return out, nil
+}
+
+// anyAuto reports whether a worker admits by measured headroom (its slots
+// are not a fixed table).
+func anyAuto(workers []stream.WorkerReport) bool {
+	for _, w := range workers {
+		if w.Auto {
+			return true
+		}
+	}
+	return false
 }

@@ -216,6 +216,8 @@ type WorkerReport struct {
 	Headroom map[string]Resource `json:"headroom,omitempty"`
 	// Limits says whether per-shard limits are enforced by the OS or only watched.
 	Limits string `json:"limits,omitempty"`
+	// Auto is true when slots come from measured admission.
+	Auto bool `json:"auto,omitempty"`
 }
 
 // Resource is a three-state probe value: a number, unlimited, or unknown

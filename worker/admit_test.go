@@ -106,3 +106,30 @@ func TestShardOverItsDeclaredMemoryIsKilledInItsOwnCgroup(t *testing.T) {
 		t.Fatalf("big shard: %s %s (%s), want failed by OOM in its own cgroup", big.State, a.Outcome, a.Reason)
 	}
 }
+
+// TestFleetCapBoundsAllHosts: two workers with two slots each, and a fleet
+// cap of one shard of the class in flight: never more than one runs, and
+// status says the cap is why the others wait.
+func TestFleetCapBoundsAllHosts(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Workers: 2, Slots: map[string]int{"cpu": 2}})
+	dir := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4,
+		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 0.5 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{ClassCaps: map[string]int{"cpu": 1}})
+	var why string
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		st, err := coordinator.ReadStatus(context.Background(), env.JS, "t")
+		if err != nil || len(st.Runs) != 1 {
+			return false, fmt.Sprint(err)
+		}
+		why = strings.Join(st.Runs[0].Waiting, "; ")
+		return strings.Contains(why, "fleet cap of 1"), "waiting: " + why
+	})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	for i := range 4 {
+		b, _ := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", fmt.Sprintf("s%04d", i), "n"))
+		if strings.TrimSpace(string(b)) != "1" {
+			t.Fatalf("shard %d saw %s running at once, want 1 under a fleet cap of 1", i, strings.TrimSpace(string(b)))
+		}
+	}
+}

@@ -460,7 +460,7 @@ func (w *Worker) report(ctx context.Context) error {
 	for {
 		r := w.snapshot()
 		r.Headroom = w.headroom(ctx)
-		r.Limits = w.limits
+		r.Limits, r.Auto = w.limits, w.cfg.Auto
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
 				w.log.Warn("worker report", "err", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +16,7 @@ import (
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -41,8 +43,12 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer nc.Close()
 	resume := fmt.Sprintf("shardpool submit --server %s %s", shellQuote(*server), shellQuote(spec.SpecPath))
 	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", shellQuote(*server), shellQuote(spec.SpecPath))
+	caps, err := fleetCaps()
+	if err != nil {
+		return err
+	}
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd,
-		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json"))})
+		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps})
 	if err != nil {
 		return err
 	}
@@ -176,4 +182,14 @@ func headroom(h map[string]stream.Resource) string {
 		parts = append(parts, fmt.Sprintf("%s %s (%s)", name, v, r.Source))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// fleetCaps reads the [fleet] caps of the user's policy file: the most
+// shards of each class in flight across every host.
+func fleetCaps() (map[string]int, error) {
+	pol, err := probe.LoadPolicy(probe.DefaultPolicyPath(os.Getenv))
+	if err != nil {
+		return nil, err
+	}
+	return pol.Fleet, nil
 }

@@ -80,8 +80,14 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	retry := fmt.Sprintf("shardpool run --data %s --retry-failed %s", shellQuote(absData), shellQuote(spec.SpecPath))
+	caps, err := fleetCaps()
+	if err != nil {
+		stopCoord()
+		g.Wait()
+		return err
+	}
 	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry,
-		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl)})
+		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), ClassCaps: caps})
 	if err != nil {
 		stopCoord()
 		g.Wait()
