@@ -40,6 +40,7 @@ bench: build
 	$(GO) run ./bench/pool -bin $(BIN)
 	$(GO) run ./bench/probe
 	$(GO) run ./bench/stage
+	$(GO) run ./bench/admit -bin $(BIN)
 
 clean:
 	rm -rf bin .demo-state examples/compress/out examples/compress/corpus examples/compress/manifest.jsonl
