@@ -136,14 +136,20 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]capStat
 			continue
 		}
 		slots, busy := 0, 0
+		var whys []string
 		for _, w := range workers {
 			slots += w.Slots[class]
 			busy += w.Running[class]
+			if why, ok := w.Waiting[class]; ok {
+				whys = append(whys, w.Name+": "+why)
+			}
 		}
 		cs := caps[class]
 		switch {
 		case cs.cap > 0 && cs.inflight >= cs.cap:
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: the fleet cap of %d in flight is reached", class, c.Pending, cs.cap))
+		case len(whys) > 0:
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: %s", class, c.Pending, strings.Join(whys, "; ")))
 		case slots == 0 && len(workers) > 0 && anyAuto(workers):
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: workers admit by measured headroom; see their admission.log", class, c.Pending))
 		case slots == 0:

@@ -218,6 +218,8 @@ type WorkerReport struct {
 	Limits string `json:"limits,omitempty"`
 	// Auto is true when slots come from measured admission.
 	Auto bool `json:"auto,omitempty"`
+	// Waiting is, per class, why the worker is not fetching right now.
+	Waiting map[string]string `json:"waiting,omitempty"`
 }
 
 // Resource is a three-state probe value: a number, unlimited, or unknown

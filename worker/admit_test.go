@@ -80,6 +80,15 @@ func TestAutoAdmissionUnknownAdmitsNothing(t *testing.T) {
 	if r, _ := env.Run("t"); r.Counts.Running+r.Counts.Validated != 0 {
 		t.Fatalf("counts %+v: shards ran although the memory budget is unknown", r.Counts)
 	}
+	// status tells why, from the worker's own report.
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, err := coordinator.ReadStatus(context.Background(), env.JS, "t")
+		if err != nil || len(st.Runs) != 1 {
+			return false, fmt.Sprint(err)
+		}
+		why := strings.Join(st.Runs[0].Waiting, "; ")
+		return strings.Contains(why, "w1: class cpu") && strings.Contains(why, "memory budget unknown"), "waiting: " + why
+	})
 }
 
 // TestShardOverItsDeclaredMemoryIsKilledInItsOwnCgroup: with per-shard

@@ -114,6 +114,7 @@ type Worker struct {
 	live     map[int]liveShard
 	gpuRes   map[string]string   // GPU UUID -> shard key holding it
 	active   map[string]*running // shards whose command runs, by key
+	waits    map[string]string   // per class: why the worker is not fetching
 	critical string              // why memory is critical now, or ""
 	enforce  bool                // per-shard cgroups can be made here
 	limits   string
@@ -200,7 +201,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
 }
 
 // DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
@@ -315,6 +316,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 	lastWhy := ""
 	for {
 		n, why := w.admit(ctx, class, g.count())
+		w.setWait(class, n, why)
 		if n <= 0 {
 			if why != lastWhy {
 				w.hostLog(class, "wait", why)
@@ -408,6 +410,17 @@ func (g *gate) done(n int) {
 	}
 }
 
+// setWait records why class is not being fetched (n <= 0), or clears it.
+func (w *Worker) setWait(class string, n int, why string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n > 0 {
+		delete(w.waits, class)
+		return
+	}
+	w.waits[class] = why
+}
+
 func (w *Worker) track(class string, d int) {
 	w.mu.Lock()
 	w.running[class] += d
@@ -431,8 +444,12 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	for c, n := range w.running {
 		running[c] = n
 	}
+	waits := map[string]string{}
+	for c, why := range w.waits {
+		waits[c] = why
+	}
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Slots: w.cfg.Slots,
-		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC()}
+		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits}
 }
 
 // headroom is the compact probe published with each report: the effective

@@ -59,10 +59,10 @@ func main() {
 		return dir
 	}
 	type result struct {
-		name          string
-		secs          float64
-		done, failed  int
-		oom           int64
+		name         string
+		secs         float64
+		done, failed int
+		oom          int64
 	}
 	var results []result
 	inCgroup := func(args ...string) (float64, int64) {
