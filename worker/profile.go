@@ -153,7 +153,17 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 		}
 		seen := map[string]bool{}
 		// CPU stays the declared allocation (the thread variables follow it;
-		// using more time-slices rather than fails); memory is measured.
+		// using more time-slices rather than fails); memory is measured. An
+		// outlier's peak belongs to the outlier class plan.SplitOutliers
+		// makes, not to the normal shards'.
+		costs := make([]int64, len(shards))
+		for i, sh := range shards {
+			costs[i] = sh.Cost
+		}
+		outlier := map[string]bool{}
+		for _, i := range plan.Outliers(costs, plan.OutlierFactor) {
+			outlier[shards[i].ID] = true
+		}
 		peak := plan.Declared(spec.Classes[class])
 		peak.Memory, peak.Source = 0, "measured (profile.json)"
 		for _, p := range picks {
@@ -166,6 +176,12 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 				return fail(s, fmt.Sprintf("%s shard %s (line %d) failed: %s; fix it before scaling", p.kind, p.sh.ID, p.sh.Line, s.Reason))
 			}
 			rep.Samples = append(rep.Samples, s)
+			if outlier[p.sh.ID] {
+				op := plan.Declared(spec.Classes[class])
+				op.Memory, op.Source = s.PeakMemory, "measured (profile.json, largest shard)"
+				rep.Classes[class+plan.OutlierSuffix] = op
+				continue
+			}
 			peak.Memory = max(peak.Memory, s.PeakMemory)
 		}
 		rep.Classes[class] = peak

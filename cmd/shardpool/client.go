@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
@@ -36,6 +37,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	plan.SplitOutliers(spec, man)
 	nc, js, err := connect(ctx, *server, "shardpool-submit")
 	if err != nil {
 		return err

@@ -72,6 +72,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	plan.SplitOutliers(spec, man)
 	p, err := makePlan(ctx, spec, man, *data)
 	if err != nil {
 		return err

@@ -50,6 +50,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	plan.SplitOutliers(spec, man)
 	absData, err := filepath.Abs(*data)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 
 	"github.com/shardpool/shardpool/stream"
 )
@@ -103,4 +104,53 @@ func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, 
 		p.Classes = append(p.Classes, cp)
 	}
 	return p
+}
+
+// OutlierSuffix names the class that a class's outliers move to.
+const OutlierSuffix = "-outlier"
+
+// SplitOutliers moves each class's outliers (cost above OutlierFactor times
+// the class median) to a class of their own, "<class>-outlier", with the
+// same request: it gets its own consumer and slots, so one huge shard
+// cannot stall the others, and its own measured peak when profiled. The
+// split depends only on the spec and manifest, so the run's fingerprint
+// does not change with measurements. It returns the classes it created.
+func SplitOutliers(spec *stream.Spec, man *stream.Manifest) []string {
+	by := map[string][]int{}
+	for i, sh := range man.Shards {
+		by[sh.Class] = append(by[sh.Class], i)
+	}
+	var made []string
+	for _, class := range sortedClasses(by) {
+		if strings.HasSuffix(class, OutlierSuffix) {
+			continue
+		}
+		idx := by[class]
+		costs := make([]int64, len(idx))
+		for j, i := range idx {
+			costs[j] = man.Shards[i].Cost
+		}
+		out := Outliers(costs, OutlierFactor)
+		name := class + OutlierSuffix
+		if len(out) == 0 || !stream.ValidClass(name) {
+			continue
+		}
+		if _, exists := spec.Classes[name]; !exists {
+			spec.Classes[name] = spec.Classes[class]
+		}
+		for _, j := range out {
+			man.Shards[idx[j]].Class = name
+		}
+		made = append(made, name)
+	}
+	return made
+}
+
+func sortedClasses(m map[string][]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -53,5 +54,27 @@ func TestFitsAndOutliers(t *testing.T) {
 	got := Outliers([]int64{10, 12, 9, 11, 500, 10, 13}, 4)
 	if len(got) != 1 || got[0] != 4 {
 		t.Fatalf("outliers: got %v, want [4]", got)
+	}
+}
+
+func TestSplitOutliersMovesThemToTheirOwnClass(t *testing.T) {
+	spec := &stream.Spec{Classes: map[string]stream.Class{"cpu": {CPUs: 1, Memory: 1 << 30}}}
+	man := &stream.Manifest{}
+	for i, c := range []int64{10, 12, 9, 11, 5000, 10, 13} {
+		man.Shards = append(man.Shards, stream.Shard{ID: string(rune('a' + i)), Class: "cpu", Cost: c})
+	}
+	made := SplitOutliers(spec, man)
+	if len(made) != 1 || made[0] != "cpu-outlier" {
+		t.Fatalf("made %v, want [cpu-outlier]", made)
+	}
+	if man.Shards[4].Class != "cpu-outlier" || man.Shards[0].Class != "cpu" {
+		t.Fatalf("classes: %s and %s, want the 5000-cost shard alone in cpu-outlier", man.Shards[4].Class, man.Shards[0].Class)
+	}
+	if spec.Classes["cpu-outlier"] != spec.Classes["cpu"] {
+		t.Fatalf("outlier class request %+v, want the parent's %+v", spec.Classes["cpu-outlier"], spec.Classes["cpu"])
+	}
+	// Deterministic: a second split changes nothing.
+	if again := SplitOutliers(spec, man); len(again) != 0 {
+		t.Fatalf("second split made %v", again)
 	}
 }
