@@ -2,7 +2,6 @@ package checkpoint_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
@@ -18,17 +17,6 @@ import (
 	"github.com/shardpool/shardpool/testenv"
 )
 
-func randomFile(t *testing.T, dir, name string, size int) string {
-	t.Helper()
-	b := make([]byte, size)
-	rand.Read(b)
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // TestCrashConsistency SIGKILLs `shardpool ckpt commit` at random points of
 // many commits and checks that verify never accepts a partial generation
 // and that no verified generation is ever lost. (A process kill keeps the
@@ -37,7 +25,7 @@ func TestCrashConsistency(t *testing.T) {
 	testenv.Binary(t)
 	dir := filepath.Join(t.TempDir(), "ckpt")
 	src := t.TempDir()
-	files := []string{randomFile(t, src, "weights.bin", 3<<20), randomFile(t, src, "optimizer.bin", 1<<20), randomFile(t, src, "step", 16)}
+	files := []string{testenv.RandomFile(t, src, "weights.bin", 3<<20), testenv.RandomFile(t, src, "optimizer.bin", 1<<20), testenv.RandomFile(t, src, "step", 16)}
 	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	verified := 0
 	killedMidway := 0
@@ -88,11 +76,11 @@ func TestDiskFullLeavesPreviousGeneration(t *testing.T) {
 	testenv.SmallTmpfs(t, dir, "1m")
 	src := t.TempDir()
 	ctx := context.Background()
-	small := randomFile(t, src, "state", 200<<10)
+	small := testenv.RandomFile(t, src, "state", 200<<10)
 	if _, err := checkpoint.Commit(ctx, dir, []string{small}, checkpoint.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	big := randomFile(t, src, "big", 2<<20)
+	big := testenv.RandomFile(t, src, "big", 2<<20)
 	_, err := checkpoint.Commit(ctx, dir, []string{big}, checkpoint.Options{})
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("commit on a full disk: got %v, want ENOSPC", err)
@@ -124,7 +112,7 @@ func TestConcurrentCommittersGetDistinctGenerations(t *testing.T) {
 	results := make([]int64, 8)
 	errs := make([]error, 8)
 	for i := range 8 {
-		f := randomFile(t, src, fmt.Sprintf("f%d", i), 64<<10)
+		f := testenv.RandomFile(t, src, fmt.Sprintf("f%d", i), 64<<10)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -162,9 +150,9 @@ func TestConcurrentCommittersGetDistinctGenerations(t *testing.T) {
 func TestReplicateVerifiesAndWritesMarkerLast(t *testing.T) {
 	ctx := context.Background()
 	src := t.TempDir()
-	randomFile(t, src, "a", 1<<20)
+	testenv.RandomFile(t, src, "a", 1<<20)
 	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
-	randomFile(t, filepath.Join(src, "sub"), "b", 1000)
+	testenv.RandomFile(t, filepath.Join(src, "sub"), "b", 1000)
 	g, err := checkpoint.Commit(ctx, filepath.Join(t.TempDir(), "ck"), []string{filepath.Join(src, "a"), filepath.Join(src, "sub")}, checkpoint.Options{})
 	if err != nil {
 		t.Fatal(err)

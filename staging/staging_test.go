@@ -2,7 +2,6 @@ package staging_test
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,17 +17,6 @@ import (
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker/probe"
 )
-
-func randomFile(t *testing.T, dir, name string, size int) string {
-	t.Helper()
-	b := make([]byte, size)
-	rand.Read(b)
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 func newStager(t *testing.T, cfg staging.Config) *staging.Stager {
 	t.Helper()
@@ -61,8 +49,8 @@ func describe(t *testing.T, paths ...string) []stream.InputFile {
 
 func TestStageVerifiesAndShares(t *testing.T) {
 	src := t.TempDir()
-	a := randomFile(t, src, "a.bin", 3*staging.ChunkSize+123)
-	b := randomFile(t, src, "b.txt", 10)
+	a := testenv.RandomFile(t, src, "a.bin", 3*staging.ChunkSize+123)
+	b := testenv.RandomFile(t, src, "b.txt", 10)
 	s := newStager(t, staging.Config{CacheBytes: 1 << 30})
 	files := describe(t, a, b)
 	st, err := s.Stage(context.Background(), files, 0)
@@ -83,7 +71,7 @@ func TestStageVerifiesAndShares(t *testing.T) {
 
 func TestCorruptCopyIsRefetchedAndCorruptSourceFails(t *testing.T) {
 	src := t.TempDir()
-	a := randomFile(t, src, "a.bin", 2*staging.ChunkSize+7)
+	a := testenv.RandomFile(t, src, "a.bin", 2*staging.ChunkSize+7)
 	s := newStager(t, staging.Config{CacheBytes: 1 << 30})
 	files := describe(t, a)
 	st, err := s.Stage(context.Background(), files, 0)
@@ -115,13 +103,13 @@ func TestDiskThatWouldFillIsRefusedBeforeCopying(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "small")
 	testenv.SmallTmpfs(t, dir, "1m")
 	src := t.TempDir()
-	big := randomFile(t, src, "big.bin", 2<<20)
+	big := testenv.RandomFile(t, src, "big.bin", 2<<20)
 	s := newStager(t, staging.Config{Dir: dir})
 	_, err := s.Stage(context.Background(), describe(t, big), 0)
 	if !errors.Is(err, staging.ErrNoSpace) || !strings.Contains(err.Error(), "2.0MiB") {
 		t.Fatalf("got %v, want ErrNoSpace naming the 2MiB need", err)
 	}
-	small := randomFile(t, src, "small.bin", 100<<10)
+	small := testenv.RandomFile(t, src, "small.bin", 100<<10)
 	if _, err := s.Stage(context.Background(), describe(t, small), 4<<20); !errors.Is(err, staging.ErrNoSpace) {
 		t.Fatalf("declared scratch beyond the disk: got %v, want ErrNoSpace", err)
 	}
@@ -172,7 +160,7 @@ func TestPackRoundTrip(t *testing.T) {
 	src := t.TempDir()
 	var files []string
 	for i := range 500 {
-		files = append(files, randomFile(t, src, fmt.Sprintf("f%03d.dat", i), 1+i*7))
+		files = append(files, testenv.RandomFile(t, src, fmt.Sprintf("f%03d.dat", i), 1+i*7))
 	}
 	pack := filepath.Join(t.TempDir(), "shard.tar")
 	entries, err := staging.Pack(context.Background(), pack, files)
@@ -205,7 +193,7 @@ func TestPackRoundTrip(t *testing.T) {
 // that the next run keeps the verified prefix of the .part.
 func TestInterruptedCopyResumes(t *testing.T) {
 	src := t.TempDir()
-	randomFile(t, src, "big.bin", 5*staging.ChunkSize+999)
+	testenv.RandomFile(t, src, "big.bin", 5*staging.ChunkSize+999)
 	os.WriteFile(filepath.Join(src, "manifest.jsonl"), []byte(`{"id":"a","inputs":["big.bin"]}`+"\n"), 0o644)
 	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte("name = \"st\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"true\"]\ncode_rev = \"x\"\nstage = true\n"), 0o644)
 	scratch, data := t.TempDir(), t.TempDir()

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -67,4 +68,16 @@ func WriteJob(t testing.TB, j Job) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// RandomFile writes size random bytes to dir/name and returns its path.
+func RandomFile(t testing.TB, dir, name string, size int) string {
+	t.Helper()
+	b := make([]byte, size)
+	rand.Read(b)
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -132,19 +132,7 @@ func (c *shardCgroup) peak() int64 {
 
 // oomKills is the cgroup's OOM-kill count, or -1 when unreadable.
 func (c *shardCgroup) oomKills() int64 {
-	f, err := os.Open(filepath.Join(c.mem, "memory.oom_control"))
-	if err != nil {
-		return -1
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return -1
+	return keyedValue(filepath.Join(c.mem, "memory.oom_control"), "oom_kill")
 }
 
 // remove deletes the cgroups once their processes are gone.

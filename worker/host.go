@@ -23,14 +23,20 @@ func bootID(procRoot string) string {
 // oomKills is the host's OOM-kill counter from /proc/vmstat, or -1 when it
 // cannot be read.
 func oomKills(procRoot string) int64 {
-	f, err := os.Open(filepath.Join(procRoot, "vmstat"))
+	return keyedValue(filepath.Join(procRoot, "vmstat"), "oom_kill")
+}
+
+// keyedValue reads the number after key in a "key value" file (vmstat,
+// memory.oom_control), or -1 when the file or the key cannot be read.
+func keyedValue(path, key string) int64 {
+	f, err := os.Open(path)
 	if err != nil {
 		return -1
 	}
 	defer f.Close()
 	s := bufio.NewScanner(f)
 	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "oom_kill "); ok {
+		if v, ok := strings.CutPrefix(s.Text(), key+" "); ok {
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			if err == nil {
 				return n

@@ -25,15 +25,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	spec, man, err := loadRun(pos[0])
+	spec, man, err := parseSpec(fs, args)
 	if err != nil {
 		return err
 	}

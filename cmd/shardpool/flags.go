@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+
+	"github.com/shardpool/shardpool/stream"
 )
 
 // newFlags makes a FlagSet whose --help prints synopsis and flags.
@@ -110,4 +112,18 @@ func logger(stderr io.Writer, verbose bool, level slog.Level) *slog.Logger {
 		level = slog.LevelDebug
 	}
 	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// parseSpec parses flags around exactly one SPEC argument and loads the
+// spec and its manifest.
+func parseSpec(fs *flag.FlagSet, args []string) (*stream.Spec, *stream.Manifest, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return nil, nil, errUsage
+	}
+	return loadRun(pos[0])
 }

@@ -60,15 +60,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlags("plan", "shardpool plan [--data DIR] [--json] SPEC", stderr)
 	data := fs.String("data", worker.DefaultStateDir(), "state directory (reads runs/<run>/profile.json, writes plan.json)")
 	asJSON := fs.Bool("json", false, "print plan.json")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	spec, man, err := loadRun(pos[0])
+	spec, man, err := parseSpec(fs, args)
 	if err != nil {
 		return err
 	}

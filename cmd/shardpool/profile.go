@@ -20,15 +20,7 @@ func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	data := fs.String("data", worker.DefaultStateDir(), "state directory (writes runs/<run>/profile.json)")
 	sweep := fs.Bool("sweep", false, "raise concurrency 1, 2, 4, ... while throughput improves by more than 10%")
 	asJSON := fs.Bool("json", false, "print profile.json")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	spec, man, err := loadRun(pos[0])
+	spec, man, err := parseSpec(fs, args)
 	if err != nil {
 		return err
 	}

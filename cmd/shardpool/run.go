@@ -38,15 +38,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
 	sf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	spec, man, err := loadRun(pos[0])
+	spec, man, err := parseSpec(fs, args)
 	if err != nil {
 		return err
 	}

@@ -63,15 +63,7 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	asJSON := fs.Bool("json", false, "print staging.json")
 	var sf stagingFlags
 	sf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	spec, man, err := loadRun(pos[0])
+	spec, man, err := parseSpec(fs, args)
 	if err != nil {
 		return err
 	}

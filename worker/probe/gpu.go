@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/shardpool/shardpool/stream"
 )
 
 // ErrNVMLMissing means the NVML library could not be loaded.
@@ -124,7 +126,7 @@ func (p *Prober) judge(d *GPU) {
 	case d.MIG:
 		d.Why = "MIG mode: schedule MIG instances by UUID, not the whole device"
 	case len(d.Processes) > 0 && !p.policy.ShareGPUs:
-		d.Why = fmt.Sprintf("busy: %d process(es) of other jobs hold %s", len(d.Processes), humanBytes(sumMem(d.Processes)))
+		d.Why = fmt.Sprintf("busy: %d process(es) of other jobs hold %s", len(d.Processes), stream.FormatSize(sumMem(d.Processes)))
 	default:
 		d.Usable = true
 	}
@@ -154,17 +156,4 @@ func (p *Prober) uidOf(pid int) int {
 		}
 	}
 	return -1
-}
-
-func humanBytes(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%dB", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }

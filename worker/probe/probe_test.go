@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/shardpool/shardpool/stream"
 )
 
 // fakeStatFS answers statfs by the fixture's mount points.
@@ -204,7 +206,7 @@ func TestGPUs(t *testing.T) {
 		t.Errorf("idle GPU: not usable: %s", idle.Why)
 	}
 	if busy.Usable || !strings.Contains(busy.Why, "busy") {
-		t.Errorf("busy GPU with %s free: usable %v (%s), want not usable because busy", humanBytes(busy.MemFree), busy.Usable, busy.Why)
+		t.Errorf("busy GPU with %s free: usable %v (%s), want not usable because busy", stream.FormatSize(busy.MemFree), busy.Usable, busy.Why)
 	}
 	if mig.Usable || !strings.Contains(mig.Why, "MIG") || len(mig.MIGDevices) != 2 {
 		t.Errorf("MIG GPU: usable %v (%s) with %d instances", mig.Usable, mig.Why, len(mig.MIGDevices))
