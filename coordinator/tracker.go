@@ -268,9 +268,10 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 	return "every output verified at the destination", true
 }
 
-// failShard records a shard as failed with compare-and-set; a validated
-// record of another attempt wins over it unless force is set by the caller
-// through the reason (verification).
+// failShard records a shard as failed with compare-and-set. With a payload
+// (a message that ran out of deliveries) a validated record, or one of
+// another generation, is left alone; without one (an output that failed
+// verification at the destination) the record is failed whatever it says.
 func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload *stream.ShardMsg) {
 	key := stream.ShardKey(run, id)
 	for i := 0; i < 5; i++ {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -123,17 +122,9 @@ func (s *Stager) Check(ctx context.Context) error {
 		return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
 	}
 	pi := snap.Storage[0]
-	if pi.Unknown != "" && errors.Is(errNotExist(pi.Unknown), fs.ErrNotExist) {
-		// Not created yet: judge the directory it will be created in.
-		parent := filepath.Dir(s.cfg.Dir)
-		for parent != "/" {
-			snap, err = pr.Snapshot(ctx, map[string]string{"scratch": parent})
-			if err == nil && !strings.Contains(snap.Storage[0].Unknown, "no such file") {
-				break
-			}
-			parent = filepath.Dir(parent)
-		}
-		if err != nil {
+	// Not created yet: judge the nearest directory above it that exists.
+	for dir := filepath.Dir(s.cfg.Dir); pi.Missing && dir != "/"; dir = filepath.Dir(dir) {
+		if snap, err = pr.Snapshot(ctx, map[string]string{"scratch": dir}); err != nil {
 			return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
 		}
 		pi = snap.Storage[0]
@@ -150,14 +141,6 @@ func (s *Stager) Check(ctx context.Context) error {
 		return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
 	}
 	return nil
-}
-
-// errNotExist turns a probe's "no such file" reason back into fs.ErrNotExist.
-func errNotExist(reason string) error {
-	if strings.Contains(reason, "no such file or directory") {
-		return fs.ErrNotExist
-	}
-	return errors.New(reason)
 }
 
 func subtype(s string) string {

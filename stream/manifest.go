@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 
@@ -222,17 +221,4 @@ func Expand(argv []string, v Vars) ([]string, error) {
 		out = append(out, s)
 	}
 	return out, nil
-}
-
-// InputPathsRelative reports inputs relative to dir for display.
-func InputPathsRelative(dir string, inputs []string) []string {
-	out := make([]string, len(inputs))
-	for i, p := range inputs {
-		if r, err := filepath.Rel(dir, p); err == nil && !strings.HasPrefix(r, "..") {
-			out[i] = r
-		} else {
-			out[i] = p
-		}
-	}
-	return out
 }

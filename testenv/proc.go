@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -129,7 +130,7 @@ func (p *Proc) Exited() bool {
 // FreePort returns a loopback host:port that was free a moment ago.
 func FreePort(t testing.TB) string {
 	t.Helper()
-	l, err := netListen()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

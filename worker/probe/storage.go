@@ -2,7 +2,9 @@ package probe
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"strings"
 	"time"
@@ -79,6 +81,8 @@ type PathInfo struct {
 	BytesTotal Value  `json:"bytes_total"`
 	InodesFree Value  `json:"inodes_free"`
 	Unknown    string `json:"unknown,omitempty"`
+	// Missing is set when the path does not exist (yet).
+	Missing bool `json:"missing,omitempty"`
 }
 
 // storage probes each named path under the deadline.
@@ -127,6 +131,7 @@ func (p *Prober) onePath(ctx context.Context, mounts []Mount, name, raw string) 
 		return pi
 	}
 	if r.err != nil {
+		pi.Missing = errors.Is(r.err, fs.ErrNotExist)
 		pi.Unknown = r.err.Error()
 		pi.BytesFree, pi.BytesTotal, pi.InodesFree = Unknown("statfs", "%v", r.err), Unknown("statfs", "%v", r.err), Unknown("statfs", "%v", r.err)
 		return pi
