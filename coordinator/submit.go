@@ -175,6 +175,9 @@ func leaseTTL(ctx context.Context, b *stream.Buckets) (time.Duration, error) {
 	return st.TTL(), nil
 }
 
+// publishWindow is how many publications may await their acks at once.
+const publishWindow = 1024
+
 // publish sends shards with de-duplication IDs and waits for every ack.
 func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards []stream.Shard, retry int) (int, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(shards))
@@ -193,6 +196,15 @@ func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards
 			return 0, fmt.Errorf("publish shard %s: %w", sh.ID, err)
 		}
 		futures = append(futures, f)
+		// Bound the acks in flight: with SyncAlways each is an fsync, and
+		// the client refuses more than a few thousand outstanding.
+		if len(futures)%publishWindow == 0 {
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
 	}
 	select {
 	case <-js.PublishAsyncComplete():
