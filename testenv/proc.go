@@ -21,22 +21,35 @@ var (
 )
 
 // Binary builds cmd/shardpool once per test process and returns its path.
+// The binary goes to one fixed path per user in the temp directory,
+// replaced atomically, so test runs do not leave copies behind and
+// concurrent test processes never see a half-written file.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Dir(filepath.Dir(file))
-		dir, err := os.MkdirTemp("", "shardpool-bin-")
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-testbin-%d", os.Getuid()))
+		if buildErr = os.MkdirAll(dir, 0o755); buildErr != nil {
+			return
+		}
+		tmp, err := os.CreateTemp(dir, ".build-")
 		if err != nil {
 			buildErr = err
 			return
 		}
-		buildPath = filepath.Join(dir, "shardpool")
-		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/shardpool")
+		tmp.Close()
+		cmd := exec.Command("go", "build", "-o", tmp.Name(), "./cmd/shardpool")
 		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		if err != nil {
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp.Name())
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		buildPath = filepath.Join(dir, "shardpool")
+		if err := os.Rename(tmp.Name(), buildPath); err != nil {
+			os.Remove(tmp.Name())
+			buildErr = err
 		}
 	})
 	if buildErr != nil {

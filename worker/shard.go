@@ -660,11 +660,14 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 		return err
 	}
 	for range 5 {
+		// Usually the first claim: create without reading first.
+		if _, err := w.b.Checkpoints.Create(ctx, a.key, data); err == nil {
+			return nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("claim commit %s: %w", a.key, err)
+		}
 		e, err := w.b.Checkpoints.Get(ctx, a.key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			if _, err := w.b.Checkpoints.Create(ctx, a.key, data); err == nil {
-				return nil
-			}
 			continue
 		}
 		if err != nil {
