@@ -467,6 +467,8 @@ func (w *Worker) headroom(ctx context.Context) map[string]stream.Resource {
 	return map[string]stream.Resource{
 		"cpu_millicores": conv(snap.Budget.CPU), "memory": conv(snap.Budget.Memory),
 		"gpus": conv(snap.Budget.GPUs), "vram": conv(snap.Budget.VRAM),
+		// Capacity, for judging whether a shard can ever run on this host.
+		"memory_hard": conv(snap.Budget.Hard.Memory), "gpus_hard": conv(snap.Budget.Hard.GPUs), "vram_hard": conv(snap.Budget.Hard.VRAM),
 		"memory_available": {Value: snap.Host.MemAvailable.N, Unknown: snap.Host.MemAvailable.Unknown, Source: "MemAvailable"},
 	}
 }

@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -258,5 +259,31 @@ func TestImpossibleShardBlocksBeforeQueuing(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(data, "jetstream")); err == nil {
 		t.Errorf("a JetStream store was created: something was queued")
+	}
+}
+
+// TestSubmitBlocksWhatNoLiveWorkerCanRun: submit judges classes against the
+// hard limits live workers report, not the submitting host.
+func TestSubmitBlocksWhatNoLiveWorkerCanRun(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, err := coordinator.ReadStatus(context.Background(), env.JS, "")
+		return err == nil && len(st.Workers) == 1 && st.Workers[0].Headroom["memory_hard"].Value > 0, "no worker report with hard limits yet"
+	})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"true"},
+		Extra: "[class.huge]\ncpus = 1\nmemory = \"64TiB\"\n",
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"x%d","inputs":[%q],"class":"huge"}`, i, in)
+		}})
+	p := testenv.Start(t, "submit", "--server", env.URL, spec)
+	if code := p.Wait(t, 30*time.Second); code != 3 {
+		t.Fatalf("exit %d, want 3\n%s", code, p.Output())
+	}
+	if !strings.Contains(p.Output(), "fits no live worker") || !strings.Contains(p.Output(), "w1:") {
+		t.Fatalf("output lacks the reason per worker:\n%s", p.Output())
+	}
+	s, _ := env.JS.Stream(context.Background(), stream.StreamShards)
+	if info, _ := s.Info(context.Background()); info.State.Msgs != 0 {
+		t.Fatalf("%d messages queued for a blocked run", info.State.Msgs)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/plan"
@@ -35,6 +36,13 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer nc.Close()
+	// The plan step: a class that no live worker could ever run blocks the
+	// run before anything is queued.
+	if why, err := fleetCheck(ctx, js, spec, man); err != nil {
+		return err
+	} else if why != "" {
+		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED before queuing: " + why}
+	}
 	resume := fmt.Sprintf("shardpool submit --server %s %s", shellQuote(*server), shellQuote(spec.SpecPath))
 	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", shellQuote(*server), shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()
@@ -186,4 +194,37 @@ func fleetCaps() (map[string]int, error) {
 		return nil, err
 	}
 	return pol.Fleet, nil
+}
+
+// fleetCheck judges the run's classes (declared peaks) against the hard
+// limits the live workers report.
+func fleetCheck(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man *stream.Manifest) (string, error) {
+	st, err := coordinator.ReadStatus(ctx, js, "")
+	if err != nil {
+		return "", err
+	}
+	var workers []plan.Worker
+	for _, w := range st.Workers {
+		h := plan.Budget{}
+		for res, key := range map[string]string{"cpu": "cpu_millicores", "memory": "memory_hard", "gpus": "gpus_hard", "vram": "vram_hard"} {
+			r, ok := w.Headroom[key]
+			if !ok {
+				continue
+			}
+			switch {
+			case r.Unknown != "":
+				h[res] = probe.Unknown(r.Source, "%s", r.Unknown)
+			case r.Unlimited:
+				h[res] = probe.Unlimited(r.Source)
+			default:
+				h[res] = probe.Known(r.Value, r.Source)
+			}
+		}
+		workers = append(workers, plan.Worker{Name: w.Name, Hard: h})
+	}
+	peaks := map[string]plan.Peak{}
+	for c, cls := range spec.Classes {
+		peaks[c] = plan.Declared(cls)
+	}
+	return plan.FleetBlocked(spec, man, peaks, workers), nil
 }

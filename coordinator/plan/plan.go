@@ -154,3 +154,52 @@ func sortedClasses(m map[string][]int) []string {
 	sort.Strings(out)
 	return out
 }
+
+// Worker is a live worker's hard limits, from its report.
+type Worker struct {
+	Name string
+	Hard Budget
+}
+
+// FleetBlocked checks each class of the run against every live worker's
+// hard limits: a class that fits none blocks the run. With no live worker
+// nothing can be judged and nothing blocks (one may join). peaks gives each
+// class's peak.
+func FleetBlocked(spec *stream.Spec, man *stream.Manifest, peaks map[string]Peak, workers []Worker) string {
+	if len(workers) == 0 {
+		return ""
+	}
+	first := map[string]string{}
+	for _, sh := range man.Shards {
+		if _, ok := first[sh.Class]; !ok {
+			first[sh.Class] = sh.ID
+		}
+	}
+	for _, class := range sortedStrings(first) {
+		peak := peaks[class]
+		gpu := spec.Classes[class].GPUs > 0
+		var whys []string
+		fits := false
+		for _, w := range workers {
+			ok, why := Fits(w.Hard, peak, gpu)
+			if ok {
+				fits = true
+				break
+			}
+			whys = append(whys, w.Name+": "+why)
+		}
+		if !fits {
+			return fmt.Sprintf("shard %s (class %s) fits no live worker: %s", first[class], class, strings.Join(whys, "; "))
+		}
+	}
+	return ""
+}
+
+func sortedStrings(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -78,3 +78,20 @@ func TestSplitOutliersMovesThemToTheirOwnClass(t *testing.T) {
 		t.Fatalf("second split made %v", again)
 	}
 }
+
+func TestFleetBlocked(t *testing.T) {
+	spec := &stream.Spec{Classes: map[string]stream.Class{"cpu": {CPUs: 1, Memory: 8 << 30}}}
+	man := &stream.Manifest{Shards: []stream.Shard{{ID: "a", Class: "cpu"}}}
+	peaks := map[string]Peak{"cpu": Declared(spec.Classes["cpu"])}
+	small := Worker{Name: "small", Hard: Budget{"cpu": probe.Known(4000, ""), "memory": probe.Known(4<<30, "MemTotal")}}
+	big := Worker{Name: "big", Hard: Budget{"cpu": probe.Known(4000, ""), "memory": probe.Known(64<<30, "MemTotal")}}
+	if why := FleetBlocked(spec, man, peaks, nil); why != "" {
+		t.Fatalf("no live workers: got %q, want no verdict (a worker may join)", why)
+	}
+	if why := FleetBlocked(spec, man, peaks, []Worker{small}); !strings.Contains(why, "small: needs") {
+		t.Fatalf("only a small worker: got %q, want blocked naming it", why)
+	}
+	if why := FleetBlocked(spec, man, peaks, []Worker{small, big}); why != "" {
+		t.Fatalf("a big worker is live: got %q, want no block", why)
+	}
+}
