@@ -200,13 +200,41 @@ func (w *Worker) growthRoom() int64 {
 // groupRSS sums the resident memory of the processes of each group.
 func groupRSS(procRoot string, groups map[int]liveShard) map[int]int64 {
 	out := map[int]int64{}
+	page := int64(os.Getpagesize())
+	for _, st := range procStats(procRoot) {
+		if _, ok := groups[st.pgrp]; ok {
+			out[st.pgrp] += st.rssPages * page
+		}
+	}
+	return out
+}
+
+// procGroups maps every pid to its process group.
+func procGroups(procRoot string) map[int]int {
+	out := map[int]int{}
+	for _, st := range procStats(procRoot) {
+		out[st.pid] = st.pgrp
+	}
+	return out
+}
+
+type procStat struct {
+	pid, pgrp int
+	rssPages  int64
+}
+
+// procStats reads pid, process group and RSS of every process from
+// /proc/<pid>/stat (fields after the parenthesised name: pgrp is the 5th
+// field overall, rss the 24th).
+func procStats(procRoot string) []procStat {
 	ents, err := os.ReadDir(procRoot)
 	if err != nil {
-		return out
+		return nil
 	}
-	page := int64(os.Getpagesize())
+	out := make([]procStat, 0, len(ents))
 	for _, e := range ents {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "stat"))
@@ -222,11 +250,8 @@ func groupRSS(procRoot string, groups map[int]liveShard) map[int]int64 {
 			continue
 		}
 		pgrp, _ := strconv.Atoi(f[2])
-		if _, ok := groups[pgrp]; !ok {
-			continue
-		}
-		r, _ := strconv.ParseInt(f[21], 10, 64)
-		out[pgrp] += r * page
+		rss, _ := strconv.ParseInt(f[21], 10, 64)
+		out = append(out, procStat{pid: pid, pgrp: pgrp, rssPages: rss})
 	}
 	return out
 }

@@ -50,10 +50,10 @@ type Sample struct {
 	ItemsPerSec  float64 `json:"items_per_sec"`
 	PeakMemory   int64   `json:"peak_memory"`
 	PeakSource   string  `json:"peak_memory_source"`
-	PeakVRAM     string  `json:"peak_vram"`
+	PeakVRAM     string  `json:"peak_vram"` // bytes, or "unknown: why"
 	CPUSeconds   float64 `json:"cpu_seconds"`
 	CPUDuty      float64 `json:"cpu_duty"`
-	GPUDuty      string  `json:"gpu_duty"`
+	GPUDuty      string  `json:"gpu_duty"` // mean utilization of its GPUs, or "unknown: why"
 	ReadBytes    int64   `json:"read_bytes"`
 	WriteBytes   int64   `json:"write_bytes"`
 	OutputBytes  int64   `json:"output_bytes"`
@@ -245,7 +245,7 @@ func sortedKeys[V any](m map[string]V) []string {
 func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh stream.Shard, measure bool) Sample {
 	spec := cfg.Spec
 	cls := spec.Classes[sh.Class]
-	s := Sample{Kind: kind, ID: sh.ID, Class: sh.Class, Cost: sh.Cost, PeakVRAM: "unknown: needs NVML per-process accounting (not built)", GPUDuty: "unknown: not built"}
+	s := Sample{Kind: kind, ID: sh.ID, Class: sh.Class, Cost: sh.Cost}
 	base, err := os.MkdirTemp(cfg.Scratch, "sample-")
 	if err != nil {
 		s.Outcome, s.Reason = stream.OutcomeStart, err.Error()
@@ -267,6 +267,10 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	var onStart func(int) func()
 	var peak int64
 	var mu sync.Mutex
+	var gm *gpuMeter
+	if measure {
+		gm = &gpuMeter{w: w}
+	}
 	if measure {
 		if w.enforce {
 			if c, err := newShardCgroup(fmt.Sprintf("profile-%s-%d", sh.ID, time.Now().UnixNano()), 0, 0); err == nil {
@@ -278,6 +282,7 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 		if cg == nil {
 			s.PeakSource = "polling the process group's RSS in /proc every 20 ms (short peaks can be missed)"
 			onStart = func(pgid int) func() {
+				stopGPU := gm.start(ctx, pgid)
 				stop := make(chan struct{})
 				done := make(chan struct{})
 				go func() {
@@ -296,8 +301,10 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 						}
 					}
 				}()
-				return func() { close(stop); <-done }
+				return func() { close(stop); <-done; stopGPU() }
 			}
+		} else {
+			onStart = func(pgid int) func() { return gm.start(ctx, pgid) }
 		}
 	}
 	timeout := spec.TimeoutFor(sh.Class)
@@ -313,6 +320,9 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	mu.Lock()
 	s.PeakMemory = max(peak, res.peakRSS)
 	mu.Unlock()
+	if gm != nil {
+		s.PeakVRAM, s.GPUDuty = gm.result()
+	}
 	if s.Seconds > 0 {
 		s.ItemsPerSec = float64(sh.Cost) / s.Seconds
 		s.CPUDuty = s.CPUSeconds / s.Seconds / float64(max(cls.CPUs, 1))

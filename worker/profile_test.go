@@ -12,6 +12,7 @@ import (
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func profileJob(t *testing.T, command []string, extra string) (*stream.Spec, *stream.Manifest) {
@@ -88,5 +89,50 @@ func TestProfileStopsOnCorrectness(t *testing.T) {
 	spec, man = profileJob(t, []string{"sh", "-c", `case "$1" in *bad.txt) exit 2;; esac`, "sh", "{input}"}, fmt.Sprintf("[profile]\nmalformed = [%q]\n", bad))
 	if _, err := runProfile(t, spec, man, false); err != nil {
 		t.Fatalf("clean rejection of a malformed input: %v", err)
+	}
+}
+
+// markerGPUs is a fake NVML whose one GPU runs every process carrying a
+// marker in its command line, with 3 GiB and 80% utilization: the real
+// child processes of a profiled shard, seen through the GPUSource seam.
+type markerGPUs struct{ marker string }
+
+func (m markerGPUs) Devices(context.Context) ([]probe.GPU, error) {
+	d := probe.GPU{Index: 0, UUID: "GPU-fake-0", Name: "fake", MemTotal: 80 << 30, UtilGPU: 80}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(b), m.marker) {
+			continue
+		}
+		var pid int
+		fmt.Sscan(e.Name(), &pid)
+		d.Processes = append(d.Processes, probe.GPUProcess{PID: pid, Mem: 3 << 30, Kind: "compute"})
+	}
+	d.MemUsed = int64(len(d.Processes)) * (3 << 30)
+	d.MemFree = d.MemTotal - d.MemUsed
+	return []probe.GPU{d}, nil
+}
+
+func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
+	spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, "fake-gpu-job"}, "[profile]\nsustained = 1\n")
+	root, _ := filepath.Abs("probe/testdata/v2")
+	pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{"fake-gpu-job"}, PolicyPath: "/nonexistent"})
+	rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := rep.Samples[0]
+	if s.PeakVRAM != fmt.Sprint(int64(3<<30)) || s.GPUDuty != "0.80" {
+		t.Fatalf("sample %s: peak VRAM %q, GPU duty %q; want 3 GiB and 0.80", s.ID, s.PeakVRAM, s.GPUDuty)
+	}
+	// Without NVML they are unknown, with the reason.
+	pr, _ = probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
+	rep, err = worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := rep.Samples[0]; !strings.HasPrefix(s.PeakVRAM, "unknown: ") || !strings.Contains(s.GPUDuty, "NVML") {
+		t.Fatalf("without NVML: peak VRAM %q, duty %q; want unknown with the reason", s.PeakVRAM, s.GPUDuty)
 	}
 }

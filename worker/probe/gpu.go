@@ -74,6 +74,19 @@ type GPUs struct {
 	Reason  string `json:"reason,omitempty"`
 }
 
+// GPUDevices lists the devices through the configured source, for callers
+// that sample often (the profiler) and need no full snapshot.
+func (p *Prober) GPUDevices(ctx context.Context) ([]GPU, error) {
+	devs, err := p.cfg.GPUs.Devices(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range devs {
+		p.judge(&devs[i])
+	}
+	return devs, nil
+}
+
 func (p *Prober) gpus(ctx context.Context) GPUs {
 	nodes, _ := filepath.Glob(p.hostPath("/dev/nvidia[0-9]*"))
 	devs, err := p.cfg.GPUs.Devices(ctx)
