@@ -37,6 +37,8 @@ type Options struct {
 	Auto bool
 	// Probe replaces the workers' host probe (fixture hosts).
 	Probe *probe.Prober
+	// CgroupRoot points workers' per-shard cgroups at a fixture tree.
+	CgroupRoot string
 	// Binary builds the shardpool binary and gives it to jobs as
 	// SHARDPOOL_BIN (for jobs that call "shardpool ckpt").
 	Binary bool
@@ -158,7 +160,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 	if e.opts.Binary {
 		bin = Binary(e.t)
 	}
-	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe,
+	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot,
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
 		ReportEvery: 500 * time.Millisecond, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})

@@ -11,97 +11,194 @@ import (
 	"time"
 )
 
-// shardCgroup is a cgroup v1 memory (and cpu) cgroup for one child,
-// created under this worker's own cgroups so that every ancestor's limit
-// still binds. It measures the child's peak exactly and enforces its
-// class's limits.
-type shardCgroup struct {
-	mem, cpu string
+// cgroups is how this host lets the worker give each shard a cgroup of its
+// own, under the worker's own so that every ancestor's limit still binds:
+// cgroup v1 (a memory and a cpu cgroup per shard, as root) or cgroup v2
+// with delegation (the worker moves itself into a leaf "shardpool-worker",
+// enables the memory and cpu controllers for its cgroup's children, and
+// makes a sibling per shard). Paths are read below root (tests use a
+// fixture tree).
+type cgroups struct {
+	root    string
+	v1mem   string
+	v1cpu   string
+	v2      string // the worker's own cgroup v2 directory
+	mode    string // "v1", "v2" or ""
+	why     string // why not enforced
+	v2moved bool
 }
 
-// cgroupV1Dirs finds this process's memory and cpu cgroup directories on a
-// cgroup v1 (or hybrid) host; ok=false elsewhere or when not writable.
-func cgroupV1Dirs() (mem, cpu string, ok bool) {
-	f, err := os.Open("/proc/self/cgroup")
+// detectCgroups finds whether per-shard cgroups can be made here.
+func detectCgroups(root string) *cgroups {
+	c := &cgroups{root: root}
+	f, err := os.Open(filepath.Join(root, "proc/self/cgroup"))
 	if err != nil {
-		return "", "", false
+		c.why = "cannot read /proc/self/cgroup"
+		return c
 	}
 	defer f.Close()
+	v2path := ""
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		parts := strings.SplitN(s.Text(), ":", 3)
 		if len(parts) != 3 {
 			continue
 		}
-		for _, c := range strings.Split(parts[1], ",") {
-			switch c {
+		if parts[0] == "0" && parts[1] == "" {
+			v2path = parts[2]
+		}
+		for _, ctl := range strings.Split(parts[1], ",") {
+			switch ctl {
 			case "memory":
-				mem = filepath.Join("/sys/fs/cgroup/memory", parts[2])
+				c.v1mem = filepath.Join(root, "sys/fs/cgroup/memory", parts[2])
 			case "cpu":
-				for _, root := range []string{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"} {
-					if _, err := os.Stat(filepath.Join(root, parts[2], "cpu.cfs_quota_us")); err == nil {
-						cpu = filepath.Join(root, parts[2])
+				for _, d := range []string{"sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct"} {
+					if _, err := os.Stat(filepath.Join(root, d, parts[2], "cpu.cfs_quota_us")); err == nil {
+						c.v1cpu = filepath.Join(root, d, parts[2])
 						break
 					}
 				}
 			}
 		}
 	}
-	if mem == "" {
-		return "", "", false
+	if c.v1mem != "" {
+		if _, err := os.Stat(filepath.Join(c.v1mem, "memory.limit_in_bytes")); err == nil && writableDir(c.v1mem) {
+			c.mode = "v1"
+			return c
+		}
 	}
-	if _, err := os.Stat(filepath.Join(mem, "memory.limit_in_bytes")); err != nil {
-		return "", "", false
+	if v2path != "" {
+		dir := filepath.Join(root, "sys/fs/cgroup", v2path)
+		ctl, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+		switch {
+		case err != nil:
+			c.why = "cgroup v2: " + err.Error()
+		case !strings.Contains(" "+string(ctl)+" ", " memory "):
+			c.why = "cgroup v2: the memory controller is not delegated to " + v2path
+		case !writableDir(dir):
+			c.why = "cgroup v2: " + v2path + " is not writable (no delegation)"
+		default:
+			c.v2, c.mode = dir, "v2"
+			return c
+		}
+		return c
 	}
-	probe := filepath.Join(mem, fmt.Sprintf("shardpool-probe-%d", os.Getpid()))
+	c.why = "no writable cgroup v1 memory controller and no delegated cgroup v2"
+	return c
+}
+
+func writableDir(dir string) bool {
+	probe := filepath.Join(dir, fmt.Sprintf("shardpool-probe-%d", os.Getpid()))
 	if err := os.Mkdir(probe, 0o755); err != nil {
-		return "", "", false
+		return false
 	}
 	os.Remove(probe)
-	return mem, cpu, true
+	return true
 }
 
-// LimitsMode says whether per-shard limits are enforced on this host (for
-// plans and reports).
-func LimitsMode() string { return limitsMode() }
-
-// limitsMode says whether per-shard limits are enforced on this host.
-func limitsMode() string {
-	if _, _, ok := cgroupV1Dirs(); ok {
+// describe says whether per-shard limits are enforced (for plans and reports).
+func (c *cgroups) describe() string {
+	switch c.mode {
+	case "v1":
 		return "enforced: a cgroup v1 memory and cpu cgroup per shard, under the worker's own"
+	case "v2":
+		return "enforced: a cgroup v2 cgroup per shard beside the worker's, in its delegated cgroup"
 	}
-	return "watched: per-shard cgroups need cgroup v1 with write access (cgroup v2 delegation is not built yet); admission checks limits, the OS does not enforce them"
+	return "watched: " + c.why + "; admission checks limits, the OS does not enforce them"
 }
 
-// newShardCgroup creates the cgroup; memLimit and cpuMillicores of 0 set
-// no limit (the cgroup still measures).
-func newShardCgroup(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
-	memRoot, cpuRoot, ok := cgroupV1Dirs()
-	if !ok {
-		return nil, errors.New("no writable cgroup v1 memory controller")
+// LimitsMode says whether per-shard limits are enforced on this host.
+func LimitsMode() string { return detectCgroups("/").describe() }
+
+// prepareV2 moves the worker into a leaf and enables the controllers for
+// its cgroup's children (cgroup v2 allows no processes in a cgroup whose
+// children get controllers).
+func (c *cgroups) prepareV2() error {
+	if c.v2moved {
+		return nil
 	}
-	c := &shardCgroup{mem: filepath.Join(memRoot, "shardpool-"+name)}
-	if err := os.Mkdir(c.mem, 0o755); err != nil {
+	leaf := filepath.Join(c.v2, "shardpool-worker")
+	if err := os.MkdirAll(leaf, 0o755); err != nil {
+		return err
+	}
+	procs, err := os.ReadFile(filepath.Join(c.v2, "cgroup.procs"))
+	if err != nil {
+		return err
+	}
+	for _, p := range strings.Fields(string(procs)) {
+		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(p), 0o644); err != nil {
+			return fmt.Errorf("move pid %s into %s: %w", p, leaf, err)
+		}
+	}
+	ctl := "+memory"
+	if b, err := os.ReadFile(filepath.Join(c.v2, "cgroup.controllers")); err == nil && strings.Contains(" "+string(b)+" ", " cpu ") {
+		ctl += " +cpu"
+	}
+	if err := os.WriteFile(filepath.Join(c.v2, "cgroup.subtree_control"), []byte(ctl), 0o644); err != nil {
+		return fmt.Errorf("enable %s for %s: %w", ctl, c.v2, err)
+	}
+	c.v2moved = true
+	return nil
+}
+
+// shardCgroup is one child's cgroup(s). It measures the child's peak
+// exactly and enforces its class's limits.
+type shardCgroup struct {
+	v2       bool
+	mem, cpu string
+}
+
+// newShard creates a shard's cgroup; memLimit and cpuMillicores of 0 set
+// no limit (the cgroup still measures).
+func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
+	switch c.mode {
+	case "v1":
+		return c.newShardV1(name, memLimit, cpuMillicores)
+	case "v2":
+		if err := c.prepareV2(); err != nil {
+			return nil, err
+		}
+		sc := &shardCgroup{v2: true, mem: filepath.Join(c.v2, "shardpool-"+name)}
+		if err := os.Mkdir(sc.mem, 0o755); err != nil {
+			return nil, err
+		}
+		if memLimit > 0 {
+			if err := os.WriteFile(filepath.Join(sc.mem, "memory.max"), []byte(strconv.FormatInt(memLimit, 10)), 0o644); err != nil {
+				sc.remove()
+				return nil, fmt.Errorf("set memory.max: %w", err)
+			}
+		}
+		if cpuMillicores > 0 {
+			_ = os.WriteFile(filepath.Join(sc.mem, "cpu.max"), []byte(fmt.Sprintf("%d 100000", cpuMillicores*100)), 0o644)
+		}
+		return sc, nil
+	}
+	return nil, errors.New(c.why)
+}
+
+func (c *cgroups) newShardV1(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
+	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name)}
+	if err := os.Mkdir(sc.mem, 0o755); err != nil {
 		return nil, err
 	}
 	if memLimit > 0 {
-		if err := os.WriteFile(filepath.Join(c.mem, "memory.limit_in_bytes"), []byte(strconv.FormatInt(memLimit, 10)), 0o644); err != nil {
-			c.remove()
+		if err := os.WriteFile(filepath.Join(sc.mem, "memory.limit_in_bytes"), []byte(strconv.FormatInt(memLimit, 10)), 0o644); err != nil {
+			sc.remove()
 			return nil, fmt.Errorf("set memory limit: %w", err)
 		}
 		// Without swap accounting this file is absent; the limit above holds.
-		_ = os.WriteFile(filepath.Join(c.mem, "memory.memsw.limit_in_bytes"), []byte(strconv.FormatInt(memLimit, 10)), 0o644)
+		_ = os.WriteFile(filepath.Join(sc.mem, "memory.memsw.limit_in_bytes"), []byte(strconv.FormatInt(memLimit, 10)), 0o644)
 	}
-	if cpuRoot != "" && cpuMillicores > 0 {
-		c.cpu = filepath.Join(cpuRoot, "shardpool-"+name)
-		if err := os.Mkdir(c.cpu, 0o755); err == nil {
-			_ = os.WriteFile(filepath.Join(c.cpu, "cpu.cfs_period_us"), []byte("100000"), 0o644)
-			_ = os.WriteFile(filepath.Join(c.cpu, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(cpuMillicores*100, 10)), 0o644)
+	if c.v1cpu != "" && cpuMillicores > 0 {
+		sc.cpu = filepath.Join(c.v1cpu, "shardpool-"+name)
+		if err := os.Mkdir(sc.cpu, 0o755); err == nil {
+			_ = os.WriteFile(filepath.Join(sc.cpu, "cpu.cfs_period_us"), []byte("100000"), 0o644)
+			_ = os.WriteFile(filepath.Join(sc.cpu, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(cpuMillicores*100, 10)), 0o644)
 		} else {
-			c.cpu = ""
+			sc.cpu = ""
 		}
 	}
-	return c, nil
+	return sc, nil
 }
 
 // procsFiles are the cgroup.procs files a child writes itself into (nil
@@ -119,7 +216,11 @@ func (c *shardCgroup) procsFiles() []string {
 
 // peak is the cgroup's highest memory use, or -1 when unreadable.
 func (c *shardCgroup) peak() int64 {
-	b, err := os.ReadFile(filepath.Join(c.mem, "memory.max_usage_in_bytes"))
+	file := "memory.max_usage_in_bytes"
+	if c.v2 {
+		file = "memory.peak" // Linux 5.19+
+	}
+	b, err := os.ReadFile(filepath.Join(c.mem, file))
 	if err != nil {
 		return -1
 	}
@@ -132,6 +233,9 @@ func (c *shardCgroup) peak() int64 {
 
 // oomKills is the cgroup's OOM-kill count, or -1 when unreadable.
 func (c *shardCgroup) oomKills() int64 {
+	if c.v2 {
+		return keyedValue(filepath.Join(c.mem, "memory.events"), "oom_kill")
+	}
 	return keyedValue(filepath.Join(c.mem, "memory.oom_control"), "oom_kill")
 }
 

@@ -124,8 +124,9 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 	}
 	w := &Worker{cfg: Config{Grace: 5 * time.Second, ProcRoot: "/proc", Probe: cfg.Probe, Binary: selfPath()},
 		log: cfg.Logger, env: environ(), live: map[int]liveShard{}, gpuRes: map[string]string{}}
-	w.limits = limitsMode()
-	w.enforce = w.limits[:8] == "enforced"
+	w.cgroups = detectCgroups("/")
+	w.limits = w.cgroups.describe()
+	w.enforce = w.cgroups.mode != ""
 	spec, man := cfg.Spec, cfg.Manifest
 	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Limits: w.limits}
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
@@ -273,10 +274,10 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	}
 	if measure {
 		if w.enforce {
-			if c, err := newShardCgroup(fmt.Sprintf("profile-%s-%d", sh.ID, time.Now().UnixNano()), 0, 0); err == nil {
+			if c, err := w.cgroups.newShard(fmt.Sprintf("profile-%s-%d", sh.ID, time.Now().UnixNano()), 0, 0); err == nil {
 				cg = c
 				defer cg.remove()
-				s.PeakSource = "cgroup v1 memory.max_usage_in_bytes of the shard's own cgroup"
+				s.PeakSource = "the peak of the shard's own cgroup (" + w.cgroups.mode + ")"
 			}
 		}
 		if cg == nil {

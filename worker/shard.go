@@ -341,7 +341,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if w.enforce && cls.Memory > 0 {
 		// The class's memory is a hard per-shard limit here; CPU is capped at
 		// its cpus. The cgroup lives under the worker's own.
-		if c, err := newShardCgroup(fmt.Sprintf("%s-%s-a%d", a.m.Run, a.m.ID, a.attempt), cls.Memory, int64(cls.CPUs)*1000); err == nil {
+		if c, err := w.cgroups.newShard(fmt.Sprintf("%s-%s-a%d", a.m.Run, a.m.ID, a.attempt), cls.Memory, int64(cls.CPUs)*1000); err == nil {
 			cg = c
 			defer cg.remove()
 		} else {

@@ -67,6 +67,9 @@ type Config struct {
 	// CriticalFor is how many consecutive critical checks preempt the
 	// youngest shard. Default 3.
 	CriticalFor int
+	// CgroupRoot is where /proc/self/cgroup and /sys/fs/cgroup are read and
+	// per-shard cgroups made (tests use a fixture tree). Default "/".
+	CgroupRoot string
 	// Probe measures the host for the worker's reports. Default: the real
 	// host (probe.New with zero Config).
 	Probe *probe.Prober
@@ -117,6 +120,7 @@ type Worker struct {
 	waits    map[string]string   // per class: why the worker is not fetching
 	critical string              // why memory is critical now, or ""
 	enforce  bool                // per-shard cgroups can be made here
+	cgroups  *cgroups
 	limits   string
 	hostLogF *os.File
 
@@ -181,6 +185,9 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Binary == "" {
 		cfg.Binary = selfPath()
 	}
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = "/"
+	}
 	if cfg.PressureEvery <= 0 {
 		cfg.PressureEvery = time.Second
 	}
@@ -224,8 +231,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.boot = bootID(w.cfg.ProcRoot)
 	w.pid = os.Getpid()
 	w.env = environ()
-	w.limits = limitsMode()
-	w.enforce = strings.HasPrefix(w.limits, "enforced")
+	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
+	w.limits = w.cgroups.describe()
+	w.enforce = w.cgroups.mode != ""
 	b, err := stream.WaitBuckets(ctx, w.cfg.JetStream, 15*time.Second)
 	if err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
