@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -130,7 +132,7 @@ func fleetState(ctx context.Context, js jetstream.JetStream) map[string]capState
 // waiting explains, per class with queued shards, why they are not running.
 func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]capState) []string {
 	var out []string
-	for _, class := range sortedClasses(r.ClassCounts) {
+	for _, class := range slices.Sorted(maps.Keys(r.ClassCounts)) {
 		c := r.ClassCounts[class]
 		if c.Pending <= 0 {
 			continue
@@ -158,15 +160,6 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]capStat
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: all %d slot(s) of class %s are busy", class, c.Pending, slots, class))
 		}
 	}
-	return out
-}
-
-func sortedClasses(m map[string]stream.Counts) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
 	return out
 }
 

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -142,7 +144,7 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 		byClass[sh.Class] = append(byClass[sh.Class], sh)
 	}
 	var median stream.Shard
-	for _, class := range sortedKeys(byClass) {
+	for _, class := range slices.Sorted(maps.Keys(byClass)) {
 		shards := append([]stream.Shard(nil), byClass[class]...)
 		sort.SliceStable(shards, func(i, j int) bool { return shards[i].Cost < shards[j].Cost })
 		picks := []struct {
@@ -230,15 +232,6 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 		w.sweep(ctx, cfg, rep)
 	}
 	return rep, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // sample runs one shard's command; with measure, its process tree's peak

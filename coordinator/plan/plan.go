@@ -3,7 +3,9 @@ package plan
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -121,7 +123,7 @@ func SplitOutliers(spec *stream.Spec, man *stream.Manifest) []string {
 		by[sh.Class] = append(by[sh.Class], i)
 	}
 	var made []string
-	for _, class := range sortedClasses(by) {
+	for _, class := range slices.Sorted(maps.Keys(by)) {
 		if strings.HasSuffix(class, OutlierSuffix) {
 			continue
 		}
@@ -146,15 +148,6 @@ func SplitOutliers(spec *stream.Spec, man *stream.Manifest) []string {
 	return made
 }
 
-func sortedClasses(m map[string][]int) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // Worker is a live worker's hard limits, from its report.
 type Worker struct {
 	Name string
@@ -175,7 +168,7 @@ func FleetBlocked(spec *stream.Spec, man *stream.Manifest, peaks map[string]Peak
 			first[sh.Class] = sh.ID
 		}
 	}
-	for _, class := range sortedStrings(first) {
+	for _, class := range slices.Sorted(maps.Keys(first)) {
 		peak := peaks[class]
 		gpu := spec.Classes[class].GPUs > 0
 		var whys []string
@@ -193,13 +186,4 @@ func FleetBlocked(spec *stream.Spec, man *stream.Manifest, peaks map[string]Peak
 		}
 	}
 	return ""
-}
-
-func sortedStrings(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

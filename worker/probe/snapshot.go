@@ -6,7 +6,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 )
@@ -176,5 +175,3 @@ func (p *Prober) procDir() string { return path.Join(p.cfg.ProcRoot, p.cfg.PID) 
 
 // real reports whether the probe looks at this very process on this host.
 func (p *Prober) real() bool { return p.cfg.Root == "/" && p.cfg.PID == "self" }
-
-func sortStrings(s []string) { sort.Strings(s) }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,13 +89,8 @@ type PathInfo struct {
 
 // storage probes each named path under the deadline.
 func (p *Prober) storage(ctx context.Context, mounts []Mount, paths map[string]string) []PathInfo {
-	names := make([]string, 0, len(paths))
-	for n := range paths {
-		names = append(names, n)
-	}
-	sortStrings(names)
-	out := make([]PathInfo, 0, len(names))
-	for _, n := range names {
+	out := make([]PathInfo, 0, len(paths))
+	for _, n := range slices.Sorted(maps.Keys(paths)) {
 		out = append(out, p.onePath(ctx, mounts, n, paths[n]))
 	}
 	return out
