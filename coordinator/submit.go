@@ -89,7 +89,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		classes[sh.Class]++
 	}
 	for class := range classes {
-		if _, err := stream.EnsureConsumer(ctx, js, class, spec.Retries+1, opt.ClassCaps[class], ttl); err != nil {
+		if _, err := stream.EnsureConsumer(ctx, js, class, spec.Retries+1+stream.LocalityDeliveries, opt.ClassCaps[class], ttl); err != nil {
 			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 		}
 	}

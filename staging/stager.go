@@ -530,3 +530,41 @@ func (s *Stager) evictLocked() {
 		kept -= x.e.size
 	}
 }
+
+// Key is the cache key of an input: checksum, size and base name.
+func Key(f stream.InputFile) string { return key(f) }
+
+// Ready lists the keys of verified staged inputs, most recently used first,
+// at most n.
+func (s *Stager) Ready(n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type kt struct {
+		k string
+		t time.Time
+	}
+	var all []kt
+	for k, e := range s.entries {
+		if e.ready {
+			all = append(all, kt{k, e.lastUsed})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].t.After(all[j].t) })
+	out := make([]string, 0, min(n, len(all)))
+	for i := 0; i < len(all) && i < n; i++ {
+		out = append(out, all[i].k)
+	}
+	return out
+}
+
+// Has reports whether every key is staged and verified here.
+func (s *Stager) Has(keys []string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		if e := s.entries[k]; e == nil || !e.ready {
+			return false
+		}
+	}
+	return true
+}

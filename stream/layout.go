@@ -77,6 +77,10 @@ func Setup(ctx context.Context, js jetstream.JetStream, l Layout) error {
 	return nil
 }
 
+// LocalityDeliveries is the extra delivery each shard may spend being
+// handed to a worker that has its inputs staged.
+const LocalityDeliveries = 1
+
 // EnsureConsumer creates the durable pull consumer of class, or raises its
 // MaxDeliver when maxDeliver is larger than what it has. maxAckPending is the
 // fleet-wide cap of in-flight shards of the class (-1 for none).

@@ -130,7 +130,10 @@ type ShardRecord struct {
 	Output      *Output   `json:"output,omitempty"`
 	Reason      string    `json:"reason,omitempty"`
 	Payload     *ShardMsg `json:"payload,omitempty"`
-	Updated     time.Time `json:"updated"`
+	// Deferred counts deliveries handed to a worker that had the inputs
+	// staged (locality); they are not attempts.
+	Deferred int       `json:"deferred,omitempty"`
+	Updated  time.Time `json:"updated"`
 }
 
 // Counts are shards per state of the run's current fingerprint.
@@ -220,7 +223,14 @@ type WorkerReport struct {
 	Auto bool `json:"auto,omitempty"`
 	// Waiting is, per class, why the worker is not fetching right now.
 	Waiting map[string]string `json:"waiting,omitempty"`
+	// Staged lists the inputs this worker holds verified in its staging
+	// cache (checksum-size-name keys, most recently used first, at most
+	// StagedAdvertised), for other workers' locality decisions.
+	Staged []string `json:"staged,omitempty"`
 }
+
+// StagedAdvertised bounds the staged inputs a worker report lists.
+const StagedAdvertised = 4096
 
 // Resource is a three-state probe value: a number, unlimited, or unknown
 // with a reason. Zero never stands for "could not read".

@@ -81,6 +81,9 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	if w.settle(ctx, a, class) {
 		return
 	}
+	if w.deferForLocality(ctx, a, class) {
+		return
+	}
 	l, err := w.takeLease(ctx, a.key, m.Fingerprint, a.attempt)
 	if errors.Is(err, ErrLeaseHeld) {
 		// A Nak would spend one of the shard's deliveries on someone else's
@@ -145,7 +148,7 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		_ = msg.Term()
 		return true
 	}
-	if limit := a.run.Spec.Retries + 1; a.attempt > limit {
+	if limit := a.run.Spec.Retries + 1; a.attempt-a.rec.Deferred > limit {
 		w.closeLost(a)
 		w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil)
 		_ = msg.TermWithReason("attempt limit reached")

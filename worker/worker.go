@@ -115,11 +115,12 @@ type Worker struct {
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
 	live     map[int]liveShard
-	gpuRes   map[string]string   // GPU UUID -> shard key holding it
-	active   map[string]*running // shards whose command runs, by key
-	waits    map[string]string   // per class: why the worker is not fetching
-	critical string              // why memory is critical now, or ""
-	enforce  bool                // per-shard cgroups can be made here
+	gpuRes   map[string]string     // GPU UUID -> shard key holding it
+	active   map[string]*running   // shards whose command runs, by key
+	waits    map[string]string     // per class: why the worker is not fetching
+	peers    []stream.WorkerReport // other live workers, for locality
+	critical string                // why memory is critical now, or ""
+	enforce  bool                  // per-shard cgroups can be made here
 	cgroups  *cgroups
 	limits   string
 	hostLogF *os.File
@@ -456,8 +457,12 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	for c, why := range w.waits {
 		waits[c] = why
 	}
+	var staged []string
+	if w.stager != nil {
+		staged = w.stager.Ready(stream.StagedAdvertised)
+	}
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Slots: w.cfg.Slots,
-		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits}
+		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
 }
 
 // headroom is the compact probe published with each report: the effective
@@ -487,6 +492,7 @@ func (w *Worker) report(ctx context.Context) error {
 	for {
 		r := w.snapshot()
 		r.Headroom = w.headroom(ctx)
+		w.refreshPeers(ctx)
 		r.Limits, r.Auto = w.limits, w.cfg.Auto
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {

@@ -1,0 +1,93 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/shardpool/shardpool/staging"
+	"github.com/shardpool/shardpool/stream"
+)
+
+// refreshPeers reads the other live workers' reports (for locality).
+func (w *Worker) refreshPeers(ctx context.Context) {
+	l, err := w.b.Workers.ListKeys(ctx)
+	if err != nil {
+		return
+	}
+	var peers []stream.WorkerReport
+	for k := range l.Keys() {
+		if k == w.cfg.Name {
+			continue
+		}
+		e, err := w.b.Workers.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var r stream.WorkerReport
+		if stream.Decode(e.Value(), &r) == nil && time.Since(r.Reported) < 3*w.cfg.ReportEvery {
+			peers = append(peers, r)
+		}
+	}
+	w.mu.Lock()
+	w.peers = peers
+	w.mu.Unlock()
+}
+
+// deferForLocality hands a shard to another worker once, on its first
+// delivery, when this worker has not staged its inputs and another live
+// worker has every one of them and a free slot for the class. The
+// deferral is recorded and does not count as an attempt, so it can neither
+// burn the shard's retries nor bounce it around: the next delivery runs
+// wherever it lands.
+func (w *Worker) deferForLocality(ctx context.Context, a *attemptState, class string) bool {
+	m := &a.m
+	if !a.run.Spec.StageFor(class) || len(m.Files) == 0 || a.rec.Deferred > 0 || a.attempt > 1 {
+		return false
+	}
+	keys := make([]string, len(m.Files))
+	for i, f := range m.Files {
+		keys[i] = staging.Key(f)
+	}
+	if w.stager != nil && w.stager.Has(keys) {
+		return false
+	}
+	peer := w.peerWithInputs(class, keys)
+	if peer == "" {
+		return false
+	}
+	a.rec.Deferred++
+	a.rec.Reason = fmt.Sprintf("handed to worker %s, which has the inputs staged and a free slot", peer)
+	if err := w.putRecord(ctx, a); err != nil {
+		return false // the record moved on: just run it here
+	}
+	w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("inputs staged on worker %s, which has a free %s slot; handing the shard to it once", peer, class))
+	_ = a.msg.NakWithDelay(50 * time.Millisecond)
+	return true
+}
+
+// peerWithInputs names a live worker that has every key staged and room
+// for one more shard of class now.
+func (w *Worker) peerWithInputs(class string, keys []string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range w.peers {
+		have := make(map[string]bool, len(p.Staged))
+		for _, k := range p.Staged {
+			have[k] = true
+		}
+		all := true
+		for _, k := range keys {
+			all = all && have[k]
+		}
+		if !all {
+			continue
+		}
+		_, waiting := p.Waiting[class]
+		free := p.Slots[class] > p.Running[class] || (p.Auto && !waiting)
+		if free && !waiting {
+			return p.Name
+		}
+	}
+	return ""
+}
