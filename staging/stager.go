@@ -37,6 +37,8 @@ type Config struct {
 	// CacheBytes is how many bytes of staged files no running shard uses
 	// are kept for later shards. Default 0: removed at release.
 	CacheBytes int64
+	// Fleet, when set, also bounds copies across every host.
+	Fleet *Fleet
 	// Probe decides whether Dir is local storage. Default: the real host.
 	Probe *probe.Prober
 	// Free reports the bytes available at Dir. Default: statfs.
@@ -300,7 +302,11 @@ func (s *Stager) stageOne(ctx context.Context, f stream.InputFile, k string) (on
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return r, fmt.Errorf("stage %s: %w", f.Path, err)
 	}
-	var err error
+	release, err := s.cfg.Fleet.acquire(ctx)
+	if err != nil {
+		return r, fmt.Errorf("stage %s: %w", f.Path, err)
+	}
+	defer release()
 	for attempt := 0; attempt <= s.cfg.Retries; attempt++ {
 		if attempt > 0 {
 			r.refetched++

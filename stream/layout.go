@@ -66,6 +66,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, l Layout) error {
 		{Bucket: BucketLeases, Description: "shard leases; bucket TTL = lease TTL", TTL: l.LeaseTTL},
 		{Bucket: BucketCheckpoint, Description: "committed generation per shard", History: 10},
 		{Bucket: BucketWorkers, Description: "worker headroom reports", TTL: l.WorkerTTL},
+		{Bucket: BucketStagers, Description: "fleet-wide staging slots (a semaphore; TTL = lease TTL)", TTL: l.LeaseTTL},
 	}
 	for _, b := range buckets {
 		b.Storage = jetstream.FileStorage
@@ -128,7 +129,7 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, class string, m
 
 // Buckets opens the KV buckets that Setup created.
 type Buckets struct {
-	Runs, Shards, Leases, Checkpoints, Workers jetstream.KeyValue
+	Runs, Shards, Leases, Checkpoints, Workers, Stagers jetstream.KeyValue
 }
 
 // WaitBuckets is OpenBuckets for a client that may have connected to a
@@ -154,7 +155,7 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) 
 	for _, x := range []struct {
 		name string
 		dst  *jetstream.KeyValue
-	}{{BucketRuns, &b.Runs}, {BucketShards, &b.Shards}, {BucketLeases, &b.Leases}, {BucketCheckpoint, &b.Checkpoints}, {BucketWorkers, &b.Workers}} {
+	}{{BucketRuns, &b.Runs}, {BucketShards, &b.Shards}, {BucketLeases, &b.Leases}, {BucketCheckpoint, &b.Checkpoints}, {BucketWorkers, &b.Workers}, {BucketStagers, &b.Stagers}} {
 		kv, err := js.KeyValue(ctx, x.name)
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", x.name, err)

@@ -13,6 +13,7 @@ const (
 	BucketLeases     = "shardpool-leases"
 	BucketCheckpoint = "shardpool-checkpoints"
 	BucketWorkers    = "shardpool-workers"
+	BucketStagers    = "shardpool-stagers"
 
 	subjectPrefix = "shards"
 	// AdvisoryMaxDeliveries is where the server reports a message that ran out

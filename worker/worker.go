@@ -70,6 +70,9 @@ type Config struct {
 	// CgroupRoot is where /proc/self/cgroup and /sys/fs/cgroup are read and
 	// per-shard cgroups made (tests use a fixture tree). Default "/".
 	CgroupRoot string
+	// StageFleet bounds input copies across every worker (a KV semaphore);
+	// 0 means no fleet-wide bound. Set the same on every worker.
+	StageFleet int
 	// Probe measures the host for the worker's reports. Default: the real
 	// host (probe.New with zero Config).
 	Probe *probe.Prober
@@ -597,6 +600,9 @@ func (w *Worker) stagerFor(ctx context.Context) (*staging.Stager, error) {
 		}
 		if cfg.Logger == nil {
 			cfg.Logger = w.log
+		}
+		if w.cfg.StageFleet > 0 {
+			cfg.Fleet = &staging.Fleet{KV: w.b.Stagers, Slots: w.cfg.StageFleet, Owner: w.cfg.Name, TTL: w.ttl}
 		}
 		w.stager, w.stageErr = staging.New(cfg)
 		if w.stageErr == nil {

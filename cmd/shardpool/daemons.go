@@ -87,7 +87,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Auto: slots.auto, Scratch: *scratch,
-		StateDir: *data, Grace: *grace, Staging: sf.config(""), Logger: logger(stderr, *verbose, slog.LevelInfo)})
+		StateDir: *data, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo)})
 	if err != nil {
 		return err
 	}

@@ -35,12 +35,14 @@ type stagingFlags struct {
 	concurrency int
 	bwlimit     sizeFlag
 	cache       sizeFlag
+	fleet       int
 }
 
 func (f *stagingFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.concurrency, "stage-concurrency", 2, "input copies at once on this host (independent of slots)")
 	fs.Var(&f.bwlimit, "stage-bwlimit", "bytes per second for staging on this host, e.g. 200MiB (0: unbounded)")
 	fs.Var(&f.cache, "stage-cache", "bytes of staged inputs kept for later shards, e.g. 20GiB (0: removed after each shard)")
+	fs.IntVar(&f.fleet, "stage-fleet", 0, "input copies at once across every worker (0: no fleet-wide bound; set the same on every worker)")
 }
 
 func (f *stagingFlags) config(dir string) staging.Config {
