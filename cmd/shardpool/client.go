@@ -134,7 +134,14 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "WORKER\tHOST\tSLOTS\tRUNNING\tDONE\tFAILED\tREPORTED\tHEADROOM (binding limit)")
 	for _, wk := range st.Workers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, classMap(wk.Slots), classMap(wk.Running), wk.Done, wk.Failed, wk.Reported.Format("15:04:05"), headroom(wk.Headroom))
+		slots := classMap(wk.Slots)
+		if wk.Auto {
+			slots = "auto"
+			if len(wk.Slots) > 0 {
+				slots = "auto, caps " + slots
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, slots, classMap(wk.Running), wk.Done, wk.Failed, wk.Reported.Format("15:04:05"), headroom(wk.Headroom))
 	}
 	if len(st.Workers) == 0 {
 		fmt.Fprintln(tw, "(no live workers)")

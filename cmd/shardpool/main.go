@@ -28,7 +28,7 @@ Usage:
   shardpool worker --server URL        one worker per host
   shardpool submit --server URL SPEC   publish a run (idempotent)
   shardpool status --server URL [RUN]  run and shard states, workers
-  shardpool ckpt commit|latest|verify  atomic checkpoint generations for jobs
+  shardpool ckpt commit|latest|verify|replicate  atomic checkpoint generations for jobs
   shardpool profile [--sweep] SPEC     measure the command on small, typical, largest and malformed inputs
   shardpool plan SPEC                  slots per class from measured or declared peaks and this host's budget
   shardpool stage SPEC                 stage a run's inputs to local scratch (checksummed, resumable)
