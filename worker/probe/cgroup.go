@@ -202,6 +202,25 @@ func parseBytesLimit(s string) (Value, error) {
 	return Known(n, ""), nil
 }
 
+// bind folds one level into the effective limit, recording the level's
+// path in binds when it becomes the tightest. Unlimited levels bind nothing.
+func bind(eff Value, lv Level, binds *string) Value {
+	if lv.Limit.Unlimited {
+		return eff
+	}
+	if next := tighter(eff, lv.Limit); next != eff {
+		*binds = lv.Path
+		return next
+	}
+	return eff
+}
+
+// parseInt reads a plain integer file value.
+func parseInt(s string) (Value, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return Known(n, ""), err
+}
+
 // tighter returns the smaller of two limits; unknown wins over everything,
 // because an unknown limit might be the tightest.
 func tighter(a, b Value) Value {
@@ -240,13 +259,7 @@ func (p *Prober) memoryCgroup(cg *Cgroups, h hierarchy) {
 		} else if i == 0 {
 			lv.Limit = Unknown(dir, "memory.limit_in_bytes missing in the process's own cgroup")
 		}
-		if !lv.Limit.Unlimited {
-			before := eff
-			eff = tighter(eff, lv.Limit)
-			if eff != before {
-				cg.MemoryBinds = cp
-			}
-		}
+		eff = bind(eff, lv, &cg.MemoryBinds)
 		cg.MemoryLevels = append(cg.MemoryLevels, lv)
 	}
 	cg.MemoryLimit = eff
@@ -255,10 +268,7 @@ func (p *Prober) memoryCgroup(cg *Cgroups, h hierarchy) {
 	if !h.v2 {
 		usageFile, inactiveKey, oomFile = "memory.usage_in_bytes", "total_inactive_file", "memory.oom_control"
 	}
-	cg.Usage, _ = p.readLimit(path.Join(leaf, usageFile), func(s string) (Value, error) {
-		n, err := strconv.ParseInt(s, 10, 64)
-		return Known(n, ""), err
-	})
+	cg.Usage, _ = p.readLimit(path.Join(leaf, usageFile), parseInt)
 	if cg.Usage.Source == "" {
 		cg.Usage = Unknown(path.Join(leaf, usageFile), "missing")
 	}
@@ -312,15 +322,11 @@ func (p *Prober) cpuCgroup(cg *Cgroups, h hierarchy) {
 			if s == "-1" {
 				return Unlimited(""), nil
 			}
-			n, err := strconv.ParseInt(s, 10, 64)
-			return Known(n, ""), err
+			return parseInt(s)
 		}); ok {
 			lv.Limit = q
 			if q.IsKnown() {
-				per, ok := p.readLimit(path.Join(dir, "cpu.cfs_period_us"), func(s string) (Value, error) {
-					n, err := strconv.ParseInt(s, 10, 64)
-					return Known(n, ""), err
-				})
+				per, ok := p.readLimit(path.Join(dir, "cpu.cfs_period_us"), parseInt)
 				if !ok || !per.IsKnown() || per.N <= 0 {
 					lv.Limit = Unknown(path.Join(dir, "cpu.cfs_period_us"), "quota set but period unreadable")
 				} else {
@@ -328,13 +334,7 @@ func (p *Prober) cpuCgroup(cg *Cgroups, h hierarchy) {
 				}
 			}
 		}
-		if !lv.Limit.Unlimited {
-			before := eff
-			eff = tighter(eff, lv.Limit)
-			if eff != before {
-				cg.CPUBinds = cp
-			}
-		}
+		eff = bind(eff, lv, &cg.CPUBinds)
 		cg.CPULevels = append(cg.CPULevels, lv)
 	}
 	cg.CPUQuota = eff
