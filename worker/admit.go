@@ -70,9 +70,12 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	} else if cg.MemoryLimit.IsUnknown() {
 		return 0, fmt.Sprintf("class %s: cgroup memory limit unknown (%s): admitting nothing", class, cg.MemoryLimit.Unknown)
 	}
-	growth := w.growthRoom()
-	// Fetched but not started yet: they will grow to their whole peak.
-	if starting := inflight - w.liveCount(class); starting > 0 {
+	// One look at the running shards gives both what they may still grow to
+	// and how many of this class run; the in-flight ones not among them
+	// (fetched, not started yet) will grow to their whole peak. Two looks
+	// could miss a shard that starts between them.
+	growth, running := w.growthRoom(class)
+	if starting := inflight - running; starting > 0 {
 		growth += int64(starting) * peak.Memory
 	}
 	if ps := snap.PSI.MemorySome10; ps.Unknown == "" && ps.F > pressureStop {
@@ -159,42 +162,35 @@ func (w *Worker) trackLive(class string, peak int64) func(int) func() {
 	}
 }
 
-func (w *Worker) liveCount(class string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 0
-	for _, s := range w.live {
-		if s.class == class {
-			n++
-		}
-	}
-	return n
-}
-
 func (w *Worker) liveEnd(pgid int) {
 	w.mu.Lock()
 	delete(w.live, pgid)
 	w.mu.Unlock()
 }
 
-// growthRoom is how much running shards may still grow: for each, its
-// peak minus what its process group holds now (one scan of /proc).
-func (w *Worker) growthRoom() int64 {
+// growthRoom is how much running shards may still grow (for each, its
+// peak minus what its process group holds now; one scan of /proc), and how
+// many of them are of class, from one snapshot of the registry.
+func (w *Worker) growthRoom(class string) (int64, int) {
 	w.mu.Lock()
 	live := make(map[int]liveShard, len(w.live))
+	n := 0
 	for k, v := range w.live {
 		live[k] = v
+		if v.class == class {
+			n++
+		}
 	}
 	w.mu.Unlock()
 	if len(live) == 0 {
-		return 0
+		return 0, 0
 	}
 	rss := groupRSS(w.cfg.ProcRoot, live)
 	var g int64
 	for pgid, s := range live {
 		g += max(s.peak-rss[pgid], 0)
 	}
-	return g
+	return g, n
 }
 
 // groupRSS sums the resident memory of the processes of each group.

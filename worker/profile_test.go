@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/shardpool/shardpool/stream"
@@ -92,9 +93,11 @@ func TestProfileStopsOnCorrectness(t *testing.T) {
 	}
 }
 
-// markerGPUs is a fake NVML whose one GPU runs every process carrying a
-// marker in its command line, with 3 GiB and 80% utilization: the real
-// child processes of a profiled shard, seen through the GPUSource seam.
+// markerGPUs is a fake NVML whose one GPU runs every process-group leader
+// carrying a marker in its command line, with 3 GiB and 80% utilization:
+// the real child process of a profiled shard, seen through the GPUSource
+// seam. (Leaders only: a shell's child carries the parent's command line
+// for a moment between fork and exec.)
 type markerGPUs struct{ marker string }
 
 func (m markerGPUs) Devices(context.Context) ([]probe.GPU, error) {
@@ -107,6 +110,9 @@ func (m markerGPUs) Devices(context.Context) ([]probe.GPU, error) {
 		}
 		var pid int
 		fmt.Sscan(e.Name(), &pid)
+		if pgid, err := syscall.Getpgid(pid); err != nil || pgid != pid {
+			continue
+		}
 		d.Processes = append(d.Processes, probe.GPUProcess{PID: pid, Mem: 3 << 30, Kind: "compute"})
 	}
 	d.MemUsed = int64(len(d.Processes)) * (3 << 30)
