@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"syscall"
 	"time"
 
@@ -271,5 +270,3 @@ func swapIn(tmp, dst string) (string, error) {
 	}
 	return aside, nil
 }
-
-func isTemp(name string) bool { return strings.HasPrefix(name, ".tmp-") }

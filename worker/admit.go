@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -219,9 +218,7 @@ type procStat struct {
 	rssPages  int64
 }
 
-// procStats reads pid, process group and RSS of every process from
-// /proc/<pid>/stat (fields after the parenthesised name: pgrp is the 5th
-// field overall, rss the 24th).
+// procStats reads pid, process group and RSS of every process.
 func procStats(procRoot string) []procStat {
 	ents, err := os.ReadDir(procRoot)
 	if err != nil {
@@ -237,17 +234,9 @@ func procStats(procRoot string) []procStat {
 		if err != nil {
 			continue
 		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
+		if st, ok := probe.ParseStat(b); ok {
+			out = append(out, procStat{pid: pid, pgrp: st.PGrp, rssPages: st.RSSPages})
 		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 22 {
-			continue
-		}
-		pgrp, _ := strconv.Atoi(f[2])
-		rss, _ := strconv.ParseInt(f[21], 10, 64)
-		out = append(out, procStat{pid: pid, pgrp: pgrp, rssPages: rss})
 	}
 	return out
 }

@@ -244,16 +244,8 @@ func (p *Prober) sampleProcs() (map[int]procSample, error) {
 			continue // exited between readdir and read
 		}
 		s := procSample{uid: -1}
-		// Fields after the parenthesised name: utime, stime and rss are the
-		// 14th, 15th and 24th fields overall.
-		if i := bytes.LastIndexByte(b, ')'); i > 0 {
-			f := strings.Fields(string(b[i+1:]))
-			if len(f) > 21 {
-				u, _ := strconv.ParseInt(f[11], 10, 64)
-				k, _ := strconv.ParseInt(f[12], 10, 64)
-				rss, _ := strconv.ParseInt(f[21], 10, 64)
-				s.ticks, s.rss = u+k, rss*page
-			}
+		if st, ok := ParseStat(b); ok {
+			s.ticks, s.rss = st.Ticks, st.RSSPages*page
 		}
 		if p.cfg.Root == "/" {
 			if info, err := e.Info(); err == nil {
@@ -267,6 +259,36 @@ func (p *Prober) sampleProcs() (map[int]procSample, error) {
 		out[pid] = s
 	}
 	return out, nil
+}
+
+// Stat is what shardpool reads from /proc/<pid>/stat.
+type Stat struct {
+	PGrp     int   // process group
+	Ticks    int64 // utime + stime, in clock ticks
+	RSSPages int64 // resident set, in pages
+}
+
+// ParseStat reads a /proc/<pid>/stat line. The fields are counted after
+// the parenthesised command name, which may itself hold spaces and
+// parentheses: pgrp, utime, stime and rss are the 5th, 14th, 15th and 24th
+// fields overall.
+func ParseStat(b []byte) (Stat, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return Stat{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 22 {
+		return Stat{}, false
+	}
+	pgrp, err1 := strconv.Atoi(f[2])
+	u, err2 := strconv.ParseInt(f[11], 10, 64)
+	k, err3 := strconv.ParseInt(f[12], 10, 64)
+	rss, err4 := strconv.ParseInt(f[21], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+		return Stat{}, false
+	}
+	return Stat{PGrp: pgrp, Ticks: u + k, RSSPages: rss}, true
 }
 
 // clockTicks is USER_HZ, 100 on every Linux shardpool supports.
