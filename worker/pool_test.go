@@ -292,25 +292,42 @@ func TestOutputSymlinkIsRefused(t *testing.T) {
 	}
 }
 
-func TestSlotsBoundConcurrency(t *testing.T) {
+// concurrencyJob writes a job whose shards each sleep, then record how many
+// shards of the job were running at that moment (their directories in a
+// shared one), in out/<id>/n.
+func concurrencyJob(t *testing.T, shards int, sleep, extra string) string {
+	t.Helper()
 	dir := t.TempDir()
-	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 3}})
-	// Each shard records its start and end; at most 3 may overlap.
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 9, Retries: 0,
-		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 0.3 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
-	env.WaitState("t", 30*time.Second, stream.RunComplete)
-	maxSeen := 0
-	for i := range 9 {
+	return testenv.WriteJob(t, testenv.Job{Shards: shards, Retries: 0, Extra: extra,
+		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep "$4" && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}", sleep}})
+}
+
+// maxConcurrent is the largest count a concurrencyJob's shards recorded; a
+// shard without a count fails the test.
+func maxConcurrent(t *testing.T, spec string, shards int) int {
+	t.Helper()
+	most := 0
+	for i := range shards {
 		b, err := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", fmt.Sprintf("s%04d", i), "n"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		var n int
-		fmt.Sscan(string(b), &n)
-		maxSeen = max(maxSeen, n)
+		if _, err := fmt.Sscan(string(b), &n); err != nil {
+			t.Fatalf("shard %d count %q: %v", i, b, err)
+		}
+		most = max(most, n)
 	}
-	if maxSeen > 3 || maxSeen < 2 {
+	return most
+}
+
+func TestSlotsBoundConcurrency(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 3}})
+	// At most 3 may overlap.
+	spec := concurrencyJob(t, 9, "0.3", "")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if maxSeen := maxConcurrent(t, spec, 9); maxSeen > 3 || maxSeen < 2 {
 		t.Fatalf("concurrent shards seen: %d, want 2..3 with 3 slots", maxSeen)
 	}
 }
