@@ -162,3 +162,48 @@ func TestWriteFileIsAtomic(t *testing.T) {
 		t.Fatalf("got %q with %d entries, want \"two\" alone", b, len(ents))
 	}
 }
+
+// TestGroupSyncCommit: with Options.Sync the commit calls it once on the
+// temporary directory (everything written, nothing visible yet) and once on
+// the parent after the rename; a failing first call publishes nothing.
+func TestGroupSyncCommit(t *testing.T) {
+	src := writeTree(t, map[string]string{"a.txt": "alpha", "sub/b.txt": "beta"})
+	dst := filepath.Join(t.TempDir(), "out", "s1")
+	var calls []string
+	opt := Options{Fingerprint: "fp", Move: true, Sync: func(p string) error {
+		// At the first call the marker is written but dst does not exist.
+		if len(calls) == 0 {
+			if _, err := os.Stat(filepath.Join(p, MarkerName)); err != nil {
+				t.Errorf("first sync before the marker was written: %v", err)
+			}
+			if _, err := os.Stat(dst); !os.IsNotExist(err) {
+				t.Errorf("first sync after dst appeared: %v", err)
+			}
+		}
+		calls = append(calls, p)
+		return nil
+	}}
+	if _, err := CommitDir(context.Background(), dst, src, opt, ""); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 2 || filepath.Dir(calls[0]) != filepath.Dir(dst) || calls[1] != filepath.Dir(dst) {
+		t.Fatalf("sync calls: got %q, want the temporary directory then %s", calls, filepath.Dir(dst))
+	}
+	if mk, err := Verify(dst); err != nil || mk.Files != 2 {
+		t.Fatalf("verify: %+v %v", mk, err)
+	}
+
+	src2 := writeTree(t, map[string]string{"c.txt": "gamma"})
+	dst2 := filepath.Join(filepath.Dir(dst), "s2")
+	opt.Sync = func(string) error { return errors.New("disk gone") }
+	if _, err := CommitDir(context.Background(), dst2, src2, opt, ""); err == nil || !strings.Contains(err.Error(), "disk gone") {
+		t.Fatalf("failing sync: got %v, want its error", err)
+	}
+	if _, err := os.Stat(dst2); !os.IsNotExist(err) {
+		t.Fatalf("failing sync published %s: %v", dst2, err)
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".tmp-*"))
+	if len(left) != 0 {
+		t.Fatalf("temporary directories left: %q", left)
+	}
+}

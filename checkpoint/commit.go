@@ -89,21 +89,27 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return Marker{}, err
 		}
-		f, err := place(e, dst, opt.Move)
+		f, err := place(e, dst, opt.Move, opt.Sync == nil)
 		if err != nil {
 			return Marker{}, fmt.Errorf("commit %s: %w", e.rel, err)
 		}
 		m.Files = append(m.Files, f)
 		total += f.Size
 	}
-	// Directory entries must be durable before the marker vouches for them.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := syncDir(filepath.Join(tmp, filepath.FromSlash(dirs[i]))); err != nil {
-			return Marker{}, err
+	write := writeFileSync
+	if opt.Sync != nil {
+		// One opt.Sync after the marker covers everything (see Options.Sync).
+		write = writeFileNoSync
+	} else {
+		// Directory entries must be durable before the marker vouches for them.
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := syncDir(filepath.Join(tmp, filepath.FromSlash(dirs[i]))); err != nil {
+				return Marker{}, err
+			}
 		}
 	}
 	mb, _ := jsonIndent(m)
-	if err := writeFileSync(filepath.Join(tmp, ManifestName), mb); err != nil {
+	if err := write(filepath.Join(tmp, ManifestName), mb); err != nil {
 		return Marker{}, err
 	}
 	mk := Marker{V: formatV, Generation: gen, Manifest: fmt.Sprintf("%016x", xxhash.Sum64(mb)),
@@ -112,18 +118,24 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 	// directory entries become durable with the one fsync of tmp below, which
 	// precedes the rename; a crash before it leaves a .tmp- directory that no
 	// reader consumes, and a marker whose files went missing fails Verify.
-	if err := writeFileSync(filepath.Join(tmp, MarkerName), mk.encode()); err != nil {
+	if err := write(filepath.Join(tmp, MarkerName), mk.encode()); err != nil {
 		return Marker{}, err
+	}
+	if opt.Sync != nil {
+		if err := opt.Sync(tmp); err != nil {
+			return Marker{}, fmt.Errorf("sync %s: %w", tmp, err)
+		}
+		return mk, nil
 	}
 	return mk, syncDir(tmp)
 }
 
 // place moves (when allowed and possible) or copies one file, hashing it and
-// fsyncing the result.
-func place(e entry, dst string, move bool) (File, error) {
+// (with sync) fsyncing the result.
+func place(e entry, dst string, move, sync bool) (File, error) {
 	if move {
 		if err := os.Rename(e.src, dst); err == nil {
-			return hashSync(dst, e.rel, e.mode)
+			return hashSync(dst, e.rel, e.mode, sync)
 		} else if !errors.Is(err, syscall.EXDEV) {
 			return File{}, err
 		}
@@ -139,7 +151,7 @@ func place(e entry, dst string, move bool) (File, error) {
 	}
 	h := xxhash.New()
 	n, err := io.Copy(io.MultiWriter(out, h), in)
-	if err == nil {
+	if err == nil && sync {
 		err = out.Sync()
 	}
 	if cerr := out.Close(); err == nil {
@@ -151,8 +163,8 @@ func place(e entry, dst string, move bool) (File, error) {
 	return File{Path: e.rel, Size: n, XXH64: fmt.Sprintf("%016x", h.Sum64()), Mode: uint32(e.mode)}, nil
 }
 
-func hashSync(path, rel string, mode fs.FileMode) (File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+func hashSync(path, rel string, mode fs.FileMode, sync bool) (File, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return File{}, err
 	}
@@ -161,6 +173,9 @@ func hashSync(path, rel string, mode fs.FileMode) (File, error) {
 	n, err := io.Copy(h, f)
 	if err != nil {
 		return File{}, err
+	}
+	if !sync {
+		return File{Path: rel, Size: n, XXH64: fmt.Sprintf("%016x", h.Sum64()), Mode: uint32(mode)}, nil
 	}
 	if err := f.Sync(); err != nil {
 		return File{}, err
@@ -190,6 +205,7 @@ type Pending struct {
 	Marker Marker
 	dst    string
 	tmp    string
+	sync   func(string) error
 }
 
 // Prepare writes src into a temporary directory beside dst with MANIFEST
@@ -213,7 +229,7 @@ func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
-	return &Pending{Marker: mk, dst: dst, tmp: tmp}, nil
+	return &Pending{Marker: mk, dst: dst, tmp: tmp, sync: opt.Sync}, nil
 }
 
 // Discard removes the prepared directory.
@@ -227,7 +243,11 @@ func (p *Pending) Publish(keepReplaced string) error {
 		os.RemoveAll(p.tmp)
 		return fmt.Errorf("commit %s: %w", dst, err)
 	}
-	if err := syncDir(parent); err != nil {
+	sync := syncDir
+	if p.sync != nil {
+		sync = p.sync
+	}
+	if err := sync(parent); err != nil {
 		return fmt.Errorf("commit %s: %w", dst, err)
 	}
 	if replaced != "" {

@@ -48,6 +48,15 @@ type Options struct {
 	// Retain, for generations, is how many verified generations to keep
 	// (zero keeps all).
 	Retain int
+	// Sync, when set, replaces the commit's per-file and per-directory
+	// fsyncs (Prepare and Publish only): it is called once with the
+	// temporary directory after everything is written, before the rename,
+	// and once with the parent after the rename. It must make every write
+	// made before the call under that path durable (for example one syncfs
+	// of the file system, shared by concurrent commits). Nothing is visible
+	// under the final name before the first call returned, so the marker
+	// still never vouches for content that a crash could lose.
+	Sync func(path string) error
 }
 
 func (m Marker) encode() []byte {

@@ -22,6 +22,23 @@ func syncDir(dir string) error {
 	return nil
 }
 
+// writeFileNoSync writes b to path (a new file) and closes it; the caller
+// makes it durable.
+func writeFileNoSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", path, err)
+	}
+	return nil
+}
+
 // writeFileSync writes b to path (a new file), fsyncs and closes it.
 func writeFileSync(path string, b []byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)

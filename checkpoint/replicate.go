@@ -62,7 +62,7 @@ func Replicate(ctx context.Context, src, dst string) (Replica, error) {
 		if err != nil {
 			return err
 		}
-		f, err := place(entry{src: p, rel: filepath.ToSlash(rel), mode: info.Mode().Perm()}, out, false)
+		f, err := place(entry{src: p, rel: filepath.ToSlash(rel), mode: info.Mode().Perm()}, out, false, true)
 		total += f.Size
 		return err
 	})
