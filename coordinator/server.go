@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/stream"
 )
@@ -30,8 +31,10 @@ type Config struct {
 	Listen string
 	// HTTP is the host:port of the status server; "" disables it.
 	HTTP string
-	// NoSync turns off SyncAlways: faster, but an acknowledged write can be
-	// lost if the host (not only the process) crashes. Default false.
+	// Sync is how the store reaches the disk: stream.SyncGroup (default),
+	// stream.SyncAlways or stream.SyncNone; see docs/decisions.md.
+	Sync string
+	// NoSync is the older spelling of Sync = stream.SyncNone.
 	NoSync bool
 	// LeaseTTL is the lease bucket TTL and consumer AckWait. Default 30s.
 	LeaseTTL time.Duration
@@ -51,6 +54,12 @@ type Coordinator struct {
 	http *http.Server
 	hl   net.Listener
 	b    *stream.Buckets
+
+	// store is the open JetStream store directory; syncer makes the whole
+	// file system under it durable (syncfs) for barrier requests.
+	store  *os.File
+	syncer *stream.Group
+	sub    *nats.Subscription
 }
 
 // New validates cfg. It does no I/O.
@@ -68,6 +77,15 @@ func New(cfg Config) (*Coordinator, error) {
 		if _, _, err := net.SplitHostPort(cfg.HTTP); err != nil {
 			return nil, fmt.Errorf("%w: HTTP %q: %v", ErrConfig, cfg.HTTP, err)
 		}
+	}
+	if cfg.NoSync && cfg.Sync == "" {
+		cfg.Sync = stream.SyncNone
+	}
+	if cfg.Sync == "" {
+		cfg.Sync = stream.SyncGroup
+	}
+	if !stream.ValidSync(cfg.Sync) || (cfg.NoSync && cfg.Sync != stream.SyncNone) {
+		return nil, fmt.Errorf("%w: Sync %q must be %s, %s or %s", ErrConfig, cfg.Sync, stream.SyncGroup, stream.SyncAlways, stream.SyncNone)
 	}
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = stream.DefaultLeaseTTL
@@ -109,7 +127,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		Port:               port,
 		JetStream:          true,
 		StoreDir:           filepath.Join(c.cfg.DataDir, "jetstream"),
-		SyncAlways:         !c.cfg.NoSync,
+		SyncAlways:         c.cfg.Sync == stream.SyncAlways,
 		NoSigs:             true,
 		MaxPayload:         8 << 20,
 		JetStreamMaxMemory: 256 << 20,
@@ -151,6 +169,10 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	c.b = b
+	if err := c.startSyncer(); err != nil {
+		c.Close()
+		return fmt.Errorf("start coordinator: %w", err)
+	}
 	if c.cfg.HTTP != "" {
 		l, err := net.Listen("tcp", c.cfg.HTTP)
 		if err != nil {
@@ -160,7 +182,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.hl = l
 		c.http = &http.Server{Handler: c.routes(), ReadHeaderTimeout: 5 * time.Second}
 	}
-	c.log.Info("coordinator ready", "url", c.ClientURL(), "data", c.cfg.DataDir, "sync_always", !c.cfg.NoSync)
+	c.log.Info("coordinator ready", "url", c.ClientURL(), "data", c.cfg.DataDir, "sync", c.cfg.Sync)
 	return nil
 }
 
@@ -226,6 +248,57 @@ func (c *Coordinator) Close() {
 		c.srv.Shutdown()
 		c.srv.WaitForShutdown()
 	}
+	if c.store != nil {
+		c.store.Close()
+		c.store = nil
+	}
+}
+
+// startSyncer opens the store for syncfs, makes what Setup wrote durable,
+// and answers barrier requests on stream.SubjectSync: in group mode after
+// a syncfs that began after the request arrived, otherwise at once (the
+// server synced each write itself, or nothing is synced by choice).
+func (c *Coordinator) startSyncer() error {
+	f, err := os.Open(c.srv.StoreDir())
+	if err != nil {
+		return fmt.Errorf("open store for sync: %w", err)
+	}
+	c.store = f
+	c.syncer = &stream.Group{Fn: func() error {
+		if c.cfg.Sync != stream.SyncGroup {
+			return nil
+		}
+		if err := unix.Syncfs(int(f.Fd())); err != nil {
+			return fmt.Errorf("syncfs %s: %w", f.Name(), err)
+		}
+		return nil
+	}}
+	if err := c.syncer.Fn(); err != nil {
+		return err
+	}
+	c.sub, err = c.nc.Subscribe(stream.SubjectSync, func(m *nats.Msg) {
+		c.syncer.Go(func(err error) {
+			reply := []byte("ok")
+			if err != nil {
+				c.log.Error("sync barrier", "err", err)
+				reply = []byte("error: " + err.Error())
+			}
+			_ = m.Respond(reply)
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("serve sync barrier: %w", err)
+	}
+	return nil
+}
+
+// Barrier makes every write acknowledged so far durable (see
+// stream.SyncGroup); it shares its syncfs with concurrent barriers.
+func (c *Coordinator) Barrier(ctx context.Context) error {
+	if err := c.syncer.Do(ctx); err != nil {
+		return fmt.Errorf("%w: %v", stream.ErrNotDurable, err)
+	}
+	return nil
 }
 
 // ClientURL is the nats:// URL workers and the nats CLI connect to.

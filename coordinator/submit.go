@@ -144,6 +144,11 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		}
 		rev = e.Revision()
 	}
+	// What was published and the QUEUED state must survive a host crash
+	// before the producer is told so.
+	if err := stream.Barrier(ctx, js.Conn()); err != nil {
+		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
 	res.State = rec.State
 	return res, nil
 }

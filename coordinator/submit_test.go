@@ -2,11 +2,13 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
@@ -16,7 +18,7 @@ import (
 // TestSubmitManyShards publishes more shards than the client allows
 // outstanding async publishes (4,000), with SyncAlways acks.
 func TestSubmitManyShards(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	env := testenv.New(t, testenv.Options{NoWorkers: true, Sync: stream.SyncAlways})
 	dir := t.TempDir()
 	var m strings.Builder
 	for i := range 5000 {
@@ -32,5 +34,35 @@ func TestSubmitManyShards(t *testing.T) {
 	info, _ := s.Info(context.Background())
 	if info.State.Msgs != 5000 {
 		t.Fatalf("stream holds %d messages, want 5000", info.State.Msgs)
+	}
+}
+
+// TestSyncBarrier: the coordinator answers barrier requests in every mode,
+// and refuses an unknown mode.
+func TestSyncBarrier(t *testing.T) {
+	for _, mode := range []string{stream.SyncGroup, stream.SyncAlways, stream.SyncNone} {
+		t.Run(mode, func(t *testing.T) {
+			env := testenv.New(t, testenv.Options{NoWorkers: true, Sync: mode})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := stream.Barrier(ctx, env.JS.Conn()); err != nil {
+				t.Fatalf("barrier: %v", err)
+			}
+			if err := env.Coord.Barrier(ctx); err != nil {
+				t.Fatalf("in-process barrier: %v", err)
+			}
+		})
+	}
+	if _, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Sync: "sometimes"}); !errors.Is(err, coordinator.ErrConfig) {
+		t.Fatalf("unknown sync mode: got %v, want ErrConfig", err)
+	}
+	// With no coordinator to answer, a barrier fails as not durable.
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	nc := env.JS.Conn()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	env.Close()
+	if err := stream.Barrier(ctx, nc); !errors.Is(err, stream.ErrNotDurable) {
+		t.Fatalf("barrier without a coordinator: got %v, want ErrNotDurable", err)
 	}
 }

@@ -42,6 +42,8 @@ type Options struct {
 	// Binary builds the shardpool binary and gives it to jobs as
 	// SHARDPOOL_BIN (for jobs that call "shardpool ckpt").
 	Binary bool
+	// Sync is the coordinator's sync mode. Default stream.SyncGroup.
+	Sync string
 }
 
 // Env is a running coordinator plus workers.
@@ -104,7 +106,7 @@ func (e *Env) startCoordinator() {
 	if e.URL != "" {
 		listen = e.URL[len("nats://"):]
 	}
-	c, err := coordinator.New(coordinator.Config{DataDir: e.Data, Listen: listen, HTTP: "127.0.0.1:0", LeaseTTL: e.opts.LeaseTTL, Logger: e.logger()})
+	c, err := coordinator.New(coordinator.Config{DataDir: e.Data, Listen: listen, HTTP: "127.0.0.1:0", LeaseTTL: e.opts.LeaseTTL, Sync: e.opts.Sync, Logger: e.logger()})
 	if err != nil {
 		e.t.Fatalf("coordinator config: %v", err)
 	}

@@ -21,7 +21,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	listen := fs.String("listen", "127.0.0.1:4222", "NATS listener for workers and the nats CLI")
 	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status listener (empty to disable)")
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
-	noSync := fs.Bool("no-sync", false, "do not fsync every JetStream write (faster; a host crash can lose acknowledged state)")
+	syncMode := registerSync(fs)
 	verbose := fs.Bool("v", false, "debug logs")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -31,7 +31,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errUsage
 	}
-	c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, NoSync: *noSync,
+	c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, Sync: string(*syncMode),
 		LeaseTTL: *leaseTTL, Logger: logger(stderr, *verbose, slog.LevelInfo)})
 	if err != nil {
 		return err

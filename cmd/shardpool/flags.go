@@ -127,3 +127,24 @@ func parseSpec(fs *flag.FlagSet, args []string) (*stream.Spec, *stream.Manifest,
 	}
 	return loadRun(pos[0])
 }
+
+// syncFlag is --sync group|always|none (with --no-sync as --sync none).
+type syncFlag string
+
+func (s *syncFlag) String() string { return string(*s) }
+
+func (s *syncFlag) Set(v string) error {
+	if !stream.ValidSync(v) {
+		return fmt.Errorf("must be %s, %s or %s", stream.SyncGroup, stream.SyncAlways, stream.SyncNone)
+	}
+	*s = syncFlag(v)
+	return nil
+}
+
+// registerSync adds --sync and --no-sync to fs.
+func registerSync(fs *flag.FlagSet) *syncFlag {
+	s := syncFlag(stream.SyncGroup)
+	fs.Var(&s, "sync", "how the coordinator's store reaches the disk: group (every write a decision depends on is fsynced first, one syncfs shared by concurrent writers), always (fsync every write), none (a host crash can lose acknowledged state)")
+	fs.BoolFunc("no-sync", "same as --sync none", func(string) error { s = stream.SyncNone; return nil })
+	return &s
+}

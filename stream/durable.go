@@ -1,0 +1,108 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Sync modes of the coordinator's store.
+const (
+	// SyncGroup (the default): the server writes every message to the kernel
+	// before it acknowledges it, and a barrier (SubjectSync) makes every
+	// write acknowledged before it durable with one syncfs of the store,
+	// shared by every caller that asked while the previous one ran. Writers
+	// ask for a barrier before they act on what they wrote.
+	SyncGroup = "group"
+	// SyncAlways: the server fsyncs every write before acknowledging it
+	// (nats-server SyncAlways); barriers return at once.
+	SyncAlways = "always"
+	// SyncNone: writes reach the kernel before the ack (a process crash
+	// loses nothing) but a host crash can lose the last two minutes;
+	// barriers return at once.
+	SyncNone = "none"
+)
+
+// ValidSync reports whether s names a sync mode.
+func ValidSync(s string) bool { return s == SyncGroup || s == SyncAlways || s == SyncNone }
+
+// SubjectSync is the coordinator's durability barrier: a request returns
+// "ok" once every write the server acknowledged before the request arrived
+// is on disk.
+const SubjectSync = "shardpool.sync"
+
+// ErrNotDurable means a barrier failed: what was written may not survive a
+// host crash, so the writer must not act on it yet.
+var ErrNotDurable = errors.New("not yet durable")
+
+// Barrier asks the coordinator on nc to make every write acknowledged so
+// far durable. Use it through a Group so that concurrent callers share
+// requests.
+func Barrier(ctx context.Context, nc *nats.Conn) error {
+	m, err := nc.RequestWithContext(ctx, SubjectSync, nil)
+	if err != nil {
+		return fmt.Errorf("%w: sync barrier: %v", ErrNotDurable, err)
+	}
+	if reply := string(m.Data); reply != "ok" {
+		return fmt.Errorf("%w: sync barrier: %s", ErrNotDurable, strings.TrimPrefix(reply, "error: "))
+	}
+	return nil
+}
+
+// Group runs one function on behalf of many callers (group commit): every
+// call waits for a run of Fn that began after the call did, so one fsync
+// serves every caller that arrived while the previous one ran.
+type Group struct {
+	Fn func() error
+
+	mu      sync.Mutex
+	running bool
+	waiting []func(error)
+}
+
+// Do waits for a run of Fn that began after the call and returns its error.
+func (g *Group) Do(ctx context.Context) error {
+	ch := make(chan error, 1)
+	g.Go(func(err error) { ch <- err })
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Go is Do without waiting: done is called with the error of a run of Fn
+// that began after the call. done must not block.
+func (g *Group) Go(done func(error)) {
+	g.mu.Lock()
+	g.waiting = append(g.waiting, done)
+	start := !g.running
+	g.running = true
+	g.mu.Unlock()
+	if start {
+		go g.loop()
+	}
+}
+
+func (g *Group) loop() {
+	for {
+		g.mu.Lock()
+		batch := g.waiting
+		g.waiting = nil
+		if len(batch) == 0 {
+			g.running = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		err := g.Fn()
+		for _, done := range batch {
+			done(err)
+		}
+	}
+}
