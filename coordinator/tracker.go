@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -76,6 +77,9 @@ func (t *tracker) run(ctx context.Context) error {
 			return ctx.Err()
 		case e, ok := <-rw.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 				return fmt.Errorf("tracker: runs watch closed")
 			}
 			if e != nil {
@@ -83,6 +87,9 @@ func (t *tracker) run(ctx context.Context) error {
 			}
 		case e, ok := <-sw.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 				return fmt.Errorf("tracker: shards watch closed")
 			}
 			if e != nil {
@@ -241,26 +248,50 @@ func retryCommand(r stream.RunRecord) string {
 // MANIFEST checksum, sizes, fingerprint; the committing worker already read
 // every byte back). Shards whose output fails are marked failed so that the
 // run blocks with a retry command instead of claiming COMPLETE.
+// verifyReaders is how many outputs are verified at once.
+const verifyReaders = 4
+
 func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool) {
 	out := ri.rec.Spec.Output
 	if _, err := os.Stat(out); errors.Is(err, fs.ErrNotExist) {
 		return "outputs verified by their committing workers; the destination is not visible from the coordinator", true
 	}
-	var bad []string
+	ids := make(chan string)
+	var mu sync.Mutex
+	failed := map[string]error{}
+	var wg sync.WaitGroup
+	// A few readers at once: each check is a few small reads, mostly from
+	// the page cache, and a run has thousands.
+	for range verifyReaders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range ids {
+				mk, err := checkpoint.VerifyQuick(filepath.Join(out, id))
+				if err == nil && mk.Fingerprint != ri.rec.Fingerprint {
+					err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
+				}
+				if err != nil {
+					mu.Lock()
+					failed[id] = err
+					mu.Unlock()
+				}
+			}
+		}()
+	}
 	for id, si := range ri.shards {
-		if si.fp != ri.rec.Fingerprint {
-			continue
+		if si.fp == ri.rec.Fingerprint {
+			ids <- id
 		}
-		mk, err := checkpoint.VerifyQuick(filepath.Join(out, id))
-		if err == nil && mk.Fingerprint != ri.rec.Fingerprint {
-			err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
-		}
-		if err != nil {
-			bad = append(bad, id)
-			reason := "output at the destination failed verification: " + err.Error()
-			t.revokeCommit(ctx, ri.rec.Name, id, reason)
-			t.failShard(ctx, ri.rec.Name, id, reason, nil)
-		}
+	}
+	close(ids)
+	wg.Wait()
+	var bad []string
+	for id, err := range failed {
+		bad = append(bad, id)
+		reason := "output at the destination failed verification: " + err.Error()
+		t.revokeCommit(ctx, ri.rec.Name, id, reason)
+		t.failShard(ctx, ri.rec.Name, id, reason, nil)
 	}
 	if len(bad) > 0 {
 		return fmt.Sprintf("%d output(s) failed verification at the destination", len(bad)), false

@@ -32,7 +32,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	retryFailed := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
-	noSync := fs.Bool("no-sync", false, "do not fsync every JetStream write (faster; a host crash can lose acknowledged state)")
+	syncMode := registerSync(fs)
 	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>)")
 	quiet := fs.Bool("quiet", false, "no progress display")
 	verbose := fs.Bool("v", false, "debug logs")
@@ -59,7 +59,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	log := logger(stderr, *verbose, slog.LevelWarn)
 	coord, err := coordinator.New(coordinator.Config{DataDir: absData, Listen: *listen, HTTP: *httpAddr,
-		NoSync: *noSync, LeaseTTL: *leaseTTL, Logger: log})
+		Sync: string(*syncMode), LeaseTTL: *leaseTTL, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -101,11 +101,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	workerCtx, stopWorker := context.WithCancel(gctx)
 	defer stopWorker()
-	g.Go(func() error { return wk.Run(workerCtx) })
+	workerDone := make(chan struct{})
+	g.Go(func() error { defer close(workerDone); return wk.Run(workerCtx) })
 
 	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, progressOut(stderr, *quiet))
 	stopWorker() // the worker drains: SIGTERM to children, grace, Nak
-	time.Sleep(50 * time.Millisecond)
+	<-workerDone // its last records and Naks need the coordinator
 	stopCoord()
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("shutdown", "err", err)
