@@ -25,6 +25,8 @@ type result struct {
 	cpuSeconds float64
 	readBytes  int64
 	writeBytes int64
+	// logged: the command wrote output, so its log file exists.
+	logged bool
 }
 
 // stopCause says why the worker ended a child early.
@@ -127,20 +129,21 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 		wrapped := append([]string{"/bin/sh", "-c", enterScript, "shardpool-enter"}, enter...)
 		argv = append(append(wrapped, "--"), argv...)
 	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	out, err := newLazyLog(logPath)
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("open log: %v", err)}
 	}
-	defer logf.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, logf, logf
+	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, out.w, out.w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	oomBefore := oomKills(w.cfg.ProcRoot)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(logf, "shardpool: cannot start %q: %v\n", argv[0], err)
-		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err)}
+		out.abort()
+		out.note(fmt.Sprintf("shardpool: cannot start %q: %v\n", argv[0], err))
+		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err), logged: true}
 	}
+	out.started()
 	pgid := cmd.Process.Pid
 	if onStart != nil {
 		if end := onStart(pgid); end != nil {
@@ -189,6 +192,7 @@ wait:
 	// Whatever the child left behind in its group goes with it.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	r := result{duration: time.Since(start)}
+	r.logged = out.close()
 	ps := cmd.ProcessState
 	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
 		// wait4's usage covers the child and the descendants it waited for.
@@ -227,4 +231,89 @@ wait:
 		r.signal = ws.Signal().String()
 	}
 	return r
+}
+
+// lazyLog is a child's stdout and stderr: one pipe, copied into the log
+// file, which is created on the first byte. A shard that prints nothing
+// leaves no file (creating one per attempt was a measurable part of a
+// short shard's cost); a crash of the worker loses at most what sits in
+// the pipe, and the child is killed with it (Pdeathsig).
+type lazyLog struct {
+	path string
+	r, w *os.File
+	done chan struct{}
+	f    *os.File
+}
+
+func newLazyLog(path string) (*lazyLog, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	return &lazyLog{path: path, r: r, w: w, done: make(chan struct{})}, nil
+}
+
+// started closes the parent's copy of the write end and starts copying.
+func (l *lazyLog) started() {
+	l.w.Close()
+	go l.copy()
+}
+
+func (l *lazyLog) copy() {
+	defer close(l.done)
+	buf := make([]byte, 32<<10)
+	opened := false
+	for {
+		n, err := l.r.Read(buf)
+		if n > 0 && !opened {
+			opened = true
+			// On error the copy goes on draining, so the child never
+			// blocks on a full pipe; its output is lost.
+			l.f, _ = os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		}
+		if n > 0 && l.f != nil {
+			_, _ = l.f.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// logDrain bounds the wait for the log's last bytes after the child's
+// process group is gone: a descendant that left the group may hold the
+// pipe open indefinitely.
+const logDrain = 2 * time.Second
+
+// close waits for the copy to reach the end of the output (or logDrain),
+// closes everything, and reports whether a log file was written.
+func (l *lazyLog) close() bool {
+	select {
+	case <-l.done:
+	case <-time.After(logDrain):
+		l.r.Close() // the copy returns with an error
+		<-l.done
+	}
+	l.r.Close()
+	if l.f == nil {
+		return false
+	}
+	l.f.Close()
+	return true
+}
+
+// abort closes both ends when the child never started.
+func (l *lazyLog) abort() {
+	l.r.Close()
+	l.w.Close()
+}
+
+// note appends a message of shardpool's own to the log (creating it).
+func (l *lazyLog) note(msg string) {
+	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	f.WriteString(msg)
+	f.Close()
 }

@@ -306,6 +306,9 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 		timeout = 10 * time.Minute
 	}
 	res := w.execute(argv, env, spec.Dir, s.Log, timeout, nil, nil, onStart, cg.procsFiles())
+	if !res.logged {
+		s.Log = "" // the sample printed nothing
+	}
 	s.Seconds, s.CPUSeconds, s.ReadBytes, s.WriteBytes = res.duration.Seconds(), res.cpuSeconds, res.readBytes, res.writeBytes
 	s.Outcome, s.Reason = res.outcome, res.reason
 	if cg != nil {

@@ -36,19 +36,29 @@ type attemptState struct {
 	rec     stream.ShardRecord
 	rev     uint64
 	attempt int
+	// free gives the attempt's slot back (idempotent); it is called once
+	// the command has exited, when the worker has room to conclude aside.
+	free func()
 }
+
+// maxConcluding bounds the attempts of one worker that conclude (commit,
+// record, ack) after giving their slot back. A slot counts a running
+// command; what follows its exit is I/O and state writes, which overlap
+// with the next command instead of delaying it. Beyond the bound an
+// attempt concludes in its slot, so a slow commit path slows fetching.
+const maxConcluding = 64
 
 // handle takes one delivered shard through its lifecycle. Every path ends
 // in exactly one of Ack, Nak or Term of the message (or, when the lease is
 // lost, in neither: the new owner's delivery decides).
-func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream.Msg, class, slotInfo string) {
+func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream.Msg, class, slotInfo string, free func()) {
 	meta, err := msg.Metadata()
 	if err != nil {
 		w.log.Error("message without metadata", "err", err)
 		_ = msg.Term()
 		return
 	}
-	a := &attemptState{msg: msg, attempt: int(meta.NumDelivered)}
+	a := &attemptState{msg: msg, attempt: int(meta.NumDelivered), free: free}
 	if err := stream.Decode(msg.Data(), &a.m); err != nil {
 		w.log.Error("undecodable shard message; terminating it", "subject", msg.Subject(), "err", err)
 		_ = msg.TermWithReason("undecodable: " + err.Error())
@@ -140,7 +150,7 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 	m, msg := &a.m, a.msg
 	if w.alreadyDone(ctx, a) {
 		w.admission(m.Run, m.ID, class, "skip", "already committed with this fingerprint and its output verifies")
-		_ = msg.DoubleAck(ctx)
+		w.settleDurably(ctx, a, func() error { return msg.DoubleAck(ctx) })
 		return true
 	}
 	if a.rec.State == stream.ShardFailed && a.rec.Fingerprint == m.Fingerprint && a.rec.Retry >= m.Retry && len(a.rec.Attempts) > 0 {
@@ -151,7 +161,7 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 	if limit := a.run.Spec.Retries + 1; a.attempt-a.rec.Deferred > limit {
 		w.closeLost(a)
 		w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil)
-		_ = msg.TermWithReason("attempt limit reached")
+		w.settleDurably(ctx, a, func() error { return msg.TermWithReason("attempt limit reached") })
 		w.count(false)
 		return true
 	}
@@ -268,21 +278,31 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 			err = w.putRecord(ctx, a)
 		}
 	}
+	if err == nil {
+		// The lease and the running record must survive a host crash of the
+		// coordinator before the command starts.
+		err = w.barrier(ctx)
+	}
 	if err != nil {
 		// Someone else changed the record (a new generation, a verification
-		// failure): let the message come back and decide afresh.
+		// failure), or it is not durable: let the message come back and
+		// decide afresh.
 		w.admission(m.Run, m.ID, class, "defer", err.Error())
 		w.release(l)
 		_ = a.msg.NakWithDelay(w.backoff(1))
 		return
 	}
-	base := filepath.Join(w.cfg.Scratch, m.Run, fmt.Sprintf("%s.a%d", m.ID, a.attempt))
+	var res result
+	base, err := w.scratch.take(m.Run)
+	if err != nil {
+		res = result{outcome: stream.OutcomeStart, reason: "scratch: " + err.Error()}
+		base = filepath.Join(w.cfg.Scratch, m.Run, "unavailable")
+	} else {
+		defer w.scratch.put(m.Run, base)
+	}
 	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: base + ".out", Scratch: base + ".tmp",
 		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
-	defer os.RemoveAll(v.Out)
-	defer os.RemoveAll(v.Scratch)
-	var res result
-	if spec.StageFor(class) {
+	if res.outcome == "" && spec.StageFor(class) {
 		staged, sres := w.stage(ctx, a, cls, base+".in")
 		defer os.RemoveAll(base + ".in")
 		if staged != nil {
@@ -294,20 +314,23 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	if res.outcome == "" {
 		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
 	}
+	select {
+	case w.concluding <- struct{}{}:
+		defer func() { <-w.concluding }()
+		a.free()
+	default:
+	}
 	w.conclude(ctx, a, l, v, res)
 }
 
 func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string) result {
 	spec := &a.run.Spec
-	dirs := []string{v.Out, v.Scratch}
+	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
+	// created only when the command names it: directory creation is a
+	// measurable part of a short shard's cost. A job that reads
+	// SHARDPOOL_CKPT_DIR gets it created by its first `ckpt commit`.
 	if usesCkpt(spec) {
-		// Created only when the command names {ckpt}: directory creation is
-		// a measurable part of a short shard's cost. A job that reads
-		// SHARDPOOL_CKPT_DIR gets it created by its first `ckpt commit`.
-		dirs = append(dirs, v.Ckpt)
-	}
-	for _, d := range dirs {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := os.MkdirAll(v.Ckpt, 0o755); err != nil {
 			return result{outcome: stream.OutcomeStart, reason: err.Error()}
 		}
 	}
@@ -525,6 +548,9 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		at.PeakMemory = res.peakMemory
 	}
 	at.Outcome, at.Reason = res.outcome, res.reason
+	if !res.logged {
+		at.Log = "" // the command printed nothing: no log file
+	}
 
 	if res.outcome == stream.OutcomeLeaseLost {
 		// Another owner may hold the shard now; this attempt leaves no trace
@@ -540,9 +566,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		}
 		if err == nil {
 			w.admission(m.Run, m.ID, class, "validated", fmt.Sprintf("attempt %d in %.3fs, output %s", a.attempt, res.duration.Seconds(), a.rec.Output.Checksum))
-			if err := a.msg.DoubleAck(ctx); err != nil {
-				w.log.Warn("ack after commit", "shard", a.key, "err", err)
-			}
+			w.settleDurably(ctx, a, func() error { return a.msg.DoubleAck(ctx) })
 			w.count(true)
 			return
 		}
@@ -597,7 +621,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		}
 		w.release(l)
 		w.admission(m.Run, m.ID, class, "failed", fmt.Sprintf("attempt %d of %d: %s", a.attempt, limit, at.Reason))
-		_ = a.msg.TermWithReason("failed after retries")
+		w.settleDurably(ctx, a, func() error { return a.msg.TermWithReason("failed after retries") })
 		w.count(false)
 		return
 	}
@@ -620,11 +644,18 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	spec := &a.run.Spec
 	dst := filepath.Join(spec.Output, a.m.ID)
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
-		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Move: true})
+		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Move: true,
+		Sync: w.outputSync(ctx, spec.Output)})
 	if err != nil {
 		return err
 	}
 	if err := w.claimCommit(ctx, a, owner, p.Marker.Manifest, dst); err != nil {
+		p.Discard()
+		return err
+	}
+	// The claim must outlive a host crash of the coordinator before the
+	// output appears, or a second attempt could publish too.
+	if err := w.barrier(ctx); err != nil {
 		p.Discard()
 		return err
 	}
@@ -705,5 +736,26 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 		if w.putRecord(ctx, a) == nil {
 			return
 		}
+	}
+}
+
+// barrier makes this worker's acknowledged writes durable at the
+// coordinator (stream.SyncGroup); concurrent callers share one request.
+func (w *Worker) barrier(ctx context.Context) error {
+	return w.durable.Do(ctx)
+}
+
+// settleDurably makes the shard's final record durable, then runs the
+// settling call (Ack or Term, which remove the message). When the barrier
+// fails the message is handed back after a lease TTL instead: its next
+// delivery finds the record or the output and settles it then.
+func (w *Worker) settleDurably(ctx context.Context, a *attemptState, settle func() error) {
+	if err := w.barrier(ctx); err != nil {
+		w.log.Warn("final record not durable; message handed back", "shard", a.key, "err", err)
+		_ = a.msg.NakWithDelay(w.ttl)
+		return
+	}
+	if err := settle(); err != nil {
+		w.log.Warn("settle", "shard", a.key, "err", err)
 	}
 }

@@ -46,7 +46,7 @@ type Config struct {
 	// BackoffMin and BackoffMax bound the delay before a failed shard is
 	// redelivered: min·2^(attempt-1), capped. Defaults 1s and 60s.
 	BackoffMin, BackoffMax time.Duration
-	// FetchWait bounds one Fetch when the queue is empty. Default 2s.
+	// FetchWait bounds one Fetch when the queue is empty. Default 500ms.
 	FetchWait time.Duration
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
@@ -128,10 +128,16 @@ type Worker struct {
 	limits   string
 	hostLogF *os.File
 
-	stageOnce sync.Once
-	stager    *staging.Stager
-	stageErr  error
-	started   time.Time
+	scratch  *scratchPool        // {out} and {scratch} directories of attempts
+	durable  *stream.Group       // shared sync barriers at the coordinator
+	outSyncs map[string]*outSync // per output directory; nil: fsync per file
+	// concluding bounds the attempts whose command has exited and whose
+	// commit, records and ack are still in progress without their slot.
+	concluding chan struct{}
+	stageOnce  sync.Once
+	stager     *staging.Stager
+	stageErr   error
+	started    time.Time
 }
 
 // New validates cfg; it does no I/O.
@@ -175,7 +181,9 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("%w: BackoffMax %s is below BackoffMin %s", ErrConfig, cfg.BackoffMax, cfg.BackoffMin)
 	}
 	if cfg.FetchWait <= 0 {
-		cfg.FetchWait = 2 * time.Second
+		// Short: a draining worker waits for its open pull requests to end
+		// (a message that arrives after the stop is handed back at once).
+		cfg.FetchWait = 500 * time.Millisecond
 	}
 	if cfg.ReportEvery <= 0 {
 		cfg.ReportEvery = 5 * time.Second
@@ -215,6 +223,9 @@ func New(cfg Config) (*Worker, error) {
 		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
 }
 
+// barrierTimeout bounds one sync barrier request.
+const barrierTimeout = 10 * time.Second
+
 // DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
 func DefaultStateDir() string {
 	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
@@ -252,6 +263,17 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker %s: scratch: %w", w.cfg.Name, err)
 	}
 	defer w.closeLogs()
+	nc := w.cfg.JetStream.Conn()
+	w.durable = &stream.Group{Fn: func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
+		defer cancel()
+		return stream.Barrier(ctx, nc)
+	}}
+	w.outSyncs = map[string]*outSync{}
+	defer w.closeOutputSyncs()
+	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
+	w.concluding = make(chan struct{}, maxConcluding)
+	defer w.scratch.close()
 
 	// Shards run under their own context: ctx ending stops fetching at once,
 	// while running shards get the grace period through drain.
@@ -378,8 +400,10 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				w.track(class, +1)
 				go func() {
 					defer shards.Done()
-					defer func() { w.track(class, -1); g.done(1) }()
-					w.handle(shardCtx, stop, msg, class, why)
+					var once sync.Once
+					free := func() { once.Do(func() { w.track(class, -1); g.done(1) }) }
+					defer free()
+					w.handle(shardCtx, stop, msg, class, why, free)
 				}()
 			}
 			g.done(n - got)

@@ -1,0 +1,68 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestScratchPoolReusesEmptiedDirectories: a returned pair comes back
+// empty (whatever the job left, nested or read-only), is reused instead of
+// recreated, and everything is removed at close.
+func TestScratchPoolReusesEmptiedDirectories(t *testing.T) {
+	root := t.TempDir()
+	p := newScratchPool(root, 42)
+	a, err := p.take("run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.take("run")
+	if err != nil || b == a {
+		t.Fatalf("second take: got %s (%v), want a second pair", b, err)
+	}
+	os.MkdirAll(filepath.Join(a+".out", "deep", "er"), 0o755)
+	os.WriteFile(filepath.Join(a+".out", "deep", "er", "f"), []byte("x"), 0o444)
+	os.WriteFile(filepath.Join(a+".tmp", "t"), []byte("y"), 0o644)
+	p.put("run", a)
+	c, err := p.take("run")
+	if err != nil || c != a {
+		t.Fatalf("take after put: got %s (%v), want %s reused", c, err, a)
+	}
+	for _, d := range []string{c + ".out", c + ".tmp"} {
+		if ents, err := os.ReadDir(d); err != nil || len(ents) != 0 {
+			t.Fatalf("%s after reuse: %d entries (%v), want empty", d, len(ents), err)
+		}
+	}
+	if !strings.HasPrefix(filepath.Base(a), "p42-") {
+		t.Fatalf("pair name %s lacks the worker's pid", a)
+	}
+	p.put("run", b)
+	p.put("run", c)
+	p.close()
+	if _, err := os.Stat(filepath.Join(root, "run")); !os.IsNotExist(err) {
+		t.Fatalf("after close: %v, want the run's scratch removed", err)
+	}
+}
+
+// TestOOMKillsParsesVmstat reads the counter from a vmstat fixture (lines
+// from a real 6.x kernel) and reports -1 without it.
+func TestOOMKillsParsesVmstat(t *testing.T) {
+	dir := t.TempDir()
+	write := func(s string) { os.WriteFile(filepath.Join(dir, "vmstat"), []byte(s), 0o644) }
+	write("nr_free_pages 5372213\nnr_zone_inactive_anon 25046\noom_kill 17\nnuma_pte_updates 0\n")
+	if n := oomKills(dir); n != 17 {
+		t.Fatalf("got %d, want 17", n)
+	}
+	write("oom_kill 3\nnr_free_pages 1\n")
+	if n := oomKills(dir); n != 3 {
+		t.Fatalf("first line: got %d, want 3", n)
+	}
+	write("nr_free_pages 5372213\nnr_oom_kill_x 4\n")
+	if n := oomKills(dir); n != -1 {
+		t.Fatalf("no counter: got %d, want -1", n)
+	}
+	if n := oomKills(filepath.Join(dir, "absent")); n != -1 {
+		t.Fatalf("no file: got %d, want -1", n)
+	}
+}
