@@ -4,8 +4,11 @@
 // GET /status over HTTP.
 //
 // Invariants:
-//   - Durability comes from JetStream's file store; with the default
-//     SyncAlways every acknowledged write is on disk before the ack.
+//   - Durability comes from JetStream's file store. Under the default group
+//     sync every acknowledged write is in the kernel before the ack, and on
+//     disk once a barrier (shardpool.sync, one shared syncfs) that began
+//     after it returned; writers ask for one before acting on their writes.
+//     Under --sync always every write is on disk before its ack.
 //   - The tracker is the only writer of a run record's state fields (state,
 //     counts, reason) and submit the only writer of its spec fields; both
 //     write with compare-and-set on the record's revision, so neither loses
