@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -288,6 +289,11 @@ func (c *Coordinator) startSyncer() error {
 	})
 	if err != nil {
 		return fmt.Errorf("serve sync barrier: %w", err)
+	}
+	host, _ := os.Hostname()
+	info, _ := json.Marshal(stream.CoordinatorInfo{V: 1, Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync})
+	if _, err := c.nc.Subscribe(stream.SubjectInfo, func(m *nats.Msg) { _ = m.Respond(info) }); err != nil {
+		return fmt.Errorf("serve info: %w", err)
 	}
 	return nil
 }

@@ -2,8 +2,11 @@ package stream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -34,6 +37,44 @@ func ValidSync(s string) bool { return s == SyncGroup || s == SyncAlways || s ==
 // "ok" once every write the server acknowledged before the request arrived
 // is on disk.
 const SubjectSync = "shardpool.sync"
+
+// SubjectInfo answers with the coordinator's CoordinatorInfo (JSON).
+const SubjectInfo = "shardpool.info"
+
+// CoordinatorInfo tells a worker how the coordinator's store is synced and
+// where it runs. A worker on the same boot of the same host crashes with
+// the coordinator, which spares it the barriers that guard against the
+// coordinator's host crashing alone.
+type CoordinatorInfo struct {
+	V      int    `json:"v"`
+	Host   string `json:"host"`
+	BootID string `json:"boot_id"`
+	Sync   string `json:"sync"`
+}
+
+// AskInfo requests the coordinator's CoordinatorInfo.
+func AskInfo(ctx context.Context, nc *nats.Conn) (CoordinatorInfo, error) {
+	var ci CoordinatorInfo
+	m, err := nc.RequestWithContext(ctx, SubjectInfo, nil)
+	if err != nil {
+		return ci, fmt.Errorf("coordinator info: %w", err)
+	}
+	if err := json.Unmarshal(m.Data, &ci); err != nil {
+		return ci, fmt.Errorf("coordinator info: %w", err)
+	}
+	return ci, nil
+}
+
+// BootID identifies this boot of the host ("unknown" when unreadable); an
+// owner with another boot ID is certainly gone. It is read under procRoot
+// so tests can point it elsewhere.
+func BootID(procRoot string) string {
+	b, err := os.ReadFile(filepath.Join(procRoot, "sys/kernel/random/boot_id"))
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
 
 // ErrNotDurable means a barrier failed: what was written may not survive a
 // host crash, so the writer must not act on it yet.

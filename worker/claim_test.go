@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -64,5 +65,53 @@ func TestConcurrentCommitClaimsExactlyOneWins(t *testing.T) {
 	}
 	if len(hist) != 1 {
 		t.Fatalf("history has %d commit records, want 1", len(hist))
+	}
+}
+
+// TestBarriersFollowTheCoordinator: a worker learns the coordinator's sync
+// mode and whether it shares its boot; only a worker on another boot makes
+// the barriers that guard against the coordinator's host crashing alone.
+func TestBarriersFollowTheCoordinator(t *testing.T) {
+	for _, mode := range []string{stream.SyncGroup, stream.SyncAlways} {
+		c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Sync: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		host, _ := os.Hostname()
+		for _, boot := range []string{stream.BootID("/proc"), "another-boot"} {
+			w, err := New(Config{JetStream: c.JetStream(), Name: "w", Slots: map[string]int{"cpu": 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.host, w.boot = host, boot
+			w.learnCoordinator(ctx, c.JetStream().Conn())
+			wantLocal := boot != "another-boot"
+			if w.coordSync != mode || w.coordLocal != wantLocal {
+				t.Fatalf("sync %s, boot %s: learned sync %q local %v, want %q %v", mode, boot, w.coordSync, w.coordLocal, mode, wantLocal)
+			}
+		}
+		c.Close()
+	}
+	// No coordinator answering: assume the worst (every barrier).
+	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nc := c.JetStream().Conn()
+	w, _ := New(Config{JetStream: c.JetStream(), Name: "w", Slots: map[string]int{"cpu": 1}})
+	w.host, w.boot = "h", stream.BootID("/proc")
+	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	w.learnCoordinator(ctx, nc)
+	if w.coordSync != stream.SyncGroup || w.coordLocal {
+		t.Fatalf("without an answer: sync %q local %v, want group and not local", w.coordSync, w.coordLocal)
 	}
 }

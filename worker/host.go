@@ -11,16 +11,6 @@ import (
 	"syscall"
 )
 
-// bootID identifies this boot of the host; an owner with another boot ID is
-// certainly gone. It is read from procRoot so tests can point it elsewhere.
-func bootID(procRoot string) string {
-	b, err := os.ReadFile(filepath.Join(procRoot, "sys/kernel/random/boot_id"))
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // oomKills is the host's OOM-kill counter from /proc/vmstat, or -1 when it
 // cannot be read.
 func oomKills(procRoot string) int64 {

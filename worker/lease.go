@@ -27,7 +27,7 @@ type lease struct {
 // ErrLeaseHeld, and the caller waits for the TTL to expire it.
 func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (*lease, error) {
 	now := time.Now().UTC()
-	l := stream.Lease{Owner: stream.Owner{Worker: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Attempt: attempt},
+	l := stream.Lease{Owner: w.owner(attempt),
 		Fingerprint: fp, Taken: now, Renewed: now}
 	data, err := stream.Encode(&l)
 	if err != nil {

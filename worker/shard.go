@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/checkpoint"
@@ -94,7 +95,23 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	if w.deferForLocality(ctx, a, class) {
 		return
 	}
+	var pre chan error
+	if a.rev == 0 && a.attempt == 1 && m.Retry == 0 {
+		// First delivery: write the running record while the lease is being
+		// taken instead of after it; both are on the way to the command.
+		// Nobody can hold the lease of a shard that has no record at all,
+		// and if the lease fails anyway the record is put back.
+		pre = make(chan error, 1)
+		go func() {
+			w.beginAttempt(a, w.owner(a.attempt))
+			pre <- w.putRecord(ctx, a)
+		}()
+	}
 	l, err := w.takeLease(ctx, a.key, m.Fingerprint, a.attempt)
+	if err != nil && pre != nil {
+		w.undoBegin(ctx, a, <-pre)
+		pre = nil
+	}
 	if errors.Is(err, ErrLeaseHeld) {
 		// A Nak would spend one of the shard's deliveries on someone else's
 		// lease; instead keep the message in progress until the lease
@@ -118,7 +135,38 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		return
 	}
 	w.admission(m.Run, m.ID, class, "admit", fmt.Sprintf("attempt %d; %s; slots from configuration", a.attempt, slotInfo))
-	w.runAttempt(ctx, stop, a, l, class)
+	w.runAttempt(ctx, stop, a, l, class, pre)
+}
+
+// owner is this worker's identity for an attempt.
+func (w *Worker) owner(attempt int) stream.Owner {
+	return stream.Owner{Worker: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Attempt: attempt}
+}
+
+// beginAttempt marks the record running by owner with a new attempt.
+func (w *Worker) beginAttempt(a *attemptState, owner stream.Owner) {
+	m := &a.m
+	w.closeLost(a)
+	a.rec.State, a.rec.Owner, a.rec.Retry, a.rec.Reason = stream.ShardRunning, &owner, m.Retry, ""
+	logName := fmt.Sprintf("%s.%d.log", m.ID, a.attempt)
+	if m.Retry > 0 {
+		logName = fmt.Sprintf("%s.r%d.%d.log", m.ID, m.Retry, a.attempt)
+	}
+	a.rec.Attempts = append(a.rec.Attempts, stream.Attempt{N: a.attempt, Worker: w.cfg.Name, Host: w.host,
+		Start: time.Now().UTC(), Log: filepath.Join(w.evidenceDir(m.Run), "attempts", logName)})
+}
+
+// undoBegin puts back a running record written ahead of a lease that was
+// then not taken (err is the record write's result).
+func (w *Worker) undoBegin(ctx context.Context, a *attemptState, err error) {
+	if err != nil {
+		return // nothing was written; the record is read afresh later
+	}
+	a.rec.Attempts = a.rec.Attempts[:len(a.rec.Attempts)-1]
+	a.rec.State, a.rec.Owner = stream.ShardPending, nil
+	if err := w.putRecord(ctx, a); err != nil {
+		w.log.Warn("put back running record", "shard", a.key, "err", err)
+	}
 }
 
 // awaitLease polls for the shard's lease at a third of the TTL, keeping the
@@ -250,20 +298,21 @@ func (w *Worker) finish(ctx context.Context, a *attemptState, state, reason stri
 	return w.putRecord(ctx, a)
 }
 
-func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, class string) {
+// runAttempt runs an attempt whose lease is held. pre, when set, delivers
+// the result of the running record written ahead (see handle).
+func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, class string, pre <-chan error) {
 	m, spec := &a.m, &a.run.Spec
 	cls := spec.Classes[class]
 	owner := l.rec.Owner
-	w.closeLost(a)
-	a.rec.State, a.rec.Owner, a.rec.Retry, a.rec.Reason = stream.ShardRunning, &owner, m.Retry, ""
-	logDir := filepath.Join(w.evidenceDir(m.Run), "attempts")
-	logName := fmt.Sprintf("%s.%d.log", m.ID, a.attempt)
-	if m.Retry > 0 {
-		logName = fmt.Sprintf("%s.r%d.%d.log", m.ID, m.Retry, a.attempt)
+	var err error
+	if pre != nil {
+		err = <-pre
+	} else {
+		w.beginAttempt(a, owner)
+		err = w.putRecord(ctx, a)
 	}
-	at := stream.Attempt{N: a.attempt, Worker: w.cfg.Name, Host: w.host, Start: time.Now().UTC(), Log: filepath.Join(logDir, logName)}
-	a.rec.Attempts = append(a.rec.Attempts, at)
-	err := w.putRecord(ctx, a)
+	at := a.rec.Attempts[len(a.rec.Attempts)-1]
+	logDir := filepath.Dir(at.Log)
 	if a.rev == 0 && errors.Is(err, jetstream.ErrKeyExists) {
 		// The optimistic first delivery met an existing record (an earlier
 		// generation, or a shard committed from another data directory).
@@ -272,16 +321,14 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 				w.release(l)
 				return
 			}
-			w.closeLost(a)
-			a.rec.State, a.rec.Owner, a.rec.Retry, a.rec.Reason = stream.ShardRunning, &owner, m.Retry, ""
-			a.rec.Attempts = append(a.rec.Attempts, at)
+			w.beginAttempt(a, owner)
 			err = w.putRecord(ctx, a)
 		}
 	}
 	if err == nil {
 		// The lease and the running record must survive a host crash of the
 		// coordinator before the command starts.
-		err = w.barrier(ctx)
+		err = w.barrierRemote(ctx)
 	}
 	if err != nil {
 		// Someone else changed the record (a new generation, a verification
@@ -655,7 +702,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	}
 	// The claim must outlive a host crash of the coordinator before the
 	// output appears, or a second attempt could publish too.
-	if err := w.barrier(ctx); err != nil {
+	if err := w.barrierRemote(ctx); err != nil {
 		p.Discard()
 		return err
 	}
@@ -741,8 +788,44 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 
 // barrier makes this worker's acknowledged writes durable at the
 // coordinator (stream.SyncGroup); concurrent callers share one request.
+// Under the other sync modes there is nothing to wait for.
 func (w *Worker) barrier(ctx context.Context) error {
+	if w.coordSync != stream.SyncGroup {
+		return nil
+	}
 	return w.durable.Do(ctx)
+}
+
+// barrierRemote is a barrier that only matters if the coordinator's host
+// can crash while this worker lives on: before a command starts (a lost
+// lease would let a second worker run the shard) and before an output is
+// published (a lost claim would let a second attempt publish). A worker
+// on the coordinator's own boot dies with it; after the restart the output
+// at the destination, verified, settles the shard. The barrier before
+// settling a message (barrier) is never skipped: the record and the ack
+// live in different files, and a crash may keep the ack alone.
+func (w *Worker) barrierRemote(ctx context.Context) error {
+	if w.coordLocal {
+		return nil
+	}
+	return w.barrier(ctx)
+}
+
+// learnCoordinator asks the coordinator for its sync mode and host. Without
+// an answer it assumes group sync on another host: every barrier is made.
+func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
+	w.coordSync = stream.SyncGroup
+	ictx, cancel := context.WithTimeout(ctx, barrierTimeout)
+	defer cancel()
+	ci, err := stream.AskInfo(ictx, nc)
+	if err != nil {
+		w.log.Warn("coordinator info unavailable; making every sync barrier", "err", err)
+		return
+	}
+	if stream.ValidSync(ci.Sync) {
+		w.coordSync = ci.Sync
+	}
+	w.coordLocal = ci.BootID != "" && ci.BootID != "unknown" && ci.BootID == w.boot && ci.Host == w.host
 }
 
 // settleDurably makes the shard's final record durable, then runs the

@@ -128,9 +128,13 @@ type Worker struct {
 	limits   string
 	hostLogF *os.File
 
-	scratch  *scratchPool        // {out} and {scratch} directories of attempts
-	durable  *stream.Group       // shared sync barriers at the coordinator
-	outSyncs map[string]*outSync // per output directory; nil: fsync per file
+	scratch *scratchPool  // {out} and {scratch} directories of attempts
+	durable *stream.Group // shared sync barriers at the coordinator
+	// coordSync is the coordinator's sync mode; coordLocal: it runs on this
+	// boot of this host (see barrierRemote).
+	coordSync  string
+	coordLocal bool
+	outSyncs   map[string]*outSync // per output directory; nil: fsync per file
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}
@@ -243,7 +247,7 @@ func DefaultStateDir() string {
 func (w *Worker) Run(ctx context.Context) error {
 	w.started = time.Now().UTC()
 	w.host, _ = os.Hostname()
-	w.boot = bootID(w.cfg.ProcRoot)
+	w.boot = stream.BootID(w.cfg.ProcRoot)
 	w.pid = os.Getpid()
 	w.env = environ()
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
@@ -264,6 +268,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer w.closeLogs()
 	nc := w.cfg.JetStream.Conn()
+	w.learnCoordinator(ctx, nc)
 	w.durable = &stream.Group{Fn: func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
 		defer cancel()
