@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -99,6 +100,10 @@ func Barrier(ctx context.Context, nc *nats.Conn) error {
 // serves every caller that arrived while the previous one ran.
 type Group struct {
 	Fn func() error
+	// Gather, when set, is how long a run waits after its first caller
+	// before it starts, so that callers arriving just after share it. It
+	// trades each caller's latency for fewer runs.
+	Gather time.Duration
 
 	mu      sync.Mutex
 	running bool
@@ -132,6 +137,9 @@ func (g *Group) Go(done func(error)) {
 
 func (g *Group) loop() {
 	for {
+		if g.Gather > 0 {
+			time.Sleep(g.Gather)
+		}
 		g.mu.Lock()
 		batch := g.waiting
 		g.waiting = nil

@@ -72,3 +72,25 @@ func TestGroupReturnsFnError(t *testing.T) {
 		t.Fatalf("cancelled wait: got %v, want context.Canceled", err)
 	}
 }
+
+// TestGroupGatherJoinsLateCallers: with Gather, callers that arrive shortly
+// after the first share its run instead of waiting for the next one.
+func TestGroupGatherJoinsLateCallers(t *testing.T) {
+	var runs atomic.Int64
+	g := &Group{Fn: func() error { runs.Add(1); return nil }, Gather: 200 * time.Millisecond}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := g.Do(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}()
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Wait()
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("runs: got %d, want 1 shared by callers 50 ms apart at most", n)
+	}
+}

@@ -4,12 +4,22 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
+
+// syncGather is how long a group sync (output syncfs, coordinator barrier)
+// waits after its first caller for others to join. Commits run after the
+// slot was given back, so the wait costs throughput nothing while it cuts
+// the number of syncs: with none, concurrent commits rarely overlapped and
+// 5,000 shards of /bin/true made 12,273 syncfs calls (2.45 per shard).
+// Three runs each (bench/pool's job, 4 slots, this 2-core VM): no wait
+// 6.16-6.22 s, 1 ms 5.13-5.95 s, 2 ms 4.84-5.09 s, 5 ms 4.69-4.82 s.
+const syncGather = 2 * time.Millisecond
 
 // outSync is the group commit of one output directory's file system.
 type outSync struct {
@@ -64,7 +74,7 @@ func (w *Worker) openOutputSync(ctx context.Context, output string) *outSync {
 		return nil
 	}
 	fd := int(f.Fd())
-	return &outSync{f: f, g: &stream.Group{Fn: func() error { return unix.Syncfs(fd) }}}
+	return &outSync{f: f, g: &stream.Group{Fn: func() error { return unix.Syncfs(fd) }, Gather: syncGather}}
 }
 
 // closeOutputSyncs closes the file systems' handles at exit.

@@ -273,7 +273,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
 		defer cancel()
 		return stream.Barrier(ctx, nc)
-	}}
+	}, Gather: syncGather}
 	w.outSyncs = map[string]*outSync{}
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
