@@ -136,7 +136,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, out.w, out.w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	oomBefore := oomKills(w.cfg.ProcRoot)
+	oomBefore := w.oomBaseline()
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		out.abort()

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // oomKills is the host's OOM-kill counter from /proc/vmstat, or -1 when it
@@ -56,6 +57,24 @@ func keyedValue(path, key string) int64 {
 		}
 	}
 	return -1
+}
+
+// oomBaselineAge is how old the OOM-kill count taken before a child starts
+// may be. Generating /proc/vmstat costs the kernel tens of microseconds,
+// measurable at a thousand short shards a second; one read per 100 ms is
+// shared instead. The price: an OOM kill elsewhere on the host in the
+// 100 ms before a start makes a later SIGKILL of that child count as an
+// OOM kill, as one during its run already does.
+const oomBaselineAge = 100 * time.Millisecond
+
+// oomBaseline is the host's OOM-kill count, at most oomBaselineAge old.
+func (w *Worker) oomBaseline() int64 {
+	w.oomMu.Lock()
+	defer w.oomMu.Unlock()
+	if time.Since(w.oomAt) > oomBaselineAge {
+		w.oomN, w.oomAt = oomKills(w.cfg.ProcRoot), time.Now()
+	}
+	return w.oomN
 }
 
 // pidAlive reports whether pid exists on this host.

@@ -134,7 +134,11 @@ type Worker struct {
 	// boot of this host (see barrierRemote).
 	coordSync  string
 	coordLocal bool
-	outSyncs   map[string]*outSync // per output directory; nil: fsync per file
+
+	oomMu    sync.Mutex // guards the shared OOM-kill baseline (oomBaseline)
+	oomN     int64
+	oomAt    time.Time
+	outSyncs map[string]*outSync // per output directory; nil: fsync per file
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}
