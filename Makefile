@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/shardpool
 # The test suite runs real processes and an embedded JetStream server; keep
 # packages serial so timing-sensitive lease tests are not starved on 2 cores.
-TESTFLAGS ?= -count=1 -timeout 15m -p 1
+TESTFLAGS ?= -race -count=1 -timeout 15m -p 1
 
 .PHONY: build demo test test-gpu bench vet clean tools
 

@@ -222,6 +222,7 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		e.refs++
 		e.lastUsed = time.Now()
 		st.keys = append(st.keys, k)
+		st.Paths[len(st.keys)-1] = e.path
 	}
 	s.mu.Unlock()
 
@@ -230,7 +231,6 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 	var firstErr error
 	for i, f := range files {
 		k := st.keys[i]
-		st.Paths[i] = s.entries[k].path
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -77,17 +77,21 @@ type GPUs struct {
 // GPUDevices lists the devices through the configured source, for callers
 // that sample often (the profiler) and need no full snapshot.
 func (p *Prober) GPUDevices(ctx context.Context) ([]GPU, error) {
+	pol, err := LoadPolicy(p.cfg.PolicyPath)
+	if err != nil {
+		return nil, err
+	}
 	devs, err := p.cfg.GPUs.Devices(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for i := range devs {
-		p.judge(&devs[i])
+		p.judge(&devs[i], pol)
 	}
 	return devs, nil
 }
 
-func (p *Prober) gpus(ctx context.Context) GPUs {
+func (p *Prober) gpus(ctx context.Context, pol Policy) GPUs {
 	nodes, _ := filepath.Glob(p.hostPath("/dev/nvidia[0-9]*"))
 	devs, err := p.cfg.GPUs.Devices(ctx)
 	if err != nil {
@@ -102,7 +106,7 @@ func (p *Prober) gpus(ctx context.Context) GPUs {
 	usable, vram, broken := 0, int64(0), 0
 	for i := range devs {
 		d := &g.Devices[i]
-		p.judge(d)
+		p.judge(d, pol)
 		if d.Error != "" {
 			broken++
 		}
@@ -123,7 +127,7 @@ func (p *Prober) gpus(ctx context.Context) GPUs {
 // judge decides whether a device may take shards. Free VRAM is not an idle
 // GPU: another user's process on it makes it unusable unless the policy
 // allows sharing.
-func (p *Prober) judge(d *GPU) {
+func (p *Prober) judge(d *GPU, pol Policy) {
 	for j := range d.Processes {
 		d.Processes[j].UID = p.uidOf(d.Processes[j].PID)
 	}
@@ -138,7 +142,7 @@ func (p *Prober) judge(d *GPU) {
 		d.Why = fmt.Sprintf("%d uncorrected ECC errors since boot", d.ECCVolatile)
 	case d.MIG:
 		d.Why = "MIG mode: schedule MIG instances by UUID, not the whole device"
-	case len(d.Processes) > 0 && !p.policy.ShareGPUs:
+	case len(d.Processes) > 0 && !pol.ShareGPUs:
 		d.Why = fmt.Sprintf("busy: %d process(es) of other jobs hold %s", len(d.Processes), stream.FormatSize(sumMem(d.Processes)))
 	default:
 		d.Usable = true

@@ -36,8 +36,7 @@ type Config struct {
 
 // Prober takes snapshots.
 type Prober struct {
-	cfg    Config
-	policy Policy
+	cfg Config
 }
 
 // New validates cfg; it does no I/O.
@@ -106,7 +105,7 @@ func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapsh
 	if err != nil {
 		return nil, err
 	}
-	p.policy, s.Policy = pol, pol
+	s.Policy = pol
 	s.Hostname, _ = os.Hostname()
 	if b, err := p.read(path.Join(p.cfg.ProcRoot, "sys/kernel/random/boot_id")); err == nil {
 		s.BootID = strings.TrimSpace(string(b))
@@ -125,7 +124,7 @@ func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapsh
 	s.Host = p.host()
 	s.Cgroups = p.cgroups(mounts)
 	s.PSI = p.hostPSI()
-	s.GPUs = p.gpus(ctx)
+	s.GPUs = p.gpus(ctx, pol)
 	s.Storage = p.storage(ctx, mounts, paths)
 	s.Slurm = p.slurm(s.Cgroups)
 	if p.cfg.Users {
