@@ -195,8 +195,9 @@ func TestGroupSyncCommit(t *testing.T) {
 
 	src2 := writeTree(t, map[string]string{"c.txt": "gamma"})
 	dst2 := filepath.Join(filepath.Dir(dst), "s2")
-	opt.Sync = func(string) error { return errors.New("disk gone") }
-	if _, err := CommitDir(context.Background(), dst2, src2, opt, ""); err == nil || !strings.Contains(err.Error(), "disk gone") {
+	errGone := errors.New("disk gone")
+	opt.Sync = func(string) error { return errGone }
+	if _, err := CommitDir(context.Background(), dst2, src2, opt, ""); !errors.Is(err, errGone) {
 		t.Fatalf("failing sync: got %v, want its error", err)
 	}
 	if _, err := os.Stat(dst2); !os.IsNotExist(err) {

@@ -14,4 +14,7 @@
 //     the generation was already queued.
 //   - Consumers are per class and shared by runs; their MaxDeliver is the largest
 //     retries+1 of any run seen, and the worker enforces each run's own limit.
+//   - Under group sync (SyncGroup) an acknowledged write is in the kernel, and
+//     on disk once a Barrier that began after the ack has returned; callers of
+//     Barrier act on their writes only after it.
 package stream

@@ -3,7 +3,6 @@ package stream
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -77,10 +76,6 @@ func BootID(procRoot string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// ErrNotDurable means a barrier failed: what was written may not survive a
-// host crash, so the writer must not act on it yet.
-var ErrNotDurable = errors.New("not yet durable")
-
 // Barrier asks the coordinator on nc to make every write acknowledged so
 // far durable. Use it through a Group so that concurrent callers share
 // requests.
@@ -97,7 +92,9 @@ func Barrier(ctx context.Context, nc *nats.Conn) error {
 
 // Group runs one function on behalf of many callers (group commit): every
 // call waits for a run of Fn that began after the call did, so one fsync
-// serves every caller that arrived while the previous one ran.
+// serves every caller that arrived while the previous one ran. Its
+// goroutine runs only while calls are pending; a caller that stops waiting
+// (Do's ctx) does not stop a run already started.
 type Group struct {
 	Fn func() error
 	// Gather, when set, is how long a run waits after its first caller

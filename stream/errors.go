@@ -12,4 +12,7 @@ var (
 	ErrSchemaVersion = errors.New("unknown schema version")
 	// ErrPlaceholder means a command placeholder cannot be expanded for a shard.
 	ErrPlaceholder = errors.New("placeholder cannot be expanded")
+	// ErrNotDurable means a sync barrier failed: what was written may not
+	// survive a host crash, so the writer must not act on it yet.
+	ErrNotDurable = errors.New("not yet durable")
 )

@@ -12,8 +12,17 @@
 //     says validated before the message is acknowledged (DoubleAck); a crash
 //     between any two steps leads to a redelivery that finds the committed,
 //     verified output and skips the work.
+//   - A slot counts a running command. Once it exits, the attempt concludes
+//     (commit, records, ack) without its slot, at most maxConcluding at once;
+//     a fetch happens only for a command that can start now.
+//   - Under group sync, the running record and lease are on disk before the
+//     command starts, the commit claim before the output is published, and
+//     the final record before the message is settled; a worker on the
+//     coordinator's own boot skips the first two (it dies with it).
 //   - Shutdown is two-phase: stop fetching, then SIGTERM children, wait the
-//     grace period, SIGKILL, record the interruption and Nak.
+//     grace period, SIGKILL, record the interruption and Nak; attempts that
+//     are concluding finish first.
 //
-// Locks: Worker.mu guards running counters and the admission log files.
+// Locks: Worker.mu guards running counters, the admission log files and the
+// output syncs; oomMu the shared OOM-kill baseline; scratchPool.mu its pool.
 package worker
