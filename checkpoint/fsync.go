@@ -24,23 +24,12 @@ func syncDir(dir string) error {
 
 // writeFileNoSync writes b to path (a new file) and closes it; the caller
 // makes it durable.
-func writeFileNoSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", path, err)
-	}
-	return nil
-}
+func writeFileNoSync(path string, b []byte) error { return writeNew(path, b, false) }
 
 // writeFileSync writes b to path (a new file), fsyncs and closes it.
-func writeFileSync(path string, b []byte) error {
+func writeFileSync(path string, b []byte) error { return writeNew(path, b, true) }
+
+func writeNew(path string, b []byte, sync bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
@@ -49,9 +38,11 @@ func writeFileSync(path string, b []byte) error {
 		f.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", path, err)
