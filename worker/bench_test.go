@@ -14,7 +14,7 @@ import (
 )
 
 // BenchmarkPoolTrue pushes b.N shards of /bin/true through one in-process
-// coordinator and worker with SyncAlways storage. make bench compares the
+// coordinator and worker (default group sync). make bench compares the
 // whole binary against GNU parallel; this is for profiling the pool.
 func BenchmarkPoolTrue(b *testing.B) {
 	env := testenv.New(b, testenv.Options{Slots: map[string]int{"cpu": 8}, LeaseTTL: 30 * time.Second})
