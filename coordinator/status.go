@@ -21,10 +21,12 @@ const StatusVersion = 1
 
 // Status is the document behind `shardpool status --json` and GET /status.
 type Status struct {
-	V       int                   `json:"v"`
-	Time    time.Time             `json:"time"`
-	Runs    []RunStatus           `json:"runs"`
-	Workers []stream.WorkerReport `json:"workers"`
+	V    int       `json:"v"`
+	Time time.Time `json:"time"`
+	// Coordinator is its host and sync mode; absent when it did not answer.
+	Coordinator *stream.CoordinatorInfo `json:"coordinator,omitempty"`
+	Runs        []RunStatus             `json:"runs"`
+	Workers     []stream.WorkerReport   `json:"workers"`
 }
 
 // RunStatus is one run in Status.
@@ -54,6 +56,11 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		return nil, fmt.Errorf("status: %w", err)
 	}
 	st := &Status{V: StatusVersion, Time: time.Now().UTC(), Runs: []RunStatus{}, Workers: []stream.WorkerReport{}}
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if ci, err := stream.AskInfo(ictx, js.Conn()); err == nil {
+		st.Coordinator = &ci
+	}
+	cancel()
 	names := []string{run}
 	if run == "" {
 		names = nil

@@ -90,8 +90,8 @@ func TestBarriersFollowTheCoordinator(t *testing.T) {
 			w.host, w.boot = host, boot
 			w.learnCoordinator(ctx, c.JetStream().Conn())
 			wantLocal := boot != "another-boot"
-			if w.coordSync != mode || w.coordLocal != wantLocal {
-				t.Fatalf("sync %s, boot %s: learned sync %q local %v, want %q %v", mode, boot, w.coordSync, w.coordLocal, mode, wantLocal)
+			if v := w.coord.Load(); v.sync != mode || v.local != wantLocal {
+				t.Fatalf("sync %s, boot %s: learned sync %q local %v, want %q %v", mode, boot, v.sync, v.local, mode, wantLocal)
 			}
 		}
 		c.Close()
@@ -111,7 +111,7 @@ func TestBarriersFollowTheCoordinator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	w.learnCoordinator(ctx, nc)
-	if w.coordSync != stream.SyncGroup || w.coordLocal {
-		t.Fatalf("without an answer: sync %q local %v, want group and not local", w.coordSync, w.coordLocal)
+	if v := w.coord.Load(); v.sync != stream.SyncGroup || v.local {
+		t.Fatalf("without an answer: sync %q local %v, want group and not local", v.sync, v.local)
 	}
 }

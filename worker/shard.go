@@ -790,7 +790,7 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 // coordinator (stream.SyncGroup); concurrent callers share one request.
 // Under the other sync modes there is nothing to wait for.
 func (w *Worker) barrier(ctx context.Context) error {
-	if w.coordSync != stream.SyncGroup {
+	if w.view().sync != stream.SyncGroup {
 		return nil
 	}
 	return w.durable.Do(ctx)
@@ -805,27 +805,50 @@ func (w *Worker) barrier(ctx context.Context) error {
 // settling a message (barrier) is never skipped: the record and the ack
 // live in different files, and a crash may keep the ack alone.
 func (w *Worker) barrierRemote(ctx context.Context) error {
-	if w.coordLocal {
+	if w.view().local {
 		return nil
 	}
 	return w.barrier(ctx)
 }
 
-// learnCoordinator asks the coordinator for its sync mode and host. Without
-// an answer it assumes group sync on another host: every barrier is made.
+// view is the worker's view of its coordinator; before any, the safe one.
+func (w *Worker) view() coordView {
+	if v := w.coord.Load(); v != nil {
+		return *v
+	}
+	return coordView{sync: stream.SyncGroup}
+}
+
+// coordView is what a worker knows of its coordinator (learnCoordinator).
+type coordView struct {
+	sync  string // its sync mode
+	local bool   // it runs on this boot of this host (see barrierRemote)
+}
+
+// learnCoordinator asks the coordinator for its sync mode and host; the
+// worker asks again with every report, so a coordinator restarted elsewhere
+// or with another mode is noticed within one report period. Before the
+// first answer it assumes group sync on another host (every barrier is
+// made); a later failure keeps what it knew.
 func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
-	w.coordSync = stream.SyncGroup
+	if w.coord.Load() == nil {
+		w.coord.Store(&coordView{sync: stream.SyncGroup})
+	}
 	ictx, cancel := context.WithTimeout(ctx, barrierTimeout)
 	defer cancel()
 	ci, err := stream.AskInfo(ictx, nc)
 	if err != nil {
-		w.log.Warn("coordinator info unavailable; making every sync barrier", "err", err)
+		if ctx.Err() == nil {
+			w.log.Warn("coordinator info unavailable", "err", err)
+		}
 		return
 	}
+	v := &coordView{sync: stream.SyncGroup}
 	if stream.ValidSync(ci.Sync) {
-		w.coordSync = ci.Sync
+		v.sync = ci.Sync
 	}
-	w.coordLocal = ci.BootID != "" && ci.BootID != "unknown" && ci.BootID == w.boot && ci.Host == w.host
+	v.local = ci.BootID != "" && ci.BootID != "unknown" && ci.BootID == w.boot && ci.Host == w.host
+	w.coord.Store(v)
 }
 
 // settleDurably makes the shard's final record durable, then runs the

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -128,12 +129,9 @@ type Worker struct {
 	limits   string
 	hostLogF *os.File
 
-	scratch *scratchPool  // {out} and {scratch} directories of attempts
-	durable *stream.Group // shared sync barriers at the coordinator
-	// coordSync is the coordinator's sync mode; coordLocal: it runs on this
-	// boot of this host (see barrierRemote).
-	coordSync  string
-	coordLocal bool
+	scratch *scratchPool              // {out} and {scratch} directories of attempts
+	durable *stream.Group             // shared sync barriers at the coordinator
+	coord   atomic.Pointer[coordView] // see learnCoordinator
 
 	oomMu    sync.Mutex // guards the shared OOM-kill baseline (oomBaseline)
 	oomN     int64
@@ -530,6 +528,7 @@ func (w *Worker) report(ctx context.Context) error {
 		r.Headroom = w.headroom(ctx)
 		w.refreshPeers(ctx)
 		r.Limits, r.Auto = w.limits, w.cfg.Auto
+		w.learnCoordinator(ctx, w.cfg.JetStream.Conn())
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
 				w.log.Warn("worker report", "err", err)

@@ -224,6 +224,9 @@ func TestNatsCLIAgreesWithStatus(t *testing.T) {
 	if len(st.Runs) != 1 || st.Runs[0].State != stream.RunComplete || st.Runs[0].Counts.Validated != 4 {
 		t.Fatalf("status: got %+v, want t COMPLETE with 4 validated", st.Runs)
 	}
+	if c := st.Coordinator; c == nil || c.Sync != stream.SyncGroup || c.BootID != stream.BootID("/proc") {
+		t.Fatalf("status coordinator: got %+v, want this host's boot with group sync", c)
+	}
 	if rec.State != stream.ShardValidated || rec.Fingerprint != st.Runs[0].Fingerprint {
 		t.Fatalf("nats kv get says %s/%s, status says validated/%s", rec.State, rec.Fingerprint, st.Runs[0].Fingerprint)
 	}

@@ -130,6 +130,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))
 		}
 	}
+	if c := st.Coordinator; c != nil {
+		fmt.Fprintf(w, "coordinator on %s, sync %s\n", c.Host, c.Sync)
+	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "WORKER\tHOST\tSLOTS\tRUNNING\tDONE\tFAILED\tREPORTED\tHEADROOM (binding limit)")
