@@ -47,34 +47,43 @@ func run(bin string, n, j int) error {
 	writeManifest(dir, n)
 	fmt.Printf("shardpool pool benchmark: %d shards of /bin/true, concurrency %d, %d CPUs\n\n", n, j, cpus())
 
+	// CPU per shard: this process and every child it waited for (the
+	// children's own children included), between two readings.
+	var cpu []time.Duration
+	mark := cpuUsed()
+	took := func() {
+		now := cpuUsed()
+		cpu, mark = append(cpu, now-mark), now
+	}
 	bare := bareExec(n, j)
+	took()
 	par, parErr := gnuParallel(dir, n, j)
+	took()
 	emb, embRSS, err := timed(exec.Command(bin, "run", "--quiet", "--data", filepath.Join(dir, "emb"), "--slots", fmt.Sprint(j), writeSpec(dir, "emb")))
 	if err != nil {
 		return fmt.Errorf("shardpool run: %w", err)
 	}
+	took()
 	always, _, alwaysErr := timed(exec.Command(bin, "run", "--quiet", "--sync", "always", "--data", filepath.Join(dir, "always"), "--slots", fmt.Sprint(j), writeSpec(dir, "always")))
+	took()
 	dist, coordRSS, workerRSS, distErr := distributed(bin, dir, writeSpec(dir, "dist"), n, j)
+	took()
+	perShard := func(i int) float64 { return float64(cpu[i].Microseconds()) / 1000 / float64(n) }
 
 	rate := func(d time.Duration) float64 { return float64(n) / d.Seconds() }
-	fmt.Printf("%-40s %10s %12s\n", "", "wall", "shards/s")
-	fmt.Printf("%-40s %9.2fs %12.0f\n", "bare Go fork/exec loop", bare.Seconds(), rate(bare))
-	if parErr == nil {
-		fmt.Printf("%-40s %9.2fs %12.0f\n", "GNU parallel --joblog", par.Seconds(), rate(par))
-	} else {
-		fmt.Printf("%-40s %s\n", "GNU parallel --joblog", parErr)
+	fmt.Printf("%-40s %10s %12s %14s\n", "", "wall", "shards/s", "CPU ms/shard")
+	row := func(name string, d time.Duration, i int, err error) {
+		if err != nil {
+			fmt.Printf("%-40s %s\n", name, err)
+			return
+		}
+		fmt.Printf("%-40s %9.2fs %12.0f %14.2f\n", name, d.Seconds(), rate(d), perShard(i))
 	}
-	fmt.Printf("%-40s %9.2fs %12.0f\n", "shardpool run (embedded, group sync)", emb.Seconds(), rate(emb))
-	if alwaysErr == nil {
-		fmt.Printf("%-40s %9.2fs %12.0f\n", "shardpool run --sync always", always.Seconds(), rate(always))
-	} else {
-		fmt.Printf("%-40s %s\n", "shardpool run --sync always", alwaysErr)
-	}
-	if distErr == nil {
-		fmt.Printf("%-40s %9.2fs %12.0f\n", "shardpool coordinator+worker (TCP)", dist.Seconds(), rate(dist))
-	} else {
-		fmt.Printf("%-40s %s\n", "shardpool coordinator+worker (TCP)", distErr)
-	}
+	row("bare Go fork/exec loop", bare, 0, nil)
+	row("GNU parallel --joblog", par, 1, parErr)
+	row("shardpool run (embedded, group sync)", emb, 2, nil)
+	row("shardpool run --sync always", always, 3, alwaysErr)
+	row("shardpool coordinator+worker (TCP)", dist, 4, distErr)
 	fmt.Println()
 	if parErr == nil {
 		fmt.Printf("ratio shardpool run / GNU parallel:   %.2fx (target >= 5x)\n", rate(emb)/rate(par))
@@ -85,6 +94,15 @@ func run(bin string, n, j int) error {
 		fmt.Printf("peak RSS coordinator: %.1f MiB, worker: %.1f MiB\n", float64(coordRSS)/(1<<20), float64(workerRSS)/(1<<20))
 	}
 	return nil
+}
+
+// cpuUsed is the CPU time of this process and of the children it waited for.
+func cpuUsed() time.Duration {
+	var self, kids syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+	syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids)
+	t := func(r syscall.Rusage) time.Duration { return time.Duration(r.Utime.Nano() + r.Stime.Nano()) }
+	return t(self) + t(kids)
 }
 
 func cpus() int {
