@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -476,5 +478,37 @@ func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
 	first, _ := os.ReadFile(filepath.Join(out, "many", "first"))
 	if !strings.HasSuffix(strings.TrimSpace(string(first)), "tiny-0000.txt") || strings.HasPrefix(string(first), dir) {
 		t.Fatalf("{inputs} pointed at %q, want the unpacked local copy", first)
+	}
+}
+
+// TestEscapedDescendantDoesNotHoldTheAttempt: a command that leaves a
+// process behind in another session (which the process-group kill does not
+// reach) keeps the log pipe open; the attempt still ends once the command
+// has exited and the log's drain time has passed, with its output logged.
+func TestEscapedDescendantDoesNotHoldTheAttempt(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	pidFile := filepath.Join(t.TempDir(), "escaped.pid")
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	// The command waits until the escaped process runs (and holds the pipe).
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"sh", "-c",
+		`setsid sh -c 'echo $$ > "$1"; exec sleep 8' sh "$1" & while [ ! -s "$1" ]; do sleep 0.05; done; echo started`, "sh", pidFile}})
+	start := time.Now()
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if d := time.Since(start); d > 6*time.Second {
+		t.Fatalf("run took %s, want it done well before the escaped sleep (8s) ends", d)
+	}
+	r, err := env.Shard("t", "s0000")
+	if err != nil || len(r.Attempts) != 1 {
+		t.Fatalf("record: %+v (%v)", r.Attempts, err)
+	}
+	if b, err := os.ReadFile(r.Attempts[0].Log); err != nil || string(b) != "started\n" {
+		t.Fatalf("attempt log: got %q (%v), want \"started\\n\"", b, err)
 	}
 }
