@@ -92,8 +92,10 @@ func (t *tracker) run(ctx context.Context) error {
 				}
 				return fmt.Errorf("tracker: shards watch closed")
 			}
-			if e != nil {
-				t.onShard(e)
+			if e != nil && t.onShard(e) {
+				// The run's last shard settled: judge it now, not at the
+				// next tick.
+				t.flush(ctx)
 			}
 		case m := <-t.adv:
 			t.onMaxDeliveries(ctx, m)
@@ -137,10 +139,12 @@ func (t *tracker) onRun(e jetstream.KeyValueEntry) {
 	}
 }
 
-func (t *tracker) onShard(e jetstream.KeyValueEntry) {
+// onShard applies one shard record; it reports whether every shard of the
+// record's run is now validated or failed.
+func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 	run, id, ok := strings.Cut(e.Key(), ".")
 	if !ok {
-		return
+		return false
 	}
 	ri := t.info(run)
 	old := ri.shards[id]
@@ -150,13 +154,13 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(ri.shards, id)
 		ri.dirty = true
-		return
+		return false
 	}
 	var r stream.ShardRecord
 	if err := stream.Decode(e.Value(), &r); err != nil {
 		t.c.log.Warn("skip undecodable shard record", "key", e.Key(), "err", err)
 		delete(ri.shards, id)
-		return
+		return false
 	}
 	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, class: r.Class, output: r.Output, attempts: len(r.Attempts)}
 	ri.shards[id] = si
@@ -164,6 +168,8 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) {
 		ri.add(si, 1)
 	}
 	ri.dirty = true
+	total := ri.rec.Counts.Total
+	return ri.rec.Queued && total > 0 && ri.n[stream.ShardValidated]+ri.n[stream.ShardFailed] >= total
 }
 
 func (ri *runInfo) add(si *shardInfo, d int) {

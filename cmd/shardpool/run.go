@@ -93,7 +93,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
 
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
-		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: log})
+		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: log,
+		// One worker in the coordinator's process: short pull requests cost
+		// nothing here and let it drain at once when the run completes.
+		FetchWait: 100 * time.Millisecond})
 	if err != nil {
 		stopCoord()
 		g.Wait()
