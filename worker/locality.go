@@ -49,7 +49,10 @@ func (w *Worker) deferForLocality(ctx context.Context, a *attemptState, class st
 	for i, f := range m.Files {
 		keys[i] = staging.Key(f)
 	}
-	if w.stager != nil && w.stager.Has(keys) {
+	w.mu.Lock()
+	st := w.stager
+	w.mu.Unlock()
+	if st != nil && st.Has(keys) {
 		return false
 	}
 	peer := w.peerWithInputs(class, keys)

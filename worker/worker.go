@@ -636,10 +636,17 @@ func (w *Worker) stagerFor(ctx context.Context) (*staging.Stager, error) {
 		if w.cfg.StageFleet > 0 {
 			cfg.Fleet = &staging.Fleet{KV: w.b.Stagers, Slots: w.cfg.StageFleet, Owner: w.cfg.Name, TTL: w.ttl}
 		}
-		w.stager, w.stageErr = staging.New(cfg)
-		if w.stageErr == nil {
-			w.stageErr = w.stager.Check(ctx)
+		st, err := staging.New(cfg)
+		if err == nil {
+			err = st.Check(ctx)
 		}
+		// Under mu: the report and the locality check read it from other
+		// goroutines than the one that ran this.
+		w.mu.Lock()
+		w.stager, w.stageErr = st, err
+		w.mu.Unlock()
 	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	return w.stager, w.stageErr
 }
