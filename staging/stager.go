@@ -119,18 +119,7 @@ func (s *Stager) Check(ctx context.Context) error {
 			return err
 		}
 	}
-	snap, err := pr.Snapshot(ctx, map[string]string{"scratch": s.cfg.Dir})
-	if err != nil {
-		return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
-	}
-	pi := snap.Storage[0]
-	// Not created yet: judge the nearest directory above it that exists.
-	for dir := filepath.Dir(s.cfg.Dir); pi.Missing && dir != "/"; dir = filepath.Dir(dir) {
-		if snap, err = pr.Snapshot(ctx, map[string]string{"scratch": dir}); err != nil {
-			return fmt.Errorf("staging scratch %s: %w", s.cfg.Dir, err)
-		}
-		pi = snap.Storage[0]
-	}
+	pi := pr.Where(ctx, s.cfg.Dir) // not created yet: its nearest existing parent
 	switch {
 	case pi.Unknown != "":
 		return fmt.Errorf("staging scratch %s: %w: cannot probe it: %s", s.cfg.Dir, ErrNetworkScratch, pi.Unknown)

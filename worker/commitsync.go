@@ -60,11 +60,7 @@ func (w *Worker) openOutputSync(ctx context.Context, output string) *outSync {
 	if err := os.MkdirAll(output, 0o755); err != nil {
 		return nil
 	}
-	snap, err := w.cfg.Probe.Snapshot(ctx, map[string]string{"output": output})
-	if err != nil || len(snap.Storage) == 0 {
-		return nil
-	}
-	pi := snap.Storage[0]
+	pi := w.cfg.Probe.Where(ctx, output)
 	if pi.Unknown != "" || pi.Locality != probe.Local {
 		w.log.Info("output commits fsync file by file", "output", output, "type", pi.Type, "locality", pi.Locality)
 		return nil

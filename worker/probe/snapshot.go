@@ -110,16 +110,9 @@ func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapsh
 	if b, err := p.read(path.Join(p.cfg.ProcRoot, "sys/kernel/random/boot_id")); err == nil {
 		s.BootID = strings.TrimSpace(string(b))
 	}
-	var mounts []Mount
-	mi := path.Join(p.procDir(), "mountinfo")
-	if f, err := os.Open(p.hostPath(mi)); err == nil {
-		mounts, err = parseMountinfo(f)
-		f.Close()
-		if err != nil {
-			s.Errors = append(s.Errors, fmt.Sprintf("%s: %v", mi, err))
-		}
-	} else {
-		s.Errors = append(s.Errors, fmt.Sprintf("%s: %v", mi, err))
+	mounts, err := p.mounts()
+	if err != nil {
+		s.Errors = append(s.Errors, err.Error())
 	}
 	s.Host = p.host()
 	s.Cgroups = p.cgroups(mounts)
@@ -148,6 +141,22 @@ func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapsh
 }
 
 // read reads a file below Root.
+// mounts reads the probed process's mountinfo. On error the mounts read so
+// far come back with it; storage types then rest on statfs alone.
+func (p *Prober) mounts() ([]Mount, error) {
+	mi := path.Join(p.procDir(), "mountinfo")
+	f, err := os.Open(p.hostPath(mi))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", mi, err)
+	}
+	defer f.Close()
+	mounts, err := parseMountinfo(f)
+	if err != nil {
+		return mounts, fmt.Errorf("%s: %w", mi, err)
+	}
+	return mounts, nil
+}
+
 func (p *Prober) read(name string) ([]byte, error) { return os.ReadFile(p.hostPath(name)) }
 
 // hostPath maps an absolute path of the probed host to a path here.

@@ -87,6 +87,19 @@ type PathInfo struct {
 	Missing bool `json:"missing,omitempty"`
 }
 
+// Where probes only the storage that holds path (mountinfo, symlinks,
+// statfs under the deadline), without the rest of a Snapshot. A path that
+// does not exist yet is judged by the nearest directory above it that
+// does; the PathInfo returned is that directory's.
+func (p *Prober) Where(ctx context.Context, path string) PathInfo {
+	mounts, _ := p.mounts() // unreadable: the type rests on statfs, as in Snapshot
+	pi := p.onePath(ctx, mounts, "path", path)
+	for dir := filepath.Dir(path); pi.Missing && dir != "/" && dir != "."; dir = filepath.Dir(dir) {
+		pi = p.onePath(ctx, mounts, "path", dir)
+	}
+	return pi
+}
+
 // storage probes each named path under the deadline.
 func (p *Prober) storage(ctx context.Context, mounts []Mount, paths map[string]string) []PathInfo {
 	out := make([]PathInfo, 0, len(paths))
