@@ -2,7 +2,6 @@ package worker
 
 import (
 	"bufio"
-	"bytes"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,28 +14,7 @@ import (
 // oomKills is the host's OOM-kill counter from /proc/vmstat, or -1 when it
 // cannot be read.
 func oomKills(procRoot string) int64 {
-	// Read twice per shard: one read into a buffer and a search, not a
-	// line scanner over vmstat's two hundred lines.
-	b, err := os.ReadFile(filepath.Join(procRoot, "vmstat"))
-	if err != nil {
-		return -1
-	}
-	i := bytes.Index(b, []byte("\noom_kill "))
-	if i < 0 {
-		if !bytes.HasPrefix(b, []byte("oom_kill ")) {
-			return -1
-		}
-		i = -1
-	}
-	rest := b[i+len("\noom_kill "):]
-	if j := bytes.IndexByte(rest, '\n'); j >= 0 {
-		rest = rest[:j]
-	}
-	n, err := strconv.ParseInt(string(bytes.TrimSpace(rest)), 10, 64)
-	if err != nil {
-		return -1
-	}
-	return n
+	return keyedValue(filepath.Join(procRoot, "vmstat"), "oom_kill")
 }
 
 // keyedValue reads the number after key in a "key value" file (vmstat,
