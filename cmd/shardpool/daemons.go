@@ -23,11 +23,10 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	syncMode := registerSync(fs)
 	verbose := fs.Bool("v", false, "debug logs")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseNone(fs, args); err != nil {
 		return err
 	}
-	if len(pos) != 0 || *data == "" {
+	if *data == "" {
 		fs.Usage()
 		return errUsage
 	}
@@ -73,13 +72,8 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
 	sf.register(fs)
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseNone(fs, args); err != nil {
 		return err
-	}
-	if len(pos) != 0 {
-		fs.Usage()
-		return errUsage
 	}
 	nc, js, err := connect(ctx, *server, "shardpool-worker-"+*name)
 	if err != nil {

@@ -15,13 +15,8 @@ func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlags("drill", "shardpool drill [--data DIR] [--json]", stderr)
 	data := fs.String("data", worker.DefaultStateDir(), "state directory; the drill works in DIR/drill/<time>/")
 	asJSON := fs.Bool("json", false, "print drill.json instead of the table")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseNone(fs, args); err != nil {
 		return err
-	}
-	if len(pos) != 0 {
-		fs.Usage()
-		return errUsage
 	}
 	self, err := os.Executable()
 	if err != nil {

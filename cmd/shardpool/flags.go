@@ -40,6 +40,20 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// parseNone parses a command that takes flags only: a positional argument
+// prints the usage.
+func parseNone(fs *flag.FlagSet, args []string) error {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}
+
 // errHelp is returned after --help printed the usage: exit 0.
 var errHelp = exitErr{code: exitOK}
 

@@ -40,17 +40,13 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	data := fs.String("data", worker.DefaultStateDir(), "state directory (evidence goes to DIR/runs/<run>/preflight/)")
 	scratch := fs.String("scratch", os.TempDir(), "the local scratch directory to probe")
 	pol := fs.String("policy", "", "policy file (default $XDG_CONFIG_HOME/shardpool/policy.toml)")
-	pos, err := parse(fs, args)
-	if err != nil {
+	if err := parseNone(fs, args); err != nil {
 		return err
-	}
-	if len(pos) != 0 {
-		fs.Usage()
-		return errUsage
 	}
 	paths["scratch"] = *scratch
 	var spec *stream.Spec
 	if *specPath != "" {
+		var err error
 		if spec, err = stream.LoadSpec(*specPath); err != nil {
 			return err
 		}
