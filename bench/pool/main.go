@@ -6,9 +6,14 @@
 // shardpool processes. It is a benchmark, not a test: it asserts nothing
 // and never fails on a slow machine.
 //
+// It measures everything once per round (-rounds, default 3) and prints
+// medians with their range; each ratio pairs measurements of one round,
+// so a machine that slows down between rounds does not bias it.
+//
 // Nothing is deleted until the end: on ext4 without a journal, inodes
-// freed in the last minutes slow every later allocation in their group,
-// so cleaning up between the measurements would tax the next one.
+// freed in the last half minute (dirty_expire) slow every later
+// allocation in their group, so cleaning up between the measurements
+// would tax the next one.
 package main
 
 import (
@@ -20,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,14 +36,42 @@ func main() {
 	bin := flag.String("bin", "bin/shardpool", "shardpool binary")
 	n := flag.Int("n", 5000, "shards")
 	j := flag.Int("j", 4, "concurrency for all three")
+	rounds := flag.Int("rounds", 3, "rounds; each measures everything once, in the same order")
 	flag.Parse()
-	if err := run(*bin, *n, *j); err != nil {
+	if err := run(*bin, *n, *j, max(*rounds, 1)); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bin string, n, j int) error {
+// measurement is one row of the table: its wall time and the CPU time of
+// this process and its waited-for children, per round.
+type measurement struct {
+	name string
+	wall []time.Duration
+	cpu  []time.Duration
+	err  error
+}
+
+func (m *measurement) add(wall, cpu time.Duration, err error) {
+	if err != nil {
+		m.err = err
+		return
+	}
+	m.wall = append(m.wall, wall)
+	m.cpu = append(m.cpu, cpu)
+}
+
+// Rows of the table, in the order they are measured within a round.
+const (
+	rowBare = iota
+	rowParallel
+	rowRun
+	rowAlways
+	rowDist
+)
+
+func run(bin string, n, j, rounds int) error {
 	bin, _ = filepath.Abs(bin)
 	dir, err := os.MkdirTemp("", "shardpool-bench-")
 	if err != nil {
@@ -45,55 +79,88 @@ func run(bin string, n, j int) error {
 	}
 	defer os.RemoveAll(dir)
 	writeManifest(dir, n)
-	fmt.Printf("shardpool pool benchmark: %d shards of /bin/true, concurrency %d, %d CPUs\n\n", n, j, cpus())
+	fmt.Printf("shardpool pool benchmark: %d shards of /bin/true, concurrency %d, %d CPUs, %d round(s)\n", n, j, cpus(), rounds)
+	fmt.Printf("(medians, with the range over the rounds: one run varies by 10-15%% on a shared VM)\n\n")
 
-	// CPU per shard: this process and every child it waited for (the
-	// children's own children included), between two readings.
-	var cpu []time.Duration
-	mark := cpuUsed()
-	took := func() {
-		now := cpuUsed()
-		cpu, mark = append(cpu, now-mark), now
-	}
-	bare := bareExec(n, j)
-	took()
-	par, parErr := gnuParallel(dir, n, j)
-	took()
-	emb, embRSS, err := timed(exec.Command(bin, "run", "--quiet", "--data", filepath.Join(dir, "emb"), "--slots", fmt.Sprint(j), writeSpec(dir, "emb")))
-	if err != nil {
-		return fmt.Errorf("shardpool run: %w", err)
-	}
-	took()
-	always, _, alwaysErr := timed(exec.Command(bin, "run", "--quiet", "--sync", "always", "--data", filepath.Join(dir, "always"), "--slots", fmt.Sprint(j), writeSpec(dir, "always")))
-	took()
-	dist, coordRSS, workerRSS, distErr := distributed(bin, dir, writeSpec(dir, "dist"), n, j)
-	took()
-	perShard := func(i int) float64 { return float64(cpu[i].Microseconds()) / 1000 / float64(n) }
-
-	rate := func(d time.Duration) float64 { return float64(n) / d.Seconds() }
-	fmt.Printf("%-40s %10s %12s %14s\n", "", "wall", "shards/s", "CPU ms/shard")
-	row := func(name string, d time.Duration, i int, err error) {
-		if err != nil {
-			fmt.Printf("%-40s %s\n", name, err)
-			return
+	rows := []*measurement{{name: "bare Go fork/exec loop"}, {name: "GNU parallel --joblog"},
+		{name: "shardpool run (embedded, group sync)"}, {name: "shardpool run --sync always"},
+		{name: "shardpool coordinator+worker (TCP)"}}
+	var embRSS, coordRSS, workerRSS int64
+	var ratioPar, ratioBare []float64
+	for r := range rounds {
+		// CPU: this process and every child it waited for (the children's
+		// own children included), between two readings.
+		mark := cpuUsed()
+		took := func(row int, d time.Duration, err error) {
+			now := cpuUsed()
+			rows[row].add(d, now-mark, err)
+			mark = now
 		}
-		fmt.Printf("%-40s %9.2fs %12.0f %14.2f\n", name, d.Seconds(), rate(d), perShard(i))
+		took(rowBare, bareExec(n, j), nil)
+		par, err := gnuParallel(dir, n, j)
+		took(rowParallel, par, err)
+		name := fmt.Sprintf("emb%d", r)
+		emb, rss, err := timed(exec.Command(bin, "run", "--quiet", "--data", filepath.Join(dir, name), "--slots", fmt.Sprint(j), writeSpec(dir, name)))
+		if err != nil {
+			return fmt.Errorf("shardpool run: %w", err)
+		}
+		took(rowRun, emb, nil)
+		embRSS = max(embRSS, rss)
+		name = fmt.Sprintf("always%d", r)
+		always, _, err := timed(exec.Command(bin, "run", "--quiet", "--sync", "always", "--data", filepath.Join(dir, name), "--slots", fmt.Sprint(j), writeSpec(dir, name)))
+		took(rowAlways, always, err)
+		dist, crss, wrss, err := distributed(bin, dir, writeSpec(dir, fmt.Sprintf("dist%d", r)), fmt.Sprintf("dist%d", r), j)
+		took(rowDist, dist, err)
+		coordRSS, workerRSS = max(coordRSS, crss), max(workerRSS, wrss)
+		// Ratios pair measurements of the same round.
+		if par > 0 && rows[rowParallel].err == nil {
+			ratioPar = append(ratioPar, par.Seconds()/emb.Seconds())
+		}
+		ratioBare = append(ratioBare, rows[rowBare].wall[r].Seconds()/emb.Seconds())
+		fmt.Printf("round %d: bare %.0f/s, parallel %.0f/s, shardpool run %.0f/s\n", r+1,
+			float64(n)/rows[rowBare].wall[r].Seconds(), float64(n)/par.Seconds(), float64(n)/emb.Seconds())
 	}
-	row("bare Go fork/exec loop", bare, 0, nil)
-	row("GNU parallel --joblog", par, 1, parErr)
-	row("shardpool run (embedded, group sync)", emb, 2, nil)
-	row("shardpool run --sync always", always, 3, alwaysErr)
-	row("shardpool coordinator+worker (TCP)", dist, 4, distErr)
 	fmt.Println()
-	if parErr == nil {
-		fmt.Printf("ratio shardpool run / GNU parallel:   %.2fx (target >= 5x)\n", rate(emb)/rate(par))
+
+	fmt.Printf("%-40s %18s %18s %16s\n", "", "wall s", "shards/s", "CPU ms/shard")
+	for _, m := range rows {
+		if m.err != nil {
+			fmt.Printf("%-40s %s\n", m.name, m.err)
+			continue
+		}
+		rates, perShard := make([]float64, len(m.wall)), make([]float64, len(m.cpu))
+		walls := make([]float64, len(m.wall))
+		for i := range m.wall {
+			walls[i] = m.wall[i].Seconds()
+			rates[i] = float64(n) / walls[i]
+			perShard[i] = float64(m.cpu[i].Microseconds()) / 1000 / float64(n)
+		}
+		fmt.Printf("%-40s %18s %18s %16s\n", m.name, spread(walls, "%.2f"), spread(rates, "%.0f"), spread(perShard, "%.2f"))
 	}
-	fmt.Printf("ratio shardpool run / bare exec:      %.2fx (target >= 0.5x)\n", rate(emb)/rate(bare))
+	fmt.Println()
+	if len(ratioPar) > 0 {
+		fmt.Printf("ratio shardpool run / GNU parallel:   %sx (target >= 5x)\n", spread(ratioPar, "%.2f"))
+	}
+	fmt.Printf("ratio shardpool run / bare exec:      %sx (target >= 0.5x)\n", spread(ratioBare, "%.2f"))
 	fmt.Printf("peak RSS shardpool run (one process): %.1f MiB\n", float64(embRSS)/(1<<20))
-	if distErr == nil {
+	if rows[rowDist].err == nil {
 		fmt.Printf("peak RSS coordinator: %.1f MiB, worker: %.1f MiB\n", float64(coordRSS)/(1<<20), float64(workerRSS)/(1<<20))
 	}
 	return nil
+}
+
+// spread prints the median of v and, with more than one value, its range.
+func spread(v []float64, format string) string {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	if len(s) == 1 {
+		return fmt.Sprintf(format, med)
+	}
+	return fmt.Sprintf(format+" ("+format+"-"+format+")", med, s[0], s[len(s)-1])
 }
 
 // cpuUsed is the CPU time of this process and of the children it waited for.
@@ -185,10 +252,10 @@ func maxRSS(cmd *exec.Cmd) int64 {
 }
 
 // distributed runs a coordinator and a worker as separate processes over TCP.
-func distributed(bin, dir, spec string, n, j int) (time.Duration, int64, int64, error) {
+func distributed(bin, dir, spec, name string, j int) (time.Duration, int64, int64, error) {
 	addr, httpAddr := "127.0.0.1:24222", "127.0.0.1:24223"
 	url := "nats://" + addr
-	coord := exec.Command(bin, "coordinator", "--data", filepath.Join(dir, "dist"), "--listen", addr, "--http", httpAddr)
+	coord := exec.Command(bin, "coordinator", "--data", filepath.Join(dir, name), "--listen", addr, "--http", httpAddr)
 	if err := coord.Start(); err != nil {
 		return 0, 0, 0, err
 	}
@@ -199,7 +266,7 @@ func distributed(bin, dir, spec string, n, j int) (time.Duration, int64, int64, 
 		return 0, 0, 0, fmt.Errorf("submit: %v %s", err, out)
 	}
 	wk := exec.Command(bin, "worker", "--server", url, "--slots", fmt.Sprintf("cpu=%d", j), "--name", "bench",
-		"--data", filepath.Join(dir, "wdata"), "--scratch", filepath.Join(dir, "wscratch"))
+		"--data", filepath.Join(dir, name+"-wdata"), "--scratch", filepath.Join(dir, name+"-wscratch"))
 	if err := wk.Start(); err != nil {
 		return 0, 0, 0, err
 	}
