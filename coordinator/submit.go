@@ -272,7 +272,15 @@ func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest
 }
 
 // retryFailed resets the run's failed shards to pending in a new retry
-// round and republishes them. Their attempt history is kept.
+// round and republishes them. Their attempt history is kept. Every record
+// is reset before anything is published, so the shards watch shows all
+// resets ahead of any progress of a retried shard (the tracker never judges
+// the run from a mix of old failures and new results).
+//
+// A retry interrupted between the resets and the publications left shards
+// pending in a retry round whose message may be missing; they are
+// published again (the Msg-ID of the round makes that a no-op where the
+// message exists). What was published is durable before it returns.
 func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest) (int, error) {
 	lister, err := b.Shards.ListKeysFiltered(ctx, run.Name+".*")
 	if err != nil {
@@ -290,17 +298,24 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 			continue
 		}
 		var r stream.ShardRecord
-		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint || r.State != stream.ShardFailed {
+		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint {
 			continue
 		}
 		sh, ok := byID[r.ID]
 		if !ok {
 			continue
 		}
-		r.State, r.Retry, r.Reason, r.Owner, r.Updated = stream.ShardPending, r.Retry+1, "retry requested", nil, time.Now().UTC()
-		data, _ := stream.Encode(&r)
-		if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
-			return 0, fmt.Errorf("retry shard %s: %w", r.ID, err)
+		switch {
+		case r.State == stream.ShardFailed:
+			r.State, r.Retry, r.Reason, r.Owner, r.Updated = stream.ShardPending, r.Retry+1, "retry requested", nil, time.Now().UTC()
+			data, _ := stream.Encode(&r)
+			if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
+				return 0, fmt.Errorf("retry shard %s: %w", r.ID, err)
+			}
+		case r.State == stream.ShardPending && r.Retry > 0:
+			// An earlier retry may have stopped before publishing this one.
+		default:
+			continue
 		}
 		rounds[r.Retry] = append(rounds[r.Retry], sh)
 		total++
@@ -314,6 +329,9 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round); err != nil {
 			return 0, fmt.Errorf("retry %s: %w", run.Name, err)
 		}
+	}
+	if err := stream.Barrier(ctx, js.Conn()); err != nil {
+		return 0, fmt.Errorf("retry %s: %w", run.Name, err)
 	}
 	return total, nil
 }

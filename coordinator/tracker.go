@@ -24,17 +24,22 @@ import (
 type shardInfo struct {
 	fp, state, reason, class string
 	output                   *stream.Output
-	attempts                 int
+	attempts, retry          int
 }
 
 type runInfo struct {
-	rec        stream.RunRecord
-	rev        uint64
-	known      bool
-	shards     map[string]*shardInfo
-	n          map[string]int            // records per state for the current fingerprint
-	byClass    map[string]map[string]int // the same, per class
-	dirty      bool
+	rec     stream.RunRecord
+	rev     uint64
+	known   bool
+	shards  map[string]*shardInfo
+	n       map[string]int            // records per state for the current fingerprint
+	byClass map[string]map[string]int // the same, per class
+	dirty   bool
+	// retried is set when a shard entered a new retry round: the next
+	// flush writes the record even if state, counts and reason came out
+	// the same, so that whoever requested the retry sees a verdict newer
+	// than the request (see cmd/shardpool waitRun).
+	retried    bool
 	verifiedFP string
 	evidence   string // state the evidence was last written for
 }
@@ -50,6 +55,9 @@ type tracker struct {
 func newTracker(c *Coordinator) *tracker {
 	return &tracker{c: c, runs: map[string]*runInfo{}, adv: make(chan *nats.Msg, 256)}
 }
+
+// replayWait bounds the wait for the KV watches' end-of-replay markers.
+const replayWait = 10 * time.Second
 
 func (t *tracker) run(ctx context.Context) error {
 	b := t.c.b
@@ -70,10 +78,23 @@ func (t *tracker) run(ctx context.Context) error {
 	defer sub.Unsubscribe()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	// Nothing is judged before both watches have delivered their initial
+	// values (each ends them with a nil entry): a run judged from half a
+	// replay could be written QUEUED or BLOCKED for a moment after a
+	// restart, and whoever waits on the record would take that as news.
+	// A watcher that could not count its initial values sends no marker;
+	// past replayWait the tracker judges anyway rather than never.
+	runsReplayed, shardsReplayed := false, false
+	replayed := time.After(replayWait)
+	flush := func(ctx context.Context) {
+		if runsReplayed && shardsReplayed {
+			t.flush(ctx)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			t.flush(context.Background())
+			flush(context.Background())
 			return ctx.Err()
 		case e, ok := <-rw.Updates():
 			if !ok {
@@ -82,9 +103,12 @@ func (t *tracker) run(ctx context.Context) error {
 				}
 				return fmt.Errorf("tracker: runs watch closed")
 			}
-			if e != nil {
-				t.onRun(e)
+			if e == nil {
+				runsReplayed = true
+				flush(ctx)
+				continue
 			}
+			t.onRun(e)
 		case e, ok := <-sw.Updates():
 			if !ok {
 				if ctx.Err() != nil {
@@ -92,15 +116,25 @@ func (t *tracker) run(ctx context.Context) error {
 				}
 				return fmt.Errorf("tracker: shards watch closed")
 			}
-			if e != nil && t.onShard(e) {
+			if e == nil {
+				shardsReplayed = true
+				flush(ctx)
+				continue
+			}
+			if t.onShard(e) {
 				// The run's last shard settled: judge it now, not at the
 				// next tick.
-				t.flush(ctx)
+				flush(ctx)
 			}
 		case m := <-t.adv:
 			t.onMaxDeliveries(ctx, m)
+		case <-replayed:
+			if !runsReplayed || !shardsReplayed {
+				t.c.log.Warn("tracker: no end-of-replay marker from the KV watches; judging runs from what arrived", "after", replayWait)
+				runsReplayed, shardsReplayed = true, true
+			}
 		case <-tick.C:
-			t.flush(ctx)
+			flush(ctx)
 		}
 	}
 }
@@ -162,7 +196,10 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 		delete(ri.shards, id)
 		return false
 	}
-	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, class: r.Class, output: r.Output, attempts: len(r.Attempts)}
+	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, class: r.Class, output: r.Output, attempts: len(r.Attempts), retry: r.Retry}
+	if old != nil && old.fp == si.fp && si.retry > old.retry {
+		ri.retried = true
+	}
 	ri.shards[id] = si
 	if si.fp == ri.rec.Fingerprint {
 		ri.add(si, 1)
@@ -401,7 +438,7 @@ func (t *tracker) flush(ctx context.Context) {
 		}
 		state, counts, reason := t.derive(ctx, ri)
 		classes := ri.classCounts()
-		if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) {
+		if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) && !ri.retried {
 			ri.dirty = false
 			t.maybeEvidence(ri)
 			continue
@@ -422,7 +459,7 @@ func (t *tracker) flush(ctx context.Context) {
 		if r.State != ri.rec.State {
 			t.c.log.Info("run state", "run", name, "state", r.State, "reason", r.Reason)
 		}
-		ri.rec, ri.rev, ri.dirty = r, rev, false
+		ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
 		t.maybeEvidence(ri)
 	}
 }

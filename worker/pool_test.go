@@ -250,6 +250,50 @@ func TestFailingShardRetriesThenBlocksThenRetryFailedCompletes(t *testing.T) {
 	}
 }
 
+// TestInterruptedRetryIsPublishedAgain: a retry that reset a failed
+// shard's record to a new round but stopped before publishing its message
+// left the shard pending with nothing to deliver. Retrying again publishes
+// it, and the run completes.
+func TestInterruptedRetryIsPublishedAgain(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	gate := filepath.Join(t.TempDir(), "ok")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Command: []string{"sh", "-c", `[ "$1" != s0001 ] || [ -f "$2" ] || exit 3; cp "$3" "$4/"`, "sh", "{id}", gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	// The first half of a retry: the record reset, no message published.
+	kv, err := env.JS.KeyValue(context.Background(), stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(context.Background(), stream.ShardKey("t", "s0001"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec stream.ShardRecord
+	if err := stream.Decode(e.Value(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.State, rec.Retry, rec.Reason = stream.ShardPending, rec.Retry+1, "retry requested"
+	data, _ := stream.Encode(&rec)
+	if _, err := kv.Update(context.Background(), e.Key(), data, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitState("t", 10*time.Second, stream.RunQueued, stream.RunRunning)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := env.Submit(spec, coordinator.SubmitOptions{RetryFailed: true})
+	if res.Retried != 1 {
+		t.Fatalf("retry after an interrupted retry: got %d retried, want 1", res.Retried)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	got, _ := env.Shard("t", "s0001")
+	if got.State != stream.ShardValidated || got.Retry != 1 || len(got.Attempts) != 2 {
+		t.Fatalf("after retry: got %s, round %d, %d attempts; want validated, 1, 2", got.State, got.Retry, len(got.Attempts))
+	}
+}
+
 func TestTimeoutIsRecordedAndFails(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Grace: 200 * time.Millisecond})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Timeout: "300ms",

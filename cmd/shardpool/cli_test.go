@@ -28,7 +28,10 @@ func TestRunExitCodes(t *testing.T) {
 			t.Errorf("run output lacks %q:\n%s", want, p.Output())
 		}
 	}
-	bad := testenv.WriteJob(t, testenv.Job{Name: "bad", Shards: 2, Retries: 0, Command: []string{"false"}})
+	// The job fails until the flag file exists: the same command (and
+	// fingerprint) succeeds once the cause is fixed.
+	flag := filepath.Join(t.TempDir(), "fixed")
+	bad := testenv.WriteJob(t, testenv.Job{Name: "bad", Shards: 2, Retries: 0, Command: []string{"test", "-e", flag}})
 	p = testenv.Start(t, "run", "--data", data, bad)
 	if code := p.Wait(t, 60*time.Second); code != 3 {
 		t.Fatalf("run of a failing job: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
@@ -39,6 +42,20 @@ func TestRunExitCodes(t *testing.T) {
 	resume, err := os.ReadFile(filepath.Join(data, "runs", "bad", "resume.txt"))
 	if err != nil || !strings.Contains(string(resume), "--retry-failed") {
 		t.Fatalf("resume.txt: got %q (%v), want the retry command", resume, err)
+	}
+	// Retrying right after the fix runs the failed shards: the BLOCKED
+	// record from before the retry must not end the run at once.
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--retry-failed", bad)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (2 validated, 0 failed of 2)") {
+		log, _ := os.ReadFile(filepath.Join(data, "runs", "bad", "admission.log"))
+		t.Fatalf("run --retry-failed after the fix: exit %d, want 0 and COMPLETE with both shards\n%s\nadmission log:\n%s", code, p.Output(), log)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--retry-failed", bad)
+	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "no failed shards") {
+		t.Fatalf("run --retry-failed with nothing failed: exit %d, want 1 and the reason\n%s", code, p.Output())
 	}
 	p = testenv.Start(t, "run", "--bogus", ok)
 	if code := p.Wait(t, 10*time.Second); code != 2 {

@@ -79,6 +79,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		g.Wait()
 		return err
 	}
+	submitted := time.Now()
 	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry,
 		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), ClassCaps: caps})
 	if err != nil {
@@ -107,7 +108,14 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	workerDone := make(chan struct{})
 	g.Go(func() error { defer close(workerDone); return wk.Run(workerCtx) })
 
-	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, progressOut(stderr, *quiet))
+	// A submission that queued work makes any verdict written before it
+	// stale: a BLOCKED run whose failed shards were just requeued is
+	// BLOCKED in its record until the tracker has seen the requeue.
+	var since time.Time
+	if res.Published > 0 || res.Retried > 0 {
+		since = submitted
+	}
+	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet))
 	stopWorker() // the worker drains: SIGTERM to children, grace, Nak
 	<-workerDone // its last records and Naks need the coordinator
 	stopCoord()
@@ -142,8 +150,9 @@ func loadRun(path string) (*stream.Spec, *stream.Manifest, error) {
 	return spec, man, nil
 }
 
-// waitRun follows the run record until COMPLETE or BLOCKED.
-func waitRun(ctx context.Context, js jetstream.JetStream, run string, progress io.Writer) (*stream.RunRecord, error) {
+// waitRun follows the run record until COMPLETE or BLOCKED, ignoring a
+// verdict last updated before since.
+func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time.Time, progress io.Writer) (*stream.RunRecord, error) {
 	kv, err := js.KeyValue(ctx, stream.BucketRuns)
 	if err != nil {
 		return nil, err
@@ -170,8 +179,12 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, progress i
 			if err := stream.Decode(e.Value(), &r); err != nil {
 				return nil, err
 			}
+			done := r.State == stream.RunComplete || r.State == stream.RunBlocked
+			if done && r.Updated.Before(since) {
+				continue
+			}
 			p.show(&r)
-			if r.State == stream.RunComplete || r.State == stream.RunBlocked {
+			if done {
 				return &r, nil
 			}
 		}
