@@ -126,6 +126,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			detail := s.Reason
 			if s.Owner != nil {
 				detail = fmt.Sprintf("attempt %d on %s (%s pid %d) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.Host, s.Owner.PID, detail)
+				if s.State == stream.ShardRunning && !reporting(st.Workers, s.Owner) {
+					detail += "; that worker is not reporting: the shard is redelivered once its lease expires"
+				}
 			}
 			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))
 		}
@@ -155,6 +158,17 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "%s: per-shard limits %s\n", wk.Name, wk.Limits)
 		}
 	}
+}
+
+// reporting says whether the worker process that owns a shard is among
+// the live worker reports (same name, host and pid).
+func reporting(workers []stream.WorkerReport, o *stream.Owner) bool {
+	for _, wk := range workers {
+		if wk.Name == o.Worker && wk.Host == o.Host && wk.PID == o.PID {
+			return true
+		}
+	}
+	return false
 }
 
 func classMap(m map[string]int) string {

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+)
+
+// TestStatusNamesRunningShardsOfSilentWorkers: a running shard whose owner
+// is not among the live worker reports (killed, or its host is gone) is
+// shown as such, with what happens next; one whose owner reports is not.
+func TestStatusNamesRunningShardsOfSilentWorkers(t *testing.T) {
+	now := time.Now().UTC()
+	st := &coordinator.Status{V: coordinator.StatusVersion, Time: now,
+		Runs: []coordinator.RunStatus{{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 2, Running: 2},
+			Shards: []stream.ShardRecord{
+				{ID: "a", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w1", Host: "h1", PID: 41, Attempt: 1}},
+				{ID: "b", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w2", Host: "h2", PID: 42, Attempt: 2}},
+			}}},
+		// w1 restarted under a new pid: the old process is gone.
+		Workers: []stream.WorkerReport{{Name: "w1", Host: "h1", PID: 99, Reported: now}, {Name: "w2", Host: "h2", PID: 42, Reported: now}},
+	}
+	var b strings.Builder
+	printStatus(&b, st)
+	lines := map[string]string{}
+	for _, l := range strings.Split(b.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && (f[0] == "a" || f[0] == "b") {
+			lines[f[0]] = l
+		}
+	}
+	if !strings.Contains(lines["a"], "not reporting") || !strings.Contains(lines["a"], "lease expires") {
+		t.Errorf("shard of a gone worker process: got %q, want it named not reporting", lines["a"])
+	}
+	if lines["b"] == "" || strings.Contains(lines["b"], "not reporting") {
+		t.Errorf("shard of a reporting worker: got %q, want its owner without the note", lines["b"])
+	}
+}
