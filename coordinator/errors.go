@@ -9,6 +9,8 @@ var (
 	ErrConfig = errors.New("invalid coordinator config")
 	// ErrRunNotFound means no run of that name was submitted.
 	ErrRunNotFound = errors.New("run not found")
+	// ErrDataInUse means another coordinator holds the data directory.
+	ErrDataInUse = errors.New("data directory in use by another coordinator")
 	// ErrNothingToRetry means a retry was asked for a run with no failed shards.
 	ErrNothingToRetry = errors.New("no failed shards to retry")
 )

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -61,6 +62,8 @@ type Coordinator struct {
 	store  *os.File
 	syncer *stream.Group
 	sub    *nats.Subscription
+	// lock holds DataDir for this coordinator (see lockData).
+	lock *os.File
 }
 
 // New validates cfg. It does no I/O.
@@ -122,6 +125,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	if err := os.MkdirAll(c.cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
+	lock, err := lockData(c.cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("start coordinator: %w", err)
+	}
+	c.lock = lock
 	opts := &server.Options{
 		ServerName:         "shardpool",
 		Host:               host,
@@ -135,22 +143,23 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
+		c.Close()
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	srv.SetLoggerV2(natsLogger{c.log.With("component", "nats")}, false, false, false)
 	srv.Start()
 	c.srv = srv
 	if !srv.ReadyForConnections(c.cfg.ReadyTimeout) {
-		srv.Shutdown()
+		c.Close()
 		return fmt.Errorf("start coordinator: %w: no listener after %s", ErrNotReady, c.cfg.ReadyTimeout)
 	}
 	if err := c.waitHealthy(ctx); err != nil {
-		srv.Shutdown()
+		c.Close()
 		return err
 	}
 	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("shardpool-coordinator"), nats.MaxReconnects(-1))
 	if err != nil {
-		srv.Shutdown()
+		c.Close()
 		return fmt.Errorf("start coordinator: connect in-process: %w", err)
 	}
 	c.nc = nc
@@ -253,6 +262,45 @@ func (c *Coordinator) Close() {
 		c.store.Close()
 		c.store = nil
 	}
+	if c.lock != nil {
+		c.lock.Close() // releases the flock
+		c.lock = nil
+	}
+}
+
+// lockName is the lock file in a coordinator's data directory.
+const lockName = "coordinator.lock"
+
+// lockData takes an exclusive flock on DataDir's lock file, so that no two
+// coordinators (two `shardpool run` on the same --data, say) ever open the
+// same JetStream store: nats-server does not guard its store directory,
+// and two servers on one store corrupt it and run every shard twice. The
+// kernel drops the lock when the process dies, however it dies. The file
+// names the holder for the error the next one gets.
+func lockData(dir string) (*os.File, error) {
+	path := filepath.Join(dir, lockName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			who := strings.TrimSpace(string(holder))
+			if who == "" {
+				who = "a process that has not written its name yet"
+			}
+			return nil, fmt.Errorf("%w: %s is held by %s; stop it, or give this one another --data", ErrDataInUse, dir, who)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	host, _ := os.Hostname()
+	info := fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(info), 0)
+	}
+	return f, nil
 }
 
 // startSyncer opens the store for syncfs, makes what Setup wrote durable,

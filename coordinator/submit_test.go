@@ -66,3 +66,29 @@ func TestSyncBarrier(t *testing.T) {
 		t.Fatalf("barrier without a coordinator: got %v, want ErrNotDurable", err)
 	}
 }
+
+// TestDataDirIsLocked: a second coordinator on a data directory in use is
+// refused with the holder named, before it opens the store; once the first
+// closed, the directory is free. (A SIGKILLed holder releases it too: the
+// coordinator restart tests in cmd/shardpool start on the same --data.)
+func TestDataDirIsLocked(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	second, err := coordinator.New(coordinator.Config{DataDir: env.Data, Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = second.Start(context.Background())
+	if !errors.Is(err, coordinator.ErrDataInUse) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		second.Close()
+		t.Fatalf("second coordinator on %s: got %v, want ErrDataInUse naming pid %d", env.Data, err, os.Getpid())
+	}
+	env.Close()
+	third, err := coordinator.New(coordinator.Config{DataDir: env.Data, Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Start(context.Background()); err != nil {
+		t.Fatalf("coordinator after the first closed: %v", err)
+	}
+	third.Close()
+}
