@@ -57,6 +57,16 @@ func TestRunExitCodes(t *testing.T) {
 	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "no failed shards") {
 		t.Fatalf("run --retry-failed with nothing failed: exit %d, want 1 and the reason\n%s", code, p.Output())
 	}
+	// A command that cannot start here is refused before anything is
+	// queued, naming the spec and the field.
+	missing := testenv.WriteJob(t, testenv.Job{Name: "missing", Shards: 2, Command: []string{"./no-such-program", "{id}"}})
+	p = testenv.Start(t, "run", "--data", data, missing)
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), missing+`: field "command"`) || !strings.Contains(p.Output(), "no-such-program: not found") {
+		t.Fatalf("run of a missing program: exit %d, want 1 naming the spec, field and program\n%s", code, p.Output())
+	}
+	if _, err := os.Stat(filepath.Join(data, "runs", "missing")); !os.IsNotExist(err) {
+		t.Fatalf("a refused run left evidence: %v", err)
+	}
 	p = testenv.Start(t, "run", "--bogus", ok)
 	if code := p.Wait(t, 10*time.Second); code != 2 {
 		t.Fatalf("bad flag: exit %d, want 2", code)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -43,6 +44,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	plan.SplitOutliers(spec, man)
+	if err := checkCommands(spec); err != nil {
+		return err
+	}
 	absData, err := filepath.Abs(*data)
 	if err != nil {
 		return err
@@ -134,6 +138,43 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
 	if final.State == stream.RunBlocked {
 		return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED: " + final.Reason}
+	}
+	return nil
+}
+
+// checkCommands refuses a run whose command or validator cannot be found
+// here, before anything is queued: every attempt would fail to start, be
+// retried and end BLOCKED. `run` executes on this host, so this host's
+// answer is the one that counts (`submit` cannot know the workers' hosts
+// and does not check). A program named through a placeholder is not
+// checked.
+func checkCommands(spec *stream.Spec) error {
+	for _, f := range []struct {
+		field string
+		argv  []string
+	}{{"command", spec.Command}, {"validator", spec.Validator}} {
+		if len(f.argv) == 0 || strings.Contains(f.argv[0], "{") {
+			continue
+		}
+		prog := f.argv[0]
+		if !strings.Contains(prog, "/") {
+			if _, err := exec.LookPath(prog); err != nil {
+				return fmt.Errorf("%s: field %q: %s is not an executable on this host's PATH", spec.SpecPath, f.field, prog)
+			}
+			continue
+		}
+		path := prog
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(spec.Dir, path)
+		}
+		fi, err := os.Stat(path)
+		if err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+			why := "not found"
+			if err == nil {
+				why = "not an executable file"
+			}
+			return fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", spec.SpecPath, f.field, path, why)
+		}
 	}
 	return nil
 }
