@@ -238,19 +238,34 @@ wait:
 // leaves no file (creating one per attempt was a measurable part of a
 // short shard's cost); a crash of the worker loses at most what sits in
 // the pipe, and the child is killed with it (Pdeathsig).
+//
+// A log keeps at most the first logHead bytes and the last logTail bytes
+// of the output, with a line saying how much was left out between them:
+// a job that floods stdout must not fill the state directory's disk.
 type lazyLog struct {
 	path string
 	r, w *os.File
 	done chan struct{}
 	f    *os.File
+
+	head, tail int64  // limits (logHead, logTail; lowered by tests)
+	written    int64  // bytes in the file
+	ring       []byte // the last bytes past head, once there are any
+	ringPos    int64  // total bytes that went to the ring
 }
+
+// Limits of one attempt log.
+const (
+	logHead = 64 << 20
+	logTail = 1 << 20
+)
 
 func newLazyLog(path string) (*lazyLog, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	return &lazyLog{path: path, r: r, w: w, done: make(chan struct{})}, nil
+	return &lazyLog{path: path, r: r, w: w, done: make(chan struct{}), head: logHead, tail: logTail}, nil
 }
 
 // started closes the parent's copy of the write end and starts copying.
@@ -272,12 +287,54 @@ func (l *lazyLog) copy() {
 			l.f, _ = os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 		}
 		if n > 0 && l.f != nil {
-			_, _ = l.f.Write(buf[:n])
+			l.keep(buf[:n])
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// keep writes b while the file is under head and keeps the rest in the
+// tail ring.
+func (l *lazyLog) keep(b []byte) {
+	if room := l.head - l.written; room > 0 {
+		k := min(int64(len(b)), room)
+		n, _ := l.f.Write(b[:k])
+		l.written += int64(n)
+		b = b[k:]
+	}
+	if len(b) == 0 || l.tail <= 0 {
+		l.ringPos += int64(len(b))
+		return
+	}
+	if l.ring == nil {
+		l.ring = make([]byte, l.tail)
+	}
+	for len(b) > 0 {
+		at := l.ringPos % l.tail
+		c := copy(l.ring[at:], b)
+		b = b[c:]
+		l.ringPos += int64(c)
+	}
+}
+
+// finish writes what the ring kept after a line that says how much output
+// was left out.
+func (l *lazyLog) finish() {
+	if l.ringPos == 0 {
+		return
+	}
+	kept := min(l.ringPos, l.tail)
+	fmt.Fprintf(l.f, "\n[shardpool: the output went on past this log's first %s; %d bytes left out; its last %d bytes follow]\n",
+		stream.FormatSize(l.head), l.ringPos-kept, kept)
+	if kept < l.tail {
+		l.f.Write(l.ring[:kept])
+		return
+	}
+	at := l.ringPos % l.tail
+	l.f.Write(l.ring[at:])
+	l.f.Write(l.ring[:at])
 }
 
 // logDrain bounds the wait for the log's last bytes after the child's
@@ -298,6 +355,7 @@ func (l *lazyLog) close() bool {
 	if l.f == nil {
 		return false
 	}
+	l.finish()
 	l.f.Close()
 	return true
 }
