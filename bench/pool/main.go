@@ -11,9 +11,9 @@
 // so a machine that slows down between rounds does not bias it.
 //
 // Nothing is deleted until the end: on ext4 without a journal, inodes
-// freed in the last half minute (dirty_expire) slow every later
-// allocation in their group, so cleaning up between the measurements
-// would tax the next one.
+// freed in the last minutes slow every later allocation in their group
+// (ext4's recently_deleted check), so cleaning up between the
+// measurements would tax the next one.
 package main
 
 import (
