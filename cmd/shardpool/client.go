@@ -122,7 +122,11 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if r.State == stream.RunBlocked && r.Resume != "" {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}
-		for _, s := range r.Shards {
+		for i, s := range r.Shards {
+			if i == maxShardLines {
+				fmt.Fprintf(w, "  ... and %d more shard(s) not validated (status --json lists every one)\n", len(r.Shards)-i)
+				break
+			}
 			detail := s.Reason
 			if s.Owner != nil {
 				detail = fmt.Sprintf("attempt %d on %s (%s pid %d) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.Host, s.Owner.PID, detail)
@@ -159,6 +163,10 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		}
 	}
 }
+
+// maxShardLines bounds the shards status RUN prints per run; --json has
+// them all.
+const maxShardLines = 50
 
 // reporting says whether the worker process that owns a shard is among
 // the live worker reports (same name, host and pid).

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -36,5 +37,23 @@ func TestStatusNamesRunningShardsOfSilentWorkers(t *testing.T) {
 	}
 	if lines["b"] == "" || strings.Contains(lines["b"], "not reporting") {
 		t.Errorf("shard of a reporting worker: got %q, want its owner without the note", lines["b"])
+	}
+}
+
+// TestStatusBoundsShardLines: a run with thousands of shards not validated
+// prints the first ones and how many more there are, not thousands of lines.
+func TestStatusBoundsShardLines(t *testing.T) {
+	r := coordinator.RunStatus{Name: "r", State: stream.RunBlocked, Counts: stream.Counts{Total: 500, Failed: 500}}
+	for i := range 500 {
+		r.Shards = append(r.Shards, stream.ShardRecord{ID: fmt.Sprintf("s%04d", i), State: stream.ShardFailed, Reason: "exit status 1"})
+	}
+	var b strings.Builder
+	printStatus(&b, &coordinator.Status{Runs: []coordinator.RunStatus{r}})
+	out := b.String()
+	if n := strings.Count(out, " failed exit status 1"); n != maxShardLines {
+		t.Fatalf("printed %d shard lines, want %d", n, maxShardLines)
+	}
+	if !strings.Contains(out, fmt.Sprintf("... and %d more shard(s)", 500-maxShardLines)) {
+		t.Fatalf("output lacks the count of shards not printed:\n%s", out[len(out)-300:])
 	}
 }
