@@ -11,6 +11,9 @@ var (
 	ErrRunNotFound = errors.New("run not found")
 	// ErrDataInUse means another coordinator holds the data directory.
 	ErrDataInUse = errors.New("data directory in use by another coordinator")
+	// ErrSpecConflict means a resubmitted spec changes what a run with the
+	// same fingerprint cannot change (its output directory).
+	ErrSpecConflict = errors.New("spec conflicts with the submitted run")
 	// ErrNothingToRetry means a retry was asked for a run with no failed shards.
 	ErrNothingToRetry = errors.New("no failed shards to retry")
 )

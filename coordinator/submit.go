@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -42,6 +44,11 @@ type SubmitResult struct {
 	Published   int    `json:"published"`
 	NewRun      bool   `json:"new_generation"`
 	Retried     int    `json:"retried"`
+	// Changed lists the settings outside the fingerprint (retries, timeout,
+	// staging, paths of the spec, manifest and command directory, profile
+	// settings, measured peaks) that a resubmission of the same generation
+	// updated; they apply to attempts that start from now on.
+	Changed []string `json:"changed,omitempty"`
 }
 
 // Submit publishes a validated run. It is idempotent: the same run again
@@ -67,8 +74,20 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	}
 	if prev != nil && prev.Fingerprint == fp && prev.Queued {
 		res.State = prev.State
+		if prev.Spec.Output != spec.Output {
+			// Same generation, other place: the outputs are where they were
+			// committed, and nothing would run to fill the new directory.
+			return res, fmt.Errorf("%s: field %q: %w: run %s (fingerprint %s) has its outputs in %s, and this spec names %s; "+
+				"put the output back, or give the run another name to start a separate run", spec.SpecPath, "output", ErrSpecConflict,
+				spec.Name, fp, prev.Spec.Output, spec.Output)
+		}
+		changed, settings, err := updateSettings(ctx, b, prev, rev, spec, opt)
+		if err != nil {
+			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+		}
+		res.Changed = changed
 		if opt.RetryFailed {
-			n, err := retryFailed(ctx, js, b, prev, man)
+			n, err := retryFailed(ctx, js, b, prev, man, settings)
 			if err != nil {
 				return res, err
 			}
@@ -117,7 +136,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	if err := describeInputs(ctx, spec, man, opt.Hashes); err != nil {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
-	n, err := publish(ctx, js, fp, spec.Name, man.Shards, 0)
+	n, err := publish(ctx, js, fp, spec.Name, man.Shards, 0, 0)
 	res.Published = n
 	if err != nil {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
@@ -153,6 +172,88 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	return res, nil
 }
 
+// settingChanges describes the differences between two specs of one
+// generation in the fields the fingerprint leaves out.
+func settingChanges(old, cur *stream.Spec) []string {
+	var out []string
+	if old.Retries != cur.Retries {
+		out = append(out, fmt.Sprintf("retries %d -> %d", old.Retries, cur.Retries))
+	}
+	if old.Timeout != cur.Timeout {
+		out = append(out, fmt.Sprintf("timeout %s -> %s", time.Duration(old.Timeout), time.Duration(cur.Timeout)))
+	}
+	if old.Stage != cur.Stage {
+		out = append(out, fmt.Sprintf("stage %v -> %v", old.Stage, cur.Stage))
+	}
+	if old.SpecPath != cur.SpecPath {
+		out = append(out, fmt.Sprintf("spec %s -> %s", old.SpecPath, cur.SpecPath))
+	}
+	if old.Dir != cur.Dir {
+		out = append(out, fmt.Sprintf("command directory %s -> %s", old.Dir, cur.Dir))
+	}
+	if old.Manifest != cur.Manifest {
+		out = append(out, fmt.Sprintf("manifest %s -> %s (same content)", old.Manifest, cur.Manifest))
+	}
+	if !reflect.DeepEqual(old.Profile, cur.Profile) {
+		out = append(out, "profile settings")
+	}
+	return out
+}
+
+// updateSettings writes the spec's settings outside the fingerprint (and
+// the measured peaks and commands the submitter passes) into the run
+// record of the same generation, so that a changed retries or timeout
+// applies to what runs next instead of being ignored. It retries its
+// compare-and-set when the tracker wrote in between. It returns what
+// changed and the record's Settings count after the update.
+func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunRecord, rev uint64, spec *stream.Spec, opt SubmitOptions) ([]string, int, error) {
+	changed := settingChanges(&prev.Spec, spec)
+	measured := opt.MeasuredMemory != nil && !maps.Equal(prev.MeasuredMemory, opt.MeasuredMemory)
+	if measured {
+		changed = append(changed, "measured peaks (profile.json)")
+	}
+	commands := (opt.Resume != "" && opt.Resume != prev.Resume) || (opt.Retry != "" && opt.Retry != prev.RetryCmd)
+	if len(changed) == 0 && !commands {
+		return nil, prev.Settings, nil
+	}
+	rec := *prev
+	for {
+		rec.Spec = *spec
+		if len(changed) > 0 {
+			rec.Settings++
+		}
+		if measured {
+			rec.MeasuredMemory = opt.MeasuredMemory
+		}
+		if opt.Resume != "" {
+			rec.Resume = opt.Resume
+		}
+		if opt.Retry != "" {
+			rec.RetryCmd = opt.Retry
+		}
+		rec.Updated = time.Now().UTC()
+		_, err := putRun(ctx, b.Runs, &rec, rev, false)
+		if err == nil {
+			return changed, rec.Settings, nil
+		}
+		if !isWrongSeq(err) {
+			return nil, 0, fmt.Errorf("update settings: %w", err)
+		}
+		e, err := b.Runs.Get(ctx, spec.Name)
+		if err != nil {
+			return nil, 0, fmt.Errorf("update settings: %w", err)
+		}
+		rec = stream.RunRecord{}
+		if err := stream.Decode(e.Value(), &rec); err != nil {
+			return nil, 0, err
+		}
+		if rec.Fingerprint != prev.Fingerprint {
+			return nil, 0, fmt.Errorf("update settings: the run became generation %s meanwhile", rec.Fingerprint)
+		}
+		rev = e.Revision()
+	}
+}
+
 func putRun(ctx context.Context, kv jetstream.KeyValue, r *stream.RunRecord, rev uint64, create bool) (uint64, error) {
 	b, err := stream.Encode(r)
 	if err != nil {
@@ -184,12 +285,12 @@ func leaseTTL(ctx context.Context, b *stream.Buckets) (time.Duration, error) {
 const publishWindow = 1024
 
 // publish sends shards with de-duplication IDs and waits for every ack.
-func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards []stream.Shard, retry int) (int, error) {
+func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards []stream.Shard, retry, settings int) (int, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(shards))
 	for i := range shards {
 		sh := &shards[i]
 		m := stream.ShardMsg{Run: run, Fingerprint: fp, ID: sh.ID, Class: sh.Class, Inputs: sh.Inputs,
-			Cost: sh.Cost, Params: sh.Params, Retry: retry, Files: sh.Files}
+			Cost: sh.Cost, Params: sh.Params, Retry: retry, Settings: settings, Files: sh.Files}
 		data, err := stream.Encode(&m)
 		if err != nil {
 			return 0, err
@@ -281,7 +382,7 @@ func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest
 // pending in a retry round whose message may be missing; they are
 // published again (the Msg-ID of the round makes that a no-op where the
 // message exists). What was published is durable before it returns.
-func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest) (int, error) {
+func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, error) {
 	lister, err := b.Shards.ListKeysFiltered(ctx, run.Name+".*")
 	if err != nil {
 		return 0, fmt.Errorf("retry %s: %w", run.Name, err)
@@ -326,7 +427,7 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 	// The retry round is part of the Msg-ID, so a retry is never taken for a
 	// duplicate of an earlier round.
 	for round, todo := range rounds {
-		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round); err != nil {
+		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings); err != nil {
 			return 0, fmt.Errorf("retry %s: %w", run.Name, err)
 		}
 	}

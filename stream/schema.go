@@ -38,6 +38,9 @@ type ShardMsg struct {
 	Cost        int64             `json:"cost"`
 	Params      map[string]string `json:"params,omitempty"`
 	Retry       int               `json:"retry,omitempty"`
+	// Settings is the run record's Settings when this message was
+	// published: a worker whose copy of the record is older reads it again.
+	Settings int `json:"settings,omitempty"`
 	// Files describes Inputs (size, mtime, checksums) when the shard's
 	// class stages its inputs; every copy is verified against it.
 	Files []InputFile `json:"files,omitempty"`
@@ -156,18 +159,22 @@ type RunRecord struct {
 	Classes     map[string]int `json:"classes"`
 	// MeasuredMemory is each class\'s peak memory from profile.json, which
 	// workers\' admission prefers to the declared one.
-	MeasuredMemory map[string]int64  `json:"measured_memory,omitempty"`
-	Queued         bool              `json:"queued"`
-	Retry          int               `json:"retry"`
-	Resume         string            `json:"resume"`
-	RetryCmd       string            `json:"retry_command"`
-	State          string            `json:"state"`
-	Counts         Counts            `json:"counts"`
-	ClassCounts    map[string]Counts `json:"class_counts,omitempty"`
-	Reason         string            `json:"reason,omitempty"`
-	Evidence       string            `json:"evidence,omitempty"`
-	Submitted      time.Time         `json:"submitted"`
-	Updated        time.Time         `json:"updated"`
+	MeasuredMemory map[string]int64 `json:"measured_memory,omitempty"`
+	Queued         bool             `json:"queued"`
+	Retry          int              `json:"retry"`
+	// Settings counts the updates of Spec's settings outside the
+	// fingerprint (retries, timeout, paths) by resubmissions of this
+	// generation; shard messages carry the value they were published at.
+	Settings    int               `json:"settings,omitempty"`
+	Resume      string            `json:"resume"`
+	RetryCmd    string            `json:"retry_command"`
+	State       string            `json:"state"`
+	Counts      Counts            `json:"counts"`
+	ClassCounts map[string]Counts `json:"class_counts,omitempty"`
+	Reason      string            `json:"reason,omitempty"`
+	Evidence    string            `json:"evidence,omitempty"`
+	Submitted   time.Time         `json:"submitted"`
+	Updated     time.Time         `json:"updated"`
 }
 
 // Lease is key <run>.<id> in the leases bucket; its life is the bucket TTL.

@@ -294,6 +294,62 @@ func TestInterruptedRetryIsPublishedAgain(t *testing.T) {
 	}
 }
 
+// TestResubmittedSettingsReachRunningWorkers: resubmitting the same
+// generation with a longer timeout and more retries updates the run (they
+// are outside the fingerprint), a worker that read the old record moments
+// ago applies them to the retried shards, and a changed output directory
+// is refused instead of being reported COMPLETE with nothing in it.
+func TestResubmittedSettingsReachRunningWorkers(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0, Timeout: "200ms",
+		Command: []string{"sh", "-c", `sleep 0.6; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	edit := func(old, new string) {
+		t.Helper()
+		b, err := os.ReadFile(spec)
+		if err != nil || !strings.Contains(string(b), old) {
+			t.Fatalf("spec %s lacks %q (%v)", spec, old, err)
+		}
+		if err := os.WriteFile(spec, []byte(strings.Replace(string(b), old, new, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	edit(`timeout = "200ms"`, `timeout = "20s"`)
+	edit("retries = 0", "retries = 1")
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	if got := strings.Join(res.Changed, "; "); got != "retries 0 -> 1; timeout 200ms -> 20s" || res.Published != 0 || res.State != stream.RunBlocked {
+		t.Fatalf("resubmit with new settings: got changed %q, %d published, state %s; want retries and timeout, 0, BLOCKED", got, res.Published, res.State)
+	}
+	if r, _ := env.Run("t"); time.Duration(r.Spec.Timeout) != 20*time.Second || r.Spec.Retries != 1 || r.Settings != 1 {
+		t.Fatalf("run record after the update: timeout %s, retries %d, settings %d; want 20s, 1, 1", time.Duration(r.Spec.Timeout), r.Spec.Retries, r.Settings)
+	}
+	if again := env.Submit(spec, coordinator.SubmitOptions{}); len(again.Changed) != 0 {
+		t.Fatalf("the same spec again: got changed %q, want nothing", again.Changed)
+	}
+	if res := env.Submit(spec, coordinator.SubmitOptions{RetryFailed: true}); res.Retried != 2 {
+		t.Fatalf("retry: got %d retried, want 2", res.Retried)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+
+	edit(`output = "out"`, `output = "elsewhere"`)
+	s, err := stream.LoadSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := stream.LoadManifest(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = coordinator.Submit(context.Background(), env.JS, s, man, coordinator.SubmitOptions{})
+	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), `field "output"`) || !strings.Contains(err.Error(), filepath.Join(filepath.Dir(spec), "out")) {
+		t.Fatalf("resubmit with another output: got %v, want ErrSpecConflict naming the field and where the outputs are", err)
+	}
+	if r, _ := env.Run("t"); r.Spec.Output != filepath.Join(filepath.Dir(spec), "out") || r.State != stream.RunComplete {
+		t.Fatalf("after the refused resubmit: output %s, state %s; want unchanged", r.Spec.Output, r.State)
+	}
+}
+
 func TestTimeoutIsRecordedAndFails(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Grace: 200 * time.Millisecond})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Timeout: "300ms",

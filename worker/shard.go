@@ -67,7 +67,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	}
 	m := &a.m
 	a.key = stream.ShardKey(m.Run, m.ID)
-	run, err := w.runRecord(ctx, m.Run, m.Fingerprint)
+	run, err := w.runRecord(ctx, m.Run, m.Fingerprint, m.Settings)
 	if err != nil {
 		w.admission(m.Run, m.ID, class, "defer", "run record unreadable: "+err.Error())
 		_ = msg.NakWithDelay(w.backoff(1))

@@ -113,7 +113,7 @@ type Worker struct {
 	done    int
 	failed  int
 	logs    map[string]*os.File
-	runs    map[string]*stream.RunRecord
+	runs    map[string]cachedRun
 	dirs    map[string]bool
 
 	peaks    map[string]plan.Peak
@@ -226,7 +226,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]*stream.RunRecord{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
@@ -590,12 +590,27 @@ func (w *Worker) closeLogs() {
 func (w *Worker) evidenceDir(run string) string { return filepath.Join(w.cfg.StateDir, "runs", run) }
 
 // runRecord returns the run's record, refreshed when fp is not the cached one.
-func (w *Worker) runRecord(ctx context.Context, run, fp string) (*stream.RunRecord, error) {
+// cachedRun is a run record as a worker last read it.
+type cachedRun struct {
+	rec  *stream.RunRecord
+	read time.Time
+}
+
+// runRecordTTL is how long a worker trusts the run record it read: a
+// resubmission of the same generation can change its retries, timeout or
+// paths (coordinator.SubmitResult.Changed), which must reach the workers
+// that are already running.
+const runRecordTTL = 5 * time.Second
+
+// runRecord returns the run's record, read again when the cached copy is
+// of another generation, older than the message's settings, or older than
+// runRecordTTL.
+func (w *Worker) runRecord(ctx context.Context, run, fp string, settings int) (*stream.RunRecord, error) {
 	w.mu.Lock()
-	r := w.runs[run]
+	c := w.runs[run]
 	w.mu.Unlock()
-	if r != nil && r.Fingerprint == fp {
-		return r, nil
+	if c.rec != nil && c.rec.Fingerprint == fp && c.rec.Settings >= settings && time.Since(c.read) < runRecordTTL {
+		return c.rec, nil
 	}
 	e, err := w.b.Runs.Get(ctx, run)
 	if err != nil {
@@ -606,7 +621,7 @@ func (w *Worker) runRecord(ctx context.Context, run, fp string) (*stream.RunReco
 		return nil, err
 	}
 	w.mu.Lock()
-	w.runs[run] = &rec
+	w.runs[run] = cachedRun{rec: &rec, read: time.Now()}
 	w.mu.Unlock()
 	return &rec, nil
 }

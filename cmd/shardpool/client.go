@@ -63,7 +63,20 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if res.Retried > 0 {
 		fmt.Fprintf(stdout, "retried %d failed shard(s)\n", res.Retried)
 	}
+	printChanged(stdout, res, retryCmd)
 	return nil
+}
+
+// printChanged reports the settings a resubmission updated, and how to
+// rerun failed shards under them.
+func printChanged(w io.Writer, res coordinator.SubmitResult, retry string) {
+	if len(res.Changed) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "updated for attempts from now on: %s\n", strings.Join(res.Changed, "; "))
+	if res.State == stream.RunBlocked && res.Retried == 0 {
+		fmt.Fprintf(w, "the failed shards run again with: %s\n", retry)
+	}
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -95,6 +95,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	fmt.Fprintf(stdout, "run %s fingerprint %s: %d shard(s), %d published, state %s\n", res.Run, res.Fingerprint, len(man.Shards), res.Published, res.State)
+	printChanged(stdout, res, retry)
 	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
 
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
