@@ -8,7 +8,8 @@ import (
 )
 
 // Fingerprint is xxhash64 over the canonical spec (command, env, classes,
-// validator), code_rev and the manifest's content hash. Output location,
+// validator, the checksums of local files they name), code_rev and the
+// manifest's content hash. Output location,
 // retries and timeouts are left out: changing them does not change what a
 // shard computes.
 func Fingerprint(s *Spec, manifestHash string) string {
@@ -19,7 +20,8 @@ func Fingerprint(s *Spec, manifestHash string) string {
 		Validator []string          `json:"validator"`
 		CodeRev   string            `json:"code_rev"`
 		Manifest  string            `json:"manifest"`
-	}{s.Command, s.Env, s.Classes, s.Validator, s.CodeRev, manifestHash}
+		Files     map[string]string `json:"files,omitempty"`
+	}{s.Command, s.Env, s.Classes, s.Validator, s.CodeRev, manifestHash, s.Files}
 	// encoding/json sorts map keys, which makes this canonical.
 	b, err := json.Marshal(canon)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/pelletier/go-toml/v2"
 )
 
@@ -33,8 +34,11 @@ type Spec struct {
 	CodeRev   string            `json:"code_rev"`
 	Stage     bool              `json:"stage"`
 	Validator []string          `json:"validator,omitempty"`
-	Classes   map[string]Class  `json:"classes"`
-	Profile   ProfileSpec       `json:"profile"`
+	// Files are the checksums of the files that the command and validator
+	// name by relative path (a script, a config; see localFiles).
+	Files   map[string]string `json:"files,omitempty"`
+	Classes map[string]Class  `json:"classes"`
+	Profile ProfileSpec       `json:"profile"`
 }
 
 // ProfileSpec is the [profile] table: what `shardpool profile` runs
@@ -206,6 +210,7 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 	} else {
 		s.CodeRev = gitRev(dir)
 	}
+	s.Files = localFiles(dir, s.Command, s.Validator)
 	for name, c := range f.Class {
 		tbl := "class." + name
 		if !ValidClass(name) {
@@ -328,10 +333,51 @@ func lineOf(src []byte, table, key string) int {
 
 // gitRev is the HEAD commit of dir's git checkout, or "" when dir is not one
 // or git is missing. A failure here is not an error: code_rev is optional.
+// Uncommitted changes to tracked files add "+dirty." and a checksum of the
+// diff: the code that runs is not HEAD's, and an edit must not be taken
+// for the revision whose outputs are already committed.
 func gitRev(dir string) string {
 	out, err := exec.Command("git", "-C", dir, "rev-parse", "HEAD").Output()
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(out))
+	rev := strings.TrimSpace(string(out))
+	diff, err := exec.Command("git", "-C", dir, "diff", "--binary", "HEAD").Output()
+	if err != nil || len(diff) == 0 {
+		return rev
+	}
+	return fmt.Sprintf("%s+dirty.%016x", rev, xxhash.Sum64(diff))
+}
+
+// maxHashedFile bounds the files localFiles reads.
+const maxHashedFile = 1 << 20
+
+// localFiles checksums the regular files (up to maxHashedFile) that argv
+// elements name by a path relative to the spec's directory: the job's
+// script or config, whose edit is a changed command even where code_rev
+// does not see it (no git checkout, or an explicit code_rev). Absolute
+// paths (system programs), options and placeholders are left out.
+func localFiles(dir string, argvs ...[]string) map[string]string {
+	var out map[string]string
+	for _, argv := range argvs {
+		for _, a := range argv {
+			if a == "" || filepath.IsAbs(a) || strings.HasPrefix(a, "-") || strings.Contains(a, "{") {
+				continue
+			}
+			p := filepath.Join(dir, a)
+			fi, err := os.Stat(p)
+			if err != nil || !fi.Mode().IsRegular() || fi.Size() > maxHashedFile {
+				continue
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[a] = fmt.Sprintf("%016x", xxhash.Sum64(b))
+		}
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package stream
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -170,5 +171,69 @@ func TestDecodeRefusesUnknownVersion(t *testing.T) {
 	b, _ := Encode(&ShardRecord{ID: "x"})
 	if err := Decode(b, &r); err != nil || r.ID != "x" || r.V != SchemaVersion {
 		t.Fatalf("round trip: got %+v, %v", r, err)
+	}
+}
+
+// TestEditedScriptIsANewFingerprint: the job's own script (named by a
+// relative path) and an uncommitted edit in a git checkout both change the
+// fingerprint, so that outputs of the old code are not taken for the new.
+func TestEditedScriptIsANewFingerprint(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "job.sh")
+	write := func(p, s string) {
+		t.Helper()
+		if err := os.WriteFile(p, []byte(s), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(script, "#!/bin/sh\necho one\n")
+	spec := filepath.Join(dir, "shardpool.toml")
+	write(spec, "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"sh\", \"job.sh\", \"{id}\", \"-v\", \"/bin/true\"]\n")
+	fp := func() (string, *Spec) {
+		t.Helper()
+		s, err := LoadSpec(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Fingerprint(s, "m1"), s
+	}
+	first, s := fp()
+	if len(s.Files) != 1 || s.Files["job.sh"] == "" {
+		t.Fatalf("files hashed: got %v, want job.sh only", s.Files)
+	}
+	if again, _ := fp(); again != first {
+		t.Fatal("the same script gave another fingerprint")
+	}
+	write(script, "#!/bin/sh\necho two\n")
+	edited, _ := fp()
+	if edited == first {
+		t.Fatal("an edited script kept the fingerprint")
+	}
+
+	// In a git checkout, code_rev is HEAD, plus the diff while tracked
+	// files differ from it.
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	write(filepath.Join(dir, "lib.py"), "x = 1\n")
+	git("add", "lib.py")
+	git("commit", "-q", "-m", "one")
+	_, clean := fp()
+	if len(clean.CodeRev) != 40 {
+		t.Fatalf("code_rev of a clean checkout: got %q, want HEAD", clean.CodeRev)
+	}
+	write(filepath.Join(dir, "lib.py"), "x = 2\n")
+	_, dirty := fp()
+	if !strings.HasPrefix(dirty.CodeRev, clean.CodeRev+"+dirty.") {
+		t.Fatalf("code_rev with an uncommitted edit: got %q, want HEAD+dirty.<diff checksum>", dirty.CodeRev)
+	}
+	write(filepath.Join(dir, "lib.py"), "x = 3\n")
+	if _, other := fp(); other.CodeRev == dirty.CodeRev {
+		t.Fatal("another uncommitted edit kept code_rev")
 	}
 }
