@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -99,6 +101,11 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		// A new generation runs every shard anyway; nothing to add.
 		opt.RetryFailed = false
 	}
+	if prev == nil {
+		if err := checkSharedOutput(ctx, b, spec, man, fp); err != nil {
+			return res, err
+		}
+	}
 	ttl, err := leaseTTL(ctx, b)
 	if err != nil {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
@@ -170,6 +177,54 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	}
 	res.State = rec.State
 	return res, nil
+}
+
+// checkSharedOutput refuses a new run whose output directory holds shards
+// of another run with the same ids and another fingerprint: each of this
+// run's shards would replace that run's committed output (a copied spec
+// whose output was not changed). Runs with disjoint ids may share a
+// directory, and a renamed run of the same fingerprint finds its outputs
+// committed and skips them. Shards of the other run that never started
+// have no record and are not seen.
+func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec, man *stream.Manifest, fp string) error {
+	names, err := b.Runs.ListKeys(ctx)
+	if err != nil {
+		return fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
+	ids := make(map[string]bool, len(man.Shards))
+	for _, sh := range man.Shards {
+		ids[sh.ID] = true
+	}
+	for name := range names.Keys() {
+		if name == spec.Name {
+			continue
+		}
+		e, err := b.Runs.Get(ctx, name)
+		if err != nil {
+			continue
+		}
+		var other stream.RunRecord
+		if stream.Decode(e.Value(), &other) != nil || filepath.Clean(other.Spec.Output) != filepath.Clean(spec.Output) || other.Fingerprint == fp {
+			continue
+		}
+		keys, err := b.Shards.ListKeysFiltered(ctx, name+".*")
+		if err != nil {
+			return fmt.Errorf("submit %s: %w", spec.Name, err)
+		}
+		var shared []string
+		for k := range keys.Keys() {
+			if _, id, _ := strings.Cut(k, "."); ids[id] {
+				shared = append(shared, id)
+			}
+		}
+		if len(shared) > 0 {
+			sort.Strings(shared)
+			return fmt.Errorf("%s: field %q: %w: %s also holds run %s (fingerprint %s), which has %d shard(s) with ids of this manifest (%s); "+
+				"they would replace each other's outputs. Give this run its own output directory", spec.SpecPath, "output", ErrSpecConflict,
+				spec.Output, name, other.Fingerprint, len(shared), strings.Join(shared[:min(len(shared), 3)], ", "))
+		}
+	}
+	return nil
 }
 
 // settingChanges describes the differences between two specs of one
@@ -296,7 +351,7 @@ func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards
 			return 0, err
 		}
 		msg := &nats.Msg{Subject: stream.ShardSubject(run, sh.Class), Data: data, Header: nats.Header{}}
-		msg.Header.Set(nats.MsgIdHdr, stream.MsgID(fp, sh.ID, retry))
+		msg.Header.Set(nats.MsgIdHdr, stream.MsgID(run, fp, sh.ID, retry))
 		f, err := js.PublishMsgAsync(msg)
 		if err != nil {
 			return 0, fmt.Errorf("publish shard %s: %w", sh.ID, err)

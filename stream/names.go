@@ -55,10 +55,12 @@ func ClassFilter(class string) string { return fmt.Sprintf("%s.*.%s", subjectPre
 func ShardKey(run, id string) string { return run + "." + id }
 
 // MsgID is the de-duplication ID of a shard publication. Retry rounds after a
-// failure get their own suffix so they are not taken for duplicates.
-func MsgID(fingerprint, id string, retry int) string {
+// failure get their own suffix so they are not taken for duplicates. The run
+// name is part of it: the fingerprint leaves the name out, and two runs of
+// one fingerprint (a renamed run) must not drop each other's shards.
+func MsgID(run, fingerprint, id string, retry int) string {
 	if retry == 0 {
-		return fingerprint + "." + id
+		return run + "." + fingerprint + "." + id
 	}
-	return fmt.Sprintf("%s.%s.r%d", fingerprint, id, retry)
+	return fmt.Sprintf("%s.%s.%s.r%d", run, fingerprint, id, retry)
 }

@@ -350,6 +350,64 @@ func TestResubmittedSettingsReachRunningWorkers(t *testing.T) {
 	}
 }
 
+// TestRunsSharingAnOutputDirectory: a second run whose shards would
+// replace another run's committed outputs (same ids, other fingerprint) is
+// refused; a renamed run of the same fingerprint, or one with other ids,
+// may use the same directory.
+func TestRunsSharingAnOutputDirectory(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	first := testenv.WriteJob(t, testenv.Job{Name: "first", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(first, coordinator.SubmitOptions{})
+	env.WaitState("first", 30*time.Second, stream.RunComplete)
+	body, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	variant := func(name string, edits ...string) string {
+		t.Helper()
+		b := strings.Replace(string(body), `name = "first"`, fmt.Sprintf("name = %q", name), 1)
+		for i := 0; i < len(edits); i += 2 {
+			b = strings.Replace(b, edits[i], edits[i+1], 1)
+		}
+		p := filepath.Join(filepath.Dir(first), name+".toml")
+		if err := os.WriteFile(p, []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	copied := variant("copied", `code_rev = "test"`, `code_rev = "changed"`)
+	s, err := stream.LoadSpec(copied)
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := stream.LoadManifest(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = coordinator.Submit(context.Background(), env.JS, s, man, coordinator.SubmitOptions{})
+	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), "run first") || !strings.Contains(err.Error(), "s0000, s0001") {
+		t.Fatalf("a copied spec with the same output: got %v, want ErrSpecConflict naming run first and the shared ids", err)
+	}
+	if _, err := env.Run("copied"); err == nil {
+		t.Fatal("the refused run was recorded")
+	}
+	// Renamed, same fingerprint: its shards are already committed.
+	env.Submit(variant("renamed"), coordinator.SubmitOptions{})
+	env.WaitState("renamed", 30*time.Second, stream.RunComplete)
+	// Other ids: no output of another run is touched.
+	b, _ := os.ReadFile(filepath.Join(filepath.Dir(first), "manifest.jsonl"))
+	if err := os.WriteFile(filepath.Join(filepath.Dir(first), "other.jsonl"), []byte(strings.ReplaceAll(string(b), `"id":"s`, `"id":"x`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(variant("disjoint", `code_rev = "test"`, `code_rev = "changed"`, `manifest = "manifest.jsonl"`, `manifest = "other.jsonl"`), coordinator.SubmitOptions{})
+	env.WaitState("disjoint", 30*time.Second, stream.RunComplete)
+	for _, id := range []string{"s0000", "x0001"} {
+		if _, err := checkpoint.Verify(filepath.Join(filepath.Dir(first), "out", id)); err != nil {
+			t.Errorf("output %s: %v", id, err)
+		}
+	}
+}
+
 func TestTimeoutIsRecordedAndFails(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Grace: 200 * time.Millisecond})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Timeout: "300ms",
