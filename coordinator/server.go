@@ -25,9 +25,13 @@ import (
 
 // Config configures a Coordinator. Zero values mean the documented default.
 type Config struct {
-	// DataDir holds the JetStream store (DataDir/jetstream) and the evidence
-	// folders (DataDir/runs/<run>). Required.
+	// DataDir holds the JetStream store (DataDir/jetstream unless StoreDir
+	// is set) and the evidence folders (DataDir/runs/<run>). Required.
 	DataDir string
+	// StoreDir, when set, is the JetStream store instead of
+	// DataDir/jetstream (`shardpool run` keeps one store per run, so that
+	// runs of different names can share a state directory at once).
+	StoreDir string
 	// Listen is the host:port of the NATS listener for workers and the nats
 	// CLI. Default "127.0.0.1:4222"; port 0 picks a free port.
 	Listen string
@@ -62,7 +66,7 @@ type Coordinator struct {
 	store  *os.File
 	syncer *stream.Group
 	sub    *nats.Subscription
-	// lock holds DataDir for this coordinator (see lockData).
+	// lock holds the store for this coordinator (see lockData).
 	lock *os.File
 }
 
@@ -108,6 +112,12 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, fmt.Errorf("%w: DataDir: %v", ErrConfig, err)
 	}
 	cfg.DataDir = abs
+	if cfg.StoreDir == "" {
+		cfg.StoreDir = filepath.Join(abs, "jetstream")
+	}
+	if cfg.StoreDir, err = filepath.Abs(cfg.StoreDir); err != nil {
+		return nil, fmt.Errorf("%w: StoreDir: %v", ErrConfig, err)
+	}
 	return &Coordinator{cfg: cfg, log: cfg.Logger.With("component", "coordinator")}, nil
 }
 
@@ -122,10 +132,10 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
-	if err := os.MkdirAll(c.cfg.DataDir, 0o755); err != nil {
+	if err := os.MkdirAll(c.cfg.StoreDir, 0o755); err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
-	lock, err := lockData(c.cfg.DataDir)
+	lock, err := lockData(c.cfg.StoreDir)
 	if err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
@@ -135,7 +145,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		Host:               host,
 		Port:               port,
 		JetStream:          true,
-		StoreDir:           filepath.Join(c.cfg.DataDir, "jetstream"),
+		StoreDir:           c.cfg.StoreDir,
 		SyncAlways:         c.cfg.Sync == stream.SyncAlways,
 		NoSigs:             true,
 		MaxPayload:         8 << 20,
@@ -268,15 +278,16 @@ func (c *Coordinator) Close() {
 	}
 }
 
-// lockName is the lock file in a coordinator's data directory.
+// lockName is the lock file in a coordinator's store directory (beside
+// the server's own jetstream/ folder).
 const lockName = "coordinator.lock"
 
-// lockData takes an exclusive flock on DataDir's lock file, so that no two
-// coordinators (two `shardpool run` on the same --data, say) ever open the
-// same JetStream store: nats-server does not guard its store directory,
-// and two servers on one store corrupt it and run every shard twice. The
-// kernel drops the lock when the process dies, however it dies. The file
-// names the holder for the error the next one gets.
+// lockData takes an exclusive flock on the store directory's lock file, so
+// that no two coordinators (two `shardpool run` of one run, say) ever open
+// the same JetStream store: nats-server does not guard its store
+// directory, and two servers on one store corrupt it and run every shard
+// twice. The kernel drops the lock when the process dies, however it dies.
+// The file names the holder for the error the next one gets.
 func lockData(dir string) (*os.File, error) {
 	path := filepath.Join(dir, lockName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
@@ -291,7 +302,7 @@ func lockData(dir string) (*os.File, error) {
 			if who == "" {
 				who = "a process that has not written its name yet"
 			}
-			return nil, fmt.Errorf("%w: %s is held by %s; stop it, or give this one another --data", ErrDataInUse, dir, who)
+			return nil, fmt.Errorf("%w: the store %s is held by %s; stop it, or give this one another --data", ErrDataInUse, dir, who)
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}

@@ -57,6 +57,25 @@ func TestRunExitCodes(t *testing.T) {
 	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "no failed shards") {
 		t.Fatalf("run --retry-failed with nothing failed: exit %d, want 1 and the reason\n%s", code, p.Output())
 	}
+	// Two runs of different names share one --data at the same time (a
+	// store each); a second run of the same name is refused while the
+	// first holds its store.
+	slow := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 1, Command: []string{"sleep", "2"}})
+	p1 := testenv.Start(t, "run", "--data", data, slow)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(p1.Output(), "RUNNING"), "first run not running yet: " + p1.Output()
+	})
+	p = testenv.Start(t, "run", "--data", data, slow)
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "in use by another coordinator") || !strings.Contains(p.Output(), "stores/slow") {
+		t.Fatalf("the same run twice: exit %d, want 1 naming the held store\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", ok)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("another run beside it: exit %d, want 0\n%s", code, p.Output())
+	}
+	if code := p1.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("first run: exit %d, want 0\n%s", code, p1.Output())
+	}
 	// A command that cannot start here is refused before anything is
 	// queued, naming the spec and the field.
 	missing := testenv.WriteJob(t, testenv.Job{Name: "missing", Shards: 2, Command: []string{"./no-such-program", "{id}"}})
@@ -287,8 +306,10 @@ func TestImpossibleShardBlocksBeforeQueuing(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data, "runs", "t", "plan.json")); err != nil {
 		t.Errorf("plan.json: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(data, "jetstream")); err == nil {
-		t.Errorf("a JetStream store was created: something was queued")
+	for _, store := range []string{filepath.Join(data, "stores"), filepath.Join(data, "jetstream")} {
+		if _, err := os.Stat(store); err == nil {
+			t.Errorf("a JetStream store was created (%s): something was queued", store)
+		}
 	}
 }
 

@@ -62,7 +62,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED before queuing: " + pl.Blocked}
 	}
 	log := logger(stderr, *verbose, slog.LevelWarn)
-	coord, err := coordinator.New(coordinator.Config{DataDir: absData, Listen: *listen, HTTP: *httpAddr,
+	// One store per run (DIR/stores/<run>): runs of other names can share
+	// the state directory at the same time; the same run twice cannot.
+	coord, err := coordinator.New(coordinator.Config{DataDir: absData, StoreDir: filepath.Join(absData, "stores", spec.Name), Listen: *listen, HTTP: *httpAddr,
 		Sync: string(*syncMode), LeaseTTL: *leaseTTL, Logger: log})
 	if err != nil {
 		return err
