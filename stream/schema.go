@@ -267,19 +267,53 @@ func Encode(v any) ([]byte, error) {
 	return json.Marshal(v)
 }
 
-// Decode unmarshals b into v and refuses versions it does not know.
+// Decode unmarshals b into v and refuses versions it does not know. The
+// schema types are parsed once and their V checked after; other types (and
+// documents that fail to parse) are probed for "v" first, so that a newer
+// version is reported as such rather than as a type error.
 func Decode(b []byte, v any) error {
+	if err := json.Unmarshal(b, v); err != nil {
+		if ver, perr := probeVersion(b); perr == nil && ver != SchemaVersion {
+			return fmt.Errorf("decode %T: %w: %d", v, ErrSchemaVersion, ver)
+		}
+		return fmt.Errorf("decode %T: %w", v, err)
+	}
+	ver, ok := versionOf(v)
+	if !ok {
+		var err error
+		if ver, err = probeVersion(b); err != nil {
+			return fmt.Errorf("decode %T: %w", v, err)
+		}
+	}
+	if ver != SchemaVersion {
+		return fmt.Errorf("decode %T: %w: %d", v, ErrSchemaVersion, ver)
+	}
+	return nil
+}
+
+func probeVersion(b []byte) (int, error) {
 	var probe struct {
 		V int `json:"v"`
 	}
-	if err := json.Unmarshal(b, &probe); err != nil {
-		return fmt.Errorf("decode %T: %w", v, err)
+	err := json.Unmarshal(b, &probe)
+	return probe.V, err
+}
+
+// versionOf reads V of the schema types Encode stamps.
+func versionOf(v any) (int, bool) {
+	switch r := v.(type) {
+	case *ShardMsg:
+		return r.V, true
+	case *ShardRecord:
+		return r.V, true
+	case *RunRecord:
+		return r.V, true
+	case *Lease:
+		return r.V, true
+	case *WorkerReport:
+		return r.V, true
+	case *CommitRecord:
+		return r.V, true
 	}
-	if probe.V != SchemaVersion {
-		return fmt.Errorf("decode %T: %w: %d", v, ErrSchemaVersion, probe.V)
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("decode %T: %w", v, err)
-	}
-	return nil
+	return 0, false
 }
