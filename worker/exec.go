@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -135,6 +136,9 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, out.w, out.w
+	if null, err := devNull(); err == nil {
+		cmd.Stdin = null
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	oomBefore := w.oomBaseline()
 	start := time.Now()
@@ -232,6 +236,10 @@ wait:
 	}
 	return r
 }
+
+// devNull is the children's stdin, opened once: left nil, os/exec opens
+// and closes /dev/null for every command.
+var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
 
 // lazyLog is a child's stdout and stderr: one pipe, copied into the log
 // file, which is created on the first byte. A shard that prints nothing
