@@ -248,21 +248,20 @@ type Resource struct {
 	Source    string `json:"source,omitempty"`
 }
 
+// versioned is a schema type: Encode stamps its V, Decode checks it.
+type versioned interface{ schemaV() *int }
+
+func (r *ShardMsg) schemaV() *int     { return &r.V }
+func (r *ShardRecord) schemaV() *int  { return &r.V }
+func (r *RunRecord) schemaV() *int    { return &r.V }
+func (r *Lease) schemaV() *int        { return &r.V }
+func (r *WorkerReport) schemaV() *int { return &r.V }
+func (r *CommitRecord) schemaV() *int { return &r.V }
+
 // Encode marshals v after stamping its schema version.
 func Encode(v any) ([]byte, error) {
-	switch r := v.(type) {
-	case *ShardMsg:
-		r.V = SchemaVersion
-	case *ShardRecord:
-		r.V = SchemaVersion
-	case *RunRecord:
-		r.V = SchemaVersion
-	case *Lease:
-		r.V = SchemaVersion
-	case *WorkerReport:
-		r.V = SchemaVersion
-	case *CommitRecord:
-		r.V = SchemaVersion
+	if r, ok := v.(versioned); ok {
+		*r.schemaV() = SchemaVersion
 	}
 	return json.Marshal(v)
 }
@@ -301,19 +300,8 @@ func probeVersion(b []byte) (int, error) {
 
 // versionOf reads V of the schema types Encode stamps.
 func versionOf(v any) (int, bool) {
-	switch r := v.(type) {
-	case *ShardMsg:
-		return r.V, true
-	case *ShardRecord:
-		return r.V, true
-	case *RunRecord:
-		return r.V, true
-	case *Lease:
-		return r.V, true
-	case *WorkerReport:
-		return r.V, true
-	case *CommitRecord:
-		return r.V, true
+	if r, ok := v.(versioned); ok {
+		return *r.schemaV(), true
 	}
 	return 0, false
 }

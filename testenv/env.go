@@ -217,8 +217,19 @@ func (e *Env) Close() {
 	e.stopCoordinator()
 }
 
-// Submit validates and submits the spec at path.
+// Submit validates and submits the spec at path; any error fails the test.
 func (e *Env) Submit(path string, opt coordinator.SubmitOptions) coordinator.SubmitResult {
+	e.t.Helper()
+	res, err := e.TrySubmit(path, opt)
+	if err != nil {
+		e.t.Fatalf("submit %s: %v", path, err)
+	}
+	return res
+}
+
+// TrySubmit loads the spec and manifest at path (failing the test if they
+// do not load) and returns what coordinator.Submit returns, error included.
+func (e *Env) TrySubmit(path string, opt coordinator.SubmitOptions) (coordinator.SubmitResult, error) {
 	e.t.Helper()
 	spec, err := stream.LoadSpec(path)
 	if err != nil {
@@ -230,11 +241,7 @@ func (e *Env) Submit(path string, opt coordinator.SubmitOptions) coordinator.Sub
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := coordinator.Submit(ctx, e.JS, spec, man, opt)
-	if err != nil {
-		e.t.Fatalf("submit %s: %v", path, err)
-	}
-	return res
+	return coordinator.Submit(ctx, e.JS, spec, man, opt)
 }
 
 // Run reads a run record.

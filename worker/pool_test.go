@@ -333,15 +333,7 @@ func TestResubmittedSettingsReachRunningWorkers(t *testing.T) {
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 
 	edit(`output = "out"`, `output = "elsewhere"`)
-	s, err := stream.LoadSpec(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	man, err := stream.LoadManifest(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = coordinator.Submit(context.Background(), env.JS, s, man, coordinator.SubmitOptions{})
+	_, err := env.TrySubmit(spec, coordinator.SubmitOptions{})
 	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), `field "output"`) || !strings.Contains(err.Error(), filepath.Join(filepath.Dir(spec), "out")) {
 		t.Fatalf("resubmit with another output: got %v, want ErrSpecConflict naming the field and where the outputs are", err)
 	}
@@ -376,15 +368,7 @@ func TestRunsSharingAnOutputDirectory(t *testing.T) {
 		return p
 	}
 	copied := variant("copied", `code_rev = "test"`, `code_rev = "changed"`)
-	s, err := stream.LoadSpec(copied)
-	if err != nil {
-		t.Fatal(err)
-	}
-	man, err := stream.LoadManifest(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = coordinator.Submit(context.Background(), env.JS, s, man, coordinator.SubmitOptions{})
+	_, err = env.TrySubmit(copied, coordinator.SubmitOptions{})
 	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), "run first") || !strings.Contains(err.Error(), "s0000, s0001") {
 		t.Fatalf("a copied spec with the same output: got %v, want ErrSpecConflict naming run first and the shared ids", err)
 	}
