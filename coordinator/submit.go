@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 )
@@ -36,6 +37,12 @@ type SubmitOptions struct {
 	// Hashes caches input checksums for classes that stage (by path, size
 	// and mtime); nil hashes without a cache file.
 	Hashes *staging.Hashes
+	// Reverify, for a resubmitted run that is COMPLETE, checks every
+	// committed output at the destination from this host and redoes the
+	// shards whose output is missing or fails (a new retry round). Set it
+	// where the output directory is visible: `run` always, `submit` when
+	// the directory exists here.
+	Reverify bool
 }
 
 // SubmitResult says what a submission did.
@@ -46,6 +53,11 @@ type SubmitResult struct {
 	Published   int    `json:"published"`
 	NewRun      bool   `json:"new_generation"`
 	Retried     int    `json:"retried"`
+	// Redone counts committed shards whose output was missing or failed
+	// verification (Reverify) and were queued again.
+	Redone int `json:"redone,omitempty"`
+	// RedoneIDs names up to ten of them, with why.
+	RedoneIDs []string `json:"redone_ids,omitempty"`
 	// Changed lists the settings outside the fingerprint (retries, timeout,
 	// staging, paths of the spec, manifest and command directory, profile
 	// settings, measured peaks) that a resubmission of the same generation
@@ -94,6 +106,15 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 				return res, err
 			}
 			res.Retried, res.State = n, stream.RunRunning
+		}
+		if opt.Reverify && prev.State == stream.RunComplete {
+			n, why, err := redoUnverified(ctx, js, b, prev, man, settings)
+			if err != nil {
+				return res, err
+			}
+			if n > 0 {
+				res.Redone, res.RedoneIDs, res.State = n, why, stream.RunRunning
+			}
 		}
 		return res, nil
 	}
@@ -225,6 +246,71 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 		}
 	}
 	return nil
+}
+
+// redoUnverified checks the committed output of every validated shard of
+// a COMPLETE run at the destination (marker, MANIFEST checksum, names and
+// sizes) and queues again, in a new retry round, each shard whose output
+// is missing or fails: a run is not COMPLETE because its record says so
+// once someone has deleted or damaged an output. What is there is kept
+// aside by the commit that replaces it.
+func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, []string, error) {
+	lister, err := b.Shards.ListKeysFiltered(ctx, run.Name+".*")
+	if err != nil {
+		return 0, nil, fmt.Errorf("verify %s: %w", run.Name, err)
+	}
+	byID := map[string]stream.Shard{}
+	for _, sh := range man.Shards {
+		byID[sh.ID] = sh
+	}
+	rounds := map[int][]stream.Shard{}
+	var why []string
+	total := 0
+	for key := range lister.Keys() {
+		e, err := b.Shards.Get(ctx, key)
+		if err != nil {
+			return 0, nil, fmt.Errorf("verify %s: %w", key, err)
+		}
+		var r stream.ShardRecord
+		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint || r.State != stream.ShardValidated {
+			continue
+		}
+		sh, ok := byID[r.ID]
+		if !ok {
+			continue
+		}
+		dst := filepath.Join(run.Spec.Output, r.ID)
+		mk, verr := checkpoint.VerifyQuick(dst)
+		if verr == nil && mk.Fingerprint == run.Fingerprint {
+			continue
+		}
+		reason := "output of another fingerprint"
+		if verr != nil {
+			reason = verr.Error()
+		}
+		r.State, r.Retry, r.Owner, r.Output, r.Updated = stream.ShardPending, r.Retry+1, nil, nil, time.Now().UTC()
+		r.Reason = "committed output failed verification at the destination: " + reason
+		data, _ := stream.Encode(&r)
+		if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
+			return 0, nil, fmt.Errorf("redo shard %s: %w", r.ID, err)
+		}
+		rounds[r.Retry] = append(rounds[r.Retry], sh)
+		if len(why) < 10 {
+			why = append(why, fmt.Sprintf("%s (%s)", r.ID, reason))
+		}
+		total++
+	}
+	for round, todo := range rounds {
+		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings); err != nil {
+			return 0, nil, fmt.Errorf("redo %s: %w", run.Name, err)
+		}
+	}
+	if total > 0 {
+		if err := stream.Barrier(ctx, js.Conn()); err != nil {
+			return 0, nil, fmt.Errorf("redo %s: %w", run.Name, err)
+		}
+	}
+	return total, why, nil
 }
 
 // settingChanges describes the differences between two specs of one

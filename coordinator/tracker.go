@@ -200,6 +200,11 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 	if old != nil && old.fp == si.fp && si.retry > old.retry {
 		ri.retried = true
 	}
+	if old != nil && old.state == stream.ShardValidated && si.state != stream.ShardValidated {
+		// An output is being redone: the run's outputs are verified again
+		// when it completes.
+		ri.verifiedFP = ""
+	}
 	ri.shards[id] = si
 	if si.fp == ri.rec.Fingerprint {
 		ri.add(si, 1)

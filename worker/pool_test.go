@@ -392,6 +392,50 @@ func TestRunsSharingAnOutputDirectory(t *testing.T) {
 	}
 }
 
+// TestResubmitRedoesOutputsThatNoLongerVerify: a COMPLETE run submitted
+// again with Reverify checks its outputs at the destination; a deleted one
+// and a truncated one are queued again and redone (the damaged copy kept
+// aside), and the run is COMPLETE again only after they verify.
+func TestResubmitRedoesOutputsThatNoLongerVerify(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec, _ := copyJob(t, 3, 0, "")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if res := env.Submit(spec, coordinator.SubmitOptions{Reverify: true}); res.Redone != 0 || res.State != stream.RunComplete {
+		t.Fatalf("resubmit of intact outputs: got %d redone, state %s; want 0, COMPLETE", res.Redone, res.State)
+	}
+	out := filepath.Join(filepath.Dir(spec), "out")
+	if err := os.RemoveAll(filepath.Join(out, "s0000")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "s0001", "s0001.txt"), []byte("short"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := env.Submit(spec, coordinator.SubmitOptions{Reverify: true})
+	if res.Redone != 2 || len(res.RedoneIDs) != 2 || !strings.Contains(strings.Join(res.RedoneIDs, " "), "has 5 bytes, MANIFEST says") {
+		t.Fatalf("resubmit after damage: got %d redone %q, want s0000 (missing) and s0001 (size)", res.Redone, res.RedoneIDs)
+	}
+	// The record says COMPLETE until the tracker sees the requeued shards;
+	// wait for them to be validated in their new round.
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		for _, id := range []string{"s0000", "s0001"} {
+			if r, err := env.Shard("t", id); err != nil || r.State != stream.ShardValidated || r.Retry != 1 {
+				return false, fmt.Sprintf("%s: %s round %d (%v)", id, r.State, r.Retry, err)
+			}
+		}
+		return true, ""
+	})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	for _, id := range []string{"s0000", "s0001", "s0002"} {
+		if _, err := checkpoint.Verify(filepath.Join(out, id)); err != nil {
+			t.Errorf("output %s after the redo: %v", id, err)
+		}
+	}
+	if kept, _ := os.ReadDir(filepath.Join(out, ".shardpool", "replaced")); len(kept) != 1 {
+		t.Errorf("damaged outputs kept aside: got %d, want 1", len(kept))
+	}
+}
+
 func TestTimeoutIsRecordedAndFails(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Grace: 200 * time.Millisecond})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Timeout: "300ms",

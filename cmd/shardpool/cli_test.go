@@ -28,6 +28,18 @@ func TestRunExitCodes(t *testing.T) {
 			t.Errorf("run output lacks %q:\n%s", want, p.Output())
 		}
 	}
+	// A deleted output of a COMPLETE run is redone by running it again,
+	// not reported verified.
+	if err := os.RemoveAll(filepath.Join(filepath.Dir(ok), "out", "s0001")); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, ok)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "queued again: s0001") {
+		t.Fatalf("run after an output was deleted: exit %d, want 0 and the shard queued again\n%s", code, p.Output())
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(ok), "out", "s0001", "COMPLETE")); err != nil {
+		t.Fatalf("deleted output not redone: %v", err)
+	}
 	// The job fails until the flag file exists: the same command (and
 	// fingerprint) succeeds once the cause is fixed.
 	flag := filepath.Join(t.TempDir(), "fixed")

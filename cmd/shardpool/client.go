@@ -51,8 +51,14 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	// Outputs are checked again only where this host sees their directory:
+	// a submitter elsewhere cannot tell a deleted output from an unmounted one.
+	visible := false
+	if fi, err := os.Stat(spec.Output); err == nil && fi.IsDir() {
+		visible = true
+	}
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd,
-		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps})
+		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible})
 	if err != nil {
 		return err
 	}
@@ -64,7 +70,22 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "retried %d failed shard(s)\n", res.Retried)
 	}
 	printChanged(stdout, res, retryCmd)
+	printRedone(stdout, res)
 	return nil
+}
+
+// printRedone names the committed shards queued again because their
+// output was missing or failed verification.
+func printRedone(w io.Writer, res coordinator.SubmitResult) {
+	if res.Redone == 0 {
+		return
+	}
+	more := ""
+	if n := res.Redone - len(res.RedoneIDs); n > 0 {
+		more = fmt.Sprintf(" and %d more", n)
+	}
+	fmt.Fprintf(w, "%d committed output(s) missing or failing verification at the destination, queued again: %s%s\n",
+		res.Redone, strings.Join(res.RedoneIDs, ", "), more)
 }
 
 // printChanged reports the settings a resubmission updated, and how to

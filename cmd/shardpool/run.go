@@ -72,32 +72,34 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := coord.Start(ctx); err != nil {
 		return err
 	}
-	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
-	coordCtx, stopCoord := context.WithCancel(gctx)
-	defer stopCoord()
-	g.Go(func() error { return coord.Run(coordCtx) })
-
 	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	retry := fmt.Sprintf("shardpool run --data %s --retry-failed %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()
 	if err != nil {
-		stopCoord()
-		g.Wait()
+		coord.Close()
 		return err
 	}
+	// Submit before the tracker starts, so that its first look at the run
+	// includes what this submission changed (a retry, or outputs queued
+	// again because they no longer verify) rather than judging the run
+	// from before it, concurrently.
 	submitted := time.Now()
 	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry,
-		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), ClassCaps: caps})
+		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), ClassCaps: caps, Reverify: true})
 	if err != nil {
-		stopCoord()
-		g.Wait()
+		coord.Close()
 		if errors.Is(err, coordinator.ErrNothingToRetry) {
 			return exitErr{code: exitFailure, msg: err.Error()}
 		}
 		return err
 	}
+	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
+	coordCtx, stopCoord := context.WithCancel(gctx)
+	defer stopCoord()
+	g.Go(func() error { return coord.Run(coordCtx) })
 	fmt.Fprintf(stdout, "run %s fingerprint %s: %d shard(s), %d published, state %s\n", res.Run, res.Fingerprint, len(man.Shards), res.Published, res.State)
 	printChanged(stdout, res, retry)
+	printRedone(stdout, res)
 	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
 
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
@@ -119,7 +121,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// stale: a BLOCKED run whose failed shards were just requeued is
 	// BLOCKED in its record until the tracker has seen the requeue.
 	var since time.Time
-	if res.Published > 0 || res.Retried > 0 {
+	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 {
 		since = submitted
 	}
 	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet))
