@@ -248,71 +248,6 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 	return nil
 }
 
-// redoUnverified checks the committed output of every validated shard of
-// a COMPLETE run at the destination (marker, MANIFEST checksum, names and
-// sizes) and queues again, in a new retry round, each shard whose output
-// is missing or fails: a run is not COMPLETE because its record says so
-// once someone has deleted or damaged an output. What is there is kept
-// aside by the commit that replaces it.
-func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, []string, error) {
-	lister, err := b.Shards.ListKeysFiltered(ctx, run.Name+".*")
-	if err != nil {
-		return 0, nil, fmt.Errorf("verify %s: %w", run.Name, err)
-	}
-	byID := map[string]stream.Shard{}
-	for _, sh := range man.Shards {
-		byID[sh.ID] = sh
-	}
-	rounds := map[int][]stream.Shard{}
-	var why []string
-	total := 0
-	for key := range lister.Keys() {
-		e, err := b.Shards.Get(ctx, key)
-		if err != nil {
-			return 0, nil, fmt.Errorf("verify %s: %w", key, err)
-		}
-		var r stream.ShardRecord
-		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint || r.State != stream.ShardValidated {
-			continue
-		}
-		sh, ok := byID[r.ID]
-		if !ok {
-			continue
-		}
-		dst := filepath.Join(run.Spec.Output, r.ID)
-		mk, verr := checkpoint.VerifyQuick(dst)
-		if verr == nil && mk.Fingerprint == run.Fingerprint {
-			continue
-		}
-		reason := "output of another fingerprint"
-		if verr != nil {
-			reason = verr.Error()
-		}
-		r.State, r.Retry, r.Owner, r.Output, r.Updated = stream.ShardPending, r.Retry+1, nil, nil, time.Now().UTC()
-		r.Reason = "committed output failed verification at the destination: " + reason
-		data, _ := stream.Encode(&r)
-		if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
-			return 0, nil, fmt.Errorf("redo shard %s: %w", r.ID, err)
-		}
-		rounds[r.Retry] = append(rounds[r.Retry], sh)
-		if len(why) < 10 {
-			why = append(why, fmt.Sprintf("%s (%s)", r.ID, reason))
-		}
-		total++
-	}
-	for round, todo := range rounds {
-		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings); err != nil {
-			return 0, nil, fmt.Errorf("redo %s: %w", run.Name, err)
-		}
-	}
-	if total > 0 {
-		if err := stream.Barrier(ctx, js.Conn()); err != nil {
-			return 0, nil, fmt.Errorf("redo %s: %w", run.Name, err)
-		}
-	}
-	return total, why, nil
-}
-
 // settingChanges describes the differences between two specs of one
 // generation in the fields the fingerprint leaves out.
 func settingChanges(old, cur *stream.Spec) []string {
@@ -513,31 +448,42 @@ func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest
 	return h.Save()
 }
 
-// retryFailed resets the run's failed shards to pending in a new retry
-// round and republishes them. Their attempt history is kept. Every record
-// is reset before anything is published, so the shards watch shows all
-// resets ahead of any progress of a retried shard (the tracker never judges
-// the run from a mix of old failures and new results).
-//
-// A retry interrupted between the resets and the publications left shards
-// pending in a retry round whose message may be missing; they are
-// published again (the Msg-ID of the round makes that a no-op where the
-// message exists). What was published is durable before it returns.
-func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, error) {
+// requeueAction is what requeue does with one shard record.
+type requeueAction int
+
+const (
+	keep      requeueAction = iota
+	republish               // publish its current round again
+	reset                   // pending in a new round, then publish
+)
+
+// requeue walks the run's shard records of its fingerprint and, as decide
+// says, resets them to pending in a new retry round (keeping their
+// attempt history) and publishes them again. Every record is reset before
+// anything is published, so the shards watch shows all resets ahead of any
+// progress of a requeued shard (the tracker never judges the run from a
+// mix of old states and new results); a requeue cut short in between
+// leaves shards pending in a round whose message may be missing, which
+// retryFailed publishes again (the round's Msg-ID makes that a no-op where
+// the message exists). What was published is durable before it returns.
+// It returns how many shards it requeued and the reasons of the first ten.
+func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int,
+	decide func(r *stream.ShardRecord) (requeueAction, string)) (int, []string, error) {
 	lister, err := b.Shards.ListKeysFiltered(ctx, run.Name+".*")
 	if err != nil {
-		return 0, fmt.Errorf("retry %s: %w", run.Name, err)
+		return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
 	}
 	byID := map[string]stream.Shard{}
 	for _, sh := range man.Shards {
 		byID[sh.ID] = sh
 	}
 	rounds := map[int][]stream.Shard{}
+	var why []string
 	total := 0
 	for key := range lister.Keys() {
 		e, err := b.Shards.Get(ctx, key)
 		if err != nil {
-			continue
+			return 0, nil, fmt.Errorf("requeue %s: %w", key, err)
 		}
 		var r stream.ShardRecord
 		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint {
@@ -547,33 +493,74 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 		if !ok {
 			continue
 		}
-		switch {
-		case r.State == stream.ShardFailed:
-			r.State, r.Retry, r.Reason, r.Owner, r.Updated = stream.ShardPending, r.Retry+1, "retry requested", nil, time.Now().UTC()
+		action, reason := decide(&r)
+		switch action {
+		case keep:
+			continue
+		case reset:
+			r.State, r.Retry, r.Reason, r.Owner, r.Output, r.Updated = stream.ShardPending, r.Retry+1, reason, nil, nil, time.Now().UTC()
 			data, _ := stream.Encode(&r)
 			if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
-				return 0, fmt.Errorf("retry shard %s: %w", r.ID, err)
+				return 0, nil, fmt.Errorf("requeue shard %s: %w", r.ID, err)
 			}
-		case r.State == stream.ShardPending && r.Retry > 0:
-			// An earlier retry may have stopped before publishing this one.
-		default:
-			continue
 		}
 		rounds[r.Retry] = append(rounds[r.Retry], sh)
+		if len(why) < 10 {
+			why = append(why, fmt.Sprintf("%s (%s)", r.ID, reason))
+		}
 		total++
 	}
-	if total == 0 {
-		return 0, fmt.Errorf("retry %s: %w", run.Name, ErrNothingToRetry)
-	}
-	// The retry round is part of the Msg-ID, so a retry is never taken for a
-	// duplicate of an earlier round.
+	// The retry round is part of the Msg-ID, so a requeued shard is never
+	// taken for a duplicate of an earlier round.
 	for round, todo := range rounds {
 		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings); err != nil {
-			return 0, fmt.Errorf("retry %s: %w", run.Name, err)
+			return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
 		}
 	}
-	if err := stream.Barrier(ctx, js.Conn()); err != nil {
-		return 0, fmt.Errorf("retry %s: %w", run.Name, err)
+	if total > 0 {
+		if err := stream.Barrier(ctx, js.Conn()); err != nil {
+			return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
+		}
 	}
-	return total, nil
+	return total, why, nil
+}
+
+// retryFailed requeues the run's failed shards in a new retry round, and
+// publishes again the shards an interrupted retry left pending.
+func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, error) {
+	n, _, err := requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord) (requeueAction, string) {
+		switch {
+		case r.State == stream.ShardFailed:
+			return reset, "retry requested"
+		case r.State == stream.ShardPending && r.Retry > 0:
+			return republish, "an earlier retry may have stopped before publishing it"
+		}
+		return keep, ""
+	})
+	if err == nil && n == 0 {
+		err = fmt.Errorf("retry %s: %w", run.Name, ErrNothingToRetry)
+	}
+	return n, err
+}
+
+// redoUnverified checks the committed output of every validated shard of
+// a COMPLETE run at the destination (marker, MANIFEST checksum, names and
+// sizes) and requeues each shard whose output is missing or fails: a run
+// is not COMPLETE because its record says so once someone has deleted or
+// damaged an output. What is there is kept aside by the commit that
+// replaces it.
+func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, []string, error) {
+	return requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord) (requeueAction, string) {
+		if r.State != stream.ShardValidated {
+			return keep, ""
+		}
+		mk, err := checkpoint.VerifyQuick(filepath.Join(run.Spec.Output, r.ID))
+		switch {
+		case err != nil:
+			return reset, "output failed verification: " + err.Error()
+		case mk.Fingerprint != run.Fingerprint:
+			return reset, "the output at the destination is of fingerprint " + mk.Fingerprint
+		}
+		return keep, ""
+	})
 }
