@@ -174,11 +174,10 @@ func hashSync(path, rel string, mode fs.FileMode, sync bool) (File, error) {
 	if err != nil {
 		return File{}, err
 	}
-	if !sync {
-		return File{Path: rel, Size: n, XXH64: fmt.Sprintf("%016x", h.Sum64()), Mode: uint32(mode)}, nil
-	}
-	if err := f.Sync(); err != nil {
-		return File{}, err
+	if sync {
+		if err := f.Sync(); err != nil {
+			return File{}, err
+		}
 	}
 	return File{Path: rel, Size: n, XXH64: fmt.Sprintf("%016x", h.Sum64()), Mode: uint32(mode)}, nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 )
@@ -554,12 +553,8 @@ func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Bucke
 		if r.State != stream.ShardValidated {
 			return keep, ""
 		}
-		mk, err := checkpoint.VerifyQuick(filepath.Join(run.Spec.Output, r.ID))
-		switch {
-		case err != nil:
+		if err := verifyCommitted(filepath.Join(run.Spec.Output, r.ID), run.Fingerprint); err != nil {
 			return reset, "output failed verification: " + err.Error()
-		case mk.Fingerprint != run.Fingerprint:
-			return reset, "the output at the destination is of fingerprint " + mk.Fingerprint
 		}
 		return keep, ""
 	})

@@ -292,13 +292,13 @@ func retryCommand(r stream.RunRecord) string {
 	return "shardpool submit --retry-failed " + r.Spec.SpecPath
 }
 
+// verifyReaders is how many outputs are verified at once.
+const verifyReaders = 4
+
 // verifyOutputs checks every output of the run at the destination (marker,
 // MANIFEST checksum, sizes, fingerprint; the committing worker already read
 // every byte back). Shards whose output fails are marked failed so that the
 // run blocks with a retry command instead of claiming COMPLETE.
-// verifyReaders is how many outputs are verified at once.
-const verifyReaders = 4
-
 func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool) {
 	out := ri.rec.Spec.Output
 	if _, err := os.Stat(out); errors.Is(err, fs.ErrNotExist) {
@@ -315,11 +315,7 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		go func() {
 			defer wg.Done()
 			for id := range ids {
-				mk, err := checkpoint.VerifyQuick(filepath.Join(out, id))
-				if err == nil && mk.Fingerprint != ri.rec.Fingerprint {
-					err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
-				}
-				if err != nil {
+				if err := verifyCommitted(filepath.Join(out, id), ri.rec.Fingerprint); err != nil {
 					mu.Lock()
 					failed[id] = err
 					mu.Unlock()
@@ -345,6 +341,18 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		return fmt.Sprintf("%d output(s) failed verification at the destination", len(bad)), false
 	}
 	return "every output verified at the destination", true
+}
+
+// verifyCommitted is the quick check of one committed output at the
+// destination (marker, MANIFEST checksum, names, sizes) for fingerprint
+// fp: the tracker's when a run completes, and a resubmission's of a
+// COMPLETE run (redoUnverified).
+func verifyCommitted(dir, fp string) error {
+	mk, err := checkpoint.VerifyQuick(dir)
+	if err == nil && mk.Fingerprint != fp {
+		err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
+	}
+	return err
 }
 
 // failShard records a shard as failed with compare-and-set. With a payload

@@ -589,7 +589,6 @@ func (w *Worker) closeLogs() {
 
 func (w *Worker) evidenceDir(run string) string { return filepath.Join(w.cfg.StateDir, "runs", run) }
 
-// runRecord returns the run's record, refreshed when fp is not the cached one.
 // cachedRun is a run record as a worker last read it.
 type cachedRun struct {
 	rec  *stream.RunRecord
