@@ -98,20 +98,11 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		}
 		st.Runs = append(st.Runs, rs)
 	}
-	wl, err := b.Workers.ListKeys(ctx)
+	workers, err := b.WorkerReports(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("status: list workers: %w", err)
 	}
-	for k := range wl.Keys() {
-		e, err := b.Workers.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		var w stream.WorkerReport
-		if stream.Decode(e.Value(), &w) == nil {
-			st.Workers = append(st.Workers, w)
-		}
-	}
+	st.Workers = append(st.Workers, workers...)
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Name < st.Workers[j].Name })
 	caps := fleetState(ctx, js)
 	for i := range st.Runs {

@@ -132,6 +132,28 @@ type Buckets struct {
 	Runs, Shards, Leases, Checkpoints, Workers, Stagers jetstream.KeyValue
 }
 
+// WorkerReports reads every worker report in the workers bucket (a report
+// not refreshed within the bucket's TTL is gone); an entry that cannot be
+// read or decoded is skipped.
+func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
+	l, err := b.Workers.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []WorkerReport
+	for k := range l.Keys() {
+		e, err := b.Workers.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var r WorkerReport
+		if Decode(e.Value(), &r) == nil {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
 // WaitBuckets is OpenBuckets for a client that may have connected to a
 // coordinator still creating its layout: it retries for up to wait.
 func WaitBuckets(ctx context.Context, js jetstream.JetStream, wait time.Duration) (*Buckets, error) {

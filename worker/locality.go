@@ -11,21 +11,13 @@ import (
 
 // refreshPeers reads the other live workers' reports (for locality).
 func (w *Worker) refreshPeers(ctx context.Context) {
-	l, err := w.b.Workers.ListKeys(ctx)
+	all, err := w.b.WorkerReports(ctx)
 	if err != nil {
 		return
 	}
 	var peers []stream.WorkerReport
-	for k := range l.Keys() {
-		if k == w.cfg.Name {
-			continue
-		}
-		e, err := w.b.Workers.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		var r stream.WorkerReport
-		if stream.Decode(e.Value(), &r) == nil && time.Since(r.Reported) < 3*w.cfg.ReportEvery {
+	for _, r := range all {
+		if r.Name != w.cfg.Name && time.Since(r.Reported) < 3*w.cfg.ReportEvery {
 			peers = append(peers, r)
 		}
 	}
