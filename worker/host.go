@@ -1,14 +1,13 @@
 package worker
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // oomKills is the host's OOM-kill counter from /proc/vmstat, or -1 when it
@@ -20,21 +19,15 @@ func oomKills(procRoot string) int64 {
 // keyedValue reads the number after key in a "key value" file (vmstat,
 // memory.oom_control), or -1 when the file or the key cannot be read.
 func keyedValue(path, key string) int64 {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return -1
 	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), key+" "); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err == nil {
-				return n
-			}
-		}
+	n, found, err := probe.ParseKeyed(b, key)
+	if !found || err != nil {
+		return -1
 	}
-	return -1
+	return n
 }
 
 // oomBaselineAge is how old the OOM-kill count taken before a child starts

@@ -393,12 +393,23 @@ func (p *Prober) keyed(file, key string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	n, found, err := ParseKeyed(b, key)
+	if err == nil && !found {
+		err = fmt.Errorf("%s has no %s", file, key)
+	}
+	return n, err
+}
+
+// ParseKeyed finds key in the "key value" lines of b (vmstat, memory.stat,
+// memory.events, memory.oom_control) and parses its number.
+func ParseKeyed(b []byte, key string) (n int64, found bool, err error) {
 	s := bufio.NewScanner(bytes.NewReader(b))
 	for s.Scan() {
 		f := strings.Fields(s.Text())
 		if len(f) == 2 && f[0] == key {
-			return strconv.ParseInt(f[1], 10, 64)
+			n, err = strconv.ParseInt(f[1], 10, 64)
+			return n, true, err
 		}
 	}
-	return 0, fmt.Errorf("%s has no %s", file, key)
+	return 0, false, nil
 }
