@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -350,7 +349,7 @@ func (c *Coordinator) startSyncer() error {
 		return fmt.Errorf("serve sync barrier: %w", err)
 	}
 	host, _ := os.Hostname()
-	info, _ := json.Marshal(stream.CoordinatorInfo{V: 1, Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync})
+	info, _ := stream.Encode(&stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync})
 	if _, err := c.nc.Subscribe(stream.SubjectInfo, func(m *nats.Msg) { _ = m.Respond(info) }); err != nil {
 		return fmt.Errorf("serve info: %w", err)
 	}

@@ -2,7 +2,6 @@ package stream
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -59,7 +58,7 @@ func AskInfo(ctx context.Context, nc *nats.Conn) (CoordinatorInfo, error) {
 	if err != nil {
 		return ci, fmt.Errorf("coordinator info: %w", err)
 	}
-	if err := json.Unmarshal(m.Data, &ci); err != nil {
+	if err := Decode(m.Data, &ci); err != nil {
 		return ci, fmt.Errorf("coordinator info: %w", err)
 	}
 	return ci, nil

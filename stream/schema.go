@@ -258,6 +258,8 @@ func (r *Lease) schemaV() *int        { return &r.V }
 func (r *WorkerReport) schemaV() *int { return &r.V }
 func (r *CommitRecord) schemaV() *int { return &r.V }
 
+func (r *CoordinatorInfo) schemaV() *int { return &r.V }
+
 // Encode marshals v after stamping its schema version.
 func Encode(v any) ([]byte, error) {
 	if r, ok := v.(versioned); ok {
