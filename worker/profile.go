@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -182,10 +184,12 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 			if outlier[p.sh.ID] {
 				op := plan.Declared(spec.Classes[class])
 				op.Memory, op.Source = s.PeakMemory, "measured (profile.json, largest shard)"
+				op = withMeasuredVRAM(op, s)
 				rep.Classes[class+plan.OutlierSuffix] = op
 				continue
 			}
 			peak.Memory = max(peak.Memory, s.PeakMemory)
+			peak = withMeasuredVRAM(peak, s)
 		}
 		rep.Classes[class] = peak
 	}
@@ -392,4 +396,23 @@ func (w *Worker) sweep(ctx context.Context, cfg ProfileConfig, rep *ProfileRepor
 		best, rep.Knee = pt.Throughput, k
 	}
 	rep.SweepStop = fmt.Sprintf("reached the budget's ceiling of %d slot(s)", ceiling)
+}
+
+// withMeasuredVRAM raises a GPU class's per-GPU VRAM to the sample's
+// measured peak (summed over its GPUs, so divided by their number) where
+// that is above the declared vram: admission must not place the shard on a
+// device with less free memory than it was seen to use. A declared vram
+// above the measured peak stays, as the reservation the job may grow into.
+func withMeasuredVRAM(p plan.Peak, s Sample) plan.Peak {
+	v, err := strconv.ParseInt(s.PeakVRAM, 10, 64)
+	if p.GPUs <= 0 || err != nil {
+		return p
+	}
+	if per := (v + p.GPUs - 1) / p.GPUs; per > p.VRAM {
+		p.VRAM = per
+		if !strings.Contains(p.Source, "vram") {
+			p.Source += "; vram measured above the declared"
+		}
+	}
+	return p
 }

@@ -132,6 +132,21 @@ func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 	if s.PeakVRAM != fmt.Sprint(int64(3<<30)) || s.GPUDuty != "0.80" {
 		t.Fatalf("sample %s: peak VRAM %q, GPU duty %q; want 3 GiB and 0.80", s.ID, s.PeakVRAM, s.GPUDuty)
 	}
+	// A GPU class that declares less VRAM than its shards were seen to use
+	// is planned with the measured peak; one that declares more keeps it.
+	for _, c := range []struct {
+		declared string
+		want     int64
+	}{{"1GiB", 3 << 30}, {"8GiB", 8 << 30}} {
+		spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, "fake-gpu-job"}, fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = 1\nvram = %q\n[profile]\nsustained = 1\n", c.declared))
+		rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := rep.Classes["cpu"]; p.VRAM != c.want {
+			t.Fatalf("declared vram %s, measured 3 GiB: class peak %d (%s), want %d", c.declared, p.VRAM, p.Source, c.want)
+		}
+	}
 	// Without NVML they are unknown, with the reason.
 	pr, _ = probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
 	rep, err = worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
