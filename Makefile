@@ -5,7 +5,7 @@ BIN     := bin/shardpool
 # packages serial so timing-sensitive lease tests are not starved on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m -p 1
 
-.PHONY: build demo test test-gpu bench vet clean tools
+.PHONY: build demo test test-gpu gpu-bundle bench vet clean tools
 
 # The binary carries the NVML adapter (it loads libnvidia-ml at run time and
 # reports GPUs as unknown, never idle, where the library is missing).
@@ -30,10 +30,18 @@ vet:
 test: tools vet
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test $(TESTFLAGS) ./...
 
-# On a machine with NVIDIA GPUs: the real NVML adapter against the devices.
+# On a machine with NVIDIA GPUs (and PyTorch, for the example job): the real
+# NVML adapter against the devices, then examples/gpu/check.sh: preflight,
+# a foreign GPU process, profile's peak VRAM, plan, run, SIGKILL and resume.
 test-gpu: build
 	CGO_CFLAGS="-Wno-deprecated-declarations" $(GO) test -tags nvml -count=1 -v -run RealNVML ./worker/probe
-	$(BIN) preflight
+	SHARDPOOL=$(abspath $(BIN)) examples/gpu/check.sh
+
+# The same checks as prebuilt files in dist/gpu, for a GPU machine with no Go.
+gpu-bundle: build
+	mkdir -p dist/gpu
+	CGO_CFLAGS="-Wno-deprecated-declarations" $(GO) test -c -tags nvml -o dist/gpu/probe.test ./worker/probe
+	cp $(BIN) dist/gpu/shardpool
 
 # Benchmarks print ratios against baselines measured in the same run.
 bench: build
