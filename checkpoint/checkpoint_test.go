@@ -47,10 +47,15 @@ func TestCommitDirVerifyAndDetectDamage(t *testing.T) {
 		{"extra file", func(d string) { os.WriteFile(filepath.Join(d, "new"), nil, 0o644) }, ErrCorrupt},
 		{"missing file", func(d string) { os.Remove(filepath.Join(d, "empty")) }, ErrCorrupt},
 		{"no marker", func(d string) { os.Remove(filepath.Join(d, MarkerName)) }, ErrIncomplete},
-		{"edited manifest", func(d string) {
-			b, _ := os.ReadFile(filepath.Join(d, ManifestName))
-			os.WriteFile(filepath.Join(d, ManifestName), []byte(strings.Replace(string(b), `"size": 5`, `"size": 6`, 1)), 0o644)
+		{"edited file list", func(d string) {
+			b, _ := os.ReadFile(filepath.Join(d, MarkerName))
+			os.WriteFile(filepath.Join(d, MarkerName), []byte(strings.Replace(string(b), `"size": 5`, `"size": 6`, 1)), 0o644)
 		}, ErrCorrupt},
+		{"file dropped from the list", func(d string) {
+			b, _ := os.ReadFile(filepath.Join(d, MarkerName))
+			os.WriteFile(filepath.Join(d, MarkerName), []byte(strings.Replace(string(b), `"files": 3`, `"files": 2`, 1)), 0o644)
+		}, ErrCorrupt},
+		{"stray MANIFEST", func(d string) { os.WriteFile(filepath.Join(d, ManifestName), []byte("{}"), 0o644) }, ErrCorrupt},
 	}
 	for _, d := range damage {
 		t.Run(d.name, func(t *testing.T) {
@@ -206,5 +211,49 @@ func TestGroupSyncCommit(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".tmp-*"))
 	if len(left) != 0 {
 		t.Fatalf("temporary directories left: %q", left)
+	}
+}
+
+// Format 2 keeps the file list in COMPLETE: a commit holds its files and
+// the marker, nothing else, and the marker's checksum is the one format 1
+// recorded for the same content (a MANIFEST file beside it), which is
+// still read: outputs committed before the change verify, and damage to
+// their MANIFEST is still caught.
+func TestFormatOneStillVerifies(t *testing.T) {
+	src := writeTree(t, map[string]string{"a.txt": "alpha", "sub/b.bin": "beta"})
+	dst := filepath.Join(t.TempDir(), "v2")
+	mk, err := CommitDir(context.Background(), dst, src, Options{Fingerprint: "fp"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(dst)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "COMPLETE a.txt sub" || mk.V != 2 || len(mk.Contents) != 2 {
+		t.Fatalf("format 2 commit holds %v (marker v%d, %d listed), want COMPLETE a.txt sub and 2 listed", names, mk.V, len(mk.Contents))
+	}
+
+	// The same content as format 1 wrote it.
+	v1 := filepath.Join(t.TempDir(), "v1")
+	os.MkdirAll(filepath.Join(v1, "sub"), 0o755)
+	os.WriteFile(filepath.Join(v1, "a.txt"), []byte("alpha"), 0o644)
+	os.WriteFile(filepath.Join(v1, "sub/b.bin"), []byte("beta"), 0o644)
+	os.WriteFile(filepath.Join(v1, ManifestName), manifestBytes(mk.Contents), 0o644)
+	old := mk
+	old.V, old.Contents = 1, nil
+	os.WriteFile(filepath.Join(v1, MarkerName), old.encode(), 0o644)
+	got, err := Verify(v1)
+	if err != nil {
+		t.Fatalf("format 1 directory: %v", err)
+	}
+	if got.Manifest != mk.Manifest {
+		t.Fatalf("format 1 checksum %s, format 2 %s for the same content", got.Manifest, mk.Manifest)
+	}
+	b, _ := os.ReadFile(filepath.Join(v1, ManifestName))
+	os.WriteFile(filepath.Join(v1, ManifestName), []byte(strings.Replace(string(b), `"size": 5`, `"size": 6`, 1)), 0o644)
+	if _, err := Verify(v1); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("format 1 with an edited MANIFEST: got %v, want ErrCorrupt", err)
 	}
 }

@@ -70,7 +70,7 @@ func randSuffix() string {
 	return hex.EncodeToString(b[:])
 }
 
-// fill writes files and dirs into tmp, then MANIFEST, then COMPLETE.
+// fill writes files and dirs into tmp, then COMPLETE with their list.
 func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int64, opt Options) (Marker, error) {
 	sort.Strings(dirs)
 	for _, d := range dirs {
@@ -79,7 +79,7 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 		}
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].rel < files[j].rel })
-	m := manifest{V: formatV}
+	var m manifest
 	var total int64
 	for _, e := range files {
 		if err := ctx.Err(); err != nil {
@@ -108,16 +108,17 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 			}
 		}
 	}
-	mb, _ := jsonIndent(m)
-	if err := write(filepath.Join(tmp, ManifestName), mb); err != nil {
-		return Marker{}, err
-	}
-	mk := Marker{V: formatV, Generation: gen, Manifest: fmt.Sprintf("%016x", xxhash.Sum64(mb)),
-		Owner: opt.Owner, Fingerprint: opt.Fingerprint, Time: time.Now().UTC(), Files: len(m.Files), Bytes: total}
-	// Every file and MANIFEST is fsynced before the marker is written. Their
-	// directory entries become durable with the one fsync of tmp below, which
-	// precedes the rename; a crash before it leaves a .tmp- directory that no
-	// reader consumes, and a marker whose files went missing fails Verify.
+	// The file list travels inside the marker (format 2): one metadata file
+	// per commit instead of two, which on a local disk is a third of the
+	// inode allocations of a small shard's commit and on NFS one round trip
+	// fewer.
+	mk := Marker{V: formatV, Generation: gen, Manifest: fmt.Sprintf("%016x", xxhash.Sum64(manifestBytes(m.Files))),
+		Owner: opt.Owner, Fingerprint: opt.Fingerprint, Time: time.Now().UTC(), Files: len(m.Files), Bytes: total,
+		Contents: m.Files}
+	// Every file is fsynced before the marker is written. Their directory
+	// entries become durable with the one fsync of tmp below, which precedes
+	// the rename; a crash before it leaves a .tmp- directory that no reader
+	// consumes, and a marker whose files went missing fails Verify.
 	if err := write(filepath.Join(tmp, MarkerName), mk.encode()); err != nil {
 		return Marker{}, err
 	}
@@ -184,7 +185,7 @@ func hashSync(path, rel string, mode fs.FileMode, sync bool) (File, error) {
 
 // CommitDir commits the regular files under src as the directory dst:
 // everything is written into a temporary directory beside dst, fsynced,
-// MANIFEST and then COMPLETE are written, and the result replaces dst in one
+// COMPLETE is written last, and the result replaces dst in one
 // atomic exchange. A dst that existed is removed after the exchange, or moved
 // into keepReplaced when that is not empty (for inspection).
 func CommitDir(ctx context.Context, dst, src string, opt Options, keepReplaced string) (Marker, error) {
@@ -207,8 +208,8 @@ type Pending struct {
 	sync   func(string) error
 }
 
-// Prepare writes src into a temporary directory beside dst with MANIFEST
-// and COMPLETE, all fsynced, without touching dst. The caller can then win
+// Prepare writes src into a temporary directory beside dst with its
+// COMPLETE marker, all fsynced, without touching dst. The caller can then win
 // a compare-and-set elsewhere before publishing.
 func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error) {
 	files, dirs, err := collect(src, "")

@@ -3,13 +3,15 @@
 // written last, verification, and numbered generations for resumable jobs.
 //
 // Invariants:
-//   - A committed directory holds MANIFEST (every file with size and xxhash64)
-//     and COMPLETE (the MANIFEST's own checksum, generation, owner, run
-//     fingerprint, time). COMPLETE is written after every file and MANIFEST
-//     is fsynced; the directory is fsynced, then becomes visible under its
-//     final name by one rename, after which the parent is fsynced.
-//   - Verify accepts a directory only when COMPLETE parses, MANIFEST matches
-//     its checksum, and every file matches MANIFEST with nothing extra. A
+//   - A committed directory holds its files and COMPLETE: the file list
+//     (every file with size, mode and xxhash64), the list's checksum,
+//     generation, owner, run fingerprint, time. COMPLETE is written after
+//     every file is fsynced; the directory is fsynced, then becomes visible
+//     under its final name by one rename, after which the parent is
+//     fsynced. (Format 1 kept the list in a MANIFEST file beside COMPLETE;
+//     it is still read.)
+//   - Verify accepts a directory only when COMPLETE parses, its list matches
+//     its checksum, and every file matches the list with nothing extra. A
 //     file's existence is never proof of success.
 //   - Every error path removes the temporary directory; a crash leaves only a
 //     ".tmp-" directory that no reader ever consumes and the next commit

@@ -5,7 +5,7 @@ import "errors"
 var (
 	// ErrIncomplete: the directory has no COMPLETE marker (an interrupted commit).
 	ErrIncomplete = errors.New("no COMPLETE marker")
-	// ErrCorrupt: a file, the MANIFEST or the marker does not match what was committed.
+	// ErrCorrupt: a file, the file list or the marker does not match what was committed.
 	ErrCorrupt = errors.New("checksum or size mismatch")
 	// ErrUnsafe: the source holds something that cannot be committed safely
 	// (a symlink, a device, a reserved name).

@@ -5,11 +5,17 @@ import (
 	"time"
 )
 
-// Names of the metadata files inside a committed directory.
+// Names of the metadata files inside a committed directory. MANIFEST is
+// written only by format 1; format 2 carries the file list in COMPLETE.
 const (
 	ManifestName = "MANIFEST"
 	MarkerName   = "COMPLETE"
-	formatV      = 1
+	// formatV is the format this package writes. Format 1 (a MANIFEST file
+	// beside COMPLETE) is still read.
+	formatV = 2
+	// manifestV versions the file list whose checksum the marker records;
+	// it is the same in both formats, so one content has one checksum.
+	manifestV = 1
 )
 
 // File is one committed file; Path is slash-separated and relative.
@@ -25,7 +31,11 @@ type manifest struct {
 	Files []File `json:"files"`
 }
 
-// Marker is the COMPLETE file: it vouches for the MANIFEST by checksum.
+// Marker is the COMPLETE file: it vouches for the file list (the
+// manifest) by checksum. Format 2 carries the list itself in Contents;
+// format 1 kept it in a MANIFEST file beside the marker. Manifest is the
+// xxhash64 of the list's canonical JSON in both, so one content has one
+// checksum whichever format committed it.
 type Marker struct {
 	V           int       `json:"v"`
 	Generation  int64     `json:"generation"`
@@ -35,6 +45,14 @@ type Marker struct {
 	Time        time.Time `json:"time"`
 	Files       int       `json:"files"`
 	Bytes       int64     `json:"bytes"`
+	Contents    []File    `json:"contents,omitempty"`
+}
+
+// manifestBytes is the canonical JSON of a file list: the bytes whose
+// checksum a marker records (and, in format 1, the MANIFEST file).
+func manifestBytes(files []File) []byte {
+	b, _ := jsonIndent(manifest{V: manifestV, Files: files})
+	return b
 }
 
 // Options describe one commit.

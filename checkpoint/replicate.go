@@ -20,10 +20,10 @@ type Replica struct {
 
 // Replicate copies the verified committed directory src to dst (for example
 // a generation from local scratch to NFS): the files first, each hashed
-// while copied and fsynced, then MANIFEST, then the source's COMPLETE marker
-// last; the copy is verified in place before it is renamed to dst. A source
+// while copied and fsynced (a format 1 MANIFEST among them), then the
+// source's COMPLETE marker last; the copy is verified in place before it is renamed to dst. A source
 // that does not verify is refused; an existing dst that verifies with the
-// same MANIFEST checksum is left as it is.
+// same file list checksum is left as it is.
 func Replicate(ctx context.Context, src, dst string) (Replica, error) {
 	start := time.Now()
 	mk, err := Verify(src)

@@ -27,18 +27,45 @@ func ReadMarker(dir string) (Marker, error) {
 		return Marker{}, fmt.Errorf("verify %s: %w", dir, err)
 	}
 	var mk Marker
-	if err := json.Unmarshal(b, &mk); err != nil || mk.V != formatV {
+	if err := json.Unmarshal(b, &mk); err != nil || (mk.V != 1 && mk.V != formatV) {
 		return Marker{}, fmt.Errorf("verify %s: %w: COMPLETE does not parse", dir, ErrCorrupt)
 	}
 	return mk, nil
 }
 
-// Verify checks a committed directory: marker present, MANIFEST matching its
-// checksum, every file matching MANIFEST, nothing extra. It reads every byte.
+// contents returns the file list the marker vouches for, checked against
+// its checksum: from the marker itself (format 2) or from MANIFEST (1).
+func contents(dir string, mk Marker) ([]File, error) {
+	if mk.V >= 2 {
+		if got := fmt.Sprintf("%016x", xxhash.Sum64(manifestBytes(mk.Contents))); got != mk.Manifest {
+			return nil, fmt.Errorf("%w: the file list in COMPLETE has checksum %s, COMPLETE says %s", ErrCorrupt, got, mk.Manifest)
+		}
+		if len(mk.Contents) != mk.Files {
+			return nil, fmt.Errorf("%w: COMPLETE lists %d files and counts %d", ErrCorrupt, len(mk.Contents), mk.Files)
+		}
+		return mk.Contents, nil
+	}
+	mb, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if err != nil {
+		return nil, fmt.Errorf("%w: MANIFEST: %v", ErrCorrupt, err)
+	}
+	if got := fmt.Sprintf("%016x", xxhash.Sum64(mb)); got != mk.Manifest {
+		return nil, fmt.Errorf("%w: MANIFEST checksum %s, marker says %s", ErrCorrupt, got, mk.Manifest)
+	}
+	var m manifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		return nil, fmt.Errorf("%w: MANIFEST does not parse", ErrCorrupt)
+	}
+	return m.Files, nil
+}
+
+// Verify checks a committed directory: marker present, its file list
+// matching its checksum, every file matching the list, nothing extra. It
+// reads every byte.
 func Verify(dir string) (Marker, error) { return verify(dir, true) }
 
-// VerifyQuick is Verify without reading file contents: marker, MANIFEST
-// checksum, names and sizes. It suits a second look at outputs whose bytes
+// VerifyQuick is Verify without reading file contents: marker, the file
+// list's checksum, names and sizes. It suits a second look at outputs whose bytes
 // were already read back by their committer.
 func VerifyQuick(dir string) (Marker, error) { return verify(dir, false) }
 
@@ -47,19 +74,12 @@ func verify(dir string, full bool) (Marker, error) {
 	if err != nil {
 		return Marker{}, err
 	}
-	mb, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	list, err := contents(dir, mk)
 	if err != nil {
-		return Marker{}, fmt.Errorf("verify %s: %w: MANIFEST: %v", dir, ErrCorrupt, err)
+		return Marker{}, fmt.Errorf("verify %s: %w", dir, err)
 	}
-	if got := fmt.Sprintf("%016x", xxhash.Sum64(mb)); got != mk.Manifest {
-		return Marker{}, fmt.Errorf("verify %s: %w: MANIFEST checksum %s, marker says %s", dir, ErrCorrupt, got, mk.Manifest)
-	}
-	var m manifest
-	if err := json.Unmarshal(mb, &m); err != nil {
-		return Marker{}, fmt.Errorf("verify %s: %w: MANIFEST does not parse", dir, ErrCorrupt)
-	}
-	want := map[string]File{}
-	for _, f := range m.Files {
+	want := make(map[string]File, len(list))
+	for _, f := range list {
 		want[f.Path] = f
 	}
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -68,12 +88,12 @@ func verify(dir string, full bool) (Marker, error) {
 		}
 		rel, _ := filepath.Rel(dir, p)
 		rel = filepath.ToSlash(rel)
-		if d.IsDir() || rel == ManifestName || rel == MarkerName {
+		if d.IsDir() || rel == MarkerName || (rel == ManifestName && mk.V == 1) {
 			return nil
 		}
 		f, ok := want[rel]
 		if !ok {
-			return fmt.Errorf("%w: %s is not in MANIFEST", ErrCorrupt, rel)
+			return fmt.Errorf("%w: %s is not in the committed file list", ErrCorrupt, rel)
 		}
 		if !d.Type().IsRegular() {
 			return fmt.Errorf("%w: %s is not a regular file", ErrCorrupt, rel)
@@ -84,7 +104,7 @@ func verify(dir string, full bool) (Marker, error) {
 				return err
 			}
 			if size != f.Size || sum != f.XXH64 {
-				return fmt.Errorf("%w: %s has %d bytes xxh64 %s, MANIFEST says %d bytes xxh64 %s", ErrCorrupt, rel, size, sum, f.Size, f.XXH64)
+				return fmt.Errorf("%w: %s has %d bytes xxh64 %s, the file list says %d bytes xxh64 %s", ErrCorrupt, rel, size, sum, f.Size, f.XXH64)
 			}
 		} else {
 			// Quick: sizes only (the contents are not read, so no checksum
@@ -94,7 +114,7 @@ func verify(dir string, full bool) (Marker, error) {
 				return err
 			}
 			if info.Size() != f.Size {
-				return fmt.Errorf("%w: %s has %d bytes, MANIFEST says %d", ErrCorrupt, rel, info.Size(), f.Size)
+				return fmt.Errorf("%w: %s has %d bytes, the file list says %d", ErrCorrupt, rel, info.Size(), f.Size)
 			}
 		}
 		delete(want, rel)

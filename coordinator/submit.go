@@ -543,7 +543,7 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 }
 
 // redoUnverified checks the committed output of every validated shard of
-// a COMPLETE run at the destination (marker, MANIFEST checksum, names and
+// a COMPLETE run at the destination (marker, file list checksum, names and
 // sizes) and requeues each shard whose output is missing or fails: a run
 // is not COMPLETE because its record says so once someone has deleted or
 // damaged an output. What is there is kept aside by the commit that

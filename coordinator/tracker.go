@@ -296,7 +296,7 @@ func retryCommand(r stream.RunRecord) string {
 const verifyReaders = 4
 
 // verifyOutputs checks every output of the run at the destination (marker,
-// MANIFEST checksum, sizes, fingerprint; the committing worker already read
+// file list checksum, sizes, fingerprint; the committing worker already read
 // every byte back). Shards whose output fails are marked failed so that the
 // run blocks with a retry command instead of claiming COMPLETE.
 func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool) {
@@ -344,7 +344,7 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 }
 
 // verifyCommitted is the quick check of one committed output at the
-// destination (marker, MANIFEST checksum, names, sizes) for fingerprint
+// destination (marker, file list checksum, names, sizes) for fingerprint
 // fp: the tracker's when a run completes, and a resubmission's of a
 // COMPLETE run (redoUnverified).
 func verifyCommitted(dir, fp string) error {

@@ -457,7 +457,7 @@ func (d *drill) gens(id string) []int64 {
 	return out
 }
 
-// snapshot maps each committed, verifying output to its MANIFEST checksum.
+// snapshot maps each committed, verifying output to its file list checksum.
 func (d *drill) snapshot() map[string]string {
 	out := map[string]string{}
 	for _, id := range d.cpuIDs() {
