@@ -1,7 +1,9 @@
 package stream
 
 import (
+	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,5 +237,25 @@ func TestEditedScriptIsANewFingerprint(t *testing.T) {
 	write(filepath.Join(dir, "lib.py"), "x = 3\n")
 	if _, other := fp(); other.CodeRev == dirty.CodeRev {
 		t.Fatal("another uncommitted edit kept code_rev")
+	}
+}
+
+// Seconds is written exactly as encoding/json writes the float64 it stands
+// for, and read back from it.
+func TestSecondsJSON(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Nanosecond, 1234567 * time.Nanosecond, 90 * time.Second, -3 * time.Millisecond, 1<<62 - 1} {
+		got, err := json.Marshal(Seconds(d))
+		want, _ := json.Marshal(d.Seconds())
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("%v: got %s (%v), want %s", d, got, err, want)
+		}
+		var back Seconds
+		if err := json.Unmarshal(got, &back); err != nil || math.Abs(float64(back.D()-d)) > float64(time.Microsecond) {
+			t.Fatalf("%v: read back %v (%v)", d, back.D(), err)
+		}
+	}
+	var s struct{ D Seconds }
+	if err := json.Unmarshal([]byte(`{"D":"soon"}`), &s); err == nil {
+		t.Fatal(`"soon" read as seconds`)
 	}
 }

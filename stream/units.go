@@ -1,7 +1,6 @@
 package stream
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -62,16 +61,31 @@ func FormatSize(b int64) string {
 // Seconds is a duration that machine-readable output carries as seconds.
 type Seconds time.Duration
 
-// MarshalJSON writes the duration as a number of seconds.
+// MarshalJSON writes the duration as a number of seconds, formatted as
+// encoding/json formats a float64. (Through strconv rather than
+// json.Marshal: every shard record carries one per attempt, and the
+// reflection round trip was a tenth of a short shard's JSON time.)
 func (d Seconds) MarshalJSON() ([]byte, error) {
-	return json.Marshal(time.Duration(d).Seconds())
+	f := time.Duration(d).Seconds()
+	format := byte('f')
+	if a := math.Abs(f); a != 0 && (a < 1e-6 || a >= 1e21) {
+		format = 'e'
+	}
+	b := strconv.AppendFloat(nil, f, format, -1, 64)
+	if n := len(b); format == 'e' && n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+		b[n-2], b = b[n-1], b[:n-1] // e-09 becomes e-9, as encoding/json writes it
+	}
+	return b, nil
 }
 
-// UnmarshalJSON reads a number of seconds.
+// UnmarshalJSON reads a number of seconds (null leaves it unchanged).
 func (d *Seconds) UnmarshalJSON(b []byte) error {
-	var f float64
-	if err := json.Unmarshal(b, &f); err != nil {
-		return err
+	if string(b) == "null" {
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return fmt.Errorf("seconds: %q is not a number", b)
 	}
 	*d = Seconds(time.Duration(f * float64(time.Second)))
 	return nil
