@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,7 +53,15 @@ var threadVars = []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_TH
 // childEnv is the environment of a shard's command: the worker's own, the
 // spec's env, thread limits, and SHARDPOOL_* variables.
 func childEnv(bin string, base map[string]string, spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) []string {
-	env := make(map[string]string, len(base)+len(threadVars)+16)
+	return shardEnv(classEnv(bin, base, spec, class), m, v)
+}
+
+// classEnv is the part of a child's environment that is the same for every
+// shard of one run generation and class (sorted KEY=value): the worker's
+// own, the thread variables, the GPU mask, the spec's env, SHARDPOOL_BIN.
+// A worker keeps it per fingerprint and class (see Worker.classEnv).
+func classEnv(bin string, base map[string]string, spec *stream.Spec, class stream.Class) []string {
+	env := make(map[string]string, len(base)+len(threadVars)+len(spec.Env)+2)
 	for k, val := range base {
 		env[k] = val
 	}
@@ -70,22 +79,45 @@ func childEnv(bin string, base map[string]string, spec *stream.Spec, class strea
 	if bin != "" {
 		env["SHARDPOOL_BIN"] = bin
 	}
-	env["SHARDPOOL_RUN"] = m.Run
-	env["SHARDPOOL_SHARD_ID"] = m.ID
-	env["SHARDPOOL_FINGERPRINT"] = m.Fingerprint
-	env["SHARDPOOL_ATTEMPT"] = fmt.Sprint(v.Attempt)
-	env["SHARDPOOL_OUT"] = v.Out
-	env["SHARDPOOL_CKPT_DIR"] = v.Ckpt
-	env["SHARDPOOL_SCRATCH"] = v.Scratch
-	for k, val := range m.Params {
-		env["SHARDPOOL_PARAM_"+paramKey(k)] = val
-	}
 	out := make([]string, 0, len(env))
 	for k, val := range env {
 		out = append(out, k+"="+val)
 	}
 	sort.Strings(out)
 	return out
+}
+
+// shardEnv adds one attempt's variables to a class environment; they
+// replace entries of the same name.
+func shardEnv(cls []string, m *stream.ShardMsg, v stream.Vars) []string {
+	own := make([]string, 0, 7+len(m.Params))
+	own = append(own, "SHARDPOOL_RUN="+m.Run, "SHARDPOOL_SHARD_ID="+m.ID, "SHARDPOOL_FINGERPRINT="+m.Fingerprint,
+		"SHARDPOOL_ATTEMPT="+strconv.Itoa(v.Attempt), "SHARDPOOL_OUT="+v.Out, "SHARDPOOL_CKPT_DIR="+v.Ckpt, "SHARDPOOL_SCRATCH="+v.Scratch)
+	params := make([]string, 0, len(m.Params))
+	for k, val := range m.Params {
+		params = append(params, "SHARDPOOL_PARAM_"+paramKey(k)+"="+val)
+	}
+	sort.Strings(params)
+	own = append(own, params...)
+	out := make([]string, 0, len(cls)+len(own))
+	for _, kv := range cls {
+		if strings.HasPrefix(kv, "SHARDPOOL_") && replaced(kv, own) {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, own...)
+}
+
+// replaced reports whether one of own sets kv's variable.
+func replaced(kv string, own []string) bool {
+	k, _, _ := strings.Cut(kv, "=")
+	for _, o := range own {
+		if len(o) > len(k) && o[len(k)] == '=' && o[:len(k)] == k {
+			return true
+		}
+	}
+	return false
 }
 
 // selfPath is the running shardpool binary, so that jobs can call

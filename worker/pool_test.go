@@ -551,7 +551,7 @@ func TestSlotsBoundConcurrency(t *testing.T) {
 func TestPlaceholdersAndEnvironment(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
-		Extra: "env = { GREETING = \"hello world\" }\n[class.cpu]\ncpus = 3\n",
+		Extra: "env = { GREETING = \"hello world\", SHARDPOOL_SHARD_ID = \"spoofed\" }\n[class.cpu]\ncpus = 3\n",
 		Line: func(i int, in string) string {
 			return fmt.Sprintf(`{"id":"p%d","inputs":[%q,%q],"params":{"lr":"0.1"}}`, i, in, in)
 		},
@@ -571,6 +571,10 @@ func TestPlaceholdersAndEnvironment(t *testing.T) {
 		if !strings.Contains(string(envb), kv+"\n") {
 			t.Errorf("child environment lacks %q", kv)
 		}
+	}
+	// The shard's own variables win over the spec's env.
+	if strings.Contains(string(envb), "spoofed") {
+		t.Errorf("the spec's env replaced SHARDPOOL_SHARD_ID:\n%s", envb)
 	}
 }
 

@@ -388,7 +388,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: err.Error()}
 	}
-	env := childEnv(w.cfg.Binary, w.env, spec, cls, &a.m, v)
+	env := shardEnv(w.classEnv(spec, a.m.Fingerprint, a.m.Class, cls), &a.m, v)
 	if cls.GPUs > 0 {
 		snap, err := w.cfg.Probe.Snapshot(ctx, nil)
 		if err != nil {
@@ -455,6 +455,24 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	stopHB()
 	<-hbDone
 	return res
+}
+
+// classEnv is the class environment (see classEnv) of a run generation,
+// built once per fingerprint and class: the fingerprint covers the spec's
+// env and classes, and the worker's own environment does not change.
+func (w *Worker) classEnv(spec *stream.Spec, fp, class string, cls stream.Class) []string {
+	key := fp + "\x00" + class
+	w.mu.Lock()
+	env, ok := w.envs[key]
+	w.mu.Unlock()
+	if ok {
+		return env
+	}
+	env = classEnv(w.cfg.Binary, w.env, spec, cls)
+	w.mu.Lock()
+	w.envs[key] = env
+	w.mu.Unlock()
+	return env
 }
 
 func usesCkpt(spec *stream.Spec) bool {

@@ -115,6 +115,7 @@ type Worker struct {
 	logs    map[string]*os.File
 	runs    map[string]cachedRun
 	dirs    map[string]bool
+	envs    map[string][]string // class environments by fingerprint and class (classEnv)
 
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
@@ -226,7 +227,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
