@@ -75,6 +75,11 @@ func BootID(procRoot string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// KnownBootID reports whether id names a boot: two owners that both failed
+// to read theirs ("unknown", or empty in records that predate it) are not
+// on the same boot, so nothing about one can be proven on the other.
+func KnownBootID(id string) bool { return id != "" && id != "unknown" }
+
 // Barrier asks the coordinator on nc to make every write acknowledged so
 // far durable. Use it through a Group so that concurrent callers share
 // requests.

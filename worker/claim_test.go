@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -113,5 +114,38 @@ func TestBarriersFollowTheCoordinator(t *testing.T) {
 	w.learnCoordinator(ctx, nc)
 	if v := w.coord.Load(); v.sync != stream.SyncGroup || v.local {
 		t.Fatalf("without an answer: sync %q local %v, want group and not local", v.sync, v.local)
+	}
+}
+
+// TestOwnerGoneNeedsAKnownBoot: an owner is proven gone only on this very
+// boot of this host (or as this very process); two owners that could not
+// read their boot ID prove nothing about each other, as a pid names a
+// process only within one boot.
+func TestOwnerGoneNeedsAKnownBoot(t *testing.T) {
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := exited.Process.Pid
+	w := &Worker{host: "h", boot: "boot-1", pid: os.Getpid()}
+	w.cfg.Name = "w"
+	for _, c := range []struct {
+		name  string
+		boot  string
+		owner stream.Owner
+		gone  bool
+	}{
+		{"dead process on this boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: dead}, true},
+		{"this very process", "boot-1", stream.Owner{Worker: "w", Host: "h", BootID: "boot-1", PID: os.Getpid()}, true},
+		{"live process on this boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: os.Getppid()}, false},
+		{"another boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-0", PID: dead}, false},
+		{"another host", "boot-1", stream.Owner{Worker: "x", Host: "g", BootID: "boot-1", PID: dead}, false},
+		{"both boots unknown", "unknown", stream.Owner{Worker: "x", Host: "h", BootID: "unknown", PID: dead}, false},
+		{"both boots empty", "", stream.Owner{Worker: "x", Host: "h", PID: dead}, false},
+	} {
+		w.boot = c.boot
+		if got := w.ownerGone(c.owner); got != c.gone {
+			t.Errorf("%s: ownerGone %v, want %v", c.name, got, c.gone)
+		}
 	}
 }

@@ -865,7 +865,7 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 	if stream.ValidSync(ci.Sync) {
 		v.sync = ci.Sync
 	}
-	v.local = ci.BootID != "" && ci.BootID != "unknown" && ci.BootID == w.boot && ci.Host == w.host
+	v.local = stream.KnownBootID(ci.BootID) && ci.BootID == w.boot && ci.Host == w.host
 	w.coord.Store(v)
 }
 
