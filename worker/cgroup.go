@@ -155,27 +155,36 @@ func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCg
 	case "v1":
 		return c.newShardV1(name, memLimit, cpuMillicores)
 	case "v2":
-		if err := c.prepareV2(); err != nil {
-			return nil, err
-		}
-		sc := &shardCgroup{v2: true, mem: filepath.Join(c.v2, "shardpool-"+name)}
-		if err := os.Mkdir(sc.mem, 0o755); err != nil {
-			return nil, err
-		}
-		if memLimit > 0 {
-			if err := os.WriteFile(filepath.Join(sc.mem, "memory.max"), []byte(strconv.FormatInt(memLimit, 10)), 0o644); err != nil {
-				sc.remove()
-				return nil, fmt.Errorf("set memory.max: %w", err)
-			}
-		}
-		if cpuMillicores > 0 {
-			_ = os.WriteFile(filepath.Join(sc.mem, "cpu.max"), []byte(fmt.Sprintf("%d 100000", cpuMillicores*100)), 0o644)
-		}
-		return sc, nil
+		return c.newShardV2(name, memLimit, cpuMillicores)
 	}
 	return nil, errors.New(c.why)
 }
 
+// newShardV2 makes one cgroup beside the worker's own leaf (prepareV2). A cpu.max
+// that cannot be written (cpu controller not delegated) leaves CPU
+// unlimited; memory.max must hold.
+func (c *cgroups) newShardV2(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
+	if err := c.prepareV2(); err != nil {
+		return nil, err
+	}
+	sc := &shardCgroup{v2: true, mem: filepath.Join(c.v2, "shardpool-"+name)}
+	if err := os.Mkdir(sc.mem, 0o755); err != nil {
+		return nil, err
+	}
+	if memLimit > 0 {
+		if err := os.WriteFile(filepath.Join(sc.mem, "memory.max"), []byte(strconv.FormatInt(memLimit, 10)), 0o644); err != nil {
+			sc.remove()
+			return nil, fmt.Errorf("set memory.max: %w", err)
+		}
+	}
+	if cpuMillicores > 0 {
+		_ = os.WriteFile(filepath.Join(sc.mem, "cpu.max"), []byte(fmt.Sprintf("%d 100000", cpuMillicores*100)), 0o644)
+	}
+	return sc, nil
+}
+
+// newShardV1 makes a memory cgroup, and a cpu one when the cpu hierarchy is
+// writable, each under the worker's own.
 func (c *cgroups) newShardV1(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
 	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name)}
 	if err := os.Mkdir(sc.mem, 0o755); err != nil {
