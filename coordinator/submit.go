@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -204,8 +205,8 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 // run's shards would replace that run's committed output (a copied spec
 // whose output was not changed). Runs with disjoint ids may share a
 // directory, and a renamed run of the same fingerprint finds its outputs
-// committed and skips them. Shards of the other run that never started
-// have no record and are not seen.
+// committed and skips them. The other run's shards are those with a record
+// and, where its manifest is readable here and unchanged, those it lists.
 func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec, man *stream.Manifest, fp string) error {
 	names, err := b.Runs.ListKeys(ctx)
 	if err != nil {
@@ -231,12 +232,23 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 		if err != nil {
 			return fmt.Errorf("submit %s: %w", spec.Name, err)
 		}
-		var shared []string
+		seen := map[string]bool{}
 		for k := range keys.Keys() {
 			if _, id, _ := strings.Cut(k, "."); ids[id] {
-				shared = append(shared, id)
+				seen[id] = true
 			}
 		}
+		// Shards of the other run that have not started have no record yet:
+		// its manifest names them, when it is readable here and still the
+		// file that run published.
+		if theirs, hash, err := stream.ManifestIDs(other.Spec.Manifest); err == nil && hash == other.ManifestSHA {
+			for id := range theirs {
+				if ids[id] {
+					seen[id] = true
+				}
+			}
+		}
+		shared := slices.Collect(maps.Keys(seen))
 		if len(shared) > 0 {
 			sort.Strings(shared)
 			return fmt.Errorf("%s: field %q: %w: %s also holds run %s (fingerprint %s), which has %d shard(s) with ids of this manifest (%s); "+

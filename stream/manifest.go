@@ -78,6 +78,44 @@ func LoadManifest(spec *Spec) (*Manifest, error) {
 	return m, nil
 }
 
+// ManifestIDs reads only the shard ids of a manifest (with the default
+// ids of lines without one) and the xxhash of its bytes, which a run record
+// keeps as its manifest_hash: a caller can tell whether the file is still
+// the one that run published. Lines that do not parse are skipped; this is
+// not validation.
+func ManifestIDs(path string) (map[string]bool, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
+	h := xxhash.New()
+	ids := map[string]bool{}
+	r := bufio.NewReaderSize(io.TeeReader(f, h), 1<<16)
+	for n := 1; ; n++ {
+		line, err := r.ReadBytes('\n')
+		if t := bytes.TrimSpace(line); len(t) > 0 {
+			var sh struct {
+				ID *string `json:"id"`
+			}
+			if json.Unmarshal(t, &sh) == nil {
+				if sh.ID != nil {
+					ids[*sh.ID] = true
+				} else {
+					ids[fmt.Sprintf("line-%06d", n)] = true
+				}
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, "", err
+		}
+	}
+	return ids, fmt.Sprintf("%016x", h.Sum64()), nil
+}
+
 func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("%s:%d: field %q: %w: %s", path, n, field, ErrInvalidManifest, fmt.Sprintf(format, args...))

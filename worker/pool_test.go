@@ -390,6 +390,18 @@ func TestRunsSharingAnOutputDirectory(t *testing.T) {
 			t.Errorf("output %s: %v", id, err)
 		}
 	}
+
+	// A run whose shards are only queued (no worker: no records yet) is
+	// found through its manifest.
+	idle := testenv.New(t, testenv.Options{NoWorkers: true})
+	queued := testenv.WriteJob(t, testenv.Job{Name: "queued", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	idle.Submit(queued, coordinator.SubmitOptions{})
+	qb, _ := os.ReadFile(queued)
+	copy2 := filepath.Join(filepath.Dir(queued), "copy.toml")
+	os.WriteFile(copy2, []byte(strings.Replace(strings.Replace(string(qb), `name = "queued"`, `name = "copy"`, 1), `code_rev = "test"`, `code_rev = "changed"`, 1)), 0o644)
+	if _, err := idle.TrySubmit(copy2, coordinator.SubmitOptions{}); !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), "run queued") {
+		t.Fatalf("a copy sharing the output of a run that has not started: got %v, want ErrSpecConflict naming run queued", err)
+	}
 }
 
 // TestResubmitRedoesOutputsThatNoLongerVerify: a COMPLETE run submitted
