@@ -20,6 +20,8 @@ jq_py() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); $2" "$1";
 echo "== nvidia-smi"
 nvidia-smi -L || { echo "FAIL nvidia-smi: no NVIDIA driver here"; exit 1; }
 ngpu=$(nvidia-smi -L | grep -c '^GPU ')
+python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "PyTorch sees no CUDA device")' ||
+	{ echo "FAIL the example job needs python3 with PyTorch and CUDA"; exit 1; }
 
 echo "== preflight"
 "$sp" preflight | tee "$res/preflight.txt" | sed -n '/GPU/,+6p'
