@@ -46,6 +46,13 @@ func TestAutoAdmissionLiveHeadroomBinds(t *testing.T) {
 			t.Errorf("admission.log lacks %q", want)
 		}
 	}
+	// Each admit line of the run gives the measured decision that let it in.
+	runLog, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	for _, line := range strings.Split(strings.TrimSpace(string(runLog)), "\n") {
+		if strings.Contains(line, "decision=admit") && (!strings.Contains(line, "headroom") || strings.Contains(line, "slots from configuration")) {
+			t.Errorf("admit line without its measured reason: %s", line)
+		}
+	}
 }
 
 // TestAutoAdmissionUnknownAdmitsNothing: a host whose cgroup limit cannot

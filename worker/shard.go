@@ -134,7 +134,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		_ = msg.NakWithDelay(delay)
 		return
 	}
-	w.admission(m.Run, m.ID, class, "admit", fmt.Sprintf("attempt %d; %s; slots from configuration", a.attempt, slotInfo))
+	w.admission(m.Run, m.ID, class, "admit", fmt.Sprintf("attempt %d; %s", a.attempt, slotInfo))
 	w.runAttempt(ctx, stop, a, l, class, pre)
 }
 
