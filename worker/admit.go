@@ -216,6 +216,8 @@ func procGroups(procRoot string) map[int]int {
 type procStat struct {
 	pid, pgrp int
 	rssPages  int64
+	start     int64 // clock ticks since boot
+	zombie    bool  // exited, not yet reaped by its parent
 }
 
 // procStats reads pid, process group and RSS of every process.
@@ -235,7 +237,7 @@ func procStats(procRoot string) []procStat {
 			continue
 		}
 		if st, ok := probe.ParseStat(b); ok {
-			out = append(out, procStat{pid: pid, pgrp: st.PGrp, rssPages: st.RSSPages})
+			out = append(out, procStat{pid: pid, pgrp: st.PGrp, rssPages: st.RSSPages, start: st.Start, zombie: st.State == 'Z'})
 		}
 	}
 	return out

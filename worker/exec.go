@@ -181,6 +181,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	}
 	out.started()
 	pgid := cmd.Process.Pid
+	w.journal.note('+', pgid)
 	if onStart != nil {
 		if end := onStart(pgid); end != nil {
 			defer end()
@@ -227,6 +228,7 @@ wait:
 	}
 	// Whatever the child left behind in its group goes with it.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	w.journal.note('-', pgid)
 	r := result{duration: time.Since(start)}
 	r.logged = out.close()
 	ps := cmd.ProcessState

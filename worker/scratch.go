@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 )
 
@@ -109,6 +110,17 @@ func (p *scratchPool) close() {
 	}
 	for d := range dirs {
 		os.Remove(d) // only if empty
+	}
+}
+
+// removeDead removes the pairs a dead worker process left under the
+// scratch root (its pool never closed).
+func (p *scratchPool) removeDead(pid int) {
+	pairs, _ := filepath.Glob(filepath.Join(p.root, "*", fmt.Sprintf("p%d-*", pid)))
+	for _, d := range pairs {
+		if strings.HasSuffix(d, ".out") || strings.HasSuffix(d, ".tmp") {
+			os.RemoveAll(d)
+		}
 	}
 }
 

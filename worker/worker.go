@@ -116,6 +116,7 @@ type Worker struct {
 	runs    map[string]cachedRun
 	dirs    map[string]bool
 	envs    map[string][]string // class environments by fingerprint and class (classEnv)
+	journal *childJournal       // this worker's running process groups (orphans.go)
 
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
@@ -280,6 +281,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.outSyncs = map[string]*outSync{}
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
+	w.reapOrphans()
+	if j, err := openChildJournal(w.cfg.Scratch, w.boot, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
+		w.journal = j
+		defer j.close()
+	} else {
+		w.log.Warn("child journal: a SIGKILL of this worker will leave its commands' descendants running", "err", err)
+	}
 	w.concluding = make(chan struct{}, maxConcluding)
 	defer w.scratch.close()
 
@@ -291,6 +299,20 @@ func (w *Worker) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.report(gctx) })
 	g.Go(func() error { return w.watchPressure(gctx) })
+	g.Go(func() error {
+		// Peers on this host that died: reap what their commands left
+		// before their shards' leases expire.
+		t := time.NewTicker(w.ttl)
+		defer t.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case <-t.C:
+				w.reapOrphans()
+			}
+		}
+	})
 	classes := make([]string, 0, len(w.cfg.Slots))
 	for c, n := range w.cfg.Slots {
 		if n > 0 {

@@ -266,12 +266,14 @@ type Stat struct {
 	PGrp     int   // process group
 	Ticks    int64 // utime + stime, in clock ticks
 	RSSPages int64 // resident set, in pages
+	Start    int64 // start time, in clock ticks since boot
+	State    byte  // R, S, D, Z (zombie: dead, not yet reaped), ...
 }
 
 // ParseStat reads a /proc/<pid>/stat line. The fields are counted after
 // the parenthesised command name, which may itself hold spaces and
-// parentheses: pgrp, utime, stime and rss are the 5th, 14th, 15th and 24th
-// fields overall.
+// parentheses: state, pgrp, utime, stime, starttime and rss are the 3rd,
+// 5th, 14th, 15th, 22nd and 24th fields overall.
 func ParseStat(b []byte) (Stat, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
@@ -285,10 +287,11 @@ func ParseStat(b []byte) (Stat, bool) {
 	u, err2 := strconv.ParseInt(f[11], 10, 64)
 	k, err3 := strconv.ParseInt(f[12], 10, 64)
 	rss, err4 := strconv.ParseInt(f[21], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+	start, err5 := strconv.ParseInt(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil {
 		return Stat{}, false
 	}
-	return Stat{PGrp: pgrp, Ticks: u + k, RSSPages: rss}, true
+	return Stat{PGrp: pgrp, Ticks: u + k, RSSPages: rss, Start: start, State: f[0][0]}, true
 }
 
 // clockTicks is USER_HZ, 100 on every Linux shardpool supports.

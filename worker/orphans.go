@@ -1,0 +1,222 @@
+package worker
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// A worker killed with SIGKILL takes its commands with it (Pdeathsig), but
+// not what they started: a job script's python, a shell's sleep. Those stay
+// behind in the shard's process group, using CPU, memory and GPUs that no
+// one accounts for while the shard runs again elsewhere. So each worker
+// keeps a journal of the process groups it runs, in its scratch directory,
+// and every worker on the host reaps the groups of a dead worker's journal:
+// at start and once per lease TTL, so before the dead worker's shards come
+// back from their expired leases.
+//
+// The journal is <scratch>/.children-<pid>: a header with the boot ID, the
+// worker's pid and its start time, then "+ <pgid>" when a command starts
+// and "- <pgid>" when its group is gone. A worker that exits normally
+// removes it.
+
+// childJournal records this worker's running process groups.
+type childJournal struct {
+	mu   sync.Mutex
+	f    *os.File
+	path string
+}
+
+const journalPrefix = ".children-"
+
+func openChildJournal(scratch, boot string, pid int, start int64) (*childJournal, error) {
+	path := filepath.Join(scratch, journalPrefix+strconv.Itoa(pid))
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d\n", boot, pid, start); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &childJournal{f: f, path: path}, nil
+}
+
+func (j *childJournal) note(sign byte, pgid int) {
+	if j == nil {
+		return
+	}
+	var b [24]byte
+	line := append(strconv.AppendInt(append(b[:0], sign, ' '), int64(pgid), 10), '\n')
+	j.mu.Lock()
+	_, _ = j.f.Write(line)
+	j.mu.Unlock()
+}
+
+// close removes the journal: every group it listed has ended.
+func (j *childJournal) close() {
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.f.Close()
+	os.Remove(j.path)
+}
+
+// deadJournal is what a journal says, read back.
+type deadJournal struct {
+	boot  string
+	pid   int
+	start int64
+	live  []int // groups started and not ended, in order
+}
+
+func readJournal(path string) (deadJournal, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return deadJournal{}, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	var j deadJournal
+	if !sc.Scan() {
+		return j, fmt.Errorf("%s: no header", path)
+	}
+	if _, err := fmt.Sscanf(sc.Text(), "boot %s pid %d start %d", &j.boot, &j.pid, &j.start); err != nil {
+		return j, fmt.Errorf("%s: header %q: %v", path, sc.Text(), err)
+	}
+	open := map[int]bool{}
+	var order []int
+	for sc.Scan() {
+		sign, num, ok := strings.Cut(sc.Text(), " ")
+		pgid, err := strconv.Atoi(num)
+		if !ok || err != nil || pgid <= 1 {
+			continue // a torn last line
+		}
+		switch sign {
+		case "+":
+			open[pgid] = true
+			order = append(order, pgid)
+		case "-":
+			delete(open, pgid)
+		}
+	}
+	for _, g := range order {
+		if open[g] {
+			j.live = append(j.live, g)
+			delete(open, g)
+		}
+	}
+	return j, sc.Err()
+}
+
+// processStart is pid's start time in clock ticks since boot, or -1.
+func processStart(procRoot string, pid int) int64 {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return -1
+	}
+	st, ok := probe.ParseStat(b)
+	if !ok {
+		return -1
+	}
+	return st.Start
+}
+
+// reapOrphans kills what dead workers of this boot left running, then
+// removes their journals and scratch pairs. A journal's worker is dead when
+// no process has its pid, or the one that has it started at another time
+// (the pid was reused). A group is killed only when its leader (the
+// command, which Pdeathsig killed) is gone and every member started after
+// the dead worker did; a live leader means the pgid names another group now.
+func (w *Worker) reapOrphans() {
+	paths, _ := filepath.Glob(filepath.Join(w.cfg.Scratch, journalPrefix+"*"))
+	if len(paths) == 0 {
+		return
+	}
+	var procs []procStat
+	for _, path := range paths {
+		if path == w.journal.pathOrEmpty() {
+			continue
+		}
+		j, err := readJournal(path)
+		if err != nil {
+			w.log.Warn("unreadable child journal", "path", path, "err", err)
+			continue
+		}
+		if !stream.KnownBootID(j.boot) || j.boot != w.boot {
+			os.Remove(path) // from before a reboot: its processes are gone
+			continue
+		}
+		if procs == nil {
+			procs = procStats(w.cfg.ProcRoot)
+		}
+		if workerAlive(procs, j.pid, j.start) {
+			continue
+		}
+		for _, pgid := range j.live {
+			n, why := killOrphanGroup(procs, pgid, j.start)
+			if n > 0 {
+				w.hostLog("-", "reap", fmt.Sprintf("killed %d process(es) of group %d left running by worker pid %d, which died without ending them", n, pgid, j.pid))
+			} else if why != "" {
+				w.hostLog("-", "reap-skip", fmt.Sprintf("group %d of dead worker pid %d left alone: %s", pgid, j.pid, why))
+			}
+		}
+		w.scratch.removeDead(j.pid)
+		os.Remove(path)
+	}
+}
+
+func (j *childJournal) pathOrEmpty() string {
+	if j == nil {
+		return ""
+	}
+	return j.path
+}
+
+func workerAlive(procs []procStat, pid int, start int64) bool {
+	for _, p := range procs {
+		if p.pid == pid {
+			return p.start == start
+		}
+	}
+	return false
+}
+
+// killOrphanGroup SIGKILLs the members of pgid when the group is still the
+// one a dead worker started (see reapOrphans); it returns how many, or why
+// it left the group alone ("" when the group is gone).
+func killOrphanGroup(procs []procStat, pgid int, workerStart int64) (int, string) {
+	var members []int
+	for _, p := range procs {
+		if p.pgrp != pgid || p.zombie {
+			// A zombie is dead; one that is the leader (the command, which
+			// Pdeathsig killed, reparented to an init that has not reaped it
+			// yet) still holds the id, so the group is the original.
+			continue
+		}
+		if p.pid == pgid {
+			return 0, "its leader runs, so the id names a live group"
+		}
+		if p.start < workerStart {
+			return 0, fmt.Sprintf("member %d started before the dead worker did", p.pid)
+		}
+		members = append(members, p.pid)
+	}
+	if len(members) == 0 {
+		return 0, ""
+	}
+	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil {
+		return 0, err.Error()
+	}
+	return len(members), ""
+}

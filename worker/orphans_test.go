@@ -1,0 +1,47 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The journal's live groups are those started and not ended; a torn last
+// line is skipped. A group is left alone when its id may name another
+// group now: a leader that runs, or a member older than the dead worker.
+func TestChildJournalAndGroupChecks(t *testing.T) {
+	dir := t.TempDir()
+	j, err := openChildJournal(dir, "boot-1", 4242, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.note('+', 10)
+	j.note('+', 11)
+	j.note('-', 10)
+	j.note('+', 12)
+	j.f.WriteString("+ 1") // torn
+	got, err := readJournal(filepath.Join(dir, ".children-4242"))
+	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
+		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, live [11 12]", got, err)
+	}
+	j.close()
+	if _, err := os.Stat(filepath.Join(dir, ".children-4242")); !os.IsNotExist(err) {
+		t.Fatalf("a closed journal is still there: %v", err)
+	}
+
+	for _, c := range []struct {
+		name  string
+		procs []procStat
+		why   string
+	}{
+		{"live leader", []procStat{{pid: 500, pgrp: 500, start: 2000}, {pid: 501, pgrp: 500, start: 2001}}, "leader runs"},
+		{"older member", []procStat{{pid: 501, pgrp: 500, start: 999}}, "started before"},
+		{"gone", []procStat{{pid: 500, pgrp: 500, start: 2000, zombie: true}, {pid: 7, pgrp: 7, start: 1}}, ""},
+	} {
+		n, why := killOrphanGroup(c.procs, 500, 1000)
+		if n != 0 || (c.why == "" && why != "") || !strings.Contains(why, c.why) {
+			t.Errorf("%s: killed %d, reason %q; want none, reason containing %q", c.name, n, why, c.why)
+		}
+	}
+}
