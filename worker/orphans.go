@@ -18,15 +18,16 @@ import (
 // not what they started: a job script's python, a shell's sleep. Those stay
 // behind in the shard's process group, using CPU, memory and GPUs that no
 // one accounts for while the shard runs again elsewhere. So each worker
-// keeps a journal of the process groups it runs, in its scratch directory,
-// and every worker on the host reaps the groups of a dead worker's journal:
-// at start and once per lease TTL, so before the dead worker's shards come
-// back from their expired leases.
+// keeps a journal of the process groups it runs, in its state directory
+// (shared by the workers of one user on a host by default), and every
+// worker reaps the groups of a dead worker's journal: at start and once per
+// lease TTL, so before the dead worker's shards come back from their
+// expired leases.
 //
-// The journal is <scratch>/.children-<pid>: a header with the boot ID, the
-// worker's pid and its start time, then "+ <pgid>" when a command starts
-// and "- <pgid>" when its group is gone. A worker that exits normally
-// removes it.
+// The journal is <state>/children/<pid>: a header with the boot ID, the
+// worker's pid and start time, a line with its scratch directory, then
+// "+ <pgid>" when a command starts and "- <pgid>" when its group is gone.
+// A worker that exits normally removes it.
 
 // childJournal records this worker's running process groups.
 type childJournal struct {
@@ -35,16 +36,20 @@ type childJournal struct {
 	path string
 }
 
-const journalPrefix = ".children-"
+func journalDir(state string) string { return filepath.Join(state, "children") }
 
-func openChildJournal(scratch, boot string, pid int, start int64) (*childJournal, error) {
-	path := filepath.Join(scratch, journalPrefix+strconv.Itoa(pid))
+func openChildJournal(state, scratch, boot string, pid int, start int64) (*childJournal, error) {
+	if err := os.MkdirAll(journalDir(state), 0o755); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(journalDir(state), strconv.Itoa(pid))
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d\n", boot, pid, start); err != nil {
+	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d\nscratch %s\n", boot, pid, start, scratch); err != nil {
 		f.Close()
+		os.Remove(path)
 		return nil, err
 	}
 	return &childJournal{f: f, path: path}, nil
@@ -74,10 +79,11 @@ func (j *childJournal) close() {
 
 // deadJournal is what a journal says, read back.
 type deadJournal struct {
-	boot  string
-	pid   int
-	start int64
-	live  []int // groups started and not ended, in order
+	boot    string
+	pid     int
+	start   int64
+	scratch string
+	live    []int // groups started and not ended, in order
 }
 
 func readJournal(path string) (deadJournal, error) {
@@ -94,6 +100,10 @@ func readJournal(path string) (deadJournal, error) {
 	if _, err := fmt.Sscanf(sc.Text(), "boot %s pid %d start %d", &j.boot, &j.pid, &j.start); err != nil {
 		return j, fmt.Errorf("%s: header %q: %v", path, sc.Text(), err)
 	}
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "scratch ") {
+		return j, fmt.Errorf("%s: no scratch line", path)
+	}
+	j.scratch = strings.TrimPrefix(sc.Text(), "scratch ")
 	open := map[int]bool{}
 	var order []int
 	for sc.Scan() {
@@ -139,7 +149,7 @@ func processStart(procRoot string, pid int) int64 {
 // command, which Pdeathsig killed) is gone and every member started after
 // the dead worker did; a live leader means the pgid names another group now.
 func (w *Worker) reapOrphans() {
-	paths, _ := filepath.Glob(filepath.Join(w.cfg.Scratch, journalPrefix+"*"))
+	paths, _ := filepath.Glob(filepath.Join(journalDir(w.cfg.StateDir), "*"))
 	if len(paths) == 0 {
 		return
 	}
@@ -171,7 +181,7 @@ func (w *Worker) reapOrphans() {
 				w.hostLog("-", "reap-skip", fmt.Sprintf("group %d of dead worker pid %d left alone: %s", pgid, j.pid, why))
 			}
 		}
-		w.scratch.removeDead(j.pid)
+		removeDeadPairs(j.scratch, j.pid)
 		os.Remove(path)
 	}
 }

@@ -113,10 +113,13 @@ func (p *scratchPool) close() {
 	}
 }
 
-// removeDead removes the pairs a dead worker process left under the
+// removeDeadPairs removes the pairs a dead worker process left under its
 // scratch root (its pool never closed).
-func (p *scratchPool) removeDead(pid int) {
-	pairs, _ := filepath.Glob(filepath.Join(p.root, "*", fmt.Sprintf("p%d-*", pid)))
+func removeDeadPairs(root string, pid int) {
+	if root == "" {
+		return
+	}
+	pairs, _ := filepath.Glob(filepath.Join(root, "*", fmt.Sprintf("p%d-*", pid)))
 	for _, d := range pairs {
 		if strings.HasSuffix(d, ".out") || strings.HasSuffix(d, ".tmp") {
 			os.RemoveAll(d)

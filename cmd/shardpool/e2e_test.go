@@ -132,19 +132,19 @@ func TestWorkerSIGKILLMidShardIsRedeliveredAndCompletesOnce(t *testing.T) {
 
 // TestOrphansOfAKilledWorkerAreReaped: a SIGKILLed worker's commands die
 // with it (Pdeathsig), but what they started lives on in their process
-// groups. The next worker on the host kills those before it runs anything,
-// from the dead worker's journal in the shared scratch directory, and
-// removes the dead worker's scratch pairs.
+// groups. Another worker on the host with the same state directory kills
+// those when it starts, from the dead worker's journal, and removes the
+// dead worker's scratch pairs.
 func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 	c := startCluster(t, "4s")
 	pids := filepath.Join(t.TempDir(), "pids")
-	scratch := filepath.Join(t.TempDir(), "scratch")
+	state := filepath.Join(t.TempDir(), "state")
 	// The first attempt leaves a descendant running and waits for it; a
 	// later attempt finishes at once.
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2, Command: []string{"sh", "-c",
 		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then sleep 300 & echo $! >> "$1"; wait; fi; cp "$2" "$3/"`, "sh", pids, "{input}", "{out}"}})
 	c.submit(spec)
-	w1 := c.worker("w1", "--slots", "cpu=2", "--scratch", scratch)
+	w1 := c.worker("w1", "--slots", "cpu=2", "--data", state)
 	var orphans []int
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(pids)
@@ -164,25 +164,26 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 			t.Fatalf("descendant %d died with the worker: the test does not reproduce an orphan", pid)
 		}
 	}
-	pairs, _ := filepath.Glob(filepath.Join(scratch, "t", fmt.Sprintf("p%d-*", w1.Cmd.Process.Pid)))
+	w1Scratch := filepath.Join(c.data, "scratch-w1")
+	pairs, _ := filepath.Glob(filepath.Join(w1Scratch, "t", fmt.Sprintf("p%d-*", w1.Cmd.Process.Pid)))
 	if len(pairs) == 0 {
 		t.Fatal("the killed worker left no scratch pairs: nothing to check their removal against")
 	}
-	c.worker("w2", "--slots", "cpu=2", "--scratch", scratch)
+	c.worker("w2", "--slots", "cpu=2", "--data", state)
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 		for _, pid := range orphans {
 			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(b), ") Z ") {
-				log, _ := os.ReadFile(filepath.Join(c.data, "w-w2", "admission.log"))
+				log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
 				return false, fmt.Sprintf("descendant %d of the killed worker still runs; w2's admission.log:\n%s", pid, log)
 			}
 		}
 		return true, ""
 	})
-	if left, _ := filepath.Glob(filepath.Join(scratch, "t", fmt.Sprintf("p%d-*", w1.Cmd.Process.Pid))); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(w1Scratch, "t", fmt.Sprintf("p%d-*", w1.Cmd.Process.Pid))); len(left) > 0 {
 		t.Errorf("the killed worker's scratch pairs are still there: %v", left)
 	}
-	log, _ := os.ReadFile(filepath.Join(c.data, "w-w2", "admission.log"))
-	if strings.Count(string(log), "decision=reap") != 2 {
+	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
+	if strings.Count(string(log), "decision=reap ") != 2 {
 		t.Errorf("w2's admission.log does not record two reaped groups:\n%s", log)
 	}
 	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
