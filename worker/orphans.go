@@ -24,7 +24,7 @@ import (
 // lease TTL, so before the dead worker's shards come back from their
 // expired leases.
 //
-// The journal is <state>/children/<pid>: a header with the boot ID, the
+// The journal is <state>/children/<pid>.<worker name>: a header with the boot ID, the
 // worker's pid and start time, a line with its scratch directory, then
 // "+ <pgid>" when a command starts and "- <pgid>" when its group is gone.
 // A worker that exits normally removes it.
@@ -38,11 +38,13 @@ type childJournal struct {
 
 func journalDir(state string) string { return filepath.Join(state, "children") }
 
-func openChildJournal(state, scratch, boot string, pid int, start int64) (*childJournal, error) {
+// openChildJournal starts the journal of worker name (several workers can
+// share a process in tests, hence the name beside the pid).
+func openChildJournal(state, scratch, name, boot string, pid int, start int64) (*childJournal, error) {
 	if err := os.MkdirAll(journalDir(state), 0o755); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(journalDir(state), strconv.Itoa(pid))
+	path := filepath.Join(journalDir(state), strconv.Itoa(pid)+"."+name)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err

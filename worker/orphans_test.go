@@ -12,7 +12,7 @@ import (
 // group now: a leader that runs, or a member older than the dead worker.
 func TestChildJournalAndGroupChecks(t *testing.T) {
 	dir := t.TempDir()
-	j, err := openChildJournal(dir, "/scratch with space", "boot-1", 4242, 1000)
+	j, err := openChildJournal(dir, "/scratch with space", "w1", "boot-1", 4242, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,12 +21,12 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	j.note('-', 10)
 	j.note('+', 12)
 	j.f.WriteString("+ 1") // torn
-	got, err := readJournal(filepath.Join(dir, "children", "4242"))
+	got, err := readJournal(filepath.Join(dir, "children", "4242.w1"))
 	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
 		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, its scratch, live [11 12]", got, err)
 	}
 	j.close()
-	if _, err := os.Stat(filepath.Join(dir, "children", "4242")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, "children", "4242.w1")); !os.IsNotExist(err) {
 		t.Fatalf("a closed journal is still there: %v", err)
 	}
 
