@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -151,6 +152,9 @@ func processStart(procRoot string, pid int) int64 {
 // command, which Pdeathsig killed) is gone and every member started after
 // the dead worker did; a live leader means the pgid names another group now.
 func (w *Worker) reapOrphans() {
+	if !stream.KnownBootID(w.boot) {
+		return // nothing about another process can be proven (ownerGone)
+	}
 	paths, _ := filepath.Glob(filepath.Join(journalDir(w.cfg.StateDir), "*"))
 	if len(paths) == 0 {
 		return
@@ -162,7 +166,12 @@ func (w *Worker) reapOrphans() {
 		}
 		j, err := readJournal(path)
 		if err != nil {
-			w.log.Warn("unreadable child journal", "path", path, "err", err)
+			// A header torn by a crash as the journal was opened: once it is
+			// clearly not being written, it names nothing that can be reaped.
+			if st, serr := os.Stat(path); serr == nil && time.Since(st.ModTime()) > time.Minute {
+				w.log.Warn("removing an unreadable child journal", "path", path, "err", err)
+				os.Remove(path)
+			}
 			continue
 		}
 		if !stream.KnownBootID(j.boot) || j.boot != w.boot {
