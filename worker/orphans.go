@@ -147,8 +147,8 @@ func processStart(procRoot string, pid int) int64 {
 
 // reapOrphans kills what dead workers of this boot left running, then
 // removes their journals and scratch pairs. A journal's worker is dead when
-// no process has its pid, or the one that has it started at another time
-// (the pid was reused). A group is killed only when its leader (the
+// no process has its pid, the one that has it started at another time (the
+// pid was reused), or it is a zombie. A group is killed only when its leader (the
 // command, which Pdeathsig killed) is gone and every member started after
 // the dead worker did; a live leader means the pgid names another group now.
 func (w *Worker) reapOrphans() {
@@ -204,10 +204,12 @@ func (j *childJournal) pathOrEmpty() string {
 	return j.path
 }
 
+// workerAlive: a zombie is dead (a container whose pid 1 does not reap
+// keeps a killed worker as one indefinitely).
 func workerAlive(procs []procStat, pid int, start int64) bool {
 	for _, p := range procs {
 		if p.pid == pid {
-			return p.start == start
+			return p.start == start && !p.zombie
 		}
 	}
 	return false

@@ -30,6 +30,16 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 		t.Fatalf("a closed journal is still there: %v", err)
 	}
 
+	procs := []procStat{{pid: 4242, start: 1000}, {pid: 4243, start: 1000, zombie: true}, {pid: 4244, start: 7}}
+	for _, c := range []struct {
+		pid   int
+		alive bool
+	}{{4242, true}, {4243, false}, {4244, false}, {4245, false}} {
+		if got := workerAlive(procs, c.pid, 1000); got != c.alive {
+			t.Errorf("worker %d started at 1000: alive %v, want %v (procs %+v)", c.pid, got, c.alive, procs)
+		}
+	}
+
 	for _, c := range []struct {
 		name  string
 		procs []procStat
