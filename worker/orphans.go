@@ -25,7 +25,7 @@ import (
 // lease TTL, so before the dead worker's shards come back from their
 // expired leases.
 //
-// The journal is <state>/children/<pid>.<worker name>: a header with the boot ID, the
+// The journal is <state>/children/<host>/<pid>.<worker name>: a header with the boot ID, the
 // worker's pid and start time, a line with its scratch directory, then
 // "+ <pgid>" when a command starts and "- <pgid>" when its group is gone.
 // A worker that exits normally removes it.
@@ -37,15 +37,24 @@ type childJournal struct {
 	path string
 }
 
-func journalDir(state string) string { return filepath.Join(state, "children") }
+// journalDir holds one host's journals: a state directory on a shared
+// file system (an NFS home) is seen by workers of many hosts, and pids
+// and boot IDs mean something only on their own host.
+func journalDir(state, host string) string {
+	if host == "" {
+		host = "unknown-host"
+	}
+	return filepath.Join(state, "children", host)
+}
 
 // openChildJournal starts the journal of worker name (several workers can
 // share a process in tests, hence the name beside the pid).
-func openChildJournal(state, scratch, name, boot string, pid int, start int64) (*childJournal, error) {
-	if err := os.MkdirAll(journalDir(state), 0o755); err != nil {
+func openChildJournal(state, host, scratch, name, boot string, pid int, start int64) (*childJournal, error) {
+	dir := journalDir(state, host)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(journalDir(state), strconv.Itoa(pid)+"."+name)
+	path := filepath.Join(dir, strconv.Itoa(pid)+"."+name)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -155,7 +164,7 @@ func (w *Worker) reapOrphans() {
 	if !stream.KnownBootID(w.boot) {
 		return // nothing about another process can be proven (ownerGone)
 	}
-	paths, _ := filepath.Glob(filepath.Join(journalDir(w.cfg.StateDir), "*"))
+	paths, _ := filepath.Glob(filepath.Join(journalDir(w.cfg.StateDir, w.host), "*"))
 	if len(paths) == 0 {
 		return
 	}
@@ -175,7 +184,7 @@ func (w *Worker) reapOrphans() {
 			continue
 		}
 		if !stream.KnownBootID(j.boot) || j.boot != w.boot {
-			os.Remove(path) // from before a reboot: its processes are gone
+			os.Remove(path) // from before a reboot of this host: its processes are gone
 			continue
 		}
 		if procs == nil {

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +13,7 @@ import (
 // group now: a leader that runs, or a member older than the dead worker.
 func TestChildJournalAndGroupChecks(t *testing.T) {
 	dir := t.TempDir()
-	j, err := openChildJournal(dir, "/scratch with space", "w1", "boot-1", 4242, 1000)
+	j, err := openChildJournal(dir, "h1", "/scratch with space", "w1", "boot-1", 4242, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,12 +22,21 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	j.note('-', 10)
 	j.note('+', 12)
 	j.f.WriteString("+ 1") // torn
-	got, err := readJournal(filepath.Join(dir, "children", "4242.w1"))
+	got, err := readJournal(filepath.Join(dir, "children", "h1", "4242.w1"))
 	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
 		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, its scratch, live [11 12]", got, err)
 	}
+	// A worker of another host sharing the state directory (an NFS home)
+	// neither reads nor removes this host's journal: its boot differs, and
+	// so would everything a pid means.
+	other := &Worker{host: "h2", boot: "boot-2", log: slog.Default()}
+	other.cfg.StateDir, other.cfg.ProcRoot = dir, "/proc"
+	other.reapOrphans()
+	if _, err := os.Stat(filepath.Join(dir, "children", "h1", "4242.w1")); err != nil {
+		t.Fatalf("another host's worker removed this host's journal: %v", err)
+	}
 	j.close()
-	if _, err := os.Stat(filepath.Join(dir, "children", "4242.w1")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, "children", "h1", "4242.w1")); !os.IsNotExist(err) {
 		t.Fatalf("a closed journal is still there: %v", err)
 	}
 

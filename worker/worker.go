@@ -282,7 +282,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
 	w.reapOrphans()
-	if j, err := openChildJournal(w.cfg.StateDir, w.cfg.Scratch, w.cfg.Name, w.boot, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
+	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
 		w.journal = j
 		defer j.close()
 	} else {
