@@ -25,10 +25,10 @@ import (
 // lease TTL, so before the dead worker's shards come back from their
 // expired leases.
 //
-// The journal is <state>/children/<host>/<pid>.<worker name>: a header with the boot ID, the
-// worker's pid and start time, a line with its scratch directory, then
-// "+ <pgid>" when a command starts and "- <pgid>" when its group is gone.
-// A worker that exits normally removes it.
+// The journal is <state>/children/<host>/<pid>.<worker name>: a header
+// with the boot ID, the worker's pid and start time, a line with its
+// scratch directory, then "+ <pgid>" when a command starts and "- <pgid>"
+// when its group is gone. A worker that exits normally removes it.
 
 // childJournal records this worker's running process groups.
 type childJournal struct {
@@ -155,11 +155,12 @@ func processStart(procRoot string, pid int) int64 {
 }
 
 // reapOrphans kills what dead workers of this boot left running, then
-// removes their journals and scratch pairs. A journal's worker is dead when
-// no process has its pid, the one that has it started at another time (the
-// pid was reused), or it is a zombie. A group is killed only when its leader (the
-// command, which Pdeathsig killed) is gone and every member started after
-// the dead worker did; a live leader means the pgid names another group now.
+// removes their journals and scratch pairs. A journal's worker is dead
+// when no process has its pid, the one that has it started at another time
+// (the pid was reused), or it is a zombie. A group is killed only when its
+// leader (the command, which Pdeathsig killed) is gone and every member
+// started after the dead worker did; a live leader means the pgid names
+// another group now.
 func (w *Worker) reapOrphans() {
 	if !stream.KnownBootID(w.boot) {
 		return // nothing about another process can be proven (ownerGone)
