@@ -156,6 +156,11 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 		}
 		return len(orphans) == 2, "descendants not started yet"
 	})
+	t.Cleanup(func() {
+		for _, pid := range orphans {
+			syscall.Kill(pid, syscall.SIGKILL) // should the test fail before w2 reaps them
+		}
+	})
 	w1.SignalMain(syscall.SIGKILL)
 	w1.Wait(t, 10*time.Second)
 	time.Sleep(500 * time.Millisecond)
