@@ -102,7 +102,7 @@ func ManifestIDs(path string) (map[string]bool, string, error) {
 				if sh.ID != nil {
 					ids[*sh.ID] = true
 				} else {
-					ids[fmt.Sprintf("line-%06d", n)] = true
+					ids[defaultShardID(n)] = true
 				}
 			}
 		}
@@ -115,6 +115,9 @@ func ManifestIDs(path string) (map[string]bool, string, error) {
 	}
 	return ids, fmt.Sprintf("%016x", h.Sum64()), nil
 }
+
+// defaultShardID is the id of a manifest line that names none.
+func defaultShardID(line int) string { return fmt.Sprintf("line-%06d", line) }
 
 func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 	bad := func(field, format string, args ...any) error {
@@ -152,7 +155,7 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 			return nil, bad("id", "%q must match [A-Za-z0-9_-]{1,128}; it names the shard's output directory", sh.ID)
 		}
 	} else {
-		sh.ID = fmt.Sprintf("line-%06d", n)
+		sh.ID = defaultShardID(n)
 	}
 	if v, ok := raw["inputs"]; ok {
 		if err := json.Unmarshal(v, &sh.Inputs); err != nil {

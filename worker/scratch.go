@@ -2,10 +2,10 @@ package worker
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -44,7 +44,7 @@ func (p *scratchPool) take(run string) (string, error) {
 		return base, nil
 	}
 	p.n++
-	base := filepath.Join(p.root, run, fmt.Sprintf("p%d-%d", p.pid, p.n))
+	base := filepath.Join(p.root, run, pairPrefix(p.pid)+strconv.Itoa(p.n))
 	p.all[base] = true
 	p.mu.Unlock()
 	for _, d := range []string{base + ".out", base + ".tmp"} {
@@ -113,13 +113,16 @@ func (p *scratchPool) close() {
 	}
 }
 
+// pairPrefix begins the names of a worker process's pairs.
+func pairPrefix(pid int) string { return "p" + strconv.Itoa(pid) + "-" }
+
 // removeDeadPairs removes the pairs a dead worker process left under its
 // scratch root (its pool never closed).
 func removeDeadPairs(root string, pid int) {
 	if root == "" {
 		return
 	}
-	pairs, _ := filepath.Glob(filepath.Join(root, "*", fmt.Sprintf("p%d-*", pid)))
+	pairs, _ := filepath.Glob(filepath.Join(root, "*", pairPrefix(pid)+"*"))
 	for _, d := range pairs {
 		if strings.HasSuffix(d, ".out") || strings.HasSuffix(d, ".tmp") {
 			os.RemoveAll(d)
