@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -248,9 +247,8 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 				}
 			}
 		}
-		shared := slices.Collect(maps.Keys(seen))
+		shared := slices.Sorted(maps.Keys(seen))
 		if len(shared) > 0 {
-			sort.Strings(shared)
 			return fmt.Errorf("%s: field %q: %w: %s also holds run %s (fingerprint %s), which has %d shard(s) with ids of this manifest (%s); "+
 				"they would replace each other's outputs. Give this run its own output directory", spec.SpecPath, "output", ErrSpecConflict,
 				spec.Output, name, other.Fingerprint, len(shared), strings.Join(shared[:min(len(shared), 3)], ", "))
