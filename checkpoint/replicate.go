@@ -21,9 +21,9 @@ type Replica struct {
 // Replicate copies the verified committed directory src to dst (for example
 // a generation from local scratch to NFS): the files first, each hashed
 // while copied and fsynced (a format 1 MANIFEST among them), then the
-// source's COMPLETE marker last; the copy is verified in place before it is renamed to dst. A source
-// that does not verify is refused; an existing dst that verifies with the
-// same file list checksum is left as it is.
+// source's COMPLETE marker last; the copy is verified in place before it
+// is renamed to dst. A source that does not verify is refused; an existing
+// dst that verifies with the same file list checksum is left as it is.
 func Replicate(ctx context.Context, src, dst string) (Replica, error) {
 	start := time.Now()
 	mk, err := Verify(src)
