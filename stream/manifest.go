@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -33,12 +36,16 @@ type Manifest struct {
 	Shards []Shard
 }
 
+// maxManifestErrors bounds the invalid lines one load reports.
+const maxManifestErrors = 20
+
 var manifestFields = map[string]bool{"id": true, "inputs": true, "class": true, "cost": true, "params": true}
 
 // LoadManifest reads the JSONL manifest of spec. Relative input paths are
 // relative to the spec's directory. Inputs must exist and be readable
 // regular files; classes must be declared by the spec. Every error wraps
-// ErrInvalidManifest and names the file, line and field.
+// ErrInvalidManifest and names the file, line and field; one load reports
+// the first 20 invalid lines (one per line) and counts the rest.
 func LoadManifest(spec *Spec) (*Manifest, error) {
 	f, err := os.Open(spec.Manifest)
 	if err != nil {
@@ -48,18 +55,27 @@ func LoadManifest(spec *Spec) (*Manifest, error) {
 	h := xxhash.New()
 	m := &Manifest{Path: spec.Manifest}
 	seen := map[string]int{}
+	// Every line is checked, so one pass shows what to fix; the first
+	// maxManifestErrors errors are reported and the rest counted.
+	var errs []error
+	invalid := 0
+	report := func(err error) {
+		if invalid++; len(errs) < maxManifestErrors {
+			errs = append(errs, err)
+		}
+	}
 	r := bufio.NewReaderSize(io.TeeReader(f, h), 1<<16)
 	for n := 1; ; n++ {
 		line, err := r.ReadBytes('\n')
 		if len(line) > 0 {
 			sh, perr := parseLine(spec, m.Path, n, line)
-			if perr != nil {
-				return nil, perr
-			}
-			if sh != nil {
-				if prev, dup := seen[sh.ID]; dup {
-					return nil, fmt.Errorf("%s:%d: field \"id\": %w: duplicate shard id %q (first on line %d)", m.Path, n, ErrInvalidManifest, sh.ID, prev)
-				}
+			switch {
+			case perr != nil:
+				report(perr)
+			case sh == nil:
+			case seen[sh.ID] > 0:
+				report(fmt.Errorf("%s:%d: field \"id\": %w: duplicate shard id %q (first on line %d)", m.Path, n, ErrInvalidManifest, sh.ID, seen[sh.ID]))
+			default:
 				seen[sh.ID] = n
 				m.Shards = append(m.Shards, *sh)
 			}
@@ -70,6 +86,17 @@ func LoadManifest(spec *Spec) (*Manifest, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s:%d: %w: %v", m.Path, n, ErrInvalidManifest, err)
 		}
+	}
+	if invalid > 1 {
+		shown := "each below"
+		if invalid > len(errs) {
+			shown = fmt.Sprintf("the first %d below", len(errs))
+		}
+		head := fmt.Errorf("%s: %w: %d invalid lines, %s", m.Path, ErrInvalidManifest, invalid, shown)
+		errs = append([]error{head}, errs...)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	if len(m.Shards) == 0 {
 		return nil, fmt.Errorf("%s: %w: no shards", m.Path, ErrInvalidManifest)
@@ -143,7 +170,11 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !manifestFields[k] {
-			return nil, bad(k, "unknown field (known: id, inputs, class, cost, params)")
+			known := slices.Sorted(maps.Keys(manifestFields))
+			if m := likelyMeant(strings.ToLower(k), known); m != "" {
+				return nil, bad(k, "unknown field, did you mean %q? (known: %s)", m, strings.Join(known, ", "))
+			}
+			return nil, bad(k, "unknown field (known: %s)", strings.Join(known, ", "))
 		}
 	}
 	sh := &Shard{Line: n, Class: DefaultClass}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
@@ -107,6 +108,103 @@ type classFile struct {
 	Stage   *bool  `toml:"stage"`
 }
 
+// knownHere says which keys the table of an unknown key accepts, and
+// which of them the key was probably meant to be: "class" for "classes",
+// "memory" for "memroy".
+func knownHere(key []string) string {
+	t := reflect.TypeFor[specFile]()
+	typo := ""
+	for i := 0; i < len(key); i++ {
+		next := tomlField(t, key[i])
+		if next == nil {
+			typo = key[i]
+			break
+		}
+		t = next
+		if t.Kind() == reflect.Map {
+			// The next element names the map entry ([class.gpu]).
+			t, i = t.Elem(), i+1
+		}
+	}
+	if typo == "" || t.Kind() != reflect.Struct {
+		return ""
+	}
+	var known []string
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("toml"), ","); name != "" {
+			known = append(known, name)
+		}
+	}
+	sort.Strings(known)
+	msg := " (known here: " + strings.Join(known, ", ") + ")"
+	if k := likelyMeant(strings.ToLower(typo), known); k != "" {
+		return fmt.Sprintf(": %q, did you mean %q?%s", typo, k, msg)
+	}
+	return fmt.Sprintf(": %q%s", typo, msg)
+}
+
+// likelyMeant is the known key closest to typo when it is close enough:
+// one edit away (two for keys longer than four letters), or the same word
+// with another ending ("retry" for "retries").
+func likelyMeant(typo string, known []string) string {
+	best, bestD := "", 0
+	for _, k := range known {
+		d := editDistance(typo, k)
+		limit := 1
+		if len(k) > 4 {
+			limit = 2
+		}
+		p := 0
+		for p < min(len(k), len(typo)) && k[p] == typo[p] {
+			p++
+		}
+		sameStem := p >= 4 && max(len(k), len(typo))-p <= 3
+		if (d <= limit || sameStem) && (best == "" || d < bestD) {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+// tomlField is the type of struct t's field tagged name, or nil.
+func tomlField(t reflect.Type, name string) reflect.Type {
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	for i := range t.NumField() {
+		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("toml"), ","); tag == name {
+			return t.Field(i).Type
+		}
+	}
+	return nil
+}
+
+// editDistance is the optimal string alignment distance of a and b
+// (insertions, deletions, substitutions and swaps of neighbours, bytes).
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
+}
+
 // DefaultRetries is used when the spec does not say.
 const DefaultRetries = 2
 
@@ -146,7 +244,7 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 		if errors.As(err, &sm) && len(sm.Errors) > 0 {
 			e := sm.Errors[0]
 			row, _ := e.Position()
-			return nil, fmt.Errorf("%s:%d: field %q: %w: unknown field", abs, row, strings.Join(e.Key(), "."), ErrInvalidSpec)
+			return nil, fmt.Errorf("%s:%d: field %q: %w: unknown field%s", abs, row, strings.Join(e.Key(), "."), ErrInvalidSpec, knownHere(e.Key()))
 		}
 		var de *toml.DecodeError
 		if errors.As(err, &de) {

@@ -3,6 +3,7 @@ package stream
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -103,6 +104,11 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"bad class name", base + "[class.GPU]\ncpus = 1\n", `:5: field "class.GPU"`},
 		{"output root", "name = \"x\"\nmanifest = \"m\"\noutput = \"/\"\ncommand = [\"true\"]\n", `:3: field "output"`},
 		{"unknown top-level", base + "retires = 3\n", `:5: field "retires"`},
+		{"misspelt key", base + "retires = 3\n", `did you mean "retries"?`},
+		{"plural table", base + "[classes.gpu]\ncpus = 1\n", `"classes", did you mean "class"?`},
+		{"swapped letters", base + "[class.cpu]\nmemroy = \"1G\"\n", `did you mean "memory"? (known here: cpus, gpus, memory, scratch, stage, time, vram)`},
+		{"nested table", base + "[profile]\nsustain = 3\n", `did you mean "sustained"?`},
+		{"nothing close", base + "colour = 3\n", `unknown field: "colour" (known here: class, code_rev, command,`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -257,5 +263,64 @@ func TestSecondsJSON(t *testing.T) {
 	var s struct{ D Seconds }
 	if err := json.Unmarshal([]byte(`{"D":"soon"}`), &s); err == nil {
 		t.Fatal(`"soon" read as seconds`)
+	}
+}
+
+func TestNoSuggestionForUnrelatedKeys(t *testing.T) {
+	for typo, want := range map[string]string{"retry": "retries", "classes": "class", "cpu": "cpus", "foo": "", "gpu_count": "", "env": "env", "tim": "time"} {
+		if got := likelyMeant(typo, []string{"class", "cpus", "env", "retries", "time", "timeout"}); got != want {
+			t.Errorf("likelyMeant(%q) = %q, want %q", typo, got, want)
+		}
+	}
+}
+
+// A manifest with many bad lines reports them in one pass: a user with a
+// 10,000-line manifest should not fix one line per try.
+func TestManifestReportsEveryInvalidLine(t *testing.T) {
+	dir := t.TempDir()
+	specPath := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"cat\", \"{inputs}\"]\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "ok"), []byte("x"), 0o644)
+	spec, err := LoadSpec(specPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(lines []string) {
+		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	}
+
+	var lines []string
+	for i := range 30 {
+		if i%5 == 0 {
+			lines = append(lines, fmt.Sprintf(`{"id":"good%d","inputs":["ok"]}`, i))
+		} else {
+			lines = append(lines, fmt.Sprintf(`{"id":"bad%d","inputs":["missing%d"]}`, i, i))
+		}
+	}
+	lines = append(lines, `{"id":"good0","inputs":["ok"]}`) // line 31: a duplicate
+	write(lines)
+	_, err = LoadManifest(spec)
+	if !errors.Is(err, ErrInvalidManifest) {
+		t.Fatalf("got %v, want ErrInvalidManifest", err)
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "25 invalid lines, the first 20 below") {
+		t.Fatalf("no count of the invalid lines:\n%s", msg)
+	}
+	if !strings.Contains(msg, "m.jsonl:2: field \"inputs\"") || !strings.Contains(msg, "missing24") {
+		t.Fatalf("the first 20 invalid lines are not all reported:\n%s", msg)
+	}
+	if strings.Contains(msg, "missing26") || strings.Contains(msg, ":31:") {
+		t.Fatalf("more than 20 invalid lines reported:\n%s", msg)
+	}
+	if n := strings.Count(msg, "\n"); n != 20 {
+		t.Fatalf("got %d lines after the first, want 20 (one per invalid line):\n%s", n, msg)
+	}
+
+	// One bad line: just its error, no summary.
+	write([]string{`{"id":"a","inputs":["ok"]}`, `{"id":"a","inputs":["ok"]}`})
+	_, err = LoadManifest(spec)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `m.jsonl:2: field "id"`) || !strings.Contains(err.Error(), "first on line 1") {
+		t.Fatalf("got %v, want the duplicate on line 2 alone", err)
 	}
 }
