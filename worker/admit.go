@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
@@ -44,11 +43,8 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 		budget["gpus"] = probe.Known(int64(total), "usable GPUs and those held by this worker")
 	}
 	slots := plan.Compute(budget, plan.Peak{}, peak, gpu)
+	slots, _ = plan.Unmeasured(slots, peak)
 	n, reason := slots.N, slots.Reason
-	if n == 0 && peak.Memory <= 0 && !strings.Contains(slots.Reason, "unknown") {
-		// Nothing measured or declared: one at a time until it is.
-		n, reason = 1, "no measured or declared memory peak: one shard at a time ("+slots.Reason+")"
-	}
 	if max := w.cfg.Slots[class]; max > 0 && n > max {
 		n, reason = max, fmt.Sprintf("%s; capped at %d by configuration", reason, max)
 	}

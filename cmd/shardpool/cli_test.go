@@ -28,6 +28,9 @@ func TestRunExitCodes(t *testing.T) {
 			t.Errorf("run output lacks %q:\n%s", want, p.Output())
 		}
 	}
+	if strings.Contains(p.Output(), "one shard at a time") {
+		t.Errorf("--slots 2 run says it runs one shard at a time:\n%s", p.Output())
+	}
 	// A deleted output of a COMPLETE run is redone by running it again,
 	// not reported verified.
 	if err := os.RemoveAll(filepath.Join(filepath.Dir(ok), "out", "s0001")); err != nil {
@@ -36,6 +39,11 @@ func TestRunExitCodes(t *testing.T) {
 	p = testenv.Start(t, "run", "--data", data, ok)
 	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "queued again: s0001") {
 		t.Fatalf("run after an output was deleted: exit %d, want 0 and the shard queued again\n%s", code, p.Output())
+	}
+	// Under --slots auto a class with no memory peak runs one shard at a
+	// time; the user is told so up front, with the ways out.
+	if !strings.Contains(p.Output(), "slots: class cpu runs one shard at a time") || !strings.Contains(p.Output(), "shardpool profile") {
+		t.Fatalf("auto run of a class without a memory peak does not say it runs one at a time:\n%s", p.Output())
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(ok), "out", "s0001", "COMPLETE")); err != nil {
 		t.Fatalf("deleted output not redone: %v", err)

@@ -98,6 +98,14 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer stopCoord()
 	g.Go(func() error { return coord.Run(coordCtx) })
 	fmt.Fprintf(stdout, "run %s fingerprint %s: %d shard(s), %d published, state %s\n", res.Run, res.Fingerprint, len(man.Shards), res.Published, res.State)
+	if slots.auto {
+		for _, c := range pl.Classes {
+			if _, one := plan.Unmeasured(c.Slots, c.Peak); one {
+				fmt.Fprintf(stdout, "slots: class %s runs one shard at a time: its memory peak is neither measured nor declared (run `shardpool profile %s`, declare memory in [class.%s], or pass --slots)\n",
+					c.Class, shellQuote(spec.SpecPath), c.Class)
+			}
+		}
+	}
 	printChanged(stdout, res, retry)
 	printRedone(stdout, res)
 	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())

@@ -108,6 +108,18 @@ func Compute(b Budget, shared Peak, peak Peak, needsGPU bool) Slots {
 	return s
 }
 
+// Unmeasured is admission's rule for a class whose memory peak is neither
+// measured nor declared while every budget is known: one shard at a time
+// until a profile or a declaration says more. Otherwise it returns s
+// unchanged and false.
+func Unmeasured(s Slots, peak Peak) (Slots, bool) {
+	if s.N != 0 || peak.Memory > 0 || strings.Contains(s.Reason, "unknown") {
+		return s, false
+	}
+	s.N, s.Reason = 1, "one shard at a time: "+s.Reason
+	return s, true
+}
+
 // Fits reports whether one shard of peak fits the budget at all (with
 // nothing else running); it names the first resource that does not.
 func Fits(b Budget, peak Peak, needsGPU bool) (bool, string) {

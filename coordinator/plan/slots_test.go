@@ -43,6 +43,22 @@ func TestCompute(t *testing.T) {
 	}
 }
 
+func TestUnmeasuredRunsOneAtATime(t *testing.T) {
+	gib := int64(1 << 30)
+	full := Budget{"cpu": probe.Known(16000, "cgroup"), "memory": probe.Known(64*gib, "cgroup")}
+	s, one := Unmeasured(Compute(full, Peak{}, Peak{CPU: 1000}, false), Peak{CPU: 1000})
+	if !one || s.N != 1 || !strings.HasPrefix(s.Reason, "one shard at a time: no measured or declared memory peak") {
+		t.Fatalf("no memory peak, budget known: got %v %d %q, want one at a time", one, s.N, s.Reason)
+	}
+	unknown := Budget{"cpu": probe.Known(16000, ""), "memory": probe.Unknown("cgroup", "memory.max unreadable")}
+	if s, one := Unmeasured(Compute(unknown, Peak{}, Peak{CPU: 1000}, false), Peak{CPU: 1000}); one || s.N != 0 {
+		t.Fatalf("unknown budget: got %v %d, want nothing admitted", one, s.N)
+	}
+	if s, one := Unmeasured(Compute(full, Peak{}, Peak{CPU: 1000, Memory: gib}, false), Peak{CPU: 1000, Memory: gib}); one || s.N != 16 {
+		t.Fatalf("declared peak: got %v %d, want the formula's 16", one, s.N)
+	}
+}
+
 func TestFitsAndOutliers(t *testing.T) {
 	b := Budget{"cpu": probe.Known(4000, "host"), "memory": probe.Known(8<<30, "cgroup")}
 	if ok, why := Fits(b, Peak{CPU: 1000, Memory: 16 << 30}, false); ok || !strings.Contains(why, "memory") {
