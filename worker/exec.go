@@ -157,7 +157,10 @@ func paramKey(k string) string {
 // command: a small /bin/sh prologue writes its own pid into each, then
 // execs argv, which it receives as positional parameters (never as text
 // in the script), so nothing the child forks can escape the cgroup.
-func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}, onStart func(pgid int) func(), enter []string) result {
+//
+// held names the shard message the command runs for, if any; the child
+// journal keeps it beside the process group (see heldShard).
+func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}, onStart func(pgid int) func(), enter []string, held *heldShard) result {
 	if len(enter) > 0 {
 		wrapped := append([]string{"/bin/sh", "-c", enterScript, "shardpool-enter"}, enter...)
 		argv = append(append(wrapped, "--"), argv...)
@@ -181,7 +184,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	}
 	out.started()
 	pgid := cmd.Process.Pid
-	w.journal.note('+', pgid)
+	w.journal.started(pgid, held)
 	if onStart != nil {
 		if end := onStart(pgid); end != nil {
 			defer end()
@@ -228,7 +231,7 @@ wait:
 	}
 	// Whatever the child left behind in its group goes with it.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	w.journal.note('-', pgid)
+	w.journal.ended(pgid)
 	r := result{duration: time.Since(start)}
 	r.logged = out.close()
 	ps := cmd.ProcessState

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -27,8 +30,17 @@ import (
 //
 // The journal is <state>/children/<host>/<pid>.<worker name>: a header
 // with the boot ID, the worker's pid and start time, a line with its
-// scratch directory, then "+ <pgid>" when a command starts and "- <pgid>"
-// when its group is gone. A worker that exits normally removes it.
+// scratch directory, then "+ <pgid> [<lease key> <attempt> <ack subject>]"
+// when a command starts and "- <pgid>" when its group is gone. A worker
+// that exits normally removes it.
+//
+// The message a dead worker's command ran for cannot be acknowledged by
+// anyone else; JetStream would redeliver it only after the ack wait (the
+// lease TTL), and its lease would keep every worker on other hosts off it
+// as long. The worker that reaps the journal proves the owner gone, so it
+// hands the message back at once: it deletes the dead owner's lease and
+// naks the delivery (handBack). A crashed `shardpool run` restarted at once
+// resumes its shards at once instead of after the TTL.
 
 // childJournal records this worker's running process groups.
 type childJournal struct {
@@ -67,12 +79,40 @@ func openChildJournal(state, host, scratch, name, boot string, pid int, start in
 	return &childJournal{f: f, path: path}, nil
 }
 
-func (j *childJournal) note(sign byte, pgid int) {
+// heldShard is the shard message a command runs for, as its journal line
+// keeps it: enough for the worker that finds this one dead to hand the
+// message back (handBack).
+type heldShard struct {
+	key     string // the shard's lease key
+	attempt int    // the delivery count, as the lease's owner records it
+	reply   string // the delivery's ack subject
+}
+
+// started notes a command's process group, with the message it runs for.
+func (j *childJournal) started(pgid int, h *heldShard) {
+	if j == nil {
+		return
+	}
+	b := make([]byte, 0, 160)
+	b = strconv.AppendInt(append(b, '+', ' '), int64(pgid), 10)
+	if h != nil && h.reply != "" && !strings.ContainsAny(h.key+h.reply, " \n") {
+		b = append(append(append(b, ' '), h.key...), ' ')
+		b = append(strconv.AppendInt(b, int64(h.attempt), 10), ' ')
+		b = append(b, h.reply...)
+	}
+	j.write(append(b, '\n'))
+}
+
+// ended notes that a command's process group is gone.
+func (j *childJournal) ended(pgid int) {
 	if j == nil {
 		return
 	}
 	var b [24]byte
-	line := append(strconv.AppendInt(append(b[:0], sign, ' '), int64(pgid), 10), '\n')
+	j.write(append(strconv.AppendInt(append(b[:0], '-', ' '), int64(pgid), 10), '\n'))
+}
+
+func (j *childJournal) write(line []byte) {
 	j.mu.Lock()
 	_, _ = j.f.Write(line)
 	j.mu.Unlock()
@@ -96,6 +136,8 @@ type deadJournal struct {
 	start   int64
 	scratch string
 	live    []int // groups started and not ended, in order
+	// held is the message each live group ran for, where the line said.
+	held map[int]heldShard
 }
 
 func readJournal(path string) (deadJournal, error) {
@@ -117,17 +159,27 @@ func readJournal(path string) (deadJournal, error) {
 	}
 	j.scratch = strings.TrimPrefix(sc.Text(), "scratch ")
 	open := map[int]bool{}
+	held := map[int]heldShard{}
 	var order []int
 	for sc.Scan() {
-		sign, num, ok := strings.Cut(sc.Text(), " ")
-		pgid, err := strconv.Atoi(num)
-		if !ok || err != nil || pgid <= 1 {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
 			continue // a torn last line
 		}
-		switch sign {
+		pgid, err := strconv.Atoi(f[1])
+		if err != nil || pgid <= 1 {
+			continue
+		}
+		switch f[0] {
 		case "+":
 			open[pgid] = true
 			order = append(order, pgid)
+			delete(held, pgid)
+			if len(f) == 5 {
+				if n, err := strconv.Atoi(f[3]); err == nil {
+					held[pgid] = heldShard{key: f[2], attempt: n, reply: f[4]}
+				}
+			}
 		case "-":
 			delete(open, pgid)
 		}
@@ -135,6 +187,12 @@ func readJournal(path string) (deadJournal, error) {
 	for _, g := range order {
 		if open[g] {
 			j.live = append(j.live, g)
+			if h, ok := held[g]; ok {
+				if j.held == nil {
+					j.held = map[int]heldShard{}
+				}
+				j.held[g] = h
+			}
 			delete(open, g)
 		}
 	}
@@ -201,10 +259,55 @@ func (w *Worker) reapOrphans() {
 			} else if why != "" {
 				w.hostLog("-", "reap-skip", fmt.Sprintf("group %d of dead worker pid %d left alone: %s", pgid, j.pid, why))
 			}
+			if h, ok := j.held[pgid]; ok {
+				w.handBack(h, j)
+			}
 		}
 		removeDeadPairs(j.scratch, j.pid)
 		os.Remove(path)
 	}
+}
+
+// handBack returns the message a dead worker's command ran for to the
+// queue at once, instead of after the ack wait: it deletes the shard's
+// lease, if that is still the dead worker's for this very delivery, and
+// naks the delivery. A lease that changed hands, or that is near its
+// expiry (the message may be redelivered by now, and a nak of the old
+// delivery would send it out twice), is left to expire.
+func (w *Worker) handBack(h heldShard, j deadJournal) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	e, err := w.b.Leases.Get(ctx, h.key)
+	if err != nil {
+		return // released, expired or taken over since: nothing is held
+	}
+	var l stream.Lease
+	if stream.Decode(e.Value(), &l) != nil {
+		return
+	}
+	o := l.Owner
+	if o.Host != w.host || o.BootID != j.boot || o.PID != j.pid || o.Attempt != h.attempt {
+		return // another owner's, or another delivery's
+	}
+	// The heartbeat sends InProgress just before it renews the lease, so
+	// the delivery cannot come back before Renewed + TTL, give or take
+	// that gap: stay clear of the end.
+	if age := time.Since(l.Renewed); age > w.ttl-min(2*time.Second, w.ttl/4) {
+		w.hostLog("-", "reap-skip", fmt.Sprintf("shard %s of dead worker pid %d: its lease is %s old, near its TTL of %s; left to expire", h.key, j.pid, age.Round(time.Millisecond), w.ttl))
+		return
+	}
+	if err := w.b.Leases.Delete(ctx, h.key, jetstream.LastRevision(e.Revision())); err != nil {
+		return
+	}
+	nc := w.cfg.JetStream.Conn()
+	if err := nc.Publish(h.reply, []byte("-NAK")); err == nil {
+		err = nc.FlushWithContext(ctx)
+	}
+	if err != nil {
+		w.hostLog("-", "reap", fmt.Sprintf("shard %s of dead worker pid %d: lease deleted; the nak failed (%v), so it comes back after the ack wait", h.key, j.pid, err))
+		return
+	}
+	w.hostLog("-", "hand-back", fmt.Sprintf("shard %s (delivery %d) of dead worker pid %d back to the queue now: its lease deleted, its delivery naked", h.key, h.attempt, j.pid))
 }
 
 func (j *childJournal) pathOrEmpty() string {

@@ -1,11 +1,16 @@
 package worker
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
 )
 
 // The journal's live groups are those started and not ended; a torn last
@@ -17,14 +22,20 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.note('+', 10)
-	j.note('+', 11)
-	j.note('-', 10)
-	j.note('+', 12)
+	held := &heldShard{key: "run.s1", attempt: 2, reply: "$JS.ACK.SHARDS.cpu.2.7.9.1764500000000000000.3"}
+	j.started(10, held)
+	j.started(11, held)
+	j.ended(10)
+	j.started(12, nil)
+	j.started(13, &heldShard{key: "run.bad key", attempt: 1, reply: "x"}) // not a journal line's worth
+	j.ended(13)
 	j.f.WriteString("+ 1") // torn
 	got, err := readJournal(filepath.Join(dir, "children", "h1", "4242.w1"))
 	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
 		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, its scratch, live [11 12]", got, err)
+	}
+	if h, ok := got.held[11]; !ok || h != *held || len(got.held) != 1 {
+		t.Fatalf("held messages read back as %+v, want group 11's %+v alone", got.held, *held)
 	}
 	// A worker of another host sharing the state directory (an NFS home)
 	// neither reads nor removes this host's journal: its boot differs, and
@@ -63,5 +74,72 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 		if n != 0 || (c.why == "" && why != "") || !strings.Contains(why, c.why) {
 			t.Errorf("%s: killed %d, reason %q; want none, reason containing %q", c.name, n, why, c.why)
 		}
+	}
+}
+
+// handBack deletes a dead worker's lease and naks its delivery only when
+// the lease is still that worker's, for that delivery, and clear of its
+// TTL; anything else is left to expire.
+func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
+	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := New(Config{JetStream: c.JetStream(), Name: "w", Slots: map[string]int{"cpu": 1}, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.b, err = stream.OpenBuckets(ctx, c.JetStream()); err != nil {
+		t.Fatal(err)
+	}
+	w.ttl, w.boot, w.host, w.pid = 8*time.Second, "boot-1", "h1", 1
+	nc := c.JetStream().Conn()
+	naks, err := nc.SubscribeSync("ack.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := deadJournal{boot: "boot-1", pid: 4242}
+	mine := stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, Attempt: 2}
+	for _, tc := range []struct {
+		name    string
+		owner   stream.Owner
+		age     time.Duration
+		handed  bool
+		logPart string
+	}{
+		{"still the dead worker's", mine, time.Second, true, "decision=hand-back shard r.a (delivery 2)"},
+		{"taken over by another pid", stream.Owner{Worker: "new", Host: "h1", BootID: "boot-1", PID: 4243, Attempt: 3}, time.Second, false, ""},
+		{"an earlier delivery's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, Attempt: 1}, time.Second, false, ""},
+		{"another boot's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-0", PID: 4242, Attempt: 2}, time.Second, false, ""},
+		{"near its TTL", mine, 7 * time.Second, false, "near its TTL of 8s; left to expire"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "r.a"
+			_ = w.b.Leases.Purge(ctx, key)
+			l := stream.Lease{Owner: tc.owner, Taken: time.Now().Add(-tc.age), Renewed: time.Now().Add(-tc.age).UTC()}
+			data, _ := stream.Encode(&l)
+			if _, err := w.b.Leases.Put(ctx, key, data); err != nil {
+				t.Fatal(err)
+			}
+			w.handBack(heldShard{key: key, attempt: 2, reply: "ack." + strings.ReplaceAll(tc.name, " ", "-")}, dead)
+			_, gerr := w.b.Leases.Get(ctx, key)
+			msg, nerr := naks.NextMsg(300 * time.Millisecond)
+			if tc.handed {
+				if gerr == nil || nerr != nil || string(msg.Data) != "-NAK" {
+					t.Fatalf("lease left (%v) or no nak (%v %v): want both handed back", gerr, msg, nerr)
+				}
+			} else if gerr != nil || nerr == nil {
+				t.Fatalf("lease gone (%v) or nak sent (%v): want both left alone", gerr, msg)
+			}
+			log, _ := os.ReadFile(filepath.Join(w.cfg.StateDir, "admission.log"))
+			if tc.logPart != "" && !strings.Contains(string(log), tc.logPart) {
+				t.Fatalf("admission.log lacks %q:\n%s", tc.logPart, log)
+			}
+		})
 	}
 }

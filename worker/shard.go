@@ -424,7 +424,8 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
 	stopOrPreempt, unmerge := mergeStop(stop, rr.preempt)
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stopOrPreempt, lost, onStart, cg.procsFiles())
+	held := &heldShard{key: a.key, attempt: a.attempt, reply: a.msg.Reply()}
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stopOrPreempt, lost, onStart, cg.procsFiles(), held)
 	unmerge()
 	w.removeRunning(a.key)
 	select {
@@ -444,7 +445,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
 		vargv, err := stream.Expand(spec.Validator, v)
 		if err == nil {
-			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost, nil, nil)
+			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost, nil, nil, held)
 			if vr.outcome != stream.OutcomeOK {
 				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
 			}

@@ -165,7 +165,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			if s.Owner != nil {
 				detail = fmt.Sprintf("attempt %d on %s (%s pid %d) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.Host, s.Owner.PID, detail)
 				if s.State == stream.ShardRunning && !reporting(st.Workers, s.Owner) {
-					detail += "; that worker is not reporting: the shard is redelivered once its lease expires"
+					detail += "; that worker is not reporting: the shard is redelivered once its lease expires, or at once when a worker with its state directory starts on its host"
 				}
 			}
 			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))

@@ -198,6 +198,44 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
 }
 
+// The shards of a worker killed with SIGKILL come back as soon as a worker
+// with the same state directory starts and proves it dead, not after the
+// lease TTL (60 s here): a crashed `shardpool run` resumes at once.
+func TestKilledWorkersShardsComeBackAtOnce(t *testing.T) {
+	c := startCluster(t, "60s")
+	state := filepath.Join(t.TempDir(), "state")
+	started := filepath.Join(t.TempDir(), "started")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 2, Command: []string{"sh", "-c",
+		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}"}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=3", "--data", state)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return strings.Count(string(b), "x") == 3, "first attempts not all running yet"
+	})
+	w1.SignalMain(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	killed := time.Now()
+	c.worker("w2", "--slots", "cpu=3", "--data", state)
+	testenv.WaitState(t, c.js, "t", 40*time.Second, stream.RunComplete)
+	if took := time.Since(killed); took > 30*time.Second {
+		t.Errorf("the killed worker's shards took %s to complete: they waited for the lease TTL", took)
+	}
+	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
+	if n := strings.Count(string(log), "decision=hand-back "); n != 3 {
+		t.Errorf("w2 handed back %d shard(s), want 3:\n%s", n, log)
+	}
+	for i := range 3 {
+		rec, err := testenv.ReadShard(c.js, "t", fmt.Sprintf("s%04d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Attempts) != 2 || rec.Attempts[0].Outcome != stream.OutcomeLost || rec.Attempts[1].Outcome != stream.OutcomeOK || rec.Attempts[1].Worker != "w2" {
+			t.Errorf("shard s%04d attempts %+v, want w1's lost, then w2's ok", i, rec.Attempts)
+		}
+	}
+}
+
 func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	c := startCluster(t, "3s")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2,
