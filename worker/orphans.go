@@ -24,9 +24,9 @@ import (
 // one accounts for while the shard runs again elsewhere. So each worker
 // keeps a journal of the process groups it runs, in its state directory
 // (shared by the workers of one user on a host by default), and every
-// worker reaps the groups of a dead worker's journal: at start and once per
-// lease TTL, so before the dead worker's shards come back from their
-// expired leases.
+// worker reaps the groups of a dead worker's journal: at start and every
+// third of the lease TTL, so before the dead worker's shards come back
+// from their expired leases.
 //
 // The journal is <state>/children/<host>/<pid>.<worker name>: a header
 // with the boot ID, the worker's pid and start time, a line with its

@@ -300,9 +300,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	g.Go(func() error { return w.report(gctx) })
 	g.Go(func() error { return w.watchPressure(gctx) })
 	g.Go(func() error {
-		// Peers on this host that died: reap what their commands left
-		// before their shards' leases expire.
-		t := time.NewTicker(w.ttl)
+		// Peers on this host that died: reap what their commands left and
+		// hand their shards back, at a third of the TTL so that a dead
+		// peer's leases are still young enough to hand back (handBack).
+		t := time.NewTicker(max(w.ttl/3, time.Second))
 		defer t.Stop()
 		for {
 			select {

@@ -236,6 +236,35 @@ func TestKilledWorkersShardsComeBackAtOnce(t *testing.T) {
 	}
 }
 
+// A live worker sharing the dead one's state directory hands its shards
+// back too, from its periodic reap (every third of the 15 s TTL).
+func TestLivePeerHandsBackADeadWorkersShards(t *testing.T) {
+	c := startCluster(t, "15s")
+	state := filepath.Join(t.TempDir(), "state")
+	started := filepath.Join(t.TempDir(), "started")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2, Command: []string{"sh", "-c",
+		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}"}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=2", "--data", state)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return strings.Count(string(b), "x") == 2, "first attempts not all running yet"
+	})
+	c.worker("w2", "--slots", "cpu=2", "--data", state)
+	time.Sleep(time.Second) // w2 is up and reaping, with nothing to reap yet
+	w1.SignalMain(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	killed := time.Now()
+	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	if took := time.Since(killed); took > 12*time.Second {
+		t.Errorf("the dead worker's shards took %s to complete: they waited for the lease TTL (15s)", took)
+	}
+	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
+	if n := strings.Count(string(log), "decision=hand-back "); n != 2 {
+		t.Errorf("w2 handed back %d shard(s), want 2:\n%s", n, log)
+	}
+}
+
 func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	c := startCluster(t, "3s")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2,
