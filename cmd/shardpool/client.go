@@ -33,7 +33,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	plan.SplitOutliers(spec, man)
-	nc, js, err := connect(ctx, *server, "shardpool-submit")
+	nc, js, err := connect(ctx, *server, "shardpool-submit", 0, nil)
 	if err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) == 1 {
 		run = pos[0]
 	}
-	nc, js, err := connect(ctx, *server, "shardpool-status")
+	nc, js, err := connect(ctx, *server, "shardpool-status", 0, nil)
 	if err != nil {
 		return err
 	}

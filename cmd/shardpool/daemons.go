@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -46,11 +47,41 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	return c.Run(ctx)
 }
 
-func connect(ctx context.Context, url, name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
-		nats.Timeout(5*time.Second), nats.RetryOnFailedConnect(false))
-	if err != nil {
-		return nil, nil, fmt.Errorf("connect %s: %w", url, err)
+// connect opens a connection to the coordinator at url. With wait > 0 a
+// coordinator that does not answer yet is tried again until wait has
+// passed (a worker started by a scheduler beside its coordinator), saying
+// so once on notice; once connected, a connection outlives coordinator
+// restarts.
+func connect(ctx context.Context, url, name string, wait time.Duration, notice io.Writer) (*nats.Conn, jetstream.JetStream, error) {
+	deadline := time.Now().Add(wait)
+	pause := 250 * time.Millisecond
+	var nc *nats.Conn
+	for {
+		var err error
+		nc, err = nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+			nats.Timeout(5*time.Second), nats.RetryOnFailedConnect(false))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, nats.ErrNoServers) {
+			return nil, nil, fmt.Errorf("connect %s: %w", url, err)
+		}
+		if !time.Now().Add(pause).Before(deadline) {
+			why := "is `shardpool coordinator` running there? A `shardpool run` serves its coordinator only while it runs"
+			if wait > 0 {
+				why = fmt.Sprintf("waited %s; %s", wait, why)
+			}
+			return nil, nil, fmt.Errorf("no coordinator answers at %s (%w): %s", url, err, why)
+		}
+		if pause == 250*time.Millisecond && notice != nil {
+			fmt.Fprintf(notice, "waiting up to %s for the coordinator at %s\n", wait, url)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 5*time.Second)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -69,13 +100,14 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	name := fs.String("name", worker.DefaultName(), "worker name (unique per worker)")
 	data := fs.String("data", worker.DefaultStateDir(), "where this worker writes evidence (runs/<run>/)")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
+	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet (0: fail at once)")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
 	sf.register(fs)
 	if err := parseNone(fs, args); err != nil {
 		return err
 	}
-	nc, js, err := connect(ctx, *server, "shardpool-worker-"+*name)
+	nc, js, err := connect(ctx, *server, "shardpool-worker-"+*name, *connectWait, stderr)
 	if err != nil {
 		return err
 	}

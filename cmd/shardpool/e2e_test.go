@@ -30,17 +30,28 @@ type cluster struct {
 }
 
 func startCluster(t *testing.T, leaseTTL string) *cluster {
+	c := newCluster(t)
+	c.startCoordinator(leaseTTL)
+	c.connect()
+	return c
+}
+
+// newCluster picks the cluster's address; nothing runs yet.
+func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, data: t.TempDir(), addr: testenv.FreePort(t)}
 	c.url = "nats://" + c.addr
-	c.startCoordinator(leaseTTL)
+	return c
+}
+
+// connect gives the test its own connection to the coordinator.
+func (c *cluster) connect() {
 	nc, err := nats.Connect(c.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
-		t.Fatal(err)
+		c.t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
+	c.t.Cleanup(nc.Close)
 	c.nc = nc
 	c.js, _ = jetstream.New(nc)
-	return c
 }
 
 func (c *cluster) startCoordinator(leaseTTL string) {
@@ -196,6 +207,29 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 		t.Errorf("w2's admission.log does not record two reaped groups:\n%s", log)
 	}
 	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
+}
+
+// A worker started before its coordinator (a scheduler starts both at
+// once) waits for it and then serves; without a wait it fails at once,
+// saying what is missing.
+func TestWorkerWaitsForItsCoordinator(t *testing.T) {
+	c := newCluster(t)
+	p := c.worker("early", "--slots", "cpu=1", "--connect-wait", "0")
+	if code := p.Wait(t, 10*time.Second); code != 1 || !strings.Contains(p.Output(), "no coordinator answers at "+c.url) {
+		t.Fatalf("worker without a coordinator and no wait: exit %d, want 1 and the reason\n%s", code, p.Output())
+	}
+	w := c.worker("early", "--slots", "cpu=1", "--connect-wait", "60s")
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		return strings.Contains(w.Output(), "waiting up to 1m0s for the coordinator at "+c.url), "worker output: " + w.Output()
+	})
+	time.Sleep(time.Second)
+	c.startCoordinator("30s")
+	c.connect()
+	c.submit(testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"cp", "{input}", "{out}/"}}))
+	r := testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	if r.Counts.Validated != 2 {
+		t.Fatalf("run completed with %+v, want 2 validated", r.Counts)
+	}
 }
 
 // The shards of a worker killed with SIGKILL come back as soon as a worker
