@@ -14,25 +14,34 @@ import (
 	"github.com/shardpool/shardpool/stream"
 )
 
-// TestConcurrentCommitClaimsExactlyOneWins races eight attempts of one
-// shard for its commit record on a real JetStream server.
-func TestConcurrentCommitClaimsExactlyOneWins(t *testing.T) {
+// workerOnServer starts a real coordinator (closed at cleanup) and returns
+// a worker of cfg connected to it with its buckets open, not running.
+func workerOnServer(t *testing.T, cfg Config) *Worker {
+	t.Helper()
 	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
+	if err := c.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	w, err := New(Config{JetStream: c.JetStream(), Name: "w", Slots: map[string]int{"cpu": 1}})
+	t.Cleanup(c.Close)
+	cfg.JetStream, cfg.Name, cfg.Slots = c.JetStream(), "w", map[string]int{"cpu": 1}
+	w, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.b, err = stream.OpenBuckets(ctx, c.JetStream()); err != nil {
+	if w.b, err = stream.OpenBuckets(context.Background(), c.JetStream()); err != nil {
 		t.Fatal(err)
 	}
+	return w
+}
+
+// TestConcurrentCommitClaimsExactlyOneWins races eight attempts of one
+// shard for its commit record on a real JetStream server.
+func TestConcurrentCommitClaimsExactlyOneWins(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{})
 	w.ttl, w.boot, w.host, w.pid = 30*time.Second, "boot", "host", 1
 	dst := t.TempDir() + "/out"
 	var wg sync.WaitGroup

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -81,24 +80,10 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 // the lease is still that worker's, for that delivery, and clear of its
 // TTL; anything else is left to expire.
 func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
-	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	w, err := New(Config{JetStream: c.JetStream(), Name: "w", Slots: map[string]int{"cpu": 1}, StateDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.b, err = stream.OpenBuckets(ctx, c.JetStream()); err != nil {
-		t.Fatal(err)
-	}
+	w := workerOnServer(t, Config{StateDir: t.TempDir()})
 	w.ttl, w.boot, w.host, w.pid = 8*time.Second, "boot-1", "h1", 1
-	nc := c.JetStream().Conn()
+	nc := w.cfg.JetStream.Conn()
 	naks, err := nc.SubscribeSync("ack.>")
 	if err != nil {
 		t.Fatal(err)

@@ -232,33 +232,48 @@ func TestWorkerWaitsForItsCoordinator(t *testing.T) {
 	}
 }
 
+// hangingFirstAttempts submits n shards whose first attempt hangs and whose
+// later ones succeed, and returns worker w1 (state directory state) once
+// it runs all n first attempts.
+func (c *cluster) hangingFirstAttempts(n int, state string) *testenv.Proc {
+	started := filepath.Join(c.t.TempDir(), "started")
+	c.submit(testenv.WriteJob(c.t, testenv.Job{Shards: n, Retries: 2, Command: []string{"sh", "-c",
+		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}"}}))
+	w1 := c.worker("w1", "--slots", fmt.Sprintf("cpu=%d", n), "--data", state)
+	testenv.Eventually(c.t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return strings.Count(string(b), "x") == n, "first attempts not all running yet"
+	})
+	return w1
+}
+
+// handedBackBy waits for run t to complete and checks that it did within
+// limit of killed (well before its lease TTL), with n shards handed back
+// according to the admission log in state.
+func (c *cluster) handedBackBy(killed time.Time, limit time.Duration, state string, n int) {
+	c.t.Helper()
+	testenv.WaitState(c.t, c.js, "t", limit+10*time.Second, stream.RunComplete)
+	if took := time.Since(killed); took > limit {
+		c.t.Errorf("the killed worker's shards took %s to complete: they waited for the lease TTL", took)
+	}
+	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
+	if got := strings.Count(string(log), "decision=hand-back "); got != n {
+		c.t.Errorf("%d shard(s) handed back, want %d:\n%s", got, n, log)
+	}
+}
+
 // The shards of a worker killed with SIGKILL come back as soon as a worker
 // with the same state directory starts and proves it dead, not after the
 // lease TTL (60 s here): a crashed `shardpool run` resumes at once.
 func TestKilledWorkersShardsComeBackAtOnce(t *testing.T) {
 	c := startCluster(t, "60s")
 	state := filepath.Join(t.TempDir(), "state")
-	started := filepath.Join(t.TempDir(), "started")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 2, Command: []string{"sh", "-c",
-		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}"}})
-	c.submit(spec)
-	w1 := c.worker("w1", "--slots", "cpu=3", "--data", state)
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(started)
-		return strings.Count(string(b), "x") == 3, "first attempts not all running yet"
-	})
+	w1 := c.hangingFirstAttempts(3, state)
 	w1.SignalMain(syscall.SIGKILL)
 	w1.Wait(t, 10*time.Second)
 	killed := time.Now()
 	c.worker("w2", "--slots", "cpu=3", "--data", state)
-	testenv.WaitState(t, c.js, "t", 40*time.Second, stream.RunComplete)
-	if took := time.Since(killed); took > 30*time.Second {
-		t.Errorf("the killed worker's shards took %s to complete: they waited for the lease TTL", took)
-	}
-	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
-	if n := strings.Count(string(log), "decision=hand-back "); n != 3 {
-		t.Errorf("w2 handed back %d shard(s), want 3:\n%s", n, log)
-	}
+	c.handedBackBy(killed, 30*time.Second, state, 3)
 	for i := range 3 {
 		rec, err := testenv.ReadShard(c.js, "t", fmt.Sprintf("s%04d", i))
 		if err != nil {
@@ -275,28 +290,13 @@ func TestKilledWorkersShardsComeBackAtOnce(t *testing.T) {
 func TestLivePeerHandsBackADeadWorkersShards(t *testing.T) {
 	c := startCluster(t, "15s")
 	state := filepath.Join(t.TempDir(), "state")
-	started := filepath.Join(t.TempDir(), "started")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2, Command: []string{"sh", "-c",
-		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}"}})
-	c.submit(spec)
-	w1 := c.worker("w1", "--slots", "cpu=2", "--data", state)
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(started)
-		return strings.Count(string(b), "x") == 2, "first attempts not all running yet"
-	})
+	w1 := c.hangingFirstAttempts(2, state)
 	c.worker("w2", "--slots", "cpu=2", "--data", state)
 	time.Sleep(time.Second) // w2 is up and reaping, with nothing to reap yet
 	w1.SignalMain(syscall.SIGKILL)
 	w1.Wait(t, 10*time.Second)
 	killed := time.Now()
-	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
-	if took := time.Since(killed); took > 12*time.Second {
-		t.Errorf("the dead worker's shards took %s to complete: they waited for the lease TTL (15s)", took)
-	}
-	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
-	if n := strings.Count(string(log), "decision=hand-back "); n != 2 {
-		t.Errorf("w2 handed back %d shard(s), want 2:\n%s", n, log)
-	}
+	c.handedBackBy(killed, 12*time.Second, state, 2)
 }
 
 func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
