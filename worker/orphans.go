@@ -307,7 +307,12 @@ func (w *Worker) handBack(h heldShard, j deadJournal) {
 		w.hostLog("-", "reap", fmt.Sprintf("shard %s of dead worker pid %d: lease deleted; the nak failed (%v), so it comes back after the ack wait", h.key, j.pid, err))
 		return
 	}
-	w.hostLog("-", "hand-back", fmt.Sprintf("shard %s (delivery %d) of dead worker pid %d back to the queue now: its lease deleted, its delivery naked", h.key, h.attempt, j.pid))
+	why := fmt.Sprintf("delivery %d of dead worker pid %d on this host back to the queue now: its lease deleted, its delivery naked", h.attempt, j.pid)
+	w.hostLog("-", "hand-back", fmt.Sprintf("shard %s (%s)", h.key, why))
+	if run, id, ok := strings.Cut(h.key, "."); ok {
+		// The run's own evidence says why its next attempt came early.
+		w.admission(run, id, "-", "hand-back", why)
+	}
 }
 
 func (j *childJournal) pathOrEmpty() string {

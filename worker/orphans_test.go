@@ -90,6 +90,7 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 	}
 	dead := deadJournal{boot: "boot-1", pid: 4242}
 	mine := stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, Attempt: 2}
+	handed := 0 // hand-backs so far, in the run's own admission.log
 	for _, tc := range []struct {
 		name    string
 		owner   stream.Owner
@@ -97,7 +98,7 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 		handed  bool
 		logPart string
 	}{
-		{"still the dead worker's", mine, time.Second, true, "decision=hand-back shard r.a (delivery 2)"},
+		{"still the dead worker's", mine, time.Second, true, "decision=hand-back shard r.a (delivery 2 of dead worker pid 4242"},
 		{"taken over by another pid", stream.Owner{Worker: "new", Host: "h1", BootID: "boot-1", PID: 4243, Attempt: 3}, time.Second, false, ""},
 		{"an earlier delivery's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, Attempt: 1}, time.Second, false, ""},
 		{"another boot's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-0", PID: 4242, Attempt: 2}, time.Second, false, ""},
@@ -124,6 +125,13 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 			log, _ := os.ReadFile(filepath.Join(w.cfg.StateDir, "admission.log"))
 			if tc.logPart != "" && !strings.Contains(string(log), tc.logPart) {
 				t.Fatalf("admission.log lacks %q:\n%s", tc.logPart, log)
+			}
+			if tc.handed {
+				handed++
+			}
+			runLog, _ := os.ReadFile(filepath.Join(w.evidenceDir("r"), "admission.log"))
+			if got := strings.Count(string(runLog), "run=r shard=a class=- decision=hand-back delivery 2"); got != handed {
+				t.Fatalf("run r's admission.log records %d hand-back(s), want %d:\n%s", got, handed, runLog)
 			}
 		})
 	}
