@@ -275,6 +275,9 @@ func (w *Worker) reapOrphans() {
 // expiry (the message may be redelivered by now, and a nak of the old
 // delivery would send it out twice), is left to expire.
 func (w *Worker) handBack(h heldShard, j deadJournal) {
+	if w.b == nil || w.cfg.JetStream == nil {
+		return // not connected: the lease expires as before
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	e, err := w.b.Leases.Get(ctx, h.key)
