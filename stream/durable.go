@@ -75,6 +75,16 @@ func BootID(procRoot string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// PIDNamespace names this process's pid namespace ("pid:[4026531836]"),
+// or "" when it cannot be read. Pids are compared only within one.
+func PIDNamespace() string {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return ""
+	}
+	return ns
+}
+
 // KnownBootID reports whether id names a boot: two owners that both failed
 // to read theirs ("unknown", or empty in records that predate it) are not
 // on the same boot, so nothing about one can be proven on the other.

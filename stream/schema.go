@@ -63,10 +63,15 @@ type InputFile struct {
 // Owner identifies one attempt's process on one boot of one host, which is
 // what a reclaim must prove gone.
 type Owner struct {
-	Worker  string `json:"worker"`
-	Host    string `json:"host"`
-	BootID  string `json:"boot_id"`
-	PID     int    `json:"pid"`
+	Worker string `json:"worker"`
+	Host   string `json:"host"`
+	BootID string `json:"boot_id"`
+	PID    int    `json:"pid"`
+	// PIDNS names the owner's pid namespace ("pid:[4026531836]"): two
+	// containers on one host share its name and boot ID, but a pid means
+	// something only within its namespace. Empty where it was unreadable
+	// (and in records older than the field): then nothing is proven.
+	PIDNS   string `json:"pid_ns,omitempty"`
 	Attempt int    `json:"attempt"`
 }
 

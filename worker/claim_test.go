@@ -127,16 +127,20 @@ func TestBarriersFollowTheCoordinator(t *testing.T) {
 }
 
 // TestOwnerGoneNeedsAKnownBoot: an owner is proven gone only on this very
-// boot of this host (or as this very process); two owners that could not
-// read their boot ID prove nothing about each other, as a pid names a
-// process only within one boot.
+// boot of this host, in this pid namespace (or as this very process); two
+// owners that could not read their boot ID prove nothing about each other,
+// as a pid names a process only within one boot and one namespace.
 func TestOwnerGoneNeedsAKnownBoot(t *testing.T) {
 	exited := exec.Command("true")
 	if err := exited.Run(); err != nil {
 		t.Fatal(err)
 	}
 	dead := exited.Process.Pid
-	w := &Worker{host: "h", boot: "boot-1", pid: os.Getpid()}
+	ns := stream.PIDNamespace()
+	if ns == "" {
+		t.Fatal("/proc/self/ns/pid unreadable: nothing about a pid can be proven here")
+	}
+	w := &Worker{host: "h", boot: "boot-1", pid: os.Getpid(), pidns: ns}
 	w.cfg.Name = "w"
 	for _, c := range []struct {
 		name  string
@@ -144,13 +148,18 @@ func TestOwnerGoneNeedsAKnownBoot(t *testing.T) {
 		owner stream.Owner
 		gone  bool
 	}{
-		{"dead process on this boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: dead}, true},
-		{"this very process", "boot-1", stream.Owner{Worker: "w", Host: "h", BootID: "boot-1", PID: os.Getpid()}, true},
-		{"live process on this boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: os.Getppid()}, false},
-		{"another boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-0", PID: dead}, false},
-		{"another host", "boot-1", stream.Owner{Worker: "x", Host: "g", BootID: "boot-1", PID: dead}, false},
-		{"both boots unknown", "unknown", stream.Owner{Worker: "x", Host: "h", BootID: "unknown", PID: dead}, false},
-		{"both boots empty", "", stream.Owner{Worker: "x", Host: "h", PID: dead}, false},
+		{"dead process on this boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: dead, PIDNS: ns}, true},
+		{"this very process", "boot-1", stream.Owner{Worker: "w", Host: "h", BootID: "boot-1", PID: os.Getpid(), PIDNS: ns}, true},
+		{"live process on this boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: os.Getppid(), PIDNS: ns}, false},
+		{"another boot", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-0", PID: dead, PIDNS: ns}, false},
+		{"another host", "boot-1", stream.Owner{Worker: "x", Host: "g", BootID: "boot-1", PID: dead, PIDNS: ns}, false},
+		{"both boots unknown", "unknown", stream.Owner{Worker: "x", Host: "h", BootID: "unknown", PID: dead, PIDNS: ns}, false},
+		{"both boots empty", "", stream.Owner{Worker: "x", Host: "h", PID: dead, PIDNS: ns}, false},
+		// A container sharing the host's name and boot: its pid 1 or 7 is
+		// not ours to look up, let alone gone.
+		{"another pid namespace", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: dead, PIDNS: "pid:[1]"}, false},
+		{"another pid namespace, same pid and name", "boot-1", stream.Owner{Worker: "w", Host: "h", BootID: "boot-1", PID: os.Getpid(), PIDNS: "pid:[1]"}, false},
+		{"namespace not recorded (an older record)", "boot-1", stream.Owner{Worker: "x", Host: "h", BootID: "boot-1", PID: dead}, false},
 	} {
 		w.boot = c.boot
 		if got := w.ownerGone(c.owner); got != c.gone {

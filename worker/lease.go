@@ -66,11 +66,13 @@ func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (*l
 
 // ownerGone is true only when this host can prove the owner is not running:
 // it was this same process (an earlier attempt here), or it ran on this boot
-// of this host and its process is gone. Without a readable boot ID nothing
-// is proven: a pid is only meaningful within one boot of one host. Owners
-// on other hosts are never proven gone here; their leases end by TTL.
+// of this host, in this pid namespace, and its process is gone. Without a
+// readable boot ID and namespace nothing is proven: a pid is only
+// meaningful within one namespace on one boot of one host (two containers
+// on a host share its name and boot ID). Owners on other hosts are never
+// proven gone here; their leases end by TTL.
 func (w *Worker) ownerGone(o stream.Owner) bool {
-	if !stream.KnownBootID(w.boot) || o.BootID != w.boot || o.Host != w.host {
+	if !stream.KnownBootID(w.boot) || o.BootID != w.boot || o.Host != w.host || w.pidns == "" || o.PIDNS != w.pidns {
 		return false
 	}
 	if o.PID == w.pid && o.Worker == w.cfg.Name {

@@ -29,7 +29,8 @@ import (
 // from their expired leases.
 //
 // The journal is <state>/children/<host>/<pid>.<worker name>: a header
-// with the boot ID, the worker's pid and start time, a line with its
+// with the boot ID, the worker's pid, start time and pid namespace (a
+// journal of another namespace is left alone), a line with its
 // scratch directory, then "+ <pgid> [<lease key> <attempt> <ack subject>]"
 // when a command starts and "- <pgid>" when its group is gone. A worker
 // that exits normally removes it.
@@ -61,7 +62,7 @@ func journalDir(state, host string) string {
 
 // openChildJournal starts the journal of worker name (several workers can
 // share a process in tests, hence the name beside the pid).
-func openChildJournal(state, host, scratch, name, boot string, pid int, start int64) (*childJournal, error) {
+func openChildJournal(state, host, scratch, name, boot, pidns string, pid int, start int64) (*childJournal, error) {
 	dir := journalDir(state, host)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -71,7 +72,7 @@ func openChildJournal(state, host, scratch, name, boot string, pid int, start in
 	if err != nil {
 		return nil, err
 	}
-	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d\nscratch %s\n", boot, pid, start, scratch); err != nil {
+	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d pidns %s\nscratch %s\n", boot, pid, start, pidns, scratch); err != nil {
 		f.Close()
 		os.Remove(path)
 		return nil, err
@@ -134,6 +135,7 @@ type deadJournal struct {
 	boot    string
 	pid     int
 	start   int64
+	pidns   string // "" in journals older than the field
 	scratch string
 	live    []int // groups started and not ended, in order
 	// held is the message each live group ran for, where the line said.
@@ -153,6 +155,9 @@ func readJournal(path string) (deadJournal, error) {
 	}
 	if _, err := fmt.Sscanf(sc.Text(), "boot %s pid %d start %d", &j.boot, &j.pid, &j.start); err != nil {
 		return j, fmt.Errorf("%s: header %q: %v", path, sc.Text(), err)
+	}
+	if f := strings.Fields(sc.Text()); len(f) == 8 && f[6] == "pidns" {
+		j.pidns = f[7]
 	}
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "scratch ") {
 		return j, fmt.Errorf("%s: no scratch line", path)
@@ -246,6 +251,11 @@ func (w *Worker) reapOrphans() {
 			os.Remove(path) // from before a reboot of this host: its processes are gone
 			continue
 		}
+		if w.pidns == "" || j.pidns != w.pidns {
+			// Another pid namespace's (a container sharing this host's name
+			// and state directory): its pids mean nothing here.
+			continue
+		}
 		if procs == nil {
 			procs = procStats(w.cfg.ProcRoot)
 		}
@@ -289,7 +299,7 @@ func (w *Worker) handBack(h heldShard, j deadJournal) {
 		return
 	}
 	o := l.Owner
-	if o.Host != w.host || o.BootID != j.boot || o.PID != j.pid || o.Attempt != h.attempt {
+	if o.Host != w.host || o.BootID != j.boot || o.PIDNS != j.pidns || o.PID != j.pid || o.Attempt != h.attempt {
 		return // another owner's, or another delivery's
 	}
 	// The heartbeat sends InProgress just before it renews the lease, so

@@ -17,7 +17,7 @@ import (
 // group now: a leader that runs, or a member older than the dead worker.
 func TestChildJournalAndGroupChecks(t *testing.T) {
 	dir := t.TempDir()
-	j, err := openChildJournal(dir, "h1", "/scratch with space", "w1", "boot-1", 4242, 1000)
+	j, err := openChildJournal(dir, "h1", "/scratch with space", "w1", "boot-1", "pid:[1]", 4242, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,8 +30,8 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	j.ended(13)
 	j.f.WriteString("+ 1") // torn
 	got, err := readJournal(filepath.Join(dir, "children", "h1", "4242.w1"))
-	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
-		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, its scratch, live [11 12]", got, err)
+	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.pidns != "pid:[1]" || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
+		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, pid:[1], its scratch, live [11 12]", got, err)
 	}
 	if h, ok := got.held[11]; !ok || h != *held || len(got.held) != 1 {
 		t.Fatalf("held messages read back as %+v, want group 11's %+v alone", got.held, *held)
@@ -44,6 +44,15 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	other.reapOrphans()
 	if _, err := os.Stat(filepath.Join(dir, "children", "h1", "4242.w1")); err != nil {
 		t.Fatalf("another host's worker removed this host's journal: %v", err)
+	}
+	// Nor does a worker of this host and boot in another pid namespace (a
+	// container with the host's name): pid 4242 is not gone because it
+	// does not exist over there.
+	container := &Worker{host: "h1", boot: "boot-1", pidns: "pid:[2]", log: slog.Default()}
+	container.cfg.StateDir, container.cfg.ProcRoot = dir, "/proc"
+	container.reapOrphans()
+	if _, err := os.Stat(filepath.Join(dir, "children", "h1", "4242.w1")); err != nil {
+		t.Fatalf("a worker of another pid namespace removed the journal: %v", err)
 	}
 	j.close()
 	if _, err := os.Stat(filepath.Join(dir, "children", "h1", "4242.w1")); !os.IsNotExist(err) {
@@ -82,14 +91,14 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 	ctx := context.Background()
 	w := workerOnServer(t, Config{StateDir: t.TempDir()})
-	w.ttl, w.boot, w.host, w.pid = 8*time.Second, "boot-1", "h1", 1
+	w.ttl, w.boot, w.host, w.pid, w.pidns = 8*time.Second, "boot-1", "h1", 1, "pid:[1]"
 	nc := w.cfg.JetStream.Conn()
 	naks, err := nc.SubscribeSync("ack.>")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := deadJournal{boot: "boot-1", pid: 4242}
-	mine := stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, Attempt: 2}
+	dead := deadJournal{boot: "boot-1", pid: 4242, pidns: "pid:[1]"}
+	mine := stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, PIDNS: "pid:[1]", Attempt: 2}
 	handed := 0 // hand-backs so far, in the run's own admission.log
 	for _, tc := range []struct {
 		name    string
@@ -101,7 +110,8 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 		{"still the dead worker's", mine, time.Second, true, "decision=hand-back shard r.a (delivery 2 of dead worker pid 4242"},
 		{"taken over by another pid", stream.Owner{Worker: "new", Host: "h1", BootID: "boot-1", PID: 4243, Attempt: 3}, time.Second, false, ""},
 		{"an earlier delivery's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, Attempt: 1}, time.Second, false, ""},
-		{"another boot's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-0", PID: 4242, Attempt: 2}, time.Second, false, ""},
+		{"another boot's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-0", PID: 4242, PIDNS: "pid:[1]", Attempt: 2}, time.Second, false, ""},
+		{"another pid namespace's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, PIDNS: "pid:[2]", Attempt: 2}, time.Second, false, ""},
 		{"near its TTL", mine, 7 * time.Second, false, "near its TTL of 8s; left to expire"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

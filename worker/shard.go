@@ -140,7 +140,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 
 // owner is this worker's identity for an attempt.
 func (w *Worker) owner(attempt int) stream.Owner {
-	return stream.Owner{Worker: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Attempt: attempt}
+	return stream.Owner{Worker: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Attempt: attempt}
 }
 
 // beginAttempt marks the record running by owner with a new attempt.

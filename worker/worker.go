@@ -99,14 +99,15 @@ type Event struct {
 
 // Worker pulls and runs shards. Create with New, then Run.
 type Worker struct {
-	cfg  Config
-	log  *slog.Logger
-	host string
-	boot string
-	pid  int
-	b    *stream.Buckets
-	ttl  time.Duration
-	env  map[string]string
+	cfg   Config
+	log   *slog.Logger
+	host  string
+	boot  string
+	pidns string // stream.PIDNamespace: pids are compared only within it
+	pid   int
+	b     *stream.Buckets
+	ttl   time.Duration
+	env   map[string]string
 
 	mu      sync.Mutex
 	running map[string]int
@@ -251,7 +252,7 @@ func DefaultStateDir() string {
 func (w *Worker) Run(ctx context.Context) error {
 	w.started = time.Now().UTC()
 	w.host, _ = os.Hostname()
-	w.boot = stream.BootID(w.cfg.ProcRoot)
+	w.boot, w.pidns = stream.BootID(w.cfg.ProcRoot), stream.PIDNamespace()
 	w.pid = os.Getpid()
 	w.env = environ()
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
@@ -282,7 +283,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
 	w.reapOrphans()
-	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
+	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pidns, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
 		w.journal = j
 		defer j.close()
 	} else {

@@ -299,6 +299,35 @@ func TestLivePeerHandsBackADeadWorkersShards(t *testing.T) {
 	c.handedBackBy(killed, 12*time.Second, state, 2)
 }
 
+// A live worker in another pid namespace on this host (a container with
+// the host's name, so the same host and boot ID) shares the state
+// directory: its pids do not exist here, yet it is not taken for dead.
+// Nothing of it is reaped and none of its shards is handed back, so each
+// shard runs once.
+func TestWorkerInAnotherPIDNamespaceIsNotTakenForDead(t *testing.T) {
+	testenv.RequireRoot(t)
+	c := startCluster(t, "6s")
+	state := filepath.Join(t.TempDir(), "state")
+	runs := filepath.Join(t.TempDir(), "runs")
+	c.submit(testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 2, Command: []string{"sh", "-c",
+		`echo "$2" >> "$1"; sleep 3; cp "$3" "$4/"`, "sh", runs, "{id}", "{input}", "{out}"}}))
+	testenv.StartCmd(t, "unshare", "--pid", "--fork", "--mount-proc", testenv.Binary(t), "worker", "--server", c.url,
+		"--name", "w1", "--data", state, "--scratch", filepath.Join(c.data, "scratch-w1"), "--slots", "cpu=3")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(runs)
+		return len(strings.Fields(string(b))) == 3, "w1 (own pid namespace) not running all shards yet"
+	})
+	c.worker("w2", "--slots", "cpu=1", "--data", state)
+	testenv.WaitState(t, c.js, "t", 40*time.Second, stream.RunComplete)
+	if b, _ := os.ReadFile(runs); len(strings.Fields(string(b))) != 3 {
+		t.Errorf("shards ran %d times, want 3 (once each):\n%s", len(strings.Fields(string(b))), b)
+	}
+	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
+	if strings.Contains(string(log), "decision=reap") || strings.Contains(string(log), "decision=hand-back") {
+		t.Errorf("w2 took the live worker of another pid namespace for dead:\n%s", log)
+	}
+}
+
 func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	c := startCluster(t, "3s")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2,
