@@ -29,8 +29,8 @@ import (
 // from their expired leases.
 //
 // The journal is <state>/children/<host>/<pid>.<worker name>: a header
-// with the boot ID, the worker's pid, start time and pid namespace (a
-// journal of another namespace is left alone), a line with its
+// with the boot ID, the worker's pid, start time, pid namespace (a journal
+// of another namespace is left alone) and coordinator, a line with its
 // scratch directory, then "+ <pgid> [<lease key> <attempt> <ack subject>]"
 // when a command starts and "- <pgid>" when its group is gone. A worker
 // that exits normally removes it.
@@ -41,7 +41,8 @@ import (
 // as long. The worker that reaps the journal proves the owner gone, so it
 // hands the message back at once: it deletes the dead owner's lease and
 // naks the delivery (handBack). A crashed `shardpool run` restarted at once
-// resumes its shards at once instead of after the TTL.
+// resumes its shards at once instead of after the TTL. Only a worker of
+// the same coordinator can; another keeps them for one (keepForeign).
 
 // childJournal records this worker's running process groups.
 type childJournal struct {
@@ -62,7 +63,7 @@ func journalDir(state, host string) string {
 
 // openChildJournal starts the journal of worker name (several workers can
 // share a process in tests, hence the name beside the pid).
-func openChildJournal(state, host, scratch, name, boot, pidns string, pid int, start int64) (*childJournal, error) {
+func openChildJournal(state, host, scratch, name, boot, pidns, coord string, pid int, start int64) (*childJournal, error) {
 	dir := journalDir(state, host)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -72,7 +73,10 @@ func openChildJournal(state, host, scratch, name, boot, pidns string, pid int, s
 	if err != nil {
 		return nil, err
 	}
-	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d pidns %s\nscratch %s\n", boot, pid, start, pidns, scratch); err != nil {
+	if coord == "" {
+		coord = "-"
+	}
+	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d pidns %s coord %s\nscratch %s\n", boot, pid, start, pidns, coord, scratch); err != nil {
 		f.Close()
 		os.Remove(path)
 		return nil, err
@@ -136,10 +140,14 @@ type deadJournal struct {
 	pid     int
 	start   int64
 	pidns   string // "" in journals older than the field
+	coord   string // the coordinator its shards came from (coordinatorID); "" if unknown
 	scratch string
 	live    []int // groups started and not ended, in order
 	// held is the message each live group ran for, where the line said.
 	held map[int]heldShard
+	// pending are messages whose groups were reaped already, by a worker
+	// of another coordinator, which kept them for one of theirs ("h" lines).
+	pending []heldShard
 }
 
 func readJournal(path string) (deadJournal, error) {
@@ -156,8 +164,11 @@ func readJournal(path string) (deadJournal, error) {
 	if _, err := fmt.Sscanf(sc.Text(), "boot %s pid %d start %d", &j.boot, &j.pid, &j.start); err != nil {
 		return j, fmt.Errorf("%s: header %q: %v", path, sc.Text(), err)
 	}
-	if f := strings.Fields(sc.Text()); len(f) == 8 && f[6] == "pidns" {
+	if f := strings.Fields(sc.Text()); len(f) >= 8 && f[6] == "pidns" {
 		j.pidns = f[7]
+		if len(f) == 10 && f[8] == "coord" && f[9] != "-" {
+			j.coord = f[9]
+		}
 	}
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "scratch ") {
 		return j, fmt.Errorf("%s: no scratch line", path)
@@ -168,6 +179,12 @@ func readJournal(path string) (deadJournal, error) {
 	var order []int
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
+		if len(f) == 4 && f[0] == "h" {
+			if n, err := strconv.Atoi(f[2]); err == nil {
+				j.pending = append(j.pending, heldShard{key: f[1], attempt: n, reply: f[3]})
+			}
+			continue
+		}
 		if len(f) < 2 {
 			continue // a torn last line
 		}
@@ -262,6 +279,7 @@ func (w *Worker) reapOrphans() {
 		if workerAlive(procs, j.pid, j.start) {
 			continue
 		}
+		held := j.pending
 		for _, pgid := range j.live {
 			n, why := killOrphanGroup(procs, pgid, j.start)
 			if n > 0 {
@@ -270,12 +288,55 @@ func (w *Worker) reapOrphans() {
 				w.hostLog("-", "reap-skip", fmt.Sprintf("group %d of dead worker pid %d left alone: %s", pgid, j.pid, why))
 			}
 			if h, ok := j.held[pgid]; ok {
-				w.handBack(h, j)
+				held = append(held, h)
 			}
 		}
 		removeDeadPairs(j.scratch, j.pid)
+		if len(held) > 0 && j.coord != "" && w.coordID != "" && j.coord != w.coordID {
+			// Another coordinator's shards (another run sharing this state
+			// directory): only a worker of theirs can hand them back.
+			if w.keepForeign(path, j, held) {
+				continue
+			}
+		} else {
+			for _, h := range held {
+				w.handBack(h, j)
+			}
+		}
 		os.Remove(path)
 	}
+}
+
+// foreignKeep bounds how long a dead worker's journal waits for a worker
+// of its own coordinator: past a lease TTL or two its leases have expired
+// and there is nothing left to hand back.
+const foreignKeep = 10 * time.Minute
+
+// keepForeign keeps a reaped journal of another coordinator's worker for a
+// worker of that coordinator: rewritten to its header and one "h" line per
+// held message, its groups gone. It reports false, and the journal is to
+// be removed, once it has waited foreignKeep.
+func (w *Worker) keepForeign(path string, j deadJournal, held []heldShard) bool {
+	if len(j.live) == 0 {
+		// Rewritten before: keep it while it may still matter.
+		st, err := os.Stat(path)
+		return err == nil && time.Since(st.ModTime()) < foreignKeep
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "boot %s pid %d start %d pidns %s coord %s\nscratch %s\n", j.boot, j.pid, j.start, j.pidns, j.coord, j.scratch)
+	for _, h := range held {
+		fmt.Fprintf(&b, "h %s %d %s\n", h.key, h.attempt, h.reply)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		return false
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return false
+	}
+	w.hostLog("-", "reap", fmt.Sprintf("dead worker pid %d held %d shard(s) of another coordinator (%s); its journal waits up to %s for a worker of that one to hand them back", j.pid, len(held), j.coord, foreignKeep))
+	return true
 }
 
 // handBack returns the message a dead worker's command ran for to the
@@ -373,4 +434,21 @@ func killOrphanGroup(procs []procStat, pgid int, workerStart int64) (int, string
 		return 0, err.Error()
 	}
 	return len(members), ""
+}
+
+// coordinatorID names the coordinator's store by the creation time of its
+// SHARDS stream, which the store of another coordinator (another data
+// directory, another run of `shardpool run`) does not share; "" when it
+// cannot be read.
+func coordinatorID(ctx context.Context, js jetstream.JetStream) string {
+	if js == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return ""
+	}
+	return s.CachedInfo().Created.UTC().Format("20060102T150405.000000000Z")
 }

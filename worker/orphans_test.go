@@ -2,8 +2,10 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,7 +19,7 @@ import (
 // group now: a leader that runs, or a member older than the dead worker.
 func TestChildJournalAndGroupChecks(t *testing.T) {
 	dir := t.TempDir()
-	j, err := openChildJournal(dir, "h1", "/scratch with space", "w1", "boot-1", "pid:[1]", 4242, 1000)
+	j, err := openChildJournal(dir, "h1", "/scratch with space", "w1", "boot-1", "pid:[1]", "coord-A", 4242, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +32,7 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	j.ended(13)
 	j.f.WriteString("+ 1") // torn
 	got, err := readJournal(filepath.Join(dir, "children", "h1", "4242.w1"))
-	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.pidns != "pid:[1]" || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
+	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.pidns != "pid:[1]" || got.coord != "coord-A" || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
 		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, pid:[1], its scratch, live [11 12]", got, err)
 	}
 	if h, ok := got.held[11]; !ok || h != *held || len(got.held) != 1 {
@@ -144,5 +146,72 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 				t.Fatalf("run r's admission.log records %d hand-back(s), want %d:\n%s", got, handed, runLog)
 			}
 		})
+	}
+}
+
+// A dead worker's journal whose shards came from another coordinator
+// (another run sharing the state directory) is reaped, but its held
+// messages wait for a worker of that coordinator, which hands them back.
+func TestAnotherCoordinatorsShardsWaitForItsOwnWorker(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{StateDir: t.TempDir()})
+	w.host, w.ttl, w.boot, w.pidns = "h1", 8*time.Second, stream.BootID("/proc"), stream.PIDNamespace()
+	w.cfg.ProcRoot = "/proc"
+	if !stream.KnownBootID(w.boot) || w.pidns == "" {
+		t.Fatal("boot ID or pid namespace unreadable: nothing can be reaped here")
+	}
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := exited.Process.Pid
+	j, err := openChildJournal(w.cfg.StateDir, "h1", t.TempDir(), "dead", w.boot, w.pidns, "coord-A", dead, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.started(4_000_000, &heldShard{key: "r.a", attempt: 1, reply: "ack.a"}) // a group long gone
+	j.f.Close()
+	l := stream.Lease{Owner: stream.Owner{Worker: "dead", Host: "h1", BootID: w.boot, PID: dead, PIDNS: w.pidns, Attempt: 1}, Taken: time.Now(), Renewed: time.Now().UTC()}
+	data, _ := stream.Encode(&l)
+	if _, err := w.b.Leases.Put(ctx, "r.a", data); err != nil {
+		t.Fatal(err)
+	}
+	naks, err := w.cfg.JetStream.Conn().SubscribeSync("ack.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(w.cfg.StateDir, "children", "h1", fmt.Sprintf("%d.dead", dead))
+
+	w.coordID = "coord-B"
+	w.reapOrphans()
+	b, err := os.ReadFile(path)
+	if err != nil || !strings.Contains(string(b), "\nh r.a 1 ack.a\n") || strings.Contains(string(b), "+ ") {
+		t.Fatalf("journal after another coordinator's worker reaped it: %q (%v), want its held shard kept as an h line", b, err)
+	}
+	if _, err := w.b.Leases.Get(ctx, "r.a"); err != nil {
+		t.Fatalf("another coordinator's worker touched the lease: %v", err)
+	}
+	if m, err := naks.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("another coordinator's worker sent %q", m.Data)
+	}
+	w.reapOrphans() // again: nothing changes, nothing is logged twice
+	if b2, _ := os.ReadFile(path); string(b2) != string(b) {
+		t.Fatalf("a second reap rewrote the kept journal: %q", b2)
+	}
+
+	w.coordID = "coord-A"
+	w.reapOrphans()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("its own coordinator's worker left the journal: %v", err)
+	}
+	if _, err := w.b.Leases.Get(ctx, "r.a"); err == nil {
+		t.Fatal("its own coordinator's worker did not delete the lease")
+	}
+	if m, err := naks.NextMsg(time.Second); err != nil || string(m.Data) != "-NAK" || m.Subject != "ack.a" {
+		t.Fatalf("its own coordinator's worker did not nak the delivery: %v %v", m, err)
+	}
+	log, _ := os.ReadFile(filepath.Join(w.cfg.StateDir, "admission.log"))
+	if n := strings.Count(string(log), "of another coordinator (coord-A)"); n != 1 {
+		t.Fatalf("the kept journal is logged %d times, want once:\n%s", n, log)
 	}
 }

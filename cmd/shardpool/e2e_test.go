@@ -328,6 +328,42 @@ func TestWorkerInAnotherPIDNamespaceIsNotTakenForDead(t *testing.T) {
 	}
 }
 
+// Two runs share a state directory (the default) and each has its own
+// coordinator. When one is killed, the other's worker reaps its orphans but
+// leaves its shards to it: restarted, the killed run hands them back at
+// once instead of waiting out their leases (15 s TTL here).
+func TestAnotherRunLeavesAKilledRunsShardsToIt(t *testing.T) {
+	data := t.TempDir()
+	started := filepath.Join(t.TempDir(), "started")
+	x := testenv.WriteJob(t, testenv.Job{Name: "x", Shards: 2, Retries: 2, Command: []string{"sh", "-c",
+		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}"}})
+	y := testenv.WriteJob(t, testenv.Job{Name: "y", Shards: 1, Command: []string{"sleep", "30"}})
+	testenv.Start(t, "run", "--data", data, "--slots", "1", "--lease-ttl", "15s", y)
+	px := testenv.Start(t, "run", "--data", data, "--slots", "2", "--lease-ttl", "15s", x)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return strings.Count(string(b), "x") == 2, "first attempts not running yet: " + px.Output()
+	})
+	px.SignalMain(syscall.SIGKILL)
+	px.Wait(t, 10*time.Second)
+	killed := time.Now()
+	hostLog := filepath.Join(data, "admission.log")
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(hostLog)
+		return strings.Contains(string(b), "held 2 shard(s) of another coordinator"), "run y's worker has not reaped x's journal yet:\n" + string(b)
+	})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", "--lease-ttl", "15s", x)
+	if code := p.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("restarted run x: exit %d\n%s", code, p.Output())
+	}
+	if took := time.Since(killed); took > 12*time.Second {
+		t.Errorf("run x completed %s after it was killed: its shards waited out their leases", took)
+	}
+	if b, _ := os.ReadFile(hostLog); strings.Count(string(b), "decision=hand-back ") != 2 {
+		t.Errorf("restarted run x did not hand its 2 shards back:\n%s", b)
+	}
+}
+
 func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	c := startCluster(t, "3s")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2,
