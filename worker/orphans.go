@@ -234,13 +234,14 @@ func processStart(procRoot string, pid int) int64 {
 	return st.Start
 }
 
-// reapOrphans kills what dead workers of this boot left running, then
-// removes their journals and scratch pairs. A journal's worker is dead
-// when no process has its pid, the one that has it started at another time
-// (the pid was reused), or it is a zombie. A group is killed only when its
-// leader (the command, which Pdeathsig killed) is gone and every member
-// started after the dead worker did; a live leader means the pgid names
-// another group now.
+// reapOrphans kills what dead workers of this boot left running, hands
+// back the shards their commands ran for (handBack; another coordinator's
+// are kept for it, keepForeign), then removes their journals and scratch
+// pairs. A journal's worker is dead when no process has its pid, the one
+// that has it started at another time (the pid was reused), or it is a
+// zombie. A group is killed only when its leader (the command, which
+// Pdeathsig killed) is gone and every member started after the dead worker
+// did; a live leader means the pgid names another group now.
 func (w *Worker) reapOrphans() {
 	if !stream.KnownBootID(w.boot) {
 		return // nothing about another process can be proven (ownerGone)
@@ -315,10 +316,11 @@ const foreignKeep = 10 * time.Minute
 // keepForeign keeps a reaped journal of another coordinator's worker for a
 // worker of that coordinator: rewritten to its header and one "h" line per
 // held message, its groups gone. It reports false, and the journal is to
-// be removed, once it has waited foreignKeep.
+// be removed, once the rewritten journal has waited foreignKeep. A rewrite
+// that fails is tried again at the next reap.
 func (w *Worker) keepForeign(path string, j deadJournal, held []heldShard) bool {
 	if len(j.live) == 0 {
-		// Rewritten before: keep it while it may still matter.
+		// Rewritten before (its mtime is when): keep it while it may matter.
 		st, err := os.Stat(path)
 		return err == nil && time.Since(st.ModTime()) < foreignKeep
 	}
@@ -327,13 +329,21 @@ func (w *Worker) keepForeign(path string, j deadJournal, held []heldShard) bool 
 	for _, h := range held {
 		fmt.Fprintf(&b, "h %s %d %s\n", h.key, h.attempt, h.reply)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
-		return false
+	// A name of its own: two reapers may rewrite the same journal at once.
+	f, err := os.CreateTemp(filepath.Dir(path), ".keep-*")
+	if err != nil {
+		return true
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return false
+	_, err = f.WriteString(b.String())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return true
 	}
 	w.hostLog("-", "reap", fmt.Sprintf("dead worker pid %d held %d shard(s) of another coordinator (%s); its journal waits up to %s for a worker of that one to hand them back", j.pid, len(held), j.coord, foreignKeep))
 	return true
