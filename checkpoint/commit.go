@@ -112,7 +112,7 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 	// per commit instead of two, which on a local disk is a third of the
 	// inode allocations of a small shard's commit and on NFS one round trip
 	// fewer.
-	mk := Marker{V: formatV, Generation: gen, Manifest: fmt.Sprintf("%016x", xxhash.Sum64(manifestBytes(m.Files))),
+	mk := Marker{V: formatV, Generation: gen, Manifest: listChecksum(m.Files),
 		Owner: opt.Owner, Fingerprint: opt.Fingerprint, Time: time.Now().UTC(), Files: len(m.Files), Bytes: total,
 		Contents: m.Files}
 	// Every file is fsynced before the marker is written. Their directory

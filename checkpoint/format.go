@@ -2,7 +2,10 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Names of the metadata files inside a committed directory. MANIFEST is
@@ -53,6 +56,12 @@ type Marker struct {
 func manifestBytes(files []File) []byte {
 	b, _ := jsonIndent(manifest{V: manifestV, Files: files})
 	return b
+}
+
+// listChecksum is the checksum a marker records for its file list: what
+// a commit writes and a format 2 verification recomputes.
+func listChecksum(files []File) string {
+	return fmt.Sprintf("%016x", xxhash.Sum64(manifestBytes(files)))
 }
 
 // Options describe one commit.

@@ -37,7 +37,7 @@ func ReadMarker(dir string) (Marker, error) {
 // its checksum: from the marker itself (format 2) or from MANIFEST (1).
 func contents(dir string, mk Marker) ([]File, error) {
 	if mk.V >= 2 {
-		if got := fmt.Sprintf("%016x", xxhash.Sum64(manifestBytes(mk.Contents))); got != mk.Manifest {
+		if got := listChecksum(mk.Contents); got != mk.Manifest {
 			return nil, fmt.Errorf("%w: the file list in COMPLETE has checksum %s, COMPLETE says %s", ErrCorrupt, got, mk.Manifest)
 		}
 		if len(mk.Contents) != mk.Files {
@@ -68,6 +68,17 @@ func Verify(dir string) (Marker, error) { return verify(dir, true) }
 // list's checksum, names and sizes. It suits a second look at outputs whose bytes
 // were already read back by their committer.
 func VerifyQuick(dir string) (Marker, error) { return verify(dir, false) }
+
+// VerifyCommitted verifies dir (every byte with full, else as VerifyQuick)
+// and requires that it was committed for run fingerprint fp: an output of
+// another generation is not this run's result.
+func VerifyCommitted(dir, fp string, full bool) (Marker, error) {
+	mk, err := verify(dir, full)
+	if err == nil && mk.Fingerprint != fp {
+		err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
+	}
+	return mk, err
+}
 
 func verify(dir string, full bool) (Marker, error) {
 	mk, err := ReadMarker(dir)

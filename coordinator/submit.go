@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 )
@@ -563,7 +564,7 @@ func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Bucke
 		if r.State != stream.ShardValidated {
 			return keep, ""
 		}
-		if err := verifyCommitted(filepath.Join(run.Spec.Output, r.ID), run.Fingerprint); err != nil {
+		if _, err := checkpoint.VerifyCommitted(filepath.Join(run.Spec.Output, r.ID), run.Fingerprint, false); err != nil {
 			return reset, "output failed verification: " + err.Error()
 		}
 		return keep, ""

@@ -315,7 +315,7 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		go func() {
 			defer wg.Done()
 			for id := range ids {
-				if err := verifyCommitted(filepath.Join(out, id), ri.rec.Fingerprint); err != nil {
+				if _, err := checkpoint.VerifyCommitted(filepath.Join(out, id), ri.rec.Fingerprint, false); err != nil {
 					mu.Lock()
 					failed[id] = err
 					mu.Unlock()
@@ -341,18 +341,6 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		return fmt.Sprintf("%d output(s) failed verification at the destination", len(bad)), false
 	}
 	return "every output verified at the destination", true
-}
-
-// verifyCommitted is the quick check of one committed output at the
-// destination (marker, file list checksum, names, sizes) for fingerprint
-// fp: the tracker's when a run completes, and a resubmission's of a
-// COMPLETE run (redoUnverified).
-func verifyCommitted(dir, fp string) error {
-	mk, err := checkpoint.VerifyQuick(dir)
-	if err == nil && mk.Fingerprint != fp {
-		err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
-	}
-	return err
 }
 
 // failShard records a shard as failed with compare-and-set. With a payload

@@ -245,13 +245,12 @@ func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 // output without a record, is checked against the other.
 func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 	dst := filepath.Join(a.run.Spec.Output, a.m.ID)
-	if a.rec.State == stream.ShardValidated {
-		mk, err := checkpoint.VerifyQuick(dst)
-		return err == nil && mk.Fingerprint == a.m.Fingerprint
-	}
-	mk, err := checkpoint.Verify(dst)
-	if err != nil || mk.Fingerprint != a.m.Fingerprint {
-		return false
+	// A validated record's output was read back by its committer: a quick
+	// look suffices. An output without one is read in full.
+	validated := a.rec.State == stream.ShardValidated
+	mk, err := checkpoint.VerifyCommitted(dst, a.m.Fingerprint, !validated)
+	if err != nil || validated {
+		return err == nil
 	}
 	// Committed earlier (for example under another coordinator data dir):
 	// record it as validated so the run's counts see it.
