@@ -73,10 +73,7 @@ func openChildJournal(state, host, scratch, name, boot, pidns, coord string, pid
 	if err != nil {
 		return nil, err
 	}
-	if coord == "" {
-		coord = "-"
-	}
-	if _, err := fmt.Fprintf(f, "boot %s pid %d start %d pidns %s coord %s\nscratch %s\n", boot, pid, start, pidns, coord, scratch); err != nil {
+	if _, err := f.WriteString(journalHeader(boot, pid, start, pidns, coord, scratch)); err != nil {
 		f.Close()
 		os.Remove(path)
 		return nil, err
@@ -91,6 +88,19 @@ type heldShard struct {
 	key     string // the shard's lease key
 	attempt int    // the delivery count, as the lease's owner records it
 	reply   string // the delivery's ack subject
+}
+
+// journalHeader is a journal's first two lines, written by its worker and
+// again by keepForeign. An unknown pid namespace or coordinator is "-", so
+// that the header keeps its fields in place.
+func journalHeader(boot string, pid int, start int64, pidns, coord, scratch string) string {
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	return fmt.Sprintf("boot %s pid %d start %d pidns %s coord %s\nscratch %s\n", boot, pid, start, dash(pidns), dash(coord), scratch)
 }
 
 // started notes a command's process group, with the message it runs for.
@@ -164,10 +174,16 @@ func readJournal(path string) (deadJournal, error) {
 	if _, err := fmt.Sscanf(sc.Text(), "boot %s pid %d start %d", &j.boot, &j.pid, &j.start); err != nil {
 		return j, fmt.Errorf("%s: header %q: %v", path, sc.Text(), err)
 	}
+	undash := func(s string) string {
+		if s == "-" {
+			return ""
+		}
+		return s
+	}
 	if f := strings.Fields(sc.Text()); len(f) >= 8 && f[6] == "pidns" {
-		j.pidns = f[7]
-		if len(f) == 10 && f[8] == "coord" && f[9] != "-" {
-			j.coord = f[9]
+		j.pidns = undash(f[7])
+		if len(f) == 10 && f[8] == "coord" {
+			j.coord = undash(f[9])
 		}
 	}
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "scratch ") {
@@ -325,7 +341,7 @@ func (w *Worker) keepForeign(path string, j deadJournal, held []heldShard) bool 
 		return err == nil && time.Since(st.ModTime()) < foreignKeep
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "boot %s pid %d start %d pidns %s coord %s\nscratch %s\n", j.boot, j.pid, j.start, j.pidns, j.coord, j.scratch)
+	b.WriteString(journalHeader(j.boot, j.pid, j.start, j.pidns, j.coord, j.scratch))
 	for _, h := range held {
 		fmt.Fprintf(&b, "h %s %d %s\n", h.key, h.attempt, h.reply)
 	}

@@ -38,6 +38,16 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	if h, ok := got.held[11]; !ok || h != *held || len(got.held) != 1 {
 		t.Fatalf("held messages read back as %+v, want group 11's %+v alone", got.held, *held)
 	}
+	// A namespace or coordinator that could not be read stays unknown when
+	// read back, and the fields after it stay in place.
+	unknown, err := openChildJournal(dir, "h1", "/s", "w2", "boot-1", "", "", 4243, 1001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readJournal(unknown.path); err != nil || got.pidns != "" || got.coord != "" || got.scratch != "/s" {
+		t.Fatalf("journal with unknown namespace and coordinator read back as %+v (%v)", got, err)
+	}
+	unknown.close()
 	// A worker of another host sharing the state directory (an NFS home)
 	// neither reads nor removes this host's journal: its boot differs, and
 	// so would everything a pid means.
