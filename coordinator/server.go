@@ -188,7 +188,12 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	c.b = b
-	if err := c.startSyncer(); err != nil {
+	shards, err := js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("start coordinator: %w", err)
+	}
+	if err := c.startSyncer(shards.CachedInfo().Created.UTC().Format("20060102T150405.000000000Z")); err != nil {
 		c.Close()
 		return fmt.Errorf("start coordinator: %w", err)
 	}
@@ -317,7 +322,7 @@ func lockData(dir string) (*os.File, error) {
 // and answers barrier requests on stream.SubjectSync: in group mode after
 // a syncfs that began after the request arrived, otherwise at once (the
 // server synced each write itself, or nothing is synced by choice).
-func (c *Coordinator) startSyncer() error {
+func (c *Coordinator) startSyncer(store string) error {
 	f, err := os.Open(c.srv.StoreDir())
 	if err != nil {
 		return fmt.Errorf("open store for sync: %w", err)
@@ -349,7 +354,7 @@ func (c *Coordinator) startSyncer() error {
 		return fmt.Errorf("serve sync barrier: %w", err)
 	}
 	host, _ := os.Hostname()
-	info, _ := stream.Encode(&stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync})
+	info, _ := stream.Encode(&stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store})
 	if _, err := c.nc.Subscribe(stream.SubjectInfo, func(m *nats.Msg) { _ = m.Respond(info) }); err != nil {
 		return fmt.Errorf("serve info: %w", err)
 	}

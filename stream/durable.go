@@ -49,6 +49,10 @@ type CoordinatorInfo struct {
 	Host   string `json:"host"`
 	BootID string `json:"boot_id"`
 	Sync   string `json:"sync"`
+	// Store names the coordinator's store: the creation time of its
+	// SHARDS stream, which the store of another coordinator (another data
+	// directory, another `shardpool run`) does not share.
+	Store string `json:"store,omitempty"`
 }
 
 // AskInfo requests the coordinator's CoordinatorInfo.

@@ -150,7 +150,7 @@ type deadJournal struct {
 	pid     int
 	start   int64
 	pidns   string // "" in journals older than the field
-	coord   string // the coordinator its shards came from (coordinatorID); "" if unknown
+	coord   string // the store of the coordinator its shards came from (CoordinatorInfo.Store); "" if unknown
 	scratch string
 	live    []int // groups started and not ended, in order
 	// held is the message each live group ran for, where the line said.
@@ -309,7 +309,7 @@ func (w *Worker) reapOrphans() {
 			}
 		}
 		removeDeadPairs(j.scratch, j.pid)
-		if len(held) > 0 && j.coord != "" && w.coordID != "" && j.coord != w.coordID {
+		if store := w.view().store; len(held) > 0 && j.coord != "" && store != "" && j.coord != store {
 			// Another coordinator's shards (another run sharing this state
 			// directory): only a worker of theirs can hand them back.
 			if w.keepForeign(path, j, held) {
@@ -460,21 +460,4 @@ func killOrphanGroup(procs []procStat, pgid int, workerStart int64) (int, string
 		return 0, err.Error()
 	}
 	return len(members), ""
-}
-
-// coordinatorID names the coordinator's store by the creation time of its
-// SHARDS stream, which the store of another coordinator (another data
-// directory, another run of `shardpool run`) does not share; "" when it
-// cannot be read.
-func coordinatorID(ctx context.Context, js jetstream.JetStream) string {
-	if js == nil {
-		return ""
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		return ""
-	}
-	return s.CachedInfo().Created.UTC().Format("20060102T150405.000000000Z")
 }

@@ -192,7 +192,7 @@ func TestAnotherCoordinatorsShardsWaitForItsOwnWorker(t *testing.T) {
 	}
 	path := filepath.Join(w.cfg.StateDir, "children", "h1", fmt.Sprintf("%d.dead", dead))
 
-	w.coordID = "coord-B"
+	w.coord.Store(&coordView{sync: stream.SyncGroup, store: "coord-B"})
 	w.reapOrphans()
 	b, err := os.ReadFile(path)
 	if err != nil || !strings.Contains(string(b), "\nh r.a 1 ack.a\n") || strings.Contains(string(b), "+ ") {
@@ -209,7 +209,7 @@ func TestAnotherCoordinatorsShardsWaitForItsOwnWorker(t *testing.T) {
 		t.Fatalf("a second reap rewrote the kept journal: %q", b2)
 	}
 
-	w.coordID = "coord-A"
+	w.coord.Store(&coordView{sync: stream.SyncGroup, store: "coord-A"})
 	w.reapOrphans()
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("its own coordinator's worker left the journal: %v", err)

@@ -841,6 +841,7 @@ func (w *Worker) view() coordView {
 type coordView struct {
 	sync  string // its sync mode
 	local bool   // it runs on this boot of this host (see barrierRemote)
+	store string // its store (CoordinatorInfo.Store); "" before an answer
 }
 
 // learnCoordinator asks the coordinator for its sync mode and host; the
@@ -866,6 +867,7 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 		v.sync = ci.Sync
 	}
 	v.local = stream.KnownBootID(ci.BootID) && ci.BootID == w.boot && ci.Host == w.host
+	v.store = ci.Store
 	w.coord.Store(v)
 }
 

@@ -104,12 +104,10 @@ type Worker struct {
 	host  string
 	boot  string
 	pidns string // stream.PIDNamespace: pids are compared only within it
-	// coordID tells this worker's coordinator from others (coordinatorID).
-	coordID string
-	pid     int
-	b       *stream.Buckets
-	ttl     time.Duration
-	env     map[string]string
+	pid   int
+	b     *stream.Buckets
+	ttl   time.Duration
+	env   map[string]string
 
 	mu      sync.Mutex
 	running map[string]int
@@ -276,7 +274,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.closeLogs()
 	nc := w.cfg.JetStream.Conn()
 	w.learnCoordinator(ctx, nc)
-	w.coordID = coordinatorID(ctx, w.cfg.JetStream)
 	w.durable = &stream.Group{Fn: func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
 		defer cancel()
@@ -286,7 +283,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
 	w.reapOrphans()
-	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pidns, w.coordID, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
+	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pidns, w.view().store, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
 		w.journal = j
 		defer j.close()
 	} else {
