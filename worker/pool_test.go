@@ -560,6 +560,29 @@ func TestSlotsBoundConcurrency(t *testing.T) {
 	}
 }
 
+// TestUnchangedWaitIsLoggedOnce: a busy worker waits for a slot before
+// nearly every fetch; the host's admission log says so when the reason
+// changes, not each time (it had one line per shard).
+func TestUnchangedWaitIsLoggedOnce(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 2}})
+	spec := concurrencyJob(t, 8, "0.2", "")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	log, err := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := 0
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, "decision=wait 2 of 2 slots of class cpu in use") {
+			full++
+		}
+	}
+	if full != 1 {
+		t.Fatalf("wait lines for full slots: got %d, want 1\n%s", full, log)
+	}
+}
+
 func TestPlaceholdersAndEnvironment(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,

@@ -379,7 +379,11 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 		}
 	}
 	g := &gate{wake: make(chan struct{}, 1)}
+	// A wait is logged when its reason changes: "4 of 4 slots in use",
+	// the usual state of a busy worker, once, not before every fetch.
 	lastWhy := ""
+	recheck := time.NewTimer(time.Second)
+	defer recheck.Stop()
 	for {
 		n, why := w.admit(ctx, class, g.count())
 		w.setWait(class, n, why)
@@ -388,15 +392,15 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				w.hostLog(class, "wait", why)
 				lastWhy = why
 			}
+			recheck.Reset(time.Second)
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-g.wake:
-			case <-time.After(time.Second):
+			case <-recheck.C:
 			}
 			continue
 		}
-		lastWhy = ""
 		g.add(n)
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
