@@ -319,9 +319,15 @@ func (l *lazyLog) started() {
 	go l.copy()
 }
 
+// copyBufs are the buffers of the copies that have output to copy. Most
+// short shards print nothing: their copy reads the end of the output into
+// a few bytes of its own and never takes one.
+var copyBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
 func (l *lazyLog) copy() {
 	defer close(l.done)
-	buf := make([]byte, 32<<10)
+	var first [512]byte
+	buf := first[:]
 	opened := false
 	for {
 		n, err := l.r.Read(buf)
@@ -336,6 +342,11 @@ func (l *lazyLog) copy() {
 		}
 		if err != nil {
 			return
+		}
+		if n > 0 && len(buf) == len(first) {
+			big := copyBufs.Get().(*[32 << 10]byte)
+			defer copyBufs.Put(big)
+			buf = big[:]
 		}
 	}
 }
@@ -392,9 +403,15 @@ const logDrain = 2 * time.Second
 func (l *lazyLog) close() bool {
 	select {
 	case <-l.done:
-	case <-time.After(logDrain):
-		l.r.Close() // the copy returns with an error
-		<-l.done
+	default:
+		t := time.NewTimer(logDrain)
+		select {
+		case <-l.done:
+		case <-t.C:
+			l.r.Close() // the copy returns with an error
+			<-l.done
+		}
+		t.Stop()
 	}
 	l.r.Close()
 	if l.f == nil {
