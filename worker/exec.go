@@ -147,8 +147,9 @@ func paramKey(k string) string {
 }
 
 // execute runs argv in its own process group with output to logPath. It
-// returns when the child has exited; on timeout, shutdown or a lost lease the
-// group gets SIGTERM, then SIGKILL after the grace period.
+// returns when the child has exited; on timeout, shutdown (stop), preemption
+// (preempt) or a lost lease the group gets SIGTERM, then SIGKILL after the
+// grace period. A nil channel never fires.
 // onStart, when set, is called with the child's process group as soon as
 // it runs (admission's registry, the profiler's sampler, a shard cgroup);
 // the function it returns is called when the child has exited.
@@ -160,7 +161,7 @@ func paramKey(k string) string {
 //
 // held names the shard message the command runs for, if any; the child
 // journal keeps it beside the process group (see heldShard).
-func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop <-chan struct{}, leaseLost <-chan struct{}, onStart func(pgid int) func(), enter []string, held *heldShard) result {
+func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop, preempt, leaseLost <-chan struct{}, onStart func(pgid int) func(), enter []string, held *heldShard) result {
 	if len(enter) > 0 {
 		wrapped := append([]string{"/bin/sh", "-c", enterScript, "shardpool-enter"}, enter...)
 		argv = append(append(wrapped, "--"), argv...)
@@ -220,6 +221,9 @@ wait:
 			terminate(stopTimeout)
 		case <-stop:
 			stop = nil
+			terminate(stopShutdown)
+		case <-preempt:
+			preempt = nil
 			terminate(stopShutdown)
 		case <-leaseLost:
 			leaseLost = nil

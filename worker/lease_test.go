@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,5 +85,38 @@ func TestLostLeaseStopsChildWithoutCommit(t *testing.T) {
 	hist, err := kv.History(context.Background(), "t.s0000")
 	if err != nil || len(hist) != 1 {
 		t.Fatalf("commit history: %d entries (%v), want exactly 1", len(hist), err)
+	}
+}
+
+// A shard that runs for several lease TTLs keeps its lease: the heartbeat
+// renews it, so nobody else takes the shard and it runs once.
+func TestHeartbeatsKeepALongShardsLease(t *testing.T) {
+	env := testenv.New(t, testenv.Options{LeaseTTL: time.Second})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2,
+		Command: []string{"sh", "-c", `sleep 4; echo done > "$1/result"`, "sh", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	kv, err := env.JS.KeyValue(context.Background(), stream.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		e, err := kv.Get(context.Background(), "t.s0000")
+		if err != nil {
+			return false, "lease: " + err.Error()
+		}
+		var l stream.Lease
+		if err := stream.Decode(e.Value(), &l); err != nil {
+			return false, err.Error()
+		}
+		spans := l.Renewed.Sub(l.Taken)
+		return spans >= 2*time.Second, fmt.Sprintf("lease renewed %s after it was taken, want 2 TTLs", spans)
+	})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
+		t.Fatalf("attempts: got %+v, want one, ok", rec.Attempts)
 	}
 }

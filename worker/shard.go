@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -401,13 +402,8 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		env = append(env, "CUDA_VISIBLE_DEVICES="+uuids)
 		w.admission(a.m.Run, a.m.ID, a.m.Class, "gpus", "CUDA_VISIBLE_DEVICES="+uuids)
 	}
-	hbCtx, stopHB := context.WithCancel(ctx)
 	lost := make(chan struct{})
-	hbDone := make(chan struct{})
-	go func() {
-		defer close(hbDone)
-		w.heartbeat(hbCtx, a.msg, l, lost)
-	}()
+	stopHB := w.heartbeat(ctx, a.msg, l, lost)
 	onStart := w.trackLive(a.m.Class, cls.Memory)
 	var cg *shardCgroup
 	if w.enforce && cls.Memory > 0 {
@@ -422,10 +418,8 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
-	stopOrPreempt, unmerge := mergeStop(stop, rr.preempt)
 	held := &heldShard{key: a.key, attempt: a.attempt, reply: a.msg.Reply()}
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stopOrPreempt, lost, onStart, cg.procsFiles(), held)
-	unmerge()
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, onStart, cg.procsFiles(), held)
 	w.removeRunning(a.key)
 	select {
 	case <-rr.preempt:
@@ -444,7 +438,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
 		vargv, err := stream.Expand(spec.Validator, v)
 		if err == nil {
-			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, lost, nil, nil, held)
+			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, nil, lost, nil, nil, held)
 			if vr.outcome != stream.OutcomeOK {
 				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
 			}
@@ -453,7 +447,6 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		}
 	}
 	stopHB()
-	<-hbDone
 	return res
 }
 
@@ -564,41 +557,41 @@ func (w *Worker) stagingLog(m *stream.ShardMsg, attempt int, s staging.Stats) {
 	f.Write(append(line, '\n'))
 }
 
-// mergeStop returns a channel that closes when either a or b closes; the
-// returned function releases the goroutine that watches them.
-func mergeStop(a, b <-chan struct{}) (<-chan struct{}, func()) {
-	out, done := make(chan struct{}), make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		select {
-		case <-a:
-			close(out)
-		case <-b:
-			close(out)
-		case <-done:
-		}
-	}()
-	return out, func() { close(done); <-exited }
-}
-
 // heartbeat keeps the message in progress and the lease renewed at a third
-// of the TTL; it closes lost when the lease cannot be renewed.
-func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, l *lease, lost chan<- struct{}) {
-	t := time.NewTicker(max(w.ttl/3, 100*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+// of the TTL; it closes lost when the lease cannot be renewed. The beats
+// run on a timer, which costs no goroutine until the first one: most
+// short shards end before it. The returned function stops the beats and
+// waits for one in flight.
+func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, l *lease, lost chan<- struct{}) (stop func()) {
+	period := max(w.ttl/3, 100*time.Millisecond)
+	ctx, cancel := context.WithCancel(ctx)
+	var mu sync.Mutex // held by a beat; guards t and over
+	var t *time.Timer
+	over := false
+	beat := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if over {
 			return
-		case <-t.C:
-			_ = msg.InProgress()
-			if err := w.renew(ctx, l); err != nil && ctx.Err() == nil {
-				w.log.Warn("lease lost", "shard", l.key, "err", err)
-				close(lost)
-				return
-			}
 		}
+		_ = msg.InProgress()
+		if err := w.renew(ctx, l); err != nil && ctx.Err() == nil {
+			w.log.Warn("lease lost", "shard", l.key, "err", err)
+			close(lost)
+			over = true
+			return
+		}
+		t.Reset(period)
+	}
+	mu.Lock()
+	t = time.AfterFunc(period, beat)
+	mu.Unlock()
+	return func() {
+		cancel() // a renewal in flight returns at once
+		mu.Lock()
+		over = true
+		t.Stop()
+		mu.Unlock()
 	}
 }
 
