@@ -1,9 +1,10 @@
 package stream
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
+
+	json "github.com/segmentio/encoding/json"
 )
 
 // SchemaVersion is written as "v" in every message and KV value.
@@ -266,6 +267,14 @@ func (r *CommitRecord) schemaV() *int { return &r.V }
 func (r *CoordinatorInfo) schemaV() *int { return &r.V }
 
 // Encode marshals v after stamping its schema version.
+//
+// Records and messages go through github.com/segmentio/encoding/json, a
+// drop-in for encoding/json that writes the same bytes (sorted map keys,
+// the same escaping; TestCodecMatchesEncodingJSON) about 2.5x faster and
+// decodes about 3.5x faster: every shard makes four records and the
+// coordinator decodes each, so on short shards the standard codec was
+// several percent of the worker pool's CPU. The spec, the manifest and
+// the fingerprint keep encoding/json.
 func Encode(v any) ([]byte, error) {
 	if r, ok := v.(versioned); ok {
 		*r.schemaV() = SchemaVersion
