@@ -434,13 +434,21 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				}
 				shards.Add(1)
 				w.track(class, +1)
-				go func() {
+				run := func() {
 					defer shards.Done()
 					var once sync.Once
 					free := func() { once.Do(func() { w.track(class, -1); g.done(1) }) }
 					defer free()
 					w.handle(shardCtx, stop, msg, class, why, free)
-				}()
+				}
+				if got == n {
+					// The batch's last message: this goroutine has nothing
+					// left to wait for, so it runs the shard itself (one
+					// goroutine per fetch of one, the usual case).
+					run()
+					continue
+				}
+				go run()
 			}
 			g.done(n - got)
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
