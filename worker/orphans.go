@@ -31,25 +31,50 @@ import (
 // The journal is <state>/children/<host>/<pid>.<worker name>: a header
 // with the boot ID, the worker's pid, start time, pid namespace (a journal
 // of another namespace is left alone) and coordinator, a line with its
-// scratch directory, then "+ <pgid> [<lease key> <attempt> <ack subject>]"
-// when a command starts and "- <pgid>" when its group is gone. A worker
-// that exits normally removes it.
+// scratch directory, then one line per event:
 //
-// The message a dead worker's command ran for cannot be acknowledged by
-// anyone else; JetStream would redeliver it only after the ack wait (the
-// lease TTL), and its lease would keep every worker on other hosts off it
-// as long. The worker that reaps the journal proves the owner gone, so it
-// hands the message back at once: it deletes the dead owner's lease and
-// naks the delivery (handBack). A crashed `shardpool run` restarted at once
-// resumes its shards at once instead of after the TTL. Only a worker of
-// the same coordinator can; another keeps them for one (keepForeign).
+//	+ <pgid> [<lease key> <attempt> <ack subject>]  a command started
+//	- <pgid>                                       its group is gone
+//	h <lease key> <attempt> <ack subject>          a shard held with no command (staging)
+//	= <lease key> <attempt>                        the shard's message is settled
+//
+// A worker that exits normally removes it; one that runs long rewrites it
+// to what is still live and held (compact).
+//
+// The message a dead worker held cannot be acknowledged by anyone else;
+// JetStream would redeliver it only after the ack wait (the lease TTL),
+// and its lease would keep every worker on other hosts off it as long.
+// The worker that reaps the journal proves the owner gone, so it hands the
+// message back at once: it deletes the dead owner's lease and naks the
+// delivery (handBack). That covers a shard from its staging through its
+// command to its settled message: a crashed `shardpool run` restarted at
+// once resumes its shards at once instead of after the TTL, those it was
+// committing too. Only a worker of the same coordinator can; another keeps
+// them for one (keepForeign).
 
-// childJournal records this worker's running process groups.
+// childJournal records this worker's running process groups and the
+// shards it holds.
 type childJournal struct {
-	mu   sync.Mutex
-	f    *os.File
-	path string
+	mu     sync.Mutex
+	f      *os.File
+	path   string
+	header string
+	size   int64
+	// What the journal says now, for compact: the live groups and the
+	// held shards (by key and attempt).
+	live map[int]bool
+	held map[string]heldShard
+	// settledLines are "=" lines not written yet: they go out with the
+	// next line (no write of their own). One lost with the worker costs
+	// nothing but a look: handBack finds the shard's lease released, taken
+	// over, or left by an acked attempt whose message is gone, where a
+	// nak changes nothing.
+	settledLines []byte
 }
+
+// journalCompactAt is the size past which a journal is rewritten to what
+// is still live and held: a line or two per shard adds up over a long run.
+const journalCompactAt = 1 << 20
 
 // journalDir holds one host's journals: a state directory on a shared
 // file system (an NFS home) is seen by workers of many hosts, and pids
@@ -73,22 +98,30 @@ func openChildJournal(state, host, scratch, name, boot, pidns, coord string, pid
 	if err != nil {
 		return nil, err
 	}
-	if _, err := f.WriteString(journalHeader(boot, pid, start, pidns, coord, scratch)); err != nil {
+	header := journalHeader(boot, pid, start, pidns, coord, scratch)
+	if _, err := f.WriteString(header); err != nil {
 		f.Close()
 		os.Remove(path)
 		return nil, err
 	}
-	return &childJournal{f: f, path: path}, nil
+	return &childJournal{f: f, path: path, header: header, size: int64(len(header)), live: map[int]bool{}, held: map[string]heldShard{}}, nil
 }
 
-// heldShard is the shard message a command runs for, as its journal line
-// keeps it: enough for the worker that finds this one dead to hand the
+// heldShard is the shard message a worker holds, as its journal lines
+// keep it: enough for the worker that finds this one dead to hand the
 // message back (handBack).
 type heldShard struct {
 	key     string // the shard's lease key
 	attempt int    // the delivery count, as the lease's owner records it
 	reply   string // the delivery's ack subject
 }
+
+// journaled reports whether h fits a journal line (fields without spaces).
+func (h *heldShard) journaled() bool {
+	return h != nil && h.reply != "" && h.key != "" && !strings.ContainsAny(h.key+h.reply, " \n")
+}
+
+func (h heldShard) id() string { return h.key + " " + strconv.Itoa(h.attempt) }
 
 // journalHeader is a journal's first two lines, written by its worker and
 // again by keepForeign. An unknown pid namespace or coordinator is "-", so
@@ -110,27 +143,107 @@ func (j *childJournal) started(pgid int, h *heldShard) {
 	}
 	b := make([]byte, 0, 160)
 	b = strconv.AppendInt(append(b, '+', ' '), int64(pgid), 10)
-	if h != nil && h.reply != "" && !strings.ContainsAny(h.key+h.reply, " \n") {
-		b = append(append(append(b, ' '), h.key...), ' ')
-		b = append(strconv.AppendInt(b, int64(h.attempt), 10), ' ')
-		b = append(b, h.reply...)
+	if h.journaled() {
+		b = appendShard(append(b, ' '), h)
 	}
-	j.write(append(b, '\n'))
+	j.write(append(b, '\n'), func() {
+		j.live[pgid] = true
+		if h.journaled() {
+			j.held[h.id()] = *h
+		}
+	})
 }
 
-// ended notes that a command's process group is gone.
+// ended notes that a command's process group is gone. The shard it ran
+// for stays held until it is settled.
 func (j *childJournal) ended(pgid int) {
 	if j == nil {
 		return
 	}
 	var b [24]byte
-	j.write(append(strconv.AppendInt(append(b[:0], '-', ' '), int64(pgid), 10), '\n'))
+	j.write(append(strconv.AppendInt(append(b[:0], '-', ' '), int64(pgid), 10), '\n'), func() { delete(j.live, pgid) })
 }
 
-func (j *childJournal) write(line []byte) {
+// holding notes a shard held while no command runs for it (its inputs
+// are being staged).
+func (j *childJournal) holding(h *heldShard) {
+	if j == nil || !h.journaled() {
+		return
+	}
+	j.write(append(appendShard([]byte("h "), h), '\n'), func() { j.held[h.id()] = *h })
+}
+
+// settled notes that the worker is done with a shard's delivery: its
+// message is acked, naked or termed, or its lease was lost. The line goes
+// out with the next one (see settledLines).
+func (j *childJournal) settled(h *heldShard) {
+	if j == nil || !h.journaled() {
+		return
+	}
 	j.mu.Lock()
-	_, _ = j.f.Write(line)
-	j.mu.Unlock()
+	defer j.mu.Unlock()
+	b := append(append(j.settledLines, "= "...), h.key...)
+	j.settledLines = append(strconv.AppendInt(append(b, ' '), int64(h.attempt), 10), '\n')
+	delete(j.held, h.id())
+}
+
+func appendShard(b []byte, h *heldShard) []byte {
+	b = append(append(b, h.key...), ' ')
+	b = append(strconv.AppendInt(b, int64(h.attempt), 10), ' ')
+	return append(b, h.reply...)
+}
+
+// write appends line and applies what it says to the journal's state.
+func (j *childJournal) write(line []byte, apply func()) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.settledLines) > 0 {
+		line = append(j.settledLines, line...)
+		j.settledLines = j.settledLines[:0]
+	}
+	n, _ := j.f.Write(line)
+	j.size += int64(n)
+	apply()
+	if j.size > journalCompactAt {
+		j.compact()
+	}
+}
+
+// compact rewrites the journal to its header, a line per live group and
+// one per held shard, through a temporary file and a rename, so that a
+// crash at any point leaves one whole journal. On failure the journal
+// grows on and the next write tries again.
+func (j *childJournal) compact() {
+	var b strings.Builder
+	b.WriteString(j.header)
+	for pgid := range j.live {
+		fmt.Fprintf(&b, "+ %d\n", pgid)
+	}
+	for _, h := range j.held {
+		b.WriteString("h ")
+		b.Write(appendShard(nil, &h))
+		b.WriteByte('\n')
+	}
+	f, err := os.CreateTemp(filepath.Dir(j.path), ".compact-*")
+	if err != nil {
+		return
+	}
+	_, err = f.WriteString(b.String())
+	if err == nil {
+		err = f.Chmod(0o644) // as the journal was: other workers read it
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), j.path)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return
+	}
+	// The temporary file, renamed, is the journal now; appends go to it.
+	j.f.Close()
+	j.f, j.size = f, int64(b.Len())
+	j.settledLines = j.settledLines[:0] // what they said is in held
 }
 
 // close removes the journal: every group it listed has ended.
@@ -153,11 +266,10 @@ type deadJournal struct {
 	coord   string // the store of the coordinator its shards came from (CoordinatorInfo.Store); "" if unknown
 	scratch string
 	live    []int // groups started and not ended, in order
-	// held is the message each live group ran for, where the line said.
-	held map[int]heldShard
-	// pending are messages whose groups were reaped already, by a worker
-	// of another coordinator, which kept them for one of theirs ("h" lines).
-	pending []heldShard
+	// held are the messages held and not settled, in order: their commands
+	// ran or run, their inputs were being staged, or they were kept by a
+	// worker of another coordinator for one of theirs ("h" lines).
+	held []heldShard
 }
 
 func readJournal(path string) (deadJournal, error) {
@@ -191,17 +303,30 @@ func readJournal(path string) (deadJournal, error) {
 	}
 	j.scratch = strings.TrimPrefix(sc.Text(), "scratch ")
 	open := map[int]bool{}
-	held := map[int]heldShard{}
 	var order []int
+	held := map[string]bool{} // by heldShard.id
+	var heldOrder []heldShard
+	hold := func(key, attempt, reply string) {
+		n, err := strconv.Atoi(attempt)
+		if err != nil {
+			return
+		}
+		h := heldShard{key: key, attempt: n, reply: reply}
+		if !held[h.id()] {
+			heldOrder = append(heldOrder, h)
+		}
+		held[h.id()] = true
+	}
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) == 4 && f[0] == "h" {
-			if n, err := strconv.Atoi(f[2]); err == nil {
-				j.pending = append(j.pending, heldShard{key: f[1], attempt: n, reply: f[3]})
-			}
+		switch {
+		case len(f) == 4 && f[0] == "h":
+			hold(f[1], f[2], f[3])
 			continue
-		}
-		if len(f) < 2 {
+		case len(f) == 3 && f[0] == "=":
+			delete(held, f[1]+" "+f[2])
+			continue
+		case len(f) < 2:
 			continue // a torn last line
 		}
 		pgid, err := strconv.Atoi(f[1])
@@ -212,11 +337,8 @@ func readJournal(path string) (deadJournal, error) {
 		case "+":
 			open[pgid] = true
 			order = append(order, pgid)
-			delete(held, pgid)
 			if len(f) == 5 {
-				if n, err := strconv.Atoi(f[3]); err == nil {
-					held[pgid] = heldShard{key: f[2], attempt: n, reply: f[4]}
-				}
+				hold(f[2], f[3], f[4])
 			}
 		case "-":
 			delete(open, pgid)
@@ -225,13 +347,13 @@ func readJournal(path string) (deadJournal, error) {
 	for _, g := range order {
 		if open[g] {
 			j.live = append(j.live, g)
-			if h, ok := held[g]; ok {
-				if j.held == nil {
-					j.held = map[int]heldShard{}
-				}
-				j.held[g] = h
-			}
 			delete(open, g)
+		}
+	}
+	for _, h := range heldOrder {
+		if held[h.id()] {
+			j.held = append(j.held, h)
+			delete(held, h.id())
 		}
 	}
 	return j, sc.Err()
@@ -296,16 +418,13 @@ func (w *Worker) reapOrphans() {
 		if workerAlive(procs, j.pid, j.start) {
 			continue
 		}
-		held := j.pending
+		held := j.held
 		for _, pgid := range j.live {
 			n, why := killOrphanGroup(procs, pgid, j.start)
 			if n > 0 {
 				w.hostLog("-", "reap", fmt.Sprintf("killed %d process(es) of group %d left running by worker pid %d, which died without ending them", n, pgid, j.pid))
 			} else if why != "" {
 				w.hostLog("-", "reap-skip", fmt.Sprintf("group %d of dead worker pid %d left alone: %s", pgid, j.pid, why))
-			}
-			if h, ok := j.held[pgid]; ok {
-				held = append(held, h)
 			}
 		}
 		removeDeadPairs(j.scratch, j.pid)
@@ -336,7 +455,8 @@ const foreignKeep = 10 * time.Minute
 // that fails is tried again at the next reap.
 func (w *Worker) keepForeign(path string, j deadJournal, held []heldShard) bool {
 	if len(j.live) == 0 {
-		// Rewritten before (its mtime is when): keep it while it may matter.
+		// Nothing to rewrite (rewritten before, or its worker died with no
+		// command running): keep it while it may matter, from its mtime.
 		st, err := os.Stat(path)
 		return err == nil && time.Since(st.ModTime()) < foreignKeep
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,20 +24,43 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := &heldShard{key: "run.s1", attempt: 2, reply: "$JS.ACK.SHARDS.cpu.2.7.9.1764500000000000000.3"}
-	j.started(10, held)
-	j.started(11, held)
+	ack := func(n int) string { return fmt.Sprintf("$JS.ACK.SHARDS.cpu.2.%d.9.1764500000000000000.3", n) }
+	held := &heldShard{key: "run.s1", attempt: 2, reply: ack(1)}
+	j.started(10, held) // the command, then its validator: one shard
 	j.ended(10)
+	j.started(11, held)
 	j.started(12, nil)
 	j.started(13, &heldShard{key: "run.bad key", attempt: 1, reply: "x"}) // not a journal line's worth
 	j.ended(13)
+	done := &heldShard{key: "run.s2", attempt: 1, reply: ack(2)} // ran, settled
+	j.started(14, done)
+	j.ended(14)
+	j.settled(done)
+	committing := &heldShard{key: "run.s3", attempt: 1, reply: ack(3)} // its command ended, its message not settled
+	j.started(15, committing)
+	j.ended(15)
+	staging := &heldShard{key: "run.s4", attempt: 3, reply: ack(4)} // no command yet
+	j.holding(staging)
+	staged := &heldShard{key: "run.s5", attempt: 1, reply: ack(5)} // staged, ran, settled
+	j.holding(staged)
+	j.started(16, staged)
+	j.ended(16)
+	j.settled(staged)
+	retried := &heldShard{key: "run.s1", attempt: 1, reply: ack(6)} // an earlier delivery's release leaves attempt 2 held
+	before, _ := os.Stat(j.path)
+	j.settled(retried)
+	if after, _ := os.Stat(j.path); after.Size() != before.Size() {
+		t.Fatalf("a settled line was written on its own (%d -> %d bytes), want it to wait for the next line", before.Size(), after.Size())
+	}
+	j.started(17, nil) // "=" lines go out with the next line
+	j.ended(17)
 	j.f.WriteString("+ 1") // torn
 	got, err := readJournal(filepath.Join(dir, "children", "h1", "4242.w1"))
 	if err != nil || got.boot != "boot-1" || got.pid != 4242 || got.start != 1000 || got.pidns != "pid:[1]" || got.coord != "coord-A" || got.scratch != "/scratch with space" || len(got.live) != 2 || got.live[0] != 11 || got.live[1] != 12 {
 		t.Fatalf("journal read back as %+v (%v), want boot-1, pid 4242, start 1000, pid:[1], its scratch, live [11 12]", got, err)
 	}
-	if h, ok := got.held[11]; !ok || h != *held || len(got.held) != 1 {
-		t.Fatalf("held messages read back as %+v, want group 11's %+v alone", got.held, *held)
+	if want := []heldShard{*held, *committing, *staging}; !slices.Equal(got.held, want) {
+		t.Fatalf("held messages read back as %+v, want %+v", got.held, want)
 	}
 	// A namespace or coordinator that could not be read stays unknown when
 	// read back, and the fields after it stay in place.
@@ -156,6 +180,106 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 				t.Fatalf("run r's admission.log records %d hand-back(s), want %d:\n%s", got, handed, runLog)
 			}
 		})
+	}
+}
+
+// A long-running worker's journal is rewritten to what is still live and
+// held once it passes journalCompactAt; appends go on in the new file.
+func TestChildJournalCompacts(t *testing.T) {
+	dir := t.TempDir()
+	j, err := openChildJournal(dir, "h1", "/s", "w1", "boot-1", "pid:[1]", "coord-A", 4242, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	long := &heldShard{key: "run.long", attempt: 1, reply: "$JS.ACK.SHARDS.cpu.1.1.1.1.1"}
+	j.started(7, long)
+	staging := &heldShard{key: "run.staging", attempt: 2, reply: "$JS.ACK.SHARDS.cpu.1.2.2.2.2"}
+	j.holding(staging)
+	for i := range 20_000 {
+		h := &heldShard{key: fmt.Sprintf("run.s%05d", i), attempt: 1, reply: fmt.Sprintf("$JS.ACK.SHARDS.cpu.1.%d.%d.1764500000000000000.0", i, i)}
+		j.started(100+i, h)
+		j.ended(100 + i)
+		j.settled(h)
+	}
+	last := &heldShard{key: "run.last", attempt: 1, reply: "$JS.ACK.SHARDS.cpu.1.3.3.3.3"}
+	j.started(99, last)
+	st, err := os.Stat(j.path)
+	if err != nil || st.Size() > journalCompactAt {
+		t.Fatalf("journal after 20,000 shards: %v bytes (%v), want it compacted below %d", st.Size(), err, journalCompactAt)
+	}
+	got, err := readJournal(j.path)
+	if err != nil || !slices.Equal(got.live, []int{7, 99}) && !slices.Equal(got.live, []int{99, 7}) {
+		t.Fatalf("live groups after compaction: %v (%v), want 7 and 99", got.live, err)
+	}
+	slices.SortFunc(got.held, func(a, b heldShard) int { return strings.Compare(a.key, b.key) })
+	if want := []heldShard{*last, *long, *staging}; !slices.Equal(got.held, want) {
+		t.Fatalf("held shards after compaction: %+v, want %+v", got.held, want)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(j.path)); len(entries) != 1 {
+		t.Fatalf("journal directory after compaction: %v, want the journal alone", entries)
+	}
+}
+
+// A worker killed after its command ended but before its message was
+// settled (committing the output), or before its command started (staging
+// the inputs), held shards all the same: a worker that reaps its journal
+// hands them back at once. One it had settled is left alone.
+func TestDeadWorkersCommittingAndStagingShardsComeBack(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{StateDir: t.TempDir()})
+	w.host, w.ttl, w.boot, w.pidns = "h1", 8*time.Second, stream.BootID("/proc"), stream.PIDNamespace()
+	w.cfg.ProcRoot = "/proc"
+	if !stream.KnownBootID(w.boot) || w.pidns == "" {
+		t.Fatal("boot ID or pid namespace unreadable: nothing can be reaped here")
+	}
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := exited.Process.Pid
+	j, err := openChildJournal(w.cfg.StateDir, "h1", t.TempDir(), "dead", w.boot, w.pidns, "", dead, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := &heldShard{key: "r.done", attempt: 1, reply: "ack.done"}
+	j.started(4_000_001, done)
+	j.ended(4_000_001)
+	j.settled(done)
+	committing := &heldShard{key: "r.committing", attempt: 1, reply: "ack.committing"}
+	j.started(4_000_000, committing)
+	j.ended(4_000_000)
+	staging := &heldShard{key: "r.staging", attempt: 2, reply: "ack.staging"}
+	j.holding(staging)
+	j.f.Close()
+	for _, h := range []*heldShard{committing, staging, done} {
+		l := stream.Lease{Owner: stream.Owner{Worker: "dead", Host: "h1", BootID: w.boot, PID: dead, PIDNS: w.pidns, Attempt: h.attempt}, Taken: time.Now(), Renewed: time.Now().UTC()}
+		data, _ := stream.Encode(&l)
+		if _, err := w.b.Leases.Put(ctx, h.key, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	naks, err := w.cfg.JetStream.Conn().SubscribeSync("ack.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.reapOrphans()
+	var got []string
+	for {
+		m, err := naks.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		got = append(got, m.Subject+" "+string(m.Data))
+	}
+	slices.Sort(got)
+	if want := []string{"ack.committing -NAK", "ack.staging -NAK"}; !slices.Equal(got, want) {
+		t.Fatalf("naks after the reap: %q, want %q", got, want)
+	}
+	for key, want := range map[string]bool{"r.committing": false, "r.staging": false, "r.done": true} {
+		if _, err := w.b.Leases.Get(ctx, key); (err == nil) != want {
+			t.Errorf("lease %s after the reap: %v, want it there: %v", key, err, want)
+		}
 	}
 }
 

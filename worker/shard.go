@@ -339,6 +339,11 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		_ = a.msg.NakWithDelay(w.backoff(1))
 		return
 	}
+	// From here until the message is settled the worker's journal holds
+	// the shard, so that a worker that finds this one dead can hand it
+	// back at once (handBack), whichever step it died in.
+	held := &heldShard{key: a.key, attempt: a.attempt, reply: a.msg.Reply()}
+	defer w.journal.settled(held)
 	var res result
 	base, err := w.scratch.take(m.Run)
 	if err != nil {
@@ -350,6 +355,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: base + ".out", Scratch: base + ".tmp",
 		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
 	if res.outcome == "" && spec.StageFor(class) {
+		w.journal.holding(held)
 		staged, sres := w.stage(ctx, a, cls, base+".in")
 		defer os.RemoveAll(base + ".in")
 		if staged != nil {
@@ -359,7 +365,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		res = sres
 	}
 	if res.outcome == "" {
-		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
+		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log, held)
 	}
 	select {
 	case w.concluding <- struct{}{}:
@@ -370,7 +376,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	w.conclude(ctx, a, l, v, res)
 }
 
-func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string) result {
+func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string, held *heldShard) result {
 	spec := &a.run.Spec
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command names it: directory creation is a
@@ -418,7 +424,6 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
-	held := &heldShard{key: a.key, attempt: a.attempt, reply: a.msg.Reply()}
 	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, onStart, cg.procsFiles(), held)
 	w.removeRunning(a.key)
 	select {
