@@ -1,0 +1,47 @@
+package coordinator_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// TestStatusListsUnfinishedShards: the status of one run lists the shards
+// of its fingerprint that are not validated, with their state and reason,
+// in ID order; a run whose every shard is validated lists none.
+func TestStatusListsUnfinishedShards(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	ctx := context.Background()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 6, Retries: 0,
+		Command: []string{"sh", "-c", `case "$1" in s0001|s0004) exit 3;; esac; echo ok > "$2/r"`, "sh", "{id}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	st, err := coordinator.ReadStatus(ctx, env.JS, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := st.Runs[0]
+	if len(r.Shards) != 2 || r.Shards[0].ID != "s0001" || r.Shards[1].ID != "s0004" {
+		t.Fatalf("unfinished shards: %+v, want s0001 and s0004", r.Shards)
+	}
+	for _, s := range r.Shards {
+		if s.State != stream.ShardFailed || s.Reason == "" || s.Payload != nil {
+			t.Errorf("shard %s: state %s, reason %q, payload %v; want failed, with its reason, without the payload", s.ID, s.State, s.Reason, s.Payload)
+		}
+	}
+
+	done := testenv.WriteJob(t, testenv.Job{Name: "d", Shards: 4, Retries: 0, Command: []string{"true"}})
+	env.Submit(done, coordinator.SubmitOptions{})
+	env.WaitState("d", 30*time.Second, stream.RunComplete)
+	st, err = coordinator.ReadStatus(ctx, env.JS, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := st.Runs[0]; r.Counts.Validated != 4 || len(r.Shards) != 0 {
+		t.Fatalf("complete run: counts %+v, %d shard(s) listed; want 4 validated, none listed", r.Counts, len(r.Shards))
+	}
+}
