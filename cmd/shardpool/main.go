@@ -17,8 +17,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	profStop()
 	os.Exit(exitCode(err, os.Stderr))
 }
+
+// profStop ends the developer profiles of a devprof build (devprof.go).
+var profStop = func() {}
 
 const usage = `shardpool: measured, durable batches of shards on shared machines
 
