@@ -25,6 +25,7 @@ tools:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags devprof ./cmd/shardpool
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
 test: tools vet
