@@ -221,12 +221,12 @@ func TestChildJournalCompacts(t *testing.T) {
 	}
 }
 
-// A worker killed after its command ended but before its message was
-// settled (committing the output), or before its command started (staging
-// the inputs), held shards all the same: a worker that reaps its journal
-// hands them back at once. One it had settled is left alone.
-func TestDeadWorkersCommittingAndStagingShardsComeBack(t *testing.T) {
-	ctx := context.Background()
+// deadWorkerJournal makes a worker on a real server that can reap on this
+// host (host h1, this boot and pid namespace) and the open journal of a
+// dead worker there: its pid is a process that has exited, its
+// coordinator coord.
+func deadWorkerJournal(t *testing.T, coord string) (*Worker, *childJournal, int) {
+	t.Helper()
 	w := workerOnServer(t, Config{StateDir: t.TempDir()})
 	w.host, w.ttl, w.boot, w.pidns = "h1", 8*time.Second, stream.BootID("/proc"), stream.PIDNamespace()
 	w.cfg.ProcRoot = "/proc"
@@ -238,10 +238,20 @@ func TestDeadWorkersCommittingAndStagingShardsComeBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := exited.Process.Pid
-	j, err := openChildJournal(w.cfg.StateDir, "h1", t.TempDir(), "dead", w.boot, w.pidns, "", dead, 1)
+	j, err := openChildJournal(w.cfg.StateDir, "h1", t.TempDir(), "dead", w.boot, w.pidns, coord, dead, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return w, j, dead
+}
+
+// A worker killed after its command ended but before its message was
+// settled (committing the output), or before its command started (staging
+// the inputs), held shards all the same: a worker that reaps its journal
+// hands them back at once. One it had settled is left alone.
+func TestDeadWorkersCommittingAndStagingShardsComeBack(t *testing.T) {
+	ctx := context.Background()
+	w, j, dead := deadWorkerJournal(t, "")
 	done := &heldShard{key: "r.done", attempt: 1, reply: "ack.done"}
 	j.started(4_000_001, done)
 	j.ended(4_000_001)
@@ -288,21 +298,7 @@ func TestDeadWorkersCommittingAndStagingShardsComeBack(t *testing.T) {
 // messages wait for a worker of that coordinator, which hands them back.
 func TestAnotherCoordinatorsShardsWaitForItsOwnWorker(t *testing.T) {
 	ctx := context.Background()
-	w := workerOnServer(t, Config{StateDir: t.TempDir()})
-	w.host, w.ttl, w.boot, w.pidns = "h1", 8*time.Second, stream.BootID("/proc"), stream.PIDNamespace()
-	w.cfg.ProcRoot = "/proc"
-	if !stream.KnownBootID(w.boot) || w.pidns == "" {
-		t.Fatal("boot ID or pid namespace unreadable: nothing can be reaped here")
-	}
-	exited := exec.Command("true")
-	if err := exited.Run(); err != nil {
-		t.Fatal(err)
-	}
-	dead := exited.Process.Pid
-	j, err := openChildJournal(w.cfg.StateDir, "h1", t.TempDir(), "dead", w.boot, w.pidns, "coord-A", dead, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, j, dead := deadWorkerJournal(t, "coord-A")
 	j.started(4_000_000, &heldShard{key: "r.a", attempt: 1, reply: "ack.a"}) // a group long gone
 	j.f.Close()
 	l := stream.Lease{Owner: stream.Owner{Worker: "dead", Host: "h1", BootID: w.boot, PID: dead, PIDNS: w.pidns, Attempt: 1}, Taken: time.Now(), Renewed: time.Now().UTC()}

@@ -13,6 +13,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -26,24 +27,26 @@ func init() {
 	fail := func(what string, err error) {
 		fmt.Fprintf(os.Stderr, "devprof: %s: %v\n", what, err)
 	}
-	if p := os.Getenv("SP_CPUPROF"); p != "" {
-		if f, err := os.Create(p); err != nil {
-			fail(p, err)
-		} else if err := pprof.StartCPUProfile(f); err != nil {
-			fail(p, err)
-		} else {
-			stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	// A profile written to a file from start until exit.
+	toFile := func(env string, start func(io.Writer) error, stop func()) {
+		p := os.Getenv(env)
+		if p == "" {
+			return
 		}
-	}
-	if p := os.Getenv("SP_TRACE"); p != "" {
-		if f, err := os.Create(p); err != nil {
-			fail(p, err)
-		} else if err := trace.Start(f); err != nil {
-			fail(p, err)
-		} else {
-			stops = append(stops, func() { trace.Stop(); f.Close() })
+		f, err := os.Create(p)
+		if err == nil {
+			if err = start(f); err != nil {
+				f.Close()
+			}
 		}
+		if err != nil {
+			fail(p, err)
+			return
+		}
+		stops = append(stops, func() { stop(); f.Close() })
 	}
+	toFile("SP_CPUPROF", pprof.StartCPUProfile, pprof.StopCPUProfile)
+	toFile("SP_TRACE", trace.Start, trace.Stop)
 	if p := os.Getenv("SP_MEMPROF"); p != "" {
 		runtime.MemProfileRate = 4096
 		stops = append(stops, func() { writeProfile(p, "allocs") })
