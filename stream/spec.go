@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -144,14 +145,15 @@ func knownHere(key []string) string {
 }
 
 // likelyMeant is the known key closest to typo when it is close enough:
-// one edit away (two for keys longer than four letters), or the same word
-// with another ending ("retry" for "retries").
+// one edit away (two where either is longer than four letters), or the same word
+// with another ending ("retry" for "retries"). Of two as close, the one
+// that shares the longer beginning wins ("ouput" is "out", not "input").
 func likelyMeant(typo string, known []string) string {
-	best, bestD := "", 0
+	best, bestD, bestP := "", 0, 0
 	for _, k := range known {
 		d := editDistance(typo, k)
 		limit := 1
-		if len(k) > 4 {
+		if max(len(k), len(typo)) > 4 {
 			limit = 2
 		}
 		p := 0
@@ -159,8 +161,8 @@ func likelyMeant(typo string, known []string) string {
 			p++
 		}
 		sameStem := p >= 4 && max(len(k), len(typo))-p <= 3
-		if (d <= limit || sameStem) && (best == "" || d < bestD) {
-			best, bestD = k, d
+		if (d <= limit || sameStem) && (best == "" || d < bestD || d == bestD && p > bestP) {
+			best, bestD, bestP = k, d, p
 		}
 	}
 	return best
@@ -389,6 +391,13 @@ func resolve(dir, p string) string {
 
 var placeholderRE = regexp.MustCompile(`\{(id|input|inputs|out|ckpt|scratch|attempt)\}`)
 
+// placeholders are the names placeholderRE knows; braceRE finds what looks
+// like one.
+var (
+	placeholders = []string{"id", "input", "inputs", "out", "ckpt", "scratch", "attempt"}
+	braceRE      = regexp.MustCompile(`\{([a-z_]+)\}`)
+)
+
 func checkArgv(argv []string) error {
 	for i, a := range argv {
 		if strings.Contains(a, "{inputs}") && a != "{inputs}" {
@@ -396,6 +405,17 @@ func checkArgv(argv []string) error {
 		}
 		if strings.ContainsRune(a, 0) {
 			return fmt.Errorf("argument %d contains a NUL byte", i)
+		}
+		// Other braces pass through (an awk program), but a word of three
+		// letters or more a letter or two from a placeholder is a typo that
+		// would reach every shard as it is.
+		for _, m := range braceRE.FindAllStringSubmatch(a, -1) {
+			if len(m[1]) < 3 || slices.Contains(placeholders, m[1]) {
+				continue
+			}
+			if k := likelyMeant(m[1], placeholders); k != "" {
+				return fmt.Errorf("argument %d (%q): %s is not a placeholder; did you mean {%s}? (text in braces that is meant as it is belongs in a script the command runs)", i, a, m[0], k)
+			}
 		}
 	}
 	return nil

@@ -109,6 +109,8 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"swapped letters", base + "[class.cpu]\nmemroy = \"1G\"\n", `did you mean "memory"? (known here: cpus, gpus, memory, scratch, stage, time, vram)`},
 		{"nested table", base + "[profile]\nsustain = 3\n", `did you mean "sustained"?`},
 		{"nothing close", base + "colour = 3\n", `unknown field: "colour" (known here: class, code_rev, command,`},
+		{"misspelt placeholder", strings.Replace(base, `["true"]`, `["sh", "-c", "gzip -c {inptus} > {out}/x"]`, 1), `:4: field "command": invalid run spec: argument 2 ("gzip -c {inptus} > {out}/x"): {inptus} is not a placeholder; did you mean {inputs}?`},
+		{"misspelt placeholder of the validator", base + "validator = [\"test\", \"-s\", \"{ouput}/x\"]\n", `:5: field "validator"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -263,6 +265,19 @@ func TestSecondsJSON(t *testing.T) {
 	var s struct{ D Seconds }
 	if err := json.Unmarshal([]byte(`{"D":"soon"}`), &s); err == nil {
 		t.Fatal(`"soon" read as seconds`)
+	}
+}
+
+// Braces that are not near a placeholder pass through untouched: an awk
+// program, a shell brace expansion, a short or unrelated word.
+func TestBracesThatAreNoPlaceholderTypo(t *testing.T) {
+	for _, a := range []string{"{print $1}", "{a,b}", "{in}", "{output}", "{config_file}", "${HOME}", "{}"} {
+		if err := checkArgv([]string{"sh", "-c", "echo " + a}); err != nil {
+			t.Errorf("%s: %v, want it passed as it is", a, err)
+		}
+	}
+	if got := likelyMeant("ouput", placeholders); got != "out" {
+		t.Errorf(`likelyMeant("ouput") = %q, want "out" (the longer shared beginning of two as close)`, got)
 	}
 }
 
