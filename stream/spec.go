@@ -389,13 +389,12 @@ func resolve(dir, p string) string {
 	return filepath.Join(dir, p)
 }
 
-var placeholderRE = regexp.MustCompile(`\{(id|input|inputs|out|ckpt|scratch|attempt)\}`)
-
-// placeholders are the names placeholderRE knows; braceRE finds what looks
-// like one.
+// placeholders are the names Expand substitutes; placeholderRE finds
+// them, braceRE what looks like one.
 var (
-	placeholders = []string{"id", "input", "inputs", "out", "ckpt", "scratch", "attempt"}
-	braceRE      = regexp.MustCompile(`\{([a-z_]+)\}`)
+	placeholders  = []string{"id", "input", "inputs", "out", "ckpt", "scratch", "attempt"}
+	placeholderRE = regexp.MustCompile(`\{(` + strings.Join(placeholders, "|") + `)\}`)
+	braceRE       = regexp.MustCompile(`\{([a-z_]+)\}`)
 )
 
 func checkArgv(argv []string) error {
