@@ -170,7 +170,13 @@ func (j *childJournal) holding(h *heldShard) {
 	if j == nil || !h.journaled() {
 		return
 	}
-	j.write(append(appendShard([]byte("h "), h), '\n'), func() { j.held[h.id()] = *h })
+	j.write(appendHeld(nil, h), func() { j.held[h.id()] = *h })
+}
+
+// appendHeld appends the "h" line of h, which holding, compact and
+// keepForeign write.
+func appendHeld(b []byte, h *heldShard) []byte {
+	return append(appendShard(append(b, "h "...), h), '\n')
 }
 
 // settled notes that the worker is done with a shard's delivery: its
@@ -214,36 +220,46 @@ func (j *childJournal) write(line []byte, apply func()) {
 // crash at any point leaves one whole journal. On failure the journal
 // grows on and the next write tries again.
 func (j *childJournal) compact() {
-	var b strings.Builder
-	b.WriteString(j.header)
+	b := []byte(j.header)
 	for pgid := range j.live {
-		fmt.Fprintf(&b, "+ %d\n", pgid)
+		b = append(strconv.AppendInt(append(b, "+ "...), int64(pgid), 10), '\n')
 	}
 	for _, h := range j.held {
-		b.WriteString("h ")
-		b.Write(appendShard(nil, &h))
-		b.WriteByte('\n')
+		b = appendHeld(b, &h)
 	}
-	f, err := os.CreateTemp(filepath.Dir(j.path), ".compact-*")
+	// As the journal was: other workers read it.
+	f, err := replaceFile(j.path, ".compact-*", b, 0o644)
 	if err != nil {
-		return
-	}
-	_, err = f.WriteString(b.String())
-	if err == nil {
-		err = f.Chmod(0o644) // as the journal was: other workers read it
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), j.path)
-	}
-	if err != nil {
-		f.Close()
-		os.Remove(f.Name())
 		return
 	}
 	// The temporary file, renamed, is the journal now; appends go to it.
 	j.f.Close()
-	j.f, j.size = f, int64(b.Len())
+	j.f, j.size = f, int64(len(b))
 	j.settledLines = j.settledLines[:0] // what they said is in held
+}
+
+// replaceFile puts content at path through a temporary file (named by
+// pattern, in path's directory, with mode) and a rename, so that a reader
+// or a crash sees the old file or the new one whole. It returns the new
+// file open for appending; on error nothing is left behind.
+func replaceFile(path, pattern string, content []byte, mode os.FileMode) (*os.File, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), pattern)
+	if err != nil {
+		return nil, err
+	}
+	_, err = f.Write(content)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
+	return f, nil
 }
 
 // close removes the journal: every group it listed has ended.
@@ -460,33 +476,24 @@ func (w *Worker) keepForeign(path string, j deadJournal, held []heldShard) bool 
 		st, err := os.Stat(path)
 		return err == nil && time.Since(st.ModTime()) < foreignKeep
 	}
-	var b strings.Builder
-	b.WriteString(journalHeader(j.boot, j.pid, j.start, j.pidns, j.coord, j.scratch))
+	b := []byte(journalHeader(j.boot, j.pid, j.start, j.pidns, j.coord, j.scratch))
 	for _, h := range held {
-		fmt.Fprintf(&b, "h %s %d %s\n", h.key, h.attempt, h.reply)
+		b = appendHeld(b, &h)
 	}
 	// A name of its own: two reapers may rewrite the same journal at once.
-	f, err := os.CreateTemp(filepath.Dir(path), ".keep-*")
+	// (The rewrite keeps CreateTemp's mode, 0600, as it always has.)
+	f, err := replaceFile(path, ".keep-*", b, 0o600)
 	if err != nil {
 		return true
 	}
-	_, err = f.WriteString(b.String())
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return true
-	}
+	f.Close()
 	w.hostLog("-", "reap", fmt.Sprintf("dead worker pid %d held %d shard(s) of another coordinator (%s); its journal waits up to %s for a worker of that one to hand them back", j.pid, len(held), j.coord, foreignKeep))
 	return true
 }
 
-// handBack returns the message a dead worker's command ran for to the
-// queue at once, instead of after the ack wait: it deletes the shard's
+// handBack returns a message a dead worker held (its command ran, its
+// inputs were being staged, or its output committed) to the queue at
+// once, instead of after the ack wait: it deletes the shard's
 // lease, if that is still the dead worker's for this very delivery, and
 // naks the delivery. A lease that changed hands, or that is near its
 // expiry (the message may be redelivered by now, and a nak of the old
