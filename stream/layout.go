@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -130,19 +133,32 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, class string, m
 // Buckets opens the KV buckets that Setup created.
 type Buckets struct {
 	Runs, Shards, Leases, Checkpoints, Workers, Stagers jetstream.KeyValue
+
+	js jetstream.JetStream // for the workers bucket's stream (WorkerReports)
 }
 
 // WorkerReports reads every worker report in the workers bucket (a report
 // not refreshed within the bucket's TTL is gone); an entry that cannot be
 // read or decoded is skipped.
+//
+// The keys come from the bucket stream's own count of its subjects, one
+// answer of the server. The KV key listing (a watcher) missed a key whose
+// report was being rewritten as it went by, 1 listing in 15 with a report
+// rewritten every millisecond (TestWorkerReportsSeesAReportBeingRewritten):
+// a live worker missing from status, or from its peers' locality choice.
 func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
-	l, err := b.Workers.ListKeys(ctx)
+	st, err := b.js.Stream(ctx, "KV_"+BucketWorkers)
+	if err != nil {
+		return nil, err
+	}
+	prefix := "$KV." + BucketWorkers + "."
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
 		return nil, err
 	}
 	var out []WorkerReport
-	for k := range l.Keys() {
-		e, err := b.Workers.Get(ctx, k)
+	for _, subject := range slices.Sorted(maps.Keys(info.State.Subjects)) {
+		e, err := b.Workers.Get(ctx, strings.TrimPrefix(subject, prefix))
 		if err != nil {
 			continue
 		}
@@ -173,7 +189,7 @@ func WaitBuckets(ctx context.Context, js jetstream.JetStream, wait time.Duration
 
 // OpenBuckets binds to every bucket; it fails when Setup has not run.
 func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) {
-	var b Buckets
+	b := Buckets{js: js}
 	for _, x := range []struct {
 		name string
 		dst  *jetstream.KeyValue

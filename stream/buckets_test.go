@@ -1,0 +1,66 @@
+package stream_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// TestWorkerReportsSeesAReportBeingRewritten: every worker rewrites its
+// report on a timer, and a listing that misses one while it is rewritten
+// hides a live worker from status and from its peers' locality choice.
+// With one report rewritten every millisecond, no listing misses it; a
+// deleted report (a worker that stopped) is not listed.
+func TestWorkerReportsSeesAReportBeingRewritten(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(name string) {
+		data, _ := stream.Encode(&stream.WorkerReport{Name: name})
+		if _, err := b.Workers.Put(ctx, name, data); err != nil {
+			t.Error(err)
+		}
+	}
+	put("a")
+	put("b")
+	put("stopped")
+	if err := b.Workers.Delete(ctx, "stopped"); err != nil {
+		t.Fatal(err)
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			put("busy")
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	time.Sleep(10 * time.Millisecond)
+	for i := range 300 {
+		rs, err := b.WorkerReports(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, r := range rs {
+			names = append(names, r.Name)
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, []string{"a", "b", "busy"}) {
+			t.Fatalf("listing %d: %v, want a, b and busy (the one being rewritten), not the stopped one", i, names)
+		}
+	}
+}
