@@ -29,13 +29,14 @@ func TestLocalityHandsAShardOnceWithoutSpendingAnAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	kv, _ := env.JS.KeyValue(context.Background(), stream.BucketWorkers)
-	advertise := func() {
+	advertise := func() uint64 {
 		r := stream.WorkerReport{Name: "peer", Host: "elsewhere", Slots: map[string]int{"cpu": 1}, Running: map[string]int{},
 			Staged: []string{staging.Key(f)}, Reported: time.Now().UTC()}
 		data, _ := stream.Encode(&r)
-		kv.Put(context.Background(), "peer", data)
+		rev, _ := kv.Put(context.Background(), "peer", data)
+		return rev
 	}
-	advertise()
+	since := advertise()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -44,7 +45,19 @@ func TestLocalityHandsAShardOnceWithoutSpendingAnAttempt(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}()
-	time.Sleep(700 * time.Millisecond) // the worker reads its peers with each report
+	// The worker reads its peers just before each report it writes: two
+	// reports written after the peer's mean one read that saw it (a fixed
+	// wait was too short on a loaded machine).
+	for range 2 {
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			e, err := kv.Get(context.Background(), "w1")
+			if err != nil || e.Revision() <= since {
+				return false, "the worker has not reported since the peer did"
+			}
+			since = e.Revision()
+			return true, ""
+		})
+	}
 	env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	rec, _ := env.Shard("t", "s0000")
