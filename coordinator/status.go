@@ -63,19 +63,17 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	cancel()
 	names := []string{run}
 	if run == "" {
-		names = nil
-		l, err := b.Runs.ListKeys(ctx)
-		if err != nil {
+		var err error
+		if names, err = b.Keys(ctx, b.Runs); err != nil {
 			return nil, fmt.Errorf("status: list runs: %w", err)
 		}
-		for k := range l.Keys() {
-			names = append(names, k)
-		}
-		sort.Strings(names)
 	}
 	for _, n := range names {
 		e, err := b.Runs.Get(ctx, n)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			if run == "" {
+				continue // a deleted record the listing still counts
+			}
 			return nil, fmt.Errorf("status %s: %w", n, ErrRunNotFound)
 		}
 		if err != nil {

@@ -208,7 +208,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 // committed and skips them. The other run's shards are those with a record
 // and, where its manifest is readable here and unchanged, those it lists.
 func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec, man *stream.Manifest, fp string) error {
-	names, err := b.Runs.ListKeys(ctx)
+	names, err := b.Keys(ctx, b.Runs)
 	if err != nil {
 		return fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
@@ -216,7 +216,7 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 	for _, sh := range man.Shards {
 		ids[sh.ID] = true
 	}
-	for name := range names.Keys() {
+	for _, name := range names {
 		if name == spec.Name {
 			continue
 		}

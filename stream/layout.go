@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -137,28 +136,42 @@ type Buckets struct {
 	js jetstream.JetStream // for the workers bucket's stream (WorkerReports)
 }
 
-// WorkerReports reads every worker report in the workers bucket (a report
-// not refreshed within the bucket's TTL is gone); an entry that cannot be
-// read or decoded is skipped.
-//
-// The keys come from the bucket stream's own count of its subjects, one
-// answer of the server. The KV key listing (a watcher) missed a key whose
-// report was being rewritten as it went by, 1 listing in 15 with a report
-// rewritten every millisecond (TestWorkerReportsSeesAReportBeingRewritten):
-// a live worker missing from status, or from its peers' locality choice.
-func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
-	st, err := b.js.Stream(ctx, "KV_"+BucketWorkers)
+// Keys lists the keys of kv, one of these buckets, in order, from its
+// stream's own count of its subjects: one answer of the server. The KV key
+// listing (a watcher) missed a key being rewritten as it went by: with a
+// worker report rewritten every millisecond, 33 listings in 500 missed it
+// (TestWorkerReportsSeesAReportBeingRewritten), and run records and
+// worker reports are rewritten all the time. A deleted key may be listed;
+// its Get then fails.
+func (b *Buckets) Keys(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
+	st, err := b.js.Stream(ctx, "KV_"+kv.Bucket())
 	if err != nil {
 		return nil, err
 	}
-	prefix := "$KV." + BucketWorkers + "."
+	prefix := "$KV." + kv.Bucket() + "."
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
 		return nil, err
 	}
+	keys := make([]string, 0, len(info.State.Subjects))
+	for subject := range info.State.Subjects {
+		keys = append(keys, strings.TrimPrefix(subject, prefix))
+	}
+	slices.Sort(keys)
+	return keys, nil
+}
+
+// WorkerReports reads every worker report in the workers bucket (a report
+// not refreshed within the bucket's TTL is gone); an entry that cannot be
+// read or decoded is skipped.
+func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
+	keys, err := b.Keys(ctx, b.Workers)
+	if err != nil {
+		return nil, err
+	}
 	var out []WorkerReport
-	for _, subject := range slices.Sorted(maps.Keys(info.State.Subjects)) {
-		e, err := b.Workers.Get(ctx, strings.TrimPrefix(subject, prefix))
+	for _, k := range keys {
+		e, err := b.Workers.Get(ctx, k)
 		if err != nil {
 			continue
 		}

@@ -104,12 +104,12 @@ func (w *Worker) peakFor(class string) (plan.Peak, bool, bool) {
 // refreshPeaks reads the active runs and records, per class, the largest
 // declared peak; it returns the classes seen.
 func (w *Worker) refreshPeaks(ctx context.Context) []string {
-	l, err := w.b.Runs.ListKeys(ctx)
+	keys, err := w.b.Keys(ctx, w.b.Runs)
 	if err != nil {
 		return nil
 	}
 	peaks, gpu := map[string]plan.Peak{}, map[string]bool{}
-	for k := range l.Keys() {
+	for _, k := range keys {
 		e, err := w.b.Runs.Get(ctx, k)
 		if err != nil {
 			continue
