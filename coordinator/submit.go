@@ -136,7 +136,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		classes[sh.Class]++
 	}
 	for class := range classes {
-		if _, err := stream.EnsureConsumer(ctx, js, class, spec.Retries+1+stream.LocalityDeliveries, opt.ClassCaps[class], ttl); err != nil {
+		if _, err := stream.EnsureConsumer(ctx, js, class, stream.MaxDeliver(spec.Retries), opt.ClassCaps[class], ttl); err != nil {
 			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 		}
 	}
@@ -509,6 +509,8 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 			continue
 		case reset:
 			r.State, r.Retry, r.Reason, r.Owner, r.Output, r.Updated = stream.ShardPending, r.Retry+1, reason, nil, nil, time.Now().UTC()
+			// The new round is a new message with deliveries of its own.
+			r.Deferred, r.Interrupted = 0, 0
 			data, _ := stream.Encode(&r)
 			if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
 				return 0, nil, fmt.Errorf("requeue shard %s: %w", r.ID, err)

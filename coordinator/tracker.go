@@ -405,7 +405,8 @@ func (t *tracker) revokeCommit(ctx context.Context, run, id, reason string) {
 }
 
 // onMaxDeliveries handles a shard whose message ran out of deliveries
-// without a worker recording its end (its last worker died mid-attempt).
+// without a worker recording its end: its last worker died mid-attempt, or
+// worker shutdowns handed it back more often than stream.InterruptDeliveries.
 func (t *tracker) onMaxDeliveries(ctx context.Context, m *nats.Msg) {
 	var adv struct {
 		StreamSeq  uint64 `json:"stream_seq"`
@@ -426,7 +427,7 @@ func (t *tracker) onMaxDeliveries(ctx context.Context, m *nats.Msg) {
 	if err := stream.Decode(raw.Data, &sm); err != nil {
 		return
 	}
-	t.failShard(ctx, sm.Run, sm.ID, fmt.Sprintf("ran out of deliveries (%d): the last attempt ended without a report, its worker was lost", adv.Deliveries), &sm)
+	t.failShard(ctx, sm.Run, sm.ID, fmt.Sprintf("ran out of deliveries (%d): its last one ended without a report (its worker was lost) or was handed back by a worker's shutdown", adv.Deliveries), &sm)
 	if err := s.DeleteMsg(ctx, adv.StreamSeq); err != nil {
 		t.c.log.Warn("delete exhausted message", "run", sm.Run, "shard", sm.ID, "err", err)
 	}

@@ -84,6 +84,17 @@ func Setup(ctx context.Context, js jetstream.JetStream, l Layout) error {
 // handed to a worker that has its inputs staged.
 const LocalityDeliveries = 1
 
+// InterruptDeliveries is how many deliveries of a shard a worker's
+// shutdown may hand back without spending its attempts (the worker counts
+// them in the record's Interrupted). Past them the consumer stops
+// delivering the message, and the shard fails with the reason.
+const InterruptDeliveries = 8
+
+// MaxDeliver is the consumer's delivery limit for a run with retries: the
+// attempts, plus the deliveries that are not attempts. Each worker enforces
+// the run's own attempt limit; this is the server's backstop.
+func MaxDeliver(retries int) int { return retries + 1 + LocalityDeliveries + InterruptDeliveries }
+
 // EnsureConsumer creates the durable pull consumer of class, or raises its
 // MaxDeliver when maxDeliver is larger than what it has. maxAckPending is the
 // fleet-wide cap of in-flight shards of the class (-1 for none).

@@ -139,10 +139,14 @@ type ShardRecord struct {
 	Output      *Output   `json:"output,omitempty"`
 	Reason      string    `json:"reason,omitempty"`
 	Payload     *ShardMsg `json:"payload,omitempty"`
-	// Deferred counts deliveries handed to a worker that had the inputs
-	// staged (locality); they are not attempts.
-	Deferred int       `json:"deferred,omitempty"`
-	Updated  time.Time `json:"updated"`
+	// Deferred counts deliveries of this retry round handed to a worker that
+	// had the inputs staged (locality); they are not attempts.
+	Deferred int `json:"deferred,omitempty"`
+	// Interrupted counts deliveries of this retry round handed back by a
+	// worker's shutdown (SIGTERM, or `run` interrupted): the shard did not
+	// fail, so they are not attempts either.
+	Interrupted int       `json:"interrupted,omitempty"`
+	Updated     time.Time `json:"updated"`
 }
 
 // Counts are shards per state of the run's current fingerprint.

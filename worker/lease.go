@@ -114,3 +114,45 @@ func (w *Worker) release(l *lease) {
 	defer cancel()
 	_ = w.b.Leases.Delete(ctx, l.key, jetstream.LastRevision(l.rev))
 }
+
+// requeueNow hands a delivery back to the queue for immediate redelivery
+// and waits until the server has taken it. A plain Nak only puts the
+// message on the consumer's in-memory redelivery queue: if the coordinator
+// stops soon after (the end of an interrupted `shardpool run`), its store
+// still holds the delivery as pending from the time it was sent, and after
+// a restart it waits out the whole ack wait. A Nak with a delay rewrites
+// that stored time, so the delivery is due at once, also after a restart.
+func (w *Worker) requeueNow(reply string) error {
+	if w.cfg.JetStream == nil || reply == "" {
+		return errors.New("no connection to hand the delivery back on")
+	}
+	_, err := w.cfg.JetStream.Conn().Request(reply, nakNow, 2*time.Second)
+	return err
+}
+
+// nakNow is a Nak due 1 ms from now (a zero delay would be a plain Nak).
+var nakNow = []byte(`-NAK {"delay": 1000000}`)
+
+// handBackUnstarted returns a delivery that reached a shutting-down worker
+// before it was started. Its delivery count went up all the same, so the
+// shard's record counts it as interrupted (best effort, compare-and-set):
+// a worker stopped twice must not leave a shard out of attempts it never
+// used.
+func (w *Worker) handBackUnstarted(msg jetstream.Msg) {
+	var m stream.ShardMsg
+	if w.b != nil && stream.Decode(msg.Data(), &m) == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		a := &attemptState{msg: msg, m: m, key: stream.ShardKey(m.Run, m.ID)}
+		if err := w.loadRecord(ctx, a); err == nil && a.rec.State == stream.ShardPending {
+			a.rec.Interrupted++
+			a.rec.Reason = "handed back unstarted by a worker's shutdown"
+			if err := w.putRecord(ctx, a); err != nil {
+				w.log.Warn("count an unstarted delivery", "shard", a.key, "err", err)
+			}
+		}
+		cancel()
+	}
+	if err := w.requeueNow(msg.Reply()); err != nil {
+		_ = msg.Nak()
+	}
+}

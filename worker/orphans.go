@@ -526,11 +526,7 @@ func (w *Worker) handBack(h heldShard, j deadJournal) {
 	if err := w.b.Leases.Delete(ctx, h.key, jetstream.LastRevision(e.Revision())); err != nil {
 		return
 	}
-	nc := w.cfg.JetStream.Conn()
-	if err := nc.Publish(h.reply, []byte("-NAK")); err == nil {
-		err = nc.FlushWithContext(ctx)
-	}
-	if err != nil {
+	if err := w.requeueNow(h.reply); err != nil {
 		w.hostLog("-", "reap", fmt.Sprintf("shard %s of dead worker pid %d: lease deleted; the nak failed (%v), so it comes back after the ack wait", h.key, j.pid, err))
 		return
 	}

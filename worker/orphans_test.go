@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -129,10 +131,7 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 	w := workerOnServer(t, Config{StateDir: t.TempDir()})
 	w.ttl, w.boot, w.host, w.pid, w.pidns = 8*time.Second, "boot-1", "h1", 1, "pid:[1]"
 	nc := w.cfg.JetStream.Conn()
-	naks, err := nc.SubscribeSync("ack.>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	naks := ackResponder(t, nc)
 	dead := deadJournal{boot: "boot-1", pid: 4242, pidns: "pid:[1]"}
 	mine := stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, PIDNS: "pid:[1]", Attempt: 2}
 	handed := 0 // hand-backs so far, in the run's own admission.log
@@ -162,7 +161,7 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 			_, gerr := w.b.Leases.Get(ctx, key)
 			msg, nerr := naks.NextMsg(300 * time.Millisecond)
 			if tc.handed {
-				if gerr == nil || nerr != nil || string(msg.Data) != "-NAK" {
+				if gerr == nil || nerr != nil || string(msg.Data) != string(nakNow) {
 					t.Fatalf("lease left (%v) or no nak (%v %v): want both handed back", gerr, msg, nerr)
 				}
 			} else if gerr != nil || nerr == nil {
@@ -269,10 +268,7 @@ func TestDeadWorkersCommittingAndStagingShardsComeBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	naks, err := w.cfg.JetStream.Conn().SubscribeSync("ack.>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	naks := ackResponder(t, w.cfg.JetStream.Conn())
 	w.reapOrphans()
 	var got []string
 	for {
@@ -283,7 +279,7 @@ func TestDeadWorkersCommittingAndStagingShardsComeBack(t *testing.T) {
 		got = append(got, m.Subject+" "+string(m.Data))
 	}
 	slices.Sort(got)
-	if want := []string{"ack.committing -NAK", "ack.staging -NAK"}; !slices.Equal(got, want) {
+	if want := []string{"ack.committing " + string(nakNow), "ack.staging " + string(nakNow)}; !slices.Equal(got, want) {
 		t.Fatalf("naks after the reap: %q, want %q", got, want)
 	}
 	for key, want := range map[string]bool{"r.committing": false, "r.staging": false, "r.done": true} {
@@ -306,10 +302,7 @@ func TestAnotherCoordinatorsShardsWaitForItsOwnWorker(t *testing.T) {
 	if _, err := w.b.Leases.Put(ctx, "r.a", data); err != nil {
 		t.Fatal(err)
 	}
-	naks, err := w.cfg.JetStream.Conn().SubscribeSync("ack.>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	naks := ackResponder(t, w.cfg.JetStream.Conn())
 	path := filepath.Join(w.cfg.StateDir, "children", "h1", fmt.Sprintf("%d.dead", dead))
 
 	w.coord.Store(&coordView{sync: stream.SyncGroup, store: "coord-B"})
@@ -337,11 +330,28 @@ func TestAnotherCoordinatorsShardsWaitForItsOwnWorker(t *testing.T) {
 	if _, err := w.b.Leases.Get(ctx, "r.a"); err == nil {
 		t.Fatal("its own coordinator's worker did not delete the lease")
 	}
-	if m, err := naks.NextMsg(time.Second); err != nil || string(m.Data) != "-NAK" || m.Subject != "ack.a" {
+	if m, err := naks.NextMsg(time.Second); err != nil || string(m.Data) != string(nakNow) || m.Subject != "ack.a" {
 		t.Fatalf("its own coordinator's worker did not nak the delivery: %v %v", m, err)
 	}
 	log, _ := os.ReadFile(filepath.Join(w.cfg.StateDir, "admission.log"))
 	if n := strings.Count(string(log), "of another coordinator (coord-A)"); n != 1 {
 		t.Fatalf("the kept journal is logged %d times, want once:\n%s", n, log)
 	}
+}
+
+// ackResponder stands in for the server's ack handling on the made-up ack
+// subjects "ack.>": it answers each nak, as the server does a nak sent as a
+// request, and keeps it for NextMsg.
+func ackResponder(t *testing.T, nc *nats.Conn) *nats.Subscription {
+	t.Helper()
+	answer, err := nc.Subscribe("ack.>", func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = answer.Unsubscribe() })
+	naks, err := nc.SubscribeSync("ack.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return naks
 }

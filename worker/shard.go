@@ -207,7 +207,7 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		_ = msg.Term()
 		return true
 	}
-	if limit := a.run.Spec.Retries + 1; a.attempt-a.rec.Deferred > limit {
+	if limit := a.run.Spec.Retries + 1; a.attempt-a.rec.Deferred-a.rec.Interrupted > limit {
 		w.closeLost(a)
 		w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil)
 		w.settleDurably(ctx, a, func() error { return msg.TermWithReason("attempt limit reached") })
@@ -668,12 +668,15 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	}
 	if res.outcome == stream.OutcomeInterrupted {
 		a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, "interrupted by worker shutdown; requeued"
+		a.rec.Interrupted++ // not the shard's failure: it does not spend an attempt
 		if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
 			w.log.Warn("record interruption", "shard", a.key, "err", err)
 		}
 		w.release(l)
 		w.admission(m.Run, m.ID, class, "requeue", "worker shutting down")
-		_ = a.msg.Nak()
+		if err := w.requeueNow(a.msg.Reply()); err != nil {
+			_ = a.msg.Nak()
+		}
 		return
 	}
 	limit := spec.Retries + 1

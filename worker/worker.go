@@ -428,7 +428,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				got++
 				if ctx.Err() != nil {
 					// Shutting down: hand it back untouched.
-					_ = msg.Nak()
+					w.handBackUnstarted(msg)
 					g.done(1)
 					continue
 				}
