@@ -123,8 +123,10 @@ func (w *Worker) release(l *lease) {
 // a restart it waits out the whole ack wait. A Nak with a delay rewrites
 // that stored time, so the delivery is due at once, also after a restart.
 func (w *Worker) requeueNow(reply string) error {
-	if w.cfg.JetStream == nil || reply == "" {
-		return errors.New("no connection to hand the delivery back on")
+	if w.cfg.JetStream == nil || reply == "" || !w.cfg.JetStream.Conn().IsConnected() {
+		// A worker draining while its coordinator is away does not wait
+		// for answers that cannot come: the caller's plain Nak is buffered.
+		return errors.New("not connected to hand the delivery back on")
 	}
 	_, err := w.cfg.JetStream.Conn().Request(reply, nakNow, 2*time.Second)
 	return err
@@ -140,7 +142,7 @@ var nakNow = []byte(`-NAK {"delay": 1000000}`)
 // used.
 func (w *Worker) handBackUnstarted(msg jetstream.Msg) {
 	var m stream.ShardMsg
-	if w.b != nil && stream.Decode(msg.Data(), &m) == nil {
+	if w.b != nil && w.cfg.JetStream.Conn().IsConnected() && stream.Decode(msg.Data(), &m) == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		a := &attemptState{msg: msg, m: m, key: stream.ShardKey(m.Run, m.ID)}
 		if err := w.loadRecord(ctx, a); err == nil && a.rec.State == stream.ShardPending {
