@@ -481,8 +481,8 @@ func (w *Worker) keepForeign(path string, j deadJournal, held []heldShard) bool 
 		b = appendHeld(b, &h)
 	}
 	// A name of its own: two reapers may rewrite the same journal at once.
-	// (The rewrite keeps CreateTemp's mode, 0600, as it always has.)
-	f, err := replaceFile(path, ".keep-*", b, 0o600)
+	// The mode is every journal's.
+	f, err := replaceFile(path, ".keep-*", b, 0o644)
 	if err != nil {
 		return true
 	}

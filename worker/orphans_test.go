@@ -311,6 +311,9 @@ func TestAnotherCoordinatorsShardsWaitForItsOwnWorker(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), "\nh r.a 1 ack.a\n") || strings.Contains(string(b), "+ ") {
 		t.Fatalf("journal after another coordinator's worker reaped it: %q (%v), want its held shard kept as an h line", b, err)
 	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o644 {
+		t.Fatalf("kept journal's mode: %v (%v), want 0644 as every journal", st.Mode(), err)
+	}
 	if _, err := w.b.Leases.Get(ctx, "r.a"); err != nil {
 		t.Fatalf("another coordinator's worker touched the lease: %v", err)
 	}

@@ -356,7 +356,21 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
 	if res.outcome == "" && spec.StageFor(class) {
 		w.journal.holding(held)
-		staged, sres := w.stage(ctx, a, cls, base+".in")
+		// A shutdown stops the copy at once (it resumes from its verified
+		// chunks next time) instead of waiting for a large input.
+		sctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-sctx.Done():
+			}
+		}()
+		staged, sres := w.stage(sctx, a, cls, base+".in")
+		if sres.outcome != "" && sctx.Err() != nil && ctx.Err() == nil {
+			sres = result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while staging the inputs"}
+		}
+		cancel()
 		defer os.RemoveAll(base + ".in")
 		if staged != nil {
 			defer staged.Release()
@@ -523,7 +537,9 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 	}
 	staged, err := st.Stage(ctx, files, cls.Scratch)
 	if err != nil {
-		w.admission(m.Run, m.ID, m.Class, "stage-failed", err.Error())
+		if ctx.Err() == nil { // else stopped: the caller says why
+			w.admission(m.Run, m.ID, m.Class, "stage-failed", err.Error())
+		}
 		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
 	}
 	if len(files) == 1 && files[0].Pack {
@@ -673,7 +689,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			w.log.Warn("record interruption", "shard", a.key, "err", err)
 		}
 		w.release(l)
-		w.admission(m.Run, m.ID, class, "requeue", "worker shutting down")
+		w.admission(m.Run, m.ID, class, "requeue", res.reason)
 		if err := w.requeueNow(a.msg.Reply()); err != nil {
 			_ = a.msg.Nak()
 		}

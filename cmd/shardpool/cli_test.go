@@ -159,6 +159,38 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	}
 }
 
+// TestInterruptWhileStagingStopsTheCopy: Ctrl-C while a large input is
+// being staged (here at 1 MiB/s, 20 s for the whole input) stops the copy
+// and exits at once, and the shard (retries = 0) runs on resume.
+func TestInterruptWhileStagingStopsTheCopy(t *testing.T) {
+	data := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "stg", Shards: 1, InputSize: 20 << 20, Extra: "stage = true\n",
+		Command: []string{"cp", "{input}", "{out}/"}})
+	log := filepath.Join(data, "runs", "stg", "admission.log")
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", "--stage-bwlimit", "1MiB", spec)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Contains(string(b), "decision=admit"), "admission log:\n" + string(b)
+	})
+	time.Sleep(500 * time.Millisecond) // into the copy
+	start := time.Now()
+	p.SignalMain(syscall.SIGINT)
+	if code := p.Wait(t, 30*time.Second); code != 130 {
+		t.Fatalf("interrupted run: exit %d, want 130\n%s", code, p.Output())
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("run took %s to stop after SIGINT, want the copy stopped at once", d.Round(time.Millisecond))
+	}
+	b, _ := os.ReadFile(log)
+	if !strings.Contains(string(b), "decision=requeue worker shutting down while staging the inputs") || strings.Contains(string(b), "stage-failed") {
+		t.Fatalf("admission log after the interrupt: want the shard requeued while staging, no staging failure\n%s", b)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "1", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("resumed run: exit %d, want 0\n%s", code, p.Output())
+	}
+}
+
 // TestBadInputNamesFileLineFieldAndPublishesNothing submits broken specs
 // and manifests to a live coordinator: each is refused with the file, the
 // line and the field, and the stream stays empty.
