@@ -41,6 +41,9 @@ const maxManifestErrors = 20
 
 var manifestFields = map[string]bool{"id": true, "inputs": true, "class": true, "cost": true, "params": true}
 
+// utf8BOM is the byte order mark some editors put at the start of a file.
+var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
+
 // LoadManifest reads the JSONL manifest of spec. Relative input paths are
 // relative to the spec's directory. Inputs must exist and be readable
 // regular files; classes must be declared by the spec. Every error wraps
@@ -67,6 +70,12 @@ func LoadManifest(spec *Spec) (*Manifest, error) {
 	r := bufio.NewReaderSize(io.TeeReader(f, h), 1<<16)
 	for n := 1; ; n++ {
 		line, err := r.ReadBytes('\n')
+		if n == 1 {
+			// A UTF-8 byte order mark, as some Windows editors write; JSON
+			// parsers may ignore it (RFC 8259). The fingerprint keeps the
+			// file's bytes as they are.
+			line = bytes.TrimPrefix(line, utf8BOM)
+		}
 		if len(line) > 0 {
 			sh, perr := parseLine(spec, m.Path, n, line)
 			switch {

@@ -221,7 +221,8 @@ func LoadSpec(path string) (*Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidSpec, err)
 	}
-	return parseSpec(abs, src)
+	// A byte order mark is not TOML, but editors write one.
+	return parseSpec(abs, bytes.TrimPrefix(src, utf8BOM))
 }
 
 func parseSpec(abs string, src []byte) (*Spec, error) {

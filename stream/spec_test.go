@@ -339,3 +339,42 @@ func TestManifestReportsEveryInvalidLine(t *testing.T) {
 		t.Fatalf("got %v, want the duplicate on line 2 alone", err)
 	}
 }
+
+// TestByteOrderMarkAndCRLF: a spec and a manifest saved by an editor that
+// writes a UTF-8 byte order mark and CRLF line ends load as without them;
+// the manifest's fingerprint still follows its bytes.
+func TestByteOrderMarkAndCRLF(t *testing.T) {
+	dir := t.TempDir()
+	bom := "\xef\xbb\xbf"
+	specPath := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(specPath, []byte(bom+"name = \"x\"\r\nmanifest = \"m.jsonl\"\r\noutput = \"o\"\r\ncommand = [\"true\", \"{id}\"]\r\n"), 0o644)
+	spec, err := LoadSpec(specPath)
+	if err != nil {
+		t.Fatalf("spec with a byte order mark: %v", err)
+	}
+	if spec.Name != "x" || len(spec.Command) != 2 {
+		t.Fatalf("spec: name %q command %q", spec.Name, spec.Command)
+	}
+	load := func(content string) *Manifest {
+		t.Helper()
+		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(content), 0o644)
+		m, err := LoadManifest(spec)
+		if err != nil {
+			t.Fatalf("manifest %q: %v", content, err)
+		}
+		if len(m.Shards) != 2 || m.Shards[0].ID != "a" || m.Shards[1].ID != "b" {
+			t.Fatalf("manifest %q: shards %+v, want a and b", content, m.Shards)
+		}
+		return m
+	}
+	plain := load("{\"id\":\"a\"}\n{\"id\":\"b\"}\n")
+	marked := load(bom + "{\"id\":\"a\"}\r\n{\"id\":\"b\"}\r\n\r\n")
+	if plain.Hash == marked.Hash {
+		t.Fatalf("two manifests of different bytes have one hash %s", plain.Hash)
+	}
+	// A mark anywhere but at the start is an error on its line.
+	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte("{\"id\":\"a\"}\n"+bom+"{\"id\":\"b\"}\n"), 0o644)
+	if _, err := LoadManifest(spec); err == nil || !strings.Contains(err.Error(), "m.jsonl:2:") {
+		t.Fatalf("a byte order mark on line 2: got %v, want an error on line 2", err)
+	}
+}
