@@ -30,10 +30,29 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	if !ok {
 		return 0, fmt.Sprintf("class %s: no active run declares it", class)
 	}
-	snap, err := w.cfg.Probe.Snapshot(ctx, nil)
+	v, err := w.admissionView(ctx, gpu, false)
 	if err != nil {
 		return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
 	}
+	k, detail, short := w.decide(v, class, inflight, peak, gpu)
+	if short && !v.fresh {
+		// A view that holds a shard back is taken again now: waiting must
+		// rest on what the host has, not on what it had.
+		if v, err = w.admissionView(ctx, gpu, true); err != nil {
+			return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
+		}
+		k, detail, _ = w.decide(v, class, inflight, peak, gpu)
+	}
+	if k > 0 {
+		w.hostLog(class, "fetch", detail)
+	}
+	return k, detail
+}
+
+// decide is admit's arithmetic on one view of the host. short says that
+// memory or pressure, not the slots, held the number back.
+func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak, gpu bool) (int, string, bool) {
+	snap := v.snap
 	budget := plan.FromProbe(snap.Budget)
 	var gpuFree []probe.GPU
 	if gpu {
@@ -50,12 +69,12 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	}
 	free := n - inflight
 	if free <= 0 {
-		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason)
+		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason), false
 	}
 	// Live check: headroom now, minus what running shards may still grow to.
 	mem := snap.Host.MemAvailable
 	if !mem.IsKnown() {
-		return 0, fmt.Sprintf("class %s: memory available unknown (%s): admitting nothing", class, mem.Unknown)
+		return 0, fmt.Sprintf("class %s: memory available unknown (%s): admitting nothing", class, mem.Unknown), true
 	}
 	headroom, src := mem.N, "MemAvailable"
 	if cg := snap.Cgroups; cg.MemoryLimit.IsKnown() && cg.WorkingSet.IsKnown() {
@@ -63,18 +82,20 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 			headroom, src = h, "cgroup "+cg.MemoryBinds+" limit minus working set"
 		}
 	} else if cg.MemoryLimit.IsUnknown() {
-		return 0, fmt.Sprintf("class %s: cgroup memory limit unknown (%s): admitting nothing", class, cg.MemoryLimit.Unknown)
+		return 0, fmt.Sprintf("class %s: cgroup memory limit unknown (%s): admitting nothing", class, cg.MemoryLimit.Unknown), true
 	}
-	// One look at the running shards gives both what they may still grow to
-	// and how many of this class run; the in-flight ones not among them
-	// (fetched, not started yet) will grow to their whole peak. Two looks
-	// could miss a shard that starts between them.
-	growth, running := w.growthRoom(class)
+	// The view's running shards may still grow to their peaks; every shard
+	// of the class in flight that was not running when the view was taken
+	// (fetched and not started then, or admitted since) will grow to its
+	// whole peak. Shards that ended since stay counted: that only errs
+	// toward room.
+	growth, running := v.growth, w.stillRunning(v, class)
 	if starting := inflight - running; starting > 0 {
 		growth += int64(starting) * peak.Memory
 	}
+	src += fmt.Sprintf(", probed %s ago", time.Since(v.at).Round(time.Millisecond))
 	if ps := snap.PSI.MemorySome10; ps.Unknown == "" && ps.F > pressureStop {
-		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop)
+		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop), true
 	}
 	fit := free
 	if peak.Memory > 0 {
@@ -87,10 +108,62 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	detail := fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - growth of running shards %s = %s; peak %s (%s): fetch %d",
 		class, n, reason, inflight, stream.FormatSize(headroom), src, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
 		stream.FormatSize(peak.Memory), peak.Source, k)
-	if k > 0 {
-		w.hostLog(class, "fetch", detail)
+	return k, detail, k < free
+}
+
+// admitViewFor is how long one look at the host serves admission decisions
+// that admit. A look costs about a millisecond and a half of CPU (the
+// probe, and a scan of /proc for the running shards' memory); taken before
+// every fetch it halved the rate of short shards. A decision that holds a
+// shard back always looks again.
+const admitViewFor = 250 * time.Millisecond
+
+// admitView is one look at the host for admission: the probe's snapshot,
+// and the running shards with what they may still grow to at that time.
+type admitView struct {
+	at     time.Time
+	snap   *probe.Snapshot
+	growth int64
+	live   map[int]liveShard
+	fresh  bool // taken for the decision at hand
+}
+
+// admissionView returns a view of the host younger than admitViewFor, or
+// takes one. GPU classes always take one: free device memory moves with
+// other users' jobs, and their shards are long enough for the cost.
+func (w *Worker) admissionView(ctx context.Context, gpu, force bool) (*admitView, error) {
+	w.viewMu.Lock()
+	defer w.viewMu.Unlock()
+	if v := w.admitView; v != nil && !force && !gpu && time.Since(v.at) < admitViewFor {
+		c := *v
+		c.fresh = false
+		return &c, nil
 	}
-	return k, detail
+	at := time.Now()
+	snap, err := w.cfg.Probe.Snapshot(ctx, nil)
+	if err != nil {
+		w.admitView = nil
+		return nil, err
+	}
+	growth, live := w.growthRoom()
+	w.admitView = &admitView{at: at, snap: snap, growth: growth, live: live}
+	v := *w.admitView
+	v.fresh = true
+	return &v, nil
+}
+
+// stillRunning counts the view's running shards of class that run now (the
+// same process group of the same start).
+func (w *Worker) stillRunning(v *admitView, class string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for pgid, s := range v.live {
+		if s.class == class && w.live[pgid].seq == s.seq {
+			n++
+		}
+	}
+	return n
 }
 
 // peakFor is the largest declared peak of class over the active runs.
@@ -140,10 +213,12 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 	return classes
 }
 
-// liveShard is a running child: its process group and its class's peak.
+// liveShard is a running child: its process group and its class's peak;
+// seq tells apart two shards that had the same process group id.
 type liveShard struct {
 	class string
 	peak  int64
+	seq   uint64
 }
 
 // trackLive returns an onStart hook that registers a running shard's
@@ -151,7 +226,8 @@ type liveShard struct {
 func (w *Worker) trackLive(class string, peak int64) func(int) func() {
 	return func(pgid int) func() {
 		w.mu.Lock()
-		w.live[pgid] = liveShard{class: class, peak: peak}
+		w.liveSeq++
+		w.live[pgid] = liveShard{class: class, peak: peak, seq: w.liveSeq}
 		w.mu.Unlock()
 		return func() { w.liveEnd(pgid) }
 	}
@@ -164,28 +240,24 @@ func (w *Worker) liveEnd(pgid int) {
 }
 
 // growthRoom is how much running shards may still grow (for each, its
-// peak minus what its process group holds now; one scan of /proc), and how
-// many of them are of class, from one snapshot of the registry.
-func (w *Worker) growthRoom(class string) (int64, int) {
+// peak minus what its process group holds now; one scan of /proc), with
+// the registry of running shards it was computed for.
+func (w *Worker) growthRoom() (int64, map[int]liveShard) {
 	w.mu.Lock()
 	live := make(map[int]liveShard, len(w.live))
-	n := 0
 	for k, v := range w.live {
 		live[k] = v
-		if v.class == class {
-			n++
-		}
 	}
 	w.mu.Unlock()
 	if len(live) == 0 {
-		return 0, 0
+		return 0, live
 	}
 	rss := groupRSS(w.cfg.ProcRoot, live)
 	var g int64
 	for pgid, s := range live {
 		g += max(s.peak-rss[pgid], 0)
 	}
-	return g, n
+	return g, live
 }
 
 // groupRSS sums the resident memory of the processes of each group.

@@ -41,7 +41,7 @@ func TestAutoAdmissionLiveHeadroomBinds(t *testing.T) {
 		t.Fatalf("concurrent shards: got %d, want 3 (6 GiB of cgroup headroom / 2 GiB peak)\n%s", maxSeen, log)
 	}
 	log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
-	for _, want := range []string{"slots 4 (cpu binds", "headroom 6.0GiB (cgroup /user.slice limit minus working set)", "peak 2.0GiB (declared (spec))", "decision=wait"} {
+	for _, want := range []string{"slots 4 (cpu binds", "headroom 6.0GiB (cgroup /user.slice limit minus working set, probed ", "peak 2.0GiB (declared (spec))", "decision=wait"} {
 		if !strings.Contains(string(log), want) {
 			t.Errorf("admission.log lacks %q", want)
 		}

@@ -109,6 +109,11 @@ type Worker struct {
 	ttl   time.Duration
 	env   map[string]string
 
+	// viewMu guards admitView, the look at the host that admission decisions
+	// share for a moment (admit.go); it is taken before mu, never inside.
+	viewMu    sync.Mutex
+	admitView *admitView
+
 	mu      sync.Mutex
 	running map[string]int
 	done    int
@@ -122,6 +127,7 @@ type Worker struct {
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
 	live     map[int]liveShard
+	liveSeq  uint64
 	gpuRes   map[string]string     // GPU UUID -> shard key holding it
 	active   map[string]*running   // shards whose command runs, by key
 	waits    map[string]string     // per class: why the worker is not fetching

@@ -1,0 +1,68 @@
+package worker
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// noDevices is a host without NVML.
+type noDevices struct{}
+
+var _ probe.GPUSource = noDevices{}
+
+func (noDevices) Devices(context.Context) ([]probe.GPU, error) { return nil, probe.ErrNVMLMissing }
+
+// TestAdmissionViewIsSharedBriefly: decisions that admit share one look at
+// the host for a moment, GPU classes and a forced look take their own, and
+// shards that started after the look are charged their whole peak (the
+// look's growth does not cover them), also one whose process group id
+// repeats an ended shard's.
+func TestAdmissionViewIsSharedBriefly(t *testing.T) {
+	ctx := context.Background()
+	root, _ := filepath.Abs("probe/testdata/v2") // 6 GiB of cgroup headroom, 4 CPUs
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noDevices{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := workerOnServer(t, Config{StateDir: t.TempDir(), Probe: pr, Auto: true})
+	w.cfg.Slots = nil // no cap: the host's 4 slots
+	const gib = int64(1) << 30
+	w.trackLive("cpu", 2*gib)(999_991) // running before the look; no such process, so it may grow by its whole peak
+
+	v1, err := w.admissionView(ctx, false, false)
+	if err != nil || !v1.fresh || v1.growth != 2*gib {
+		t.Fatalf("first look: %+v (%v), want fresh with 2 GiB of growth", v1, err)
+	}
+	for _, tc := range []struct {
+		name       string
+		gpu, force bool
+		fresh      bool
+	}{{"shared", false, false, false}, {"gpu class", true, false, true}, {"forced", false, true, true}} {
+		v, err := w.admissionView(ctx, tc.gpu, tc.force)
+		if err != nil || v.fresh != tc.fresh {
+			t.Fatalf("%s: fresh %v (%v), want %v", tc.name, v.fresh, err, tc.fresh)
+		}
+	}
+	v, _ := w.admissionView(ctx, false, false) // the forced look, shared now
+	if v.fresh || !v.at.After(v1.at) {
+		t.Fatalf("after a forced look: fresh %v, at %v (first at %v); want the forced one shared", v.fresh, v.at, v1.at)
+	}
+
+	peak := plan.Peak{CPU: 1000, Memory: 2 * gib, Source: "declared"}
+	w.trackLive("cpu", 2*gib)(999_992) // started after the look
+	// 6 GiB - 2 GiB (the first shard's growth) - 2 GiB (the second's whole peak) leaves room for one.
+	if k, detail, short := w.decide(v, "cpu", 2, peak, false); k != 1 || !short {
+		t.Fatalf("two running, one since the look: fetch %d (short %v), want 1 and short\n%s", k, short, detail)
+	}
+	// The first shard ends and a new one gets its process group id: it too
+	// started after the look.
+	w.liveEnd(999_991)
+	w.trackLive("cpu", 2*gib)(999_991)
+	if k, detail, _ := w.decide(v, "cpu", 2, peak, false); k != 0 {
+		t.Fatalf("a reused process group id counted as the look's shard: fetch %d, want 0\n%s", k, detail)
+	}
+}
