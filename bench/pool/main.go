@@ -72,6 +72,7 @@ const (
 	rowRun
 	rowAlways
 	rowDist
+	rowAuto
 )
 
 func run(bin string, n, j, rounds int) error {
@@ -87,7 +88,7 @@ func run(bin string, n, j, rounds int) error {
 
 	rows := []*measurement{{name: "bare Go fork/exec loop"}, {name: "bare exec + output dir and marker"}, {name: "GNU parallel --joblog"},
 		{name: "shardpool run (embedded, group sync)"}, {name: "shardpool run --sync always"},
-		{name: "shardpool coordinator+worker (TCP)"}}
+		{name: "shardpool coordinator+worker (TCP)"}, {name: "shardpool run, default admission (*)"}}
 	var embRSS, coordRSS, workerRSS int64
 	var ratioPar, ratioBare, ratioFloor []float64
 	for r := range rounds {
@@ -116,6 +117,12 @@ func run(bin string, n, j, rounds int) error {
 		dist, crss, wrss, err := distributed(bin, dir, writeSpec(dir, fmt.Sprintf("dist%d", r)), fmt.Sprintf("dist%d", r), j)
 		took(rowDist, dist, err)
 		coordRSS, workerRSS = max(coordRSS, crss), max(workerRSS, wrss)
+		// The default path: --slots auto with the class's memory declared,
+		// so every fetch is a measured decision (and, as root, every shard
+		// gets its own memory and cpu cgroup).
+		name = fmt.Sprintf("auto%d", r)
+		auto, _, err := timed(exec.Command(bin, "run", "--quiet", "--data", filepath.Join(dir, name), writeSpec(dir, name, "[class.cpu]\ncpus = 1\nmemory = \"16MiB\"\n")))
+		took(rowAuto, auto, err)
 		// Ratios pair measurements of the same round.
 		if par > 0 && rows[rowParallel].err == nil {
 			ratioPar = append(ratioPar, par.Seconds()/emb.Seconds())
@@ -148,6 +155,7 @@ func run(bin string, n, j, rounds int) error {
 	}
 	fmt.Printf("ratio shardpool run / bare exec:      %sx (target >= 0.5x)\n", spread(ratioBare, "%.2f"))
 	fmt.Printf("ratio shardpool run / exec + marker:  %sx (no target: the floor of any per-shard commit here)\n", spread(ratioFloor, "%.2f"))
+	fmt.Printf("(*) --slots auto with cpus = 1 and memory = \"16MiB\" declared: slots from this host's budget (at most %d, its CPUs); no target\n", cpus())
 	fmt.Printf("peak RSS shardpool run (one process): %.1f MiB\n", float64(embRSS)/(1<<20))
 	if rows[rowDist].err == nil {
 		fmt.Printf("peak RSS coordinator: %.1f MiB, worker: %.1f MiB\n", float64(coordRSS)/(1<<20), float64(workerRSS)/(1<<20))
@@ -198,9 +206,9 @@ func writeManifest(dir string, n int) {
 
 // writeSpec writes the job's spec for one measurement, with its own output
 // directory.
-func writeSpec(dir, name string) string {
+func writeSpec(dir, name string, extra ...string) string {
 	spec := filepath.Join(dir, name+".toml")
-	os.WriteFile(spec, []byte("name = \"bench\"\nmanifest = \"manifest.jsonl\"\noutput = \"out-"+name+"\"\ncommand = [\"/bin/true\"]\nretries = 0\ncode_rev = \"bench\"\n"), 0o644)
+	os.WriteFile(spec, []byte("name = \"bench\"\nmanifest = \"manifest.jsonl\"\noutput = \"out-"+name+"\"\ncommand = [\"/bin/true\"]\nretries = 0\ncode_rev = \"bench\"\n"+strings.Join(extra, "")), 0o644)
 	return spec
 }
 
