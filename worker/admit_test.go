@@ -55,6 +55,26 @@ func TestAutoAdmissionLiveHeadroomBinds(t *testing.T) {
 	}
 }
 
+// TestAutoAdmissionMeasuredPeakReservesGrowth: the same host and shards,
+// but the 2 GiB peak is measured (profile.json, passed at submit) and none
+// is declared. A running shard holds little yet, so the live check must
+// still reserve its whole measured peak: 3 at once, not 4.
+func TestAutoAdmissionMeasuredPeakReservesGrowth(t *testing.T) {
+	root, _ := filepath.Abs("probe/testdata/v2")
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
+	spec := concurrencyJob(t, 7, "1", "")
+	env.Submit(spec, coordinator.SubmitOptions{MeasuredMemory: map[string]int64{"cpu": 2 << 30}})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	if maxSeen := maxConcurrent(t, spec, 7); maxSeen != 3 {
+		log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+		t.Fatalf("concurrent shards: got %d, want 3 (6 GiB of cgroup headroom / 2 GiB measured peak)\n%s", maxSeen, log)
+	}
+}
+
 // TestAutoAdmissionUnknownAdmitsNothing: a host whose cgroup limit cannot
 // be read runs nothing, and says why.
 func TestAutoAdmissionUnknownAdmitsNothing(t *testing.T) {

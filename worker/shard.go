@@ -424,7 +424,14 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	lost := make(chan struct{})
 	stopHB := w.heartbeat(ctx, a.msg, l, lost)
-	onStart := w.trackLive(a.m.Class, cls.Memory)
+	// The growth estimate reserves the peak admission used: the declared
+	// or, when larger, the measured one (a run profiled and not declared
+	// has only the latter).
+	peak := cls.Memory
+	if p, _, ok := w.peakFor(a.m.Class); ok {
+		peak = max(peak, p.Memory)
+	}
+	onStart := w.trackLive(a.m.Class, peak)
 	var cg *shardCgroup
 	if w.enforce && cls.Memory > 0 {
 		// The class's memory is a hard per-shard limit here; CPU is capped at
