@@ -104,6 +104,11 @@ func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, 
 			}
 		}
 		p.Classes = append(p.Classes, cp)
+		if cls.Memory == 0 && strings.HasPrefix(limits, "enforced") {
+			// Only a declared memory becomes a hard limit: a measured peak
+			// is one sample's, and a larger input may need more.
+			p.Enforced += fmt.Sprintf("; not for class %s, which declares no memory (watched: admission reserves its peak, nothing caps a shard)", c)
+		}
 	}
 	return p
 }

@@ -111,3 +111,21 @@ func TestFleetBlocked(t *testing.T) {
 		t.Fatalf("a big worker is live: got %q, want no block", why)
 	}
 }
+
+// TestEnforcedLimitsNameClassesWithoutDeclaredMemory: on a host that
+// enforces per-shard limits, a class whose memory is only measured gets
+// no hard limit, and the plan says so instead of "enforced" alone.
+func TestEnforcedLimitsNameClassesWithoutDeclaredMemory(t *testing.T) {
+	spec := &stream.Spec{Name: "r", Classes: map[string]stream.Class{"cpu": {CPUs: 1}, "big": {CPUs: 1, Memory: 4 << 30}}}
+	man := &stream.Manifest{Shards: []stream.Shard{{ID: "a", Class: "cpu"}, {ID: "b", Class: "big"}}}
+	b := Budget{"cpu": probe.Known(4000, "test"), "memory": probe.Known(16<<30, "test")}
+	for _, tc := range []struct{ limits, want, not string }{
+		{"enforced: a cgroup per shard", "not for class cpu, which declares no memory", "class big"},
+		{"watched: no cgroup here", "watched: no cgroup here", "not for class"},
+	} {
+		p := Make(spec, man, "h", b, b, nil, tc.limits)
+		if !strings.Contains(p.Enforced, tc.want) || strings.Contains(p.Enforced, tc.not) {
+			t.Errorf("limits %q: got %q, want it to contain %q and not %q", tc.limits, p.Enforced, tc.want, tc.not)
+		}
+	}
+}
