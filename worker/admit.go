@@ -93,6 +93,9 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	if starting := inflight - running; starting > 0 {
 		growth += int64(starting) * peak.Memory
 	}
+	// The same for the other classes this worker serves: a shard of
+	// another class being staged or started holds nothing yet either.
+	growth += w.othersStarting(v, class)
 	src += fmt.Sprintf(", probed %s ago", time.Since(v.at).Round(time.Millisecond))
 	if ps := snap.PSI.MemorySome10; ps.Unknown == "" && ps.F > pressureStop {
 		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop), true
@@ -150,6 +153,30 @@ func (w *Worker) admissionView(ctx context.Context, gpu, force bool) (*admitView
 	v := *w.admitView
 	v.fresh = true
 	return &v, nil
+}
+
+// othersStarting is the whole peak of every shard of a class other than
+// class that is in flight and was not running at the view.
+func (w *Worker) othersStarting(v *admitView, class string) int64 {
+	w.mu.Lock()
+	gates := make(map[string]*gate, len(w.gates))
+	for c, g := range w.gates {
+		if c != class {
+			gates[c] = g
+		}
+	}
+	w.mu.Unlock()
+	var sum int64
+	for c, g := range gates {
+		peak, _, ok := w.peakFor(c)
+		if !ok {
+			continue
+		}
+		if starting := g.count() - w.stillRunning(v, c); starting > 0 {
+			sum += int64(starting) * peak.Memory
+		}
+	}
+	return sum
 }
 
 // stillRunning counts the view's running shards of class that run now (the

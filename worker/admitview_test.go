@@ -66,3 +66,34 @@ func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 		t.Fatalf("a reused process group id counted as the look's shard: fetch %d, want 0\n%s", k, detail)
 	}
 }
+
+// TestOtherClassesInFlightAreCharged: a shard of another class that is in
+// flight and not running yet (fetched, staging its inputs) will grow to its
+// whole peak too, so it counts against this class's admission.
+func TestOtherClassesInFlightAreCharged(t *testing.T) {
+	ctx := context.Background()
+	root, _ := filepath.Abs("probe/testdata/v2") // 6 GiB of cgroup headroom, 4 CPUs
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noDevices{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := workerOnServer(t, Config{StateDir: t.TempDir(), Probe: pr, Auto: true})
+	w.cfg.Slots = nil
+	const gib = int64(1) << 30
+	w.peaks = map[string]plan.Peak{"cpu": {CPU: 1000, Memory: gib}, "big": {CPU: 1000, Memory: 2 * gib}}
+	v, err := w.admissionView(ctx, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := w.peaks["cpu"]
+	if k, detail, _ := w.decide(v, "cpu", 0, peak, false); k != 4 {
+		t.Fatalf("nothing else in flight: fetch %d, want 4 (the CPU slots)\n%s", k, detail)
+	}
+	big := &gate{wake: make(chan struct{}, 1)}
+	big.add(2) // two shards of class big fetched, not started
+	w.gates["big"] = big
+	// 6 GiB - 2 x 2 GiB leaves room for two 1 GiB shards.
+	if k, detail, _ := w.decide(v, "cpu", 0, peak, false); k != 2 {
+		t.Fatalf("two big shards in flight: fetch %d, want 2\n%s", k, detail)
+	}
+}

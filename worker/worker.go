@@ -128,6 +128,7 @@ type Worker struct {
 	gpuClass map[string]bool
 	live     map[int]liveShard
 	liveSeq  uint64
+	gates    map[string]*gate      // per class served: its shards in flight
 	gpuRes   map[string]string     // GPU UUID -> shard key holding it
 	active   map[string]*running   // shards whose command runs, by key
 	waits    map[string]string     // per class: why the worker is not fetching
@@ -235,7 +236,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
@@ -385,6 +386,16 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 		}
 	}
 	g := &gate{wake: make(chan struct{}, 1)}
+	w.mu.Lock()
+	w.gates[class] = g
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		if w.gates[class] == g {
+			delete(w.gates, class)
+		}
+		w.mu.Unlock()
+	}()
 	// A wait is logged when its reason changes: "4 of 4 slots in use",
 	// the usual state of a busy worker, once, not before every fetch.
 	lastWhy := ""
