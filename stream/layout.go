@@ -85,8 +85,8 @@ func Setup(ctx context.Context, js jetstream.JetStream, l Layout) error {
 const LocalityDeliveries = 1
 
 // InterruptDeliveries is how many deliveries of a shard a worker's
-// shutdown may hand back without spending its attempts (the worker counts
-// them in the record's Interrupted). Past them the consumer stops
+// shutdown or memory pressure may hand back without spending its attempts
+// (the worker counts them in the record's Interrupted). Past them the consumer stops
 // delivering the message, and the shard fails with the reason.
 const InterruptDeliveries = 8
 

@@ -143,8 +143,9 @@ type ShardRecord struct {
 	// had the inputs staged (locality); they are not attempts.
 	Deferred int `json:"deferred,omitempty"`
 	// Interrupted counts deliveries of this retry round handed back by a
-	// worker's shutdown (SIGTERM, or `run` interrupted): the shard did not
-	// fail, so they are not attempts either.
+	// worker's shutdown (SIGTERM, or `run` interrupted) or preempted under
+	// memory pressure: the shard did not fail, so they are not attempts
+	// either.
 	Interrupted int       `json:"interrupted,omitempty"`
 	Updated     time.Time `json:"updated"`
 }

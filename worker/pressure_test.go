@@ -38,7 +38,8 @@ func TestMemoryHogTriggersPressureResponse(t *testing.T) {
 	marks := t.TempDir()
 	// Shards run long enough to be preempted; a preempted one leaves a mark
 	// from its SIGTERM handler (where a real job would checkpoint).
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 3,
+	// No retries: a preemption is the host's doing and spends no attempt.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0,
 		Command: []string{"sh", "-c", `trap 'touch "$1/$2.term"; exit 143' TERM; [ -e "$1/$2.term" ] && exit 0; sleep 8 & wait`, "sh", marks, "{id}"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
@@ -79,6 +80,9 @@ func TestMemoryHogTriggersPressureResponse(t *testing.T) {
 		for _, a := range rec.Attempts {
 			if a.Outcome == stream.OutcomePreempted && strings.Contains(a.Reason, "memory pressure") {
 				preempted++
+				if rec.Interrupted == 0 {
+					t.Errorf("shard %s: a preempted attempt, but the record counts no interruption", id)
+				}
 			}
 		}
 	}

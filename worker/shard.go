@@ -681,6 +681,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	if res.outcome == stream.OutcomePreempted {
 		delay := w.backoff(a.attempt)
 		a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
+		a.rec.Interrupted++ // the host's pressure, not the shard's failure
 		if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
 			w.log.Warn("record preemption", "shard", a.key, "err", err)
 		}
