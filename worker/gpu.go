@@ -17,6 +17,11 @@ func (w *Worker) gpuView(snap *probe.Snapshot, vramEach int64) (free []probe.GPU
 	visible := w.visibleGPUs()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.gpuViewLocked(snap, vramEach, visible)
+}
+
+// gpuViewLocked is gpuView with w.mu held.
+func (w *Worker) gpuViewLocked(snap *probe.Snapshot, vramEach int64, visible map[string]bool) (free []probe.GPU, total int) {
 	for _, d := range snap.GPUs.Devices {
 		if visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)] {
 			continue // outside the worker's own allocation
@@ -40,17 +45,20 @@ func (w *Worker) gpuView(snap *probe.Snapshot, vramEach int64) (free []probe.GPU
 // reserveGPUs picks n devices for shard key and records the reservation;
 // it returns CUDA_VISIBLE_DEVICES (UUIDs) or an error saying what is short.
 func (w *Worker) reserveGPUs(snap *probe.Snapshot, key string, n int, vramEach int64) (string, error) {
-	free, _ := w.gpuView(snap, vramEach)
+	visible := w.visibleGPUs()
+	// One lock for the look and the reservation: two shards starting at
+	// once must not both take the first free device.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	free, _ := w.gpuViewLocked(snap, vramEach, visible)
 	if len(free) < n {
 		return "", fmt.Errorf("needs %d GPU(s) with %d bytes free each; %d available now (others are busy, reserved by this worker's shards, or unhealthy)", n, vramEach, len(free))
 	}
 	uuids := make([]string, n)
-	w.mu.Lock()
 	for i := range n {
 		uuids[i] = free[i].UUID
 		w.gpuRes[free[i].UUID] = key
 	}
-	w.mu.Unlock()
 	return strings.Join(uuids, ","), nil
 }
 
