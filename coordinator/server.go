@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -45,6 +46,9 @@ type Config struct {
 	LeaseTTL time.Duration
 	// ReadyTimeout bounds the wait for JetStream health. Default 30s.
 	ReadyTimeout time.Duration
+	// StoreEvery is the period of the check that the store has room
+	// (StoreFull). Default 2s.
+	StoreEvery time.Duration
 	// Logger receives structured logs; default discards.
 	Logger *slog.Logger
 }
@@ -67,6 +71,8 @@ type Coordinator struct {
 	sub    *nats.Subscription
 	// lock holds the store for this coordinator (see lockData).
 	lock *os.File
+	// storeFull is why the store refuses writes, or "" (store.go).
+	storeFull atomic.Value
 }
 
 // New validates cfg. It does no I/O.
@@ -99,6 +105,9 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	if cfg.LeaseTTL < time.Second {
 		return nil, fmt.Errorf("%w: LeaseTTL %s is below 1s", ErrConfig, cfg.LeaseTTL)
+	}
+	if cfg.StoreEvery <= 0 {
+		cfg.StoreEvery = 2 * time.Second
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 30 * time.Second
@@ -139,6 +148,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	c.lock = lock
+	maxStore, err := storeLimit(c.cfg.StoreDir)
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("start coordinator: %w", err)
+	}
 	opts := &server.Options{
 		ServerName:         "shardpool",
 		Host:               host,
@@ -149,6 +163,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		NoSigs:             true,
 		MaxPayload:         8 << 20,
 		JetStreamMaxMemory: 256 << 20,
+		JetStreamMaxStore:  maxStore,
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -242,6 +257,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	t := newTracker(c)
 	g.Go(func() error { return t.run(gctx) })
+	g.Go(func() error { return c.watchStore(gctx, c.cfg.StoreEvery) })
 	if c.http != nil {
 		g.Go(func() error {
 			if err := c.http.Serve(c.hl); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -58,6 +58,9 @@ type SubmitResult struct {
 	Redone int `json:"redone,omitempty"`
 	// RedoneIDs names up to ten of them, with why.
 	RedoneIDs []string `json:"redone_ids,omitempty"`
+	// Restored counts unfinished shards whose queued message the store had
+	// lost (a full disk under it, say) and that were published again.
+	Restored int `json:"restored,omitempty"`
 	// Changed lists the settings outside the fingerprint (retries, timeout,
 	// staging, paths of the spec, manifest and command directory, profile
 	// settings, measured peaks) that a resubmission of the same generation
@@ -106,6 +109,13 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 				return res, err
 			}
 			res.Retried, res.State = n, stream.RunRunning
+		}
+		if prev.State != stream.RunComplete {
+			n, err := restoreLost(ctx, js, b, prev, man, settings)
+			if err != nil {
+				return res, err
+			}
+			res.Restored = n
 		}
 		if opt.Reverify && prev.State == stream.RunComplete {
 			n, why, err := redoUnverified(ctx, js, b, prev, man, settings)
@@ -372,6 +382,13 @@ const publishWindow = 1024
 
 // publish sends shards with de-duplication IDs and waits for every ack.
 func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards []stream.Shard, retry, settings int) (int, error) {
+	return publishAs(ctx, js, fp, run, shards, retry, settings, "")
+}
+
+// publishAs is publish with a suffix to the Msg-IDs: a message published
+// again because the store lost it must not be taken for a duplicate of
+// the lost one.
+func publishAs(ctx context.Context, js jetstream.JetStream, fp, run string, shards []stream.Shard, retry, settings int, idSuffix string) (int, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(shards))
 	for i := range shards {
 		sh := &shards[i]
@@ -382,10 +399,10 @@ func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards
 			return 0, err
 		}
 		msg := &nats.Msg{Subject: stream.ShardSubject(run, sh.Class), Data: data, Header: nats.Header{}}
-		msg.Header.Set(nats.MsgIdHdr, stream.MsgID(run, fp, sh.ID, retry))
+		msg.Header.Set(nats.MsgIdHdr, stream.MsgID(run, fp, sh.ID, retry)+idSuffix)
 		f, err := js.PublishMsgAsync(msg)
 		if err != nil {
-			return 0, fmt.Errorf("publish shard %s: %w", sh.ID, err)
+			return 0, fmt.Errorf("publish shard %s: %w", sh.ID, stream.Explain(err))
 		}
 		futures = append(futures, f)
 		// Bound the acks in flight: with SyncAlways each is an fsync, and
@@ -411,7 +428,7 @@ func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards
 				n++
 			}
 		case err := <-f.Err():
-			return n, fmt.Errorf("publish shard %s: %w", shards[i].ID, err)
+			return n, fmt.Errorf("publish shard %s: %w", shards[i].ID, stream.Explain(err))
 		}
 	}
 	return n, nil
@@ -571,4 +588,84 @@ func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Bucke
 		}
 		return keep, ""
 	})
+}
+
+// restoreLost publishes again each unfinished shard of a queued run whose
+// message is no longer in the stream. Every shard that is neither
+// validated nor failed has one there (queued, or delivered and not yet
+// acknowledged), unless the store lost it: nats-server rebuilding a stream
+// after its file system filled up was seen to come back without the
+// run's messages, leaving shards pending that nothing would ever deliver.
+// The check costs one stream info request; only when the run has fewer
+// messages than unfinished shards are the messages read (their IDs) and
+// then the records, in that order, so that a shard finished in between is
+// seen finished rather than missing.
+func restoreLost(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, error) {
+	s, err := js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return 0, fmt.Errorf("check queued shards of %s: %w", run.Name, err)
+	}
+	filter := stream.RunSubjects(run.Name)
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return 0, fmt.Errorf("check queued shards of %s: %w", run.Name, err)
+	}
+	var queued uint64
+	for _, n := range info.State.Subjects {
+		queued += n
+	}
+	if unfinished := len(man.Shards) - run.Counts.Validated - run.Counts.Failed; queued >= uint64(max(unfinished, 0)) {
+		return 0, nil
+	}
+	have := map[string]int{} // shard id -> highest retry round queued
+	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read queued shards of %s: %w", run.Name, err)
+		}
+		var sm stream.ShardMsg
+		if stream.Decode(m.Data, &sm) == nil && sm.Fingerprint == run.Fingerprint {
+			if r, ok := have[sm.ID]; !ok || sm.Retry > r {
+				have[sm.ID] = sm.Retry
+			}
+		}
+		seq = m.Sequence + 1
+	}
+	rounds := map[int][]stream.Shard{}
+	n := 0
+	for _, sh := range man.Shards {
+		round := 0
+		e, err := b.Shards.Get(ctx, stream.ShardKey(run.Name, sh.ID))
+		if err == nil {
+			var r stream.ShardRecord
+			if stream.Decode(e.Value(), &r) == nil && r.Fingerprint == run.Fingerprint {
+				if r.State == stream.ShardValidated || r.State == stream.ShardFailed {
+					continue
+				}
+				round = r.Retry
+			}
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("check shard %s: %w", sh.ID, err)
+		}
+		if r, ok := have[sh.ID]; ok && r >= round {
+			continue
+		}
+		rounds[round] = append(rounds[round], sh)
+		n++
+	}
+	suffix := fmt.Sprintf(".restored.%d", time.Now().UnixNano())
+	for round, todo := range rounds {
+		if _, err := publishAs(ctx, js, run.Fingerprint, run.Name, todo, round, settings, suffix); err != nil {
+			return 0, fmt.Errorf("restore lost shards of %s: %w", run.Name, err)
+		}
+	}
+	if n > 0 {
+		if err := stream.Barrier(ctx, js.Conn()); err != nil {
+			return 0, fmt.Errorf("restore lost shards of %s: %w", run.Name, err)
+		}
+	}
+	return n, nil
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
@@ -91,4 +93,39 @@ func TestDataDirIsLocked(t *testing.T) {
 		t.Fatalf("coordinator after the first closed: %v", err)
 	}
 	third.Close()
+}
+
+// TestResubmitRestoresLostMessages: a store that lost the queued messages
+// of unfinished shards (as nats-server rebuilding a stream after a full
+// disk was seen to) leaves them pending with nothing to deliver them.
+// Submitting the run again publishes exactly those once more, under new
+// Msg-IDs (the lost ones are still in the duplicate window), and the run
+// completes; a resubmission with nothing lost publishes nothing.
+func TestResubmitRestoresLostMessages(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Command: []string{"cp", "{input}", "{out}/"}})
+	if res := env.Submit(spec, coordinator.SubmitOptions{}); res.Published != 4 {
+		t.Fatalf("first submit published %d, want 4", res.Published)
+	}
+	if res := env.Submit(spec, coordinator.SubmitOptions{}); res.Published != 0 || res.Restored != 0 {
+		t.Fatalf("resubmit with nothing lost: published %d, restored %d; want 0 and 0", res.Published, res.Restored)
+	}
+	ctx := context.Background()
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The loss: every queued message of the run gone, records untouched.
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(stream.RunSubjects("t"))); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitState("t", 10*time.Second, stream.RunQueued, stream.RunRunning)
+	if res := env.Submit(spec, coordinator.SubmitOptions{}); res.Restored != 4 {
+		t.Fatalf("resubmit after the loss: restored %d, want 4", res.Restored)
+	}
+	env.StartWorker("w1", map[string]int{"cpu": 2})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if res := env.Submit(spec, coordinator.SubmitOptions{}); res.Restored != 0 {
+		t.Fatalf("resubmit of the completed run: restored %d, want 0", res.Restored)
+	}
 }

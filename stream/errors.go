@@ -1,6 +1,11 @@
 package stream
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
 
 var (
 	// ErrInvalidSpec wraps every problem found in a run spec; the message names
@@ -15,4 +20,22 @@ var (
 	// ErrNotDurable means a sync barrier failed: what was written may not
 	// survive a host crash, so the writer must not act on it yet.
 	ErrNotDurable = errors.New("not yet durable")
+	// ErrStoreFull means the coordinator's JetStream store refused a write
+	// for want of space: nothing more can be queued, leased or recorded
+	// until space is freed on its file system.
+	ErrStoreFull = errors.New("the coordinator's store is out of space: free space on the file system of its --data, then resume")
 )
+
+// jsInsufficientResources is JetStream's error code for a store (or
+// memory) at its limit.
+const jsInsufficientResources = 10023
+
+// Explain wraps err with ErrStoreFull when it is JetStream refusing a write
+// for want of space, and returns it unchanged otherwise.
+func Explain(err error) error {
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.ErrorCode == jsInsufficientResources {
+		return fmt.Errorf("%w (%v)", ErrStoreFull, err)
+	}
+	return err
+}

@@ -191,6 +191,53 @@ func TestInterruptWhileStagingStopsTheCopy(t *testing.T) {
 	}
 }
 
+// TestFullStoreStopsTheRunAndItResumes: the file system of --data fills up
+// while a run goes on (here another file takes the rest of a small tmpfs):
+// `run` stops within seconds, says the store is full and where, and after
+// space is freed the printed command resumes it to COMPLETE. A manifest too
+// large for the store's space fails at submit with the same reason.
+func TestFullStoreStopsTheRunAndItResumes(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "state")
+	testenv.SmallTmpfs(t, data, "32m")
+	spec := testenv.WriteJob(t, testenv.Job{Name: "full", Shards: 60, Retries: 2,
+		Command: []string{"sh", "-c", `sleep 0.2; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	log := filepath.Join(data, "runs", "full", "admission.log")
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Count(string(b), "decision=validated") >= 2, "admission log:\n" + string(b)
+	})
+	filler := filepath.Join(data, "filler")
+	_ = exec.Command("sh", "-c", `head -c 64M /dev/zero > "$1"`, "sh", filler).Run() // stops at the tmpfs's end
+	filled := time.Now()
+	code := p.Wait(t, 60*time.Second)
+	t.Logf("run stopped %s after the file system filled", time.Since(filled).Round(time.Millisecond))
+	if code != 1 || !strings.Contains(p.Output(), "store is full: the file system of "+filepath.Join(data, "stores", "full")) ||
+		!strings.Contains(p.Output(), "resume with: shardpool run --data "+data) {
+		t.Fatalf("run on a full store: exit %d, want 1 naming the store and the resume command\n%s", code, p.Output())
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (60 validated, 0 failed of 60)") {
+		t.Fatalf("resumed run after freeing space: exit %d, want 0 and COMPLETE\n%s", code, p.Output())
+	}
+
+	// 3,000 shards of 2 KB each do not fit in a 4 MiB store: submit stops
+	// with the reason instead of a bare "insufficient resources".
+	small := filepath.Join(t.TempDir(), "small")
+	testenv.SmallTmpfs(t, small, "4m")
+	big := testenv.WriteJob(t, testenv.Job{Name: "big", Shards: 3000, Command: []string{"true"},
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"s%04d","params":{"blob":%q}}`, i, strings.Repeat("x", 2000))
+		}})
+	p = testenv.Start(t, "run", "--data", small, big)
+	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "the coordinator's store is out of space") {
+		t.Fatalf("run whose manifest outgrows the store: exit %d, want 1 and the reason\n%s", code, p.Output())
+	}
+}
+
 // TestBadInputNamesFileLineFieldAndPublishesNothing submits broken specs
 // and manifests to a live coordinator: each is refused with the file, the
 // line and the field, and the stream stays empty.

@@ -77,6 +77,9 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // printRedone names the committed shards queued again because their
 // output was missing or failed verification.
 func printRedone(w io.Writer, res coordinator.SubmitResult) {
+	if res.Restored > 0 {
+		fmt.Fprintf(w, "%d unfinished shard(s) had lost their queued message (the store, after a full disk?), published again\n", res.Restored)
+	}
 	if res.Redone == 0 {
 		return
 	}

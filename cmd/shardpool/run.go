@@ -135,7 +135,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 {
 		since = submitted
 	}
-	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet))
+	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull)
 	stopWorker() // the worker drains: SIGTERM to children, grace, Nak
 	<-workerDone // its last records and Naks need the coordinator
 	stopCoord()
@@ -143,6 +143,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		log.Error("shutdown", "err", err)
 	}
 	evidence := coord.EvidenceDir(spec.Name)
+	var full errStoreFull
+	if errors.As(waitErr, &full) {
+		fmt.Fprintf(stdout, "stopped: the coordinator's store is full: %s\nstate is kept in %s; free space there, then resume with: %s\n", full.why, absData, resume)
+		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store is full: " + full.why}
+	}
 	if waitErr != nil {
 		fmt.Fprintf(stdout, "interrupted; state is kept in %s\nresume with: %s\n", absData, resume)
 		return waitErr
@@ -207,9 +212,20 @@ func loadRun(path string) (*stream.Spec, *stream.Manifest, error) {
 	return spec, man, nil
 }
 
+// errStoreFull ends a wait whose coordinator's store has had no room for
+// storeFullFor: no shard can be leased or recorded until space is freed.
+type errStoreFull struct{ why string }
+
+func (e errStoreFull) Error() string { return "store full: " + e.why }
+
+// storeFullFor is how long the store must stay full before `run` stops.
+const storeFullFor = 5 * time.Second
+
 // waitRun follows the run record until COMPLETE or BLOCKED, ignoring a
-// verdict last updated before since.
-func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time.Time, progress io.Writer) (*stream.RunRecord, error) {
+// verdict last updated before since. full, when set, says why the
+// coordinator's store refuses writes; a store full for storeFullFor ends
+// the wait with errStoreFull.
+func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time.Time, progress io.Writer, full func() string) (*stream.RunRecord, error) {
 	kv, err := js.KeyValue(ctx, stream.BucketRuns)
 	if err != nil {
 		return nil, err
@@ -221,10 +237,26 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 	defer w.Stop()
 	p := newProgress(progress)
 	defer p.done()
+	check := time.NewTicker(time.Second)
+	defer check.Stop()
+	var fullSince time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-check.C:
+			why := ""
+			if full != nil {
+				why = full()
+			}
+			switch {
+			case why == "":
+				fullSince = time.Time{}
+			case fullSince.IsZero():
+				fullSince = time.Now()
+			case time.Since(fullSince) >= storeFullFor:
+				return nil, errStoreFull{why: why}
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return nil, fmt.Errorf("watch of run %s ended", run)

@@ -1,0 +1,100 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/sys/unix"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// storeLimit is the JetStream store limit for the store at dir: what it
+// holds already plus three quarters of the file system's free space.
+// nats-server's own default is three quarters of the free space alone,
+// taken at start: after a disk had filled, a restarted coordinator whose
+// store outgrew that refused every write until far more was freed than the
+// run needed. The quarter kept free stays the margin: a store that reaches
+// its limit refuses writes (insufficient resources) instead of meeting a
+// full disk, on which nats-server disables JetStream altogether.
+func storeLimit(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("free space of %s: %w", dir, err)
+	}
+	var used int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if info, err := d.Info(); err == nil {
+			used += info.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return used + int64(st.Bavail)*st.Bsize/4*3, nil
+}
+
+// storeFloor is how close to its limit (or to a full file system) the
+// store may come before the coordinator says it is full: writes of a
+// record or two fit in it, a run's next thousand shards do not.
+const storeFloor = 1 << 20
+
+// StoreFull reports why the store refuses writes, or "" while it has room.
+// Runs cannot go on meanwhile: workers cannot record or lease a shard.
+func (c *Coordinator) StoreFull() string {
+	if p, ok := c.storeFull.Load().(string); ok {
+		return p
+	}
+	return ""
+}
+
+// watchStore checks the store's room every interval and logs a change of
+// StoreFull.
+func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		why := c.checkStore()
+		if why == c.StoreFull() {
+			continue
+		}
+		c.storeFull.Store(why)
+		if why != "" {
+			c.log.Error("store full: runs cannot go on", "store", c.cfg.StoreDir, "why", why)
+		} else {
+			c.log.Info("store has room again", "store", c.cfg.StoreDir)
+		}
+	}
+}
+
+// checkStore says why the store has no room, or "".
+func (c *Coordinator) checkStore() string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(c.cfg.StoreDir, &st); err == nil {
+		if free := int64(st.Bavail) * st.Bsize; free < storeFloor {
+			return fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(free))
+		}
+	}
+	js, err := c.srv.Jsz(&server.JSzOptions{})
+	if err != nil || js == nil || js.Config.MaxStore <= 0 {
+		return ""
+	}
+	if used, limit := int64(js.Store), js.Config.MaxStore; used > limit-storeFloor {
+		return fmt.Sprintf("the store %s holds %s of its limit of %s (what it held at start plus three quarters of the space then free)",
+			c.cfg.StoreDir, stream.FormatSize(used), stream.FormatSize(limit))
+	}
+	return ""
+}
