@@ -737,3 +737,42 @@ func TestEscapedDescendantDoesNotHoldTheAttempt(t *testing.T) {
 		t.Fatalf("attempt log: got %q (%v), want \"started\\n\"", b, err)
 	}
 }
+
+// TestCommitWaitsOutAnUnavailableStore: while the coordinator's store does
+// not take the commit claim (here its bucket is gone; a full disk does the
+// same), the attempt is deferred, not failed, and spends no attempt; when
+// the store is back, the shard (retries = 0) commits.
+func TestCommitWaitsOutAnUnavailableStore(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	gate := filepath.Join(t.TempDir(), "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := env.Run("t")
+		return r.Counts.Running == 1, "the shard is not running yet"
+	})
+	ctx := context.Background()
+	if err := env.JS.DeleteKeyValue(ctx, stream.BucketCheckpoint); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Count(string(b), "coordinator store unavailable") >= 2, "admission log:\n" + string(b)
+	})
+	if rec, _ := env.Shard("t", "s0000"); rec.State == stream.ShardFailed {
+		t.Fatalf("shard failed while the store was unavailable: %s", rec.Reason)
+	}
+	if err := stream.Setup(ctx, env.JS, stream.Layout{LeaseTTL: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, _ := env.Shard("t", "s0000")
+	if rec.Interrupted < 2 || rec.Attempts[0].Outcome != stream.OutcomeInterrupted {
+		t.Fatalf("record: interrupted %d, attempts %+v; want the deferred attempts counted as interrupted", rec.Interrupted, rec.Attempts)
+	}
+}

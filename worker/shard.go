@@ -209,7 +209,10 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 	}
 	if limit := a.run.Spec.Retries + 1; a.attempt-a.rec.Deferred-a.rec.Interrupted > limit {
 		w.closeLost(a)
-		w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil)
+		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil); err != nil {
+			w.keepUnrecorded(a, class, err)
+			return true
+		}
 		w.settleDurably(ctx, a, func() error { return msg.TermWithReason("attempt limit reached") })
 		w.count(false)
 		return true
@@ -666,6 +669,20 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			_ = a.msg.DoubleAck(ctx)
 			return
 		}
+		if errors.Is(err, errCoordinator) {
+			// Not the shard's failure: the coordinator's store did not take
+			// a write (full, or gone). The message comes back, without
+			// spending an attempt where the record can still say so; a
+			// published output is then found verified and recorded.
+			at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
+			a.rec.State, a.rec.Owner, a.rec.Output, a.rec.Reason = stream.ShardPending, nil, nil, "commit deferred: "+err.Error()
+			a.rec.Interrupted++
+			_ = w.putRecord(context.WithoutCancel(ctx), a)
+			w.release(l)
+			w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2))
+			_ = a.msg.NakWithDelay(w.ttl / 2)
+			return
+		}
 		if errors.Is(err, errCommitPending) {
 			// The other attempt may still fail to publish: keep the shard
 			// queued and look again after a lease TTL.
@@ -707,7 +724,9 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	if a.attempt >= limit {
 		payload := a.m
 		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("%s after %d attempt(s)", at.Reason, a.attempt), &payload); err != nil {
-			w.log.Warn("record failure", "shard", a.key, "err", err)
+			w.release(l)
+			w.keepUnrecorded(a, class, err)
+			return
 		}
 		w.release(l)
 		w.admission(m.Run, m.ID, class, "failed", fmt.Sprintf("attempt %d of %d: %s", a.attempt, limit, at.Reason))
@@ -741,13 +760,16 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	}
 	if err := w.claimCommit(ctx, a, owner, p.Marker.Manifest, dst); err != nil {
 		p.Discard()
-		return err
+		if errors.Is(err, errCommitLost) || errors.Is(err, errCommitPending) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errCoordinator, err)
 	}
 	// The claim must outlive a host crash of the coordinator before the
 	// output appears, or a second attempt could publish too.
 	if err := w.barrierRemote(ctx); err != nil {
 		p.Discard()
-		return err
+		return fmt.Errorf("%w: %v", errCoordinator, err)
 	}
 	keep := ""
 	if _, err := os.Stat(dst); err == nil {
@@ -761,13 +783,28 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	mk := p.Marker
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
 	a.rec.Attempts[len(a.rec.Attempts)-1].CommitSeconds = time.Since(start).Seconds()
-	return w.finish(ctx, a, stream.ShardValidated, "", nil)
+	if err := w.finish(ctx, a, stream.ShardValidated, "", nil); err != nil {
+		return fmt.Errorf("%w: output committed, record not written: %v", errCoordinator, err)
+	}
+	return nil
 }
 
 var (
 	errCommitLost    = errors.New("another attempt committed this shard first")
 	errCommitPending = errors.New("another live attempt is committing this shard")
+	// errCoordinator: the coordinator's store did not take a write the
+	// commit needs (its claim, barrier or the validated record).
+	errCoordinator = errors.New("coordinator store unavailable")
 )
+
+// keepUnrecorded leaves a shard's message queued when its final record
+// could not be written: settling it would leave the shard with no message
+// and no final state, pending for good. It comes back after a lease TTL
+// and the record is tried again.
+func (w *Worker) keepUnrecorded(a *attemptState, class string, err error) {
+	w.admission(a.m.Run, a.m.ID, class, "defer", fmt.Sprintf("final record not written (%v); redelivery in %s", err, w.ttl))
+	_ = a.msg.NakWithDelay(w.ttl)
+}
 
 // claimCommit takes the shard's commit record with compare-and-set. A
 // committed record of the same fingerprint beats this attempt when its
