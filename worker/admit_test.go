@@ -19,18 +19,25 @@ type noGPUs struct{}
 
 func (noGPUs) Devices(context.Context) ([]probe.GPU, error) { return nil, probe.ErrNVMLMissing }
 
+// fixtureProbe reads the fixture host probe/testdata/v2: cgroup limit 8 GiB
+// with 2 GiB used, 4 CPUs of quota, no GPUs.
+func fixtureProbe(t *testing.T) *probe.Prober {
+	t.Helper()
+	root, _ := filepath.Abs("probe/testdata/v2")
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pr
+}
+
 // TestAutoAdmissionLiveHeadroomBinds runs real shards on a worker whose
 // probe reads a fixture host: cgroup limit 8 GiB with 2 GiB already used,
 // 4 CPUs of quota. With a 2 GiB peak the formula allows 4 slots, but the
 // live check (6 GiB of headroom minus what running shards may still grow
 // to) admits only 3 at once.
 func TestAutoAdmissionLiveHeadroomBinds(t *testing.T) {
-	root, _ := filepath.Abs("probe/testdata/v2")
-	pr, err := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
 	// Each shard runs a second, long enough for admitted shards to overlap
 	// even on a busy machine.
 	spec := concurrencyJob(t, 7, "1", "[class.cpu]\ncpus = 1\nmemory = \"2GiB\"\n")
@@ -60,12 +67,7 @@ func TestAutoAdmissionLiveHeadroomBinds(t *testing.T) {
 // is declared. A running shard holds little yet, so the live check must
 // still reserve its whole measured peak: 3 at once, not 4.
 func TestAutoAdmissionMeasuredPeakReservesGrowth(t *testing.T) {
-	root, _ := filepath.Abs("probe/testdata/v2")
-	pr, err := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
 	spec := concurrencyJob(t, 7, "1", "")
 	env.Submit(spec, coordinator.SubmitOptions{MeasuredMemory: map[string]int64{"cpu": 2 << 30}})
 	env.WaitState("t", 60*time.Second, stream.RunComplete)

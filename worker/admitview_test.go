@@ -16,6 +16,21 @@ var _ probe.GPUSource = noDevices{}
 
 func (noDevices) Devices(context.Context) ([]probe.GPU, error) { return nil, probe.ErrNVMLMissing }
 
+// autoWorkerOnFixture is a worker with measured admission on the fixture
+// host probe/testdata/v2 (6 GiB of cgroup headroom, 4 CPUs), with no cap on
+// its slots.
+func autoWorkerOnFixture(t *testing.T) *Worker {
+	t.Helper()
+	root, _ := filepath.Abs("probe/testdata/v2")
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noDevices{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := workerOnServer(t, Config{StateDir: t.TempDir(), Probe: pr, Auto: true})
+	w.cfg.Slots = nil
+	return w
+}
+
 // TestAdmissionViewIsSharedBriefly: decisions that admit share one look at
 // the host for a moment, GPU classes and a forced look take their own, and
 // shards that started after the look are charged their whole peak (the
@@ -23,13 +38,7 @@ func (noDevices) Devices(context.Context) ([]probe.GPU, error) { return nil, pro
 // repeats an ended shard's.
 func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 	ctx := context.Background()
-	root, _ := filepath.Abs("probe/testdata/v2") // 6 GiB of cgroup headroom, 4 CPUs
-	pr, err := probe.New(probe.Config{Root: root, GPUs: noDevices{}, PolicyPath: "/nonexistent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := workerOnServer(t, Config{StateDir: t.TempDir(), Probe: pr, Auto: true})
-	w.cfg.Slots = nil // no cap: the host's 4 slots
+	w := autoWorkerOnFixture(t)
 	const gib = int64(1) << 30
 	w.trackLive("cpu", 2*gib)(999_991) // running before the look; no such process, so it may grow by its whole peak
 
@@ -72,13 +81,7 @@ func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 // whole peak too, so it counts against this class's admission.
 func TestOtherClassesInFlightAreCharged(t *testing.T) {
 	ctx := context.Background()
-	root, _ := filepath.Abs("probe/testdata/v2") // 6 GiB of cgroup headroom, 4 CPUs
-	pr, err := probe.New(probe.Config{Root: root, GPUs: noDevices{}, PolicyPath: "/nonexistent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := workerOnServer(t, Config{StateDir: t.TempDir(), Probe: pr, Auto: true})
-	w.cfg.Slots = nil
+	w := autoWorkerOnFixture(t)
 	const gib = int64(1) << 30
 	w.peaks = map[string]plan.Peak{"cpu": {CPU: 1000, Memory: gib}, "big": {CPU: 1000, Memory: 2 * gib}}
 	v, err := w.admissionView(ctx, false, false)

@@ -118,6 +118,16 @@ func TestRunExitCodes(t *testing.T) {
 	}
 }
 
+// waitForDecisions waits until a run's admission.log holds n lines of
+// decision.
+func waitForDecisions(t *testing.T, log, decision string, n int) {
+	t.Helper()
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Count(string(b), "decision="+decision) >= n, "admission log:\n" + string(b)
+	})
+}
+
 // TestInterruptedRunResumesAtOnce interrupts `shardpool run` with SIGINT
 // while shards run, then runs the resume command it printed: the
 // interrupted shards come back at once, not after the ack wait (30 s by
@@ -129,10 +139,7 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 		Command: []string{"sh", "-c", `sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
 	log := filepath.Join(data, "runs", "intr", "admission.log")
 	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return strings.Count(string(b), "decision=admit") >= 2, "admission log:\n" + string(b)
-	})
+	waitForDecisions(t, log, "admit", 2)
 	p.SignalMain(syscall.SIGINT)
 	if code := p.Wait(t, 30*time.Second); code != 130 || !strings.Contains(p.Output(), "resume with: shardpool run --data "+data) {
 		t.Fatalf("interrupted run: exit %d, want 130 and the resume command\n%s", code, p.Output())
@@ -168,10 +175,7 @@ func TestInterruptWhileStagingStopsTheCopy(t *testing.T) {
 		Command: []string{"cp", "{input}", "{out}/"}})
 	log := filepath.Join(data, "runs", "stg", "admission.log")
 	p := testenv.Start(t, "run", "--data", data, "--slots", "1", "--stage-bwlimit", "1MiB", spec)
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return strings.Contains(string(b), "decision=admit"), "admission log:\n" + string(b)
-	})
+	waitForDecisions(t, log, "admit", 1)
 	time.Sleep(500 * time.Millisecond) // into the copy
 	start := time.Now()
 	p.SignalMain(syscall.SIGINT)
@@ -203,10 +207,7 @@ func TestFullStoreStopsTheRunAndItResumes(t *testing.T) {
 		Command: []string{"sh", "-c", `sleep 0.2; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
 	log := filepath.Join(data, "runs", "full", "admission.log")
 	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return strings.Count(string(b), "decision=validated") >= 2, "admission log:\n" + string(b)
-	})
+	waitForDecisions(t, log, "validated", 2)
 	filler := filepath.Join(data, "filler")
 	_ = exec.Command("sh", "-c", `head -c 64M /dev/zero > "$1"`, "sh", filler).Run() // stops at the tmpfs's end
 	filled := time.Now()
