@@ -370,8 +370,13 @@ func (c *Coordinator) startSyncer(store string) error {
 		return fmt.Errorf("serve sync barrier: %w", err)
 	}
 	host, _ := os.Hostname()
-	info, _ := stream.Encode(&stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store})
-	if _, err := c.nc.Subscribe(stream.SubjectInfo, func(m *nats.Msg) { _ = m.Respond(info) }); err != nil {
+	base := stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store}
+	if _, err := c.nc.Subscribe(stream.SubjectInfo, func(m *nats.Msg) {
+		info := base
+		info.StoreFull = c.StoreFull()
+		data, _ := stream.Encode(&info)
+		_ = m.Respond(data)
+	}); err != nil {
 		return fmt.Errorf("serve info: %w", err)
 	}
 	return nil

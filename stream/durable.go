@@ -53,6 +53,10 @@ type CoordinatorInfo struct {
 	// SHARDS stream, which the store of another coordinator (another data
 	// directory, another `shardpool run`) does not share.
 	Store string `json:"store,omitempty"`
+	// StoreFull says why the store refuses writes, when it does: no shard
+	// can be leased or recorded until space is freed on its file system
+	// and the coordinator restarted.
+	StoreFull string `json:"store_full,omitempty"`
 }
 
 // AskInfo requests the coordinator's CoordinatorInfo.

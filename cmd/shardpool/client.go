@@ -176,6 +176,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 	}
 	if c := st.Coordinator; c != nil {
 		fmt.Fprintf(w, "coordinator on %s, sync %s\n", c.Host, c.Sync)
+		if c.StoreFull != "" {
+			fmt.Fprintf(w, "STORE FULL: %s; no shard can be leased or recorded: free space there and restart the coordinator\n", c.StoreFull)
+		}
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
