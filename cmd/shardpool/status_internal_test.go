@@ -57,3 +57,19 @@ func TestStatusBoundsShardLines(t *testing.T) {
 		t.Fatalf("output lacks the count of shards not printed:\n%s", out[len(out)-300:])
 	}
 }
+
+// TestStatusSaysTheStoreIsFull: a coordinator whose store refuses writes
+// is shown with the reason and what to do; one with room shows no such line.
+func TestStatusSaysTheStoreIsFull(t *testing.T) {
+	for _, tc := range []struct{ full, want string }{
+		{"the file system of /data/stores/r has 0B free", "STORE FULL: the file system of /data/stores/r has 0B free; no shard can be leased or recorded: free space there and restart the coordinator"},
+		{"", ""},
+	} {
+		var b strings.Builder
+		printStatus(&b, &coordinator.Status{Coordinator: &stream.CoordinatorInfo{Host: "h", Sync: "group", StoreFull: tc.full}})
+		out := b.String()
+		if tc.want != "" && !strings.Contains(out, tc.want) || tc.want == "" && strings.Contains(out, "STORE FULL") {
+			t.Errorf("store_full %q: got\n%s\nwant a line %q", tc.full, out, tc.want)
+		}
+	}
+}
