@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -66,7 +67,32 @@ type entry struct {
 	refs     int
 	lastUsed time.Time
 	ready    bool
+	// seen is the copy's identity when it was last verified in full, if it
+	// had not been changed just before (see unchanged).
+	seen fileID
 }
+
+// fileID is what any change to a file's content moves: a write or a
+// truncate moves its ctime (which no user can set back), a replacement its
+// inode.
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime int64 // ns
+}
+
+func statID(p string) (fileID, bool) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		return fileID{}, false
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}, true
+}
+
+// racyWindow: a file changed this shortly before it was verified may be
+// changed again within the same tick of the file system's clock without
+// its times moving, so its identity is not trusted (git's "racily clean").
+const racyWindow = time.Second
 
 // New validates cfg; it does no I/O (call Check before staging).
 func New(cfg Config) (*Stager, error) {
@@ -273,16 +299,25 @@ func (s *Stager) stageOne(ctx context.Context, f stream.InputFile, k string) (on
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s.mu.Lock()
-	ready := e.ready
+	ready, seen := e.ready, e.seen
 	s.mu.Unlock()
 	dst := e.path
+	if ready && seen != (fileID{}) {
+		// Verified in full before and not changed since: a shared input
+		// (a model's weights, say) is not read again for every shard.
+		if id, ok := statID(dst); ok && id == seen {
+			r.reused = true
+			return r, nil
+		}
+	}
 	if ready || fileExists(dst) {
 		t := time.Now()
+		before, _ := statID(dst)
 		err := verifyFile(dst, f)
 		r.verify = time.Since(t)
 		if err == nil {
 			r.reused = true
-			s.markReady(k)
+			s.markVerified(k, dst, before, t)
 			return r, nil
 		}
 		s.log.Warn("staged copy failed verification; fetching again", "file", dst, "err", err)
@@ -320,6 +355,21 @@ func (s *Stager) markReady(k string) {
 	s.mu.Lock()
 	s.entries[k].ready = true
 	s.mu.Unlock()
+}
+
+// markVerified marks entry k ready after a full verification that began at
+// start with the copy's identity before; the identity is kept for the next
+// reuse when the copy is the same after the verification and was last
+// changed well before it.
+func (s *Stager) markVerified(k, path string, before fileID, start time.Time) {
+	after, ok := statID(path)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[k]
+	e.ready, e.seen = true, fileID{}
+	if ok && after == before && start.UnixNano()-after.ctime > int64(racyWindow) {
+		e.seen = after
+	}
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
