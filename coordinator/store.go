@@ -22,12 +22,12 @@ import (
 // its limit refuses writes (insufficient resources) instead of meeting a
 // full disk, on which nats-server disables JetStream altogether.
 func storeLimit(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
+	free, err := freeBytes(dir)
+	if err != nil {
 		return 0, fmt.Errorf("free space of %s: %w", dir, err)
 	}
 	var used int64
-	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return nil
 		}
@@ -39,7 +39,17 @@ func storeLimit(dir string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return used + int64(st.Bavail)*st.Bsize/4*3, nil
+	return used + free/4*3, nil
+}
+
+// freeBytes is the space an unprivileged writer has left on dir's file
+// system.
+func freeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
 }
 
 // storeFloor is how close to its limit (or to a full file system) the
@@ -82,11 +92,8 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 
 // checkStore says why the store has no room, or "".
 func (c *Coordinator) checkStore() string {
-	var st unix.Statfs_t
-	if err := unix.Statfs(c.cfg.StoreDir, &st); err == nil {
-		if free := int64(st.Bavail) * st.Bsize; free < storeFloor {
-			return fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(free))
-		}
+	if free, err := freeBytes(c.cfg.StoreDir); err == nil && free < storeFloor {
+		return fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(free))
 	}
 	js, err := c.srv.Jsz(&server.JSzOptions{})
 	if err != nil || js == nil || js.Config.MaxStore <= 0 {

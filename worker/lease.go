@@ -154,6 +154,12 @@ func (w *Worker) handBackUnstarted(msg jetstream.Msg) {
 		}
 		cancel()
 	}
+	w.requeue(msg)
+}
+
+// requeue hands msg back for immediate redelivery (requeueNow), or with a
+// plain Nak where that cannot be done.
+func (w *Worker) requeue(msg jetstream.Msg) {
 	if err := w.requeueNow(msg.Reply()); err != nil {
 		_ = msg.Nak()
 	}

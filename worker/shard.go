@@ -675,12 +675,9 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			// spending an attempt where the record can still say so; a
 			// published output is then found verified and recorded.
 			at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
-			a.rec.State, a.rec.Owner, a.rec.Output, a.rec.Reason = stream.ShardPending, nil, nil, "commit deferred: "+err.Error()
-			a.rec.Interrupted++
-			_ = w.putRecord(context.WithoutCancel(ctx), a)
-			w.release(l)
-			w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2))
-			_ = a.msg.NakWithDelay(w.ttl / 2)
+			a.rec.Output = nil
+			w.handBackUncharged(ctx, a, l, "commit deferred: "+err.Error(), "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2),
+				func() { _ = a.msg.NakWithDelay(w.ttl / 2) })
 			return
 		}
 		if errors.Is(err, errCommitPending) {
@@ -696,28 +693,14 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		res.outcome = stream.OutcomeCommit
 	}
 	if res.outcome == stream.OutcomePreempted {
+		// The host's pressure, not the shard's failure.
 		delay := w.backoff(a.attempt)
-		a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
-		a.rec.Interrupted++ // the host's pressure, not the shard's failure
-		if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
-			w.log.Warn("record preemption", "shard", a.key, "err", err)
-		}
-		w.release(l)
-		w.admission(m.Run, m.ID, class, "requeue", a.rec.Reason)
-		_ = a.msg.NakWithDelay(delay)
+		reason := fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
+		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { _ = a.msg.NakWithDelay(delay) })
 		return
 	}
 	if res.outcome == stream.OutcomeInterrupted {
-		a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, "interrupted by worker shutdown; requeued"
-		a.rec.Interrupted++ // not the shard's failure: it does not spend an attempt
-		if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
-			w.log.Warn("record interruption", "shard", a.key, "err", err)
-		}
-		w.release(l)
-		w.admission(m.Run, m.ID, class, "requeue", res.reason)
-		if err := w.requeueNow(a.msg.Reply()); err != nil {
-			_ = a.msg.Nak()
-		}
+		w.handBackUncharged(ctx, a, l, "interrupted by worker shutdown; requeued", "requeue", res.reason, func() { w.requeue(a.msg) })
 		return
 	}
 	limit := spec.Retries + 1
@@ -796,6 +779,22 @@ var (
 	// commit needs (its claim, barrier or the validated record).
 	errCoordinator = errors.New("coordinator store unavailable")
 )
+
+// handBackUncharged ends an attempt that was not the shard's failure (a
+// shutdown, memory pressure, a coordinator store that did not take the
+// commit): the record goes back to pending with the delivery counted in
+// Interrupted, not against the attempt limit; the lease is released, the
+// decision logged, and settle hands the message back.
+func (w *Worker) handBackUncharged(ctx context.Context, a *attemptState, l *lease, reason, decision, why string, settle func()) {
+	a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, reason
+	a.rec.Interrupted++
+	if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
+		w.log.Warn("record hand-back", "shard", a.key, "err", err)
+	}
+	w.release(l)
+	w.admission(a.m.Run, a.m.ID, a.m.Class, decision, why)
+	settle()
+}
 
 // keepUnrecorded leaves a shard's message queued when its final record
 // could not be written: settling it would leave the shard with no message
