@@ -143,14 +143,32 @@ func TestResubmitIsNoOpAndChangeIsNewGeneration(t *testing.T) {
 	spec, runs := copyJob(t, 5, 0, "")
 	env.Submit(spec, coordinator.SubmitOptions{})
 	first := env.WaitState("t", 30*time.Second, stream.RunComplete)
+	// The run is COMPLETE once every record says validated; the last
+	// message's ack may land a moment later, so the stream's sequence, not
+	// its message count, is what says whether the resubmit published.
+	s, err := env.JS.Stream(context.Background(), stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
 	again := env.Submit(spec, coordinator.SubmitOptions{})
 	if again.Published != 0 || again.NewRun || again.Fingerprint != first.Fingerprint {
 		t.Fatalf("resubmit: got %+v, want nothing published, same fingerprint %s", again, first.Fingerprint)
 	}
-	s, _ := env.JS.Stream(context.Background(), stream.StreamShards)
-	if info, _ := s.Info(context.Background()); info.State.Msgs != 0 {
-		t.Fatalf("stream holds %d messages after a no-op resubmit, want 0", info.State.Msgs)
+	after, err := s.Info(context.Background())
+	if err != nil || after.State.LastSeq != before.State.LastSeq {
+		t.Fatalf("stream's last sequence after a no-op resubmit: got %d (%v), want %d", after.State.LastSeq, err, before.State.LastSeq)
 	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		info, err := s.Info(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		return info.State.Msgs == 0, fmt.Sprintf("stream holds %d messages, want 0", info.State.Msgs)
+	})
 	// A changed env is a new fingerprint: every shard runs again.
 	b, _ := os.ReadFile(spec)
 	if err := os.WriteFile(spec, append(b, []byte("env = { MODE = \"v2\" }\n")...), 0o644); err != nil {
