@@ -389,49 +389,56 @@ func publish(ctx context.Context, js jetstream.JetStream, fp, run string, shards
 // again because the store lost it must not be taken for a duplicate of
 // the lost one.
 func publishAs(ctx context.Context, js jetstream.JetStream, fp, run string, shards []stream.Shard, retry, settings int, idSuffix string) (int, error) {
-	futures := make([]jetstream.PubAckFuture, 0, len(shards))
+	// Acks are settled a window at a time and their futures dropped: a
+	// future holds its message, and a manifest of millions of shards must
+	// not be held twice in memory.
+	futures := make([]jetstream.PubAckFuture, 0, publishWindow)
+	n, first := 0, 0
+	settle := func() error {
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		for i, f := range futures {
+			select {
+			case ack := <-f.Ok():
+				if !ack.Duplicate {
+					n++
+				}
+			case err := <-f.Err():
+				return fmt.Errorf("publish shard %s: %w", shards[first+i].ID, stream.Explain(err))
+			}
+		}
+		clear(futures)
+		futures = futures[:0]
+		return nil
+	}
 	for i := range shards {
 		sh := &shards[i]
 		m := stream.ShardMsg{Run: run, Fingerprint: fp, ID: sh.ID, Class: sh.Class, Inputs: sh.Inputs,
 			Cost: sh.Cost, Params: sh.Params, Retry: retry, Settings: settings, Files: sh.Files}
 		data, err := stream.Encode(&m)
 		if err != nil {
-			return 0, err
+			return n, err
 		}
 		msg := &nats.Msg{Subject: stream.ShardSubject(run, sh.Class), Data: data, Header: nats.Header{}}
 		msg.Header.Set(nats.MsgIdHdr, stream.MsgID(run, fp, sh.ID, retry)+idSuffix)
 		f, err := js.PublishMsgAsync(msg)
 		if err != nil {
-			return 0, fmt.Errorf("publish shard %s: %w", sh.ID, stream.Explain(err))
+			return n, fmt.Errorf("publish shard %s: %w", sh.ID, stream.Explain(err))
 		}
 		futures = append(futures, f)
 		// Bound the acks in flight: with SyncAlways each is an fsync, and
 		// the client refuses more than a few thousand outstanding.
-		if len(futures)%publishWindow == 0 {
-			select {
-			case <-js.PublishAsyncComplete():
-			case <-ctx.Done():
-				return 0, ctx.Err()
+		if len(futures) == publishWindow {
+			if err := settle(); err != nil {
+				return n, err
 			}
+			first = i + 1
 		}
 	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	n := 0
-	for i, f := range futures {
-		select {
-		case ack := <-f.Ok():
-			if !ack.Duplicate {
-				n++
-			}
-		case err := <-f.Err():
-			return n, fmt.Errorf("publish shard %s: %w", shards[i].ID, stream.Explain(err))
-		}
-	}
-	return n, nil
+	return n, settle()
 }
 
 // describeInputs records size, mtime and checksums of the inputs of every
