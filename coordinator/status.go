@@ -173,7 +173,14 @@ func unfinished(ctx context.Context, b *stream.Buckets, r stream.RunRecord) ([]s
 		return nil, fmt.Errorf("status %s: %w", r.Name, err)
 	}
 	defer w.Stop()
-	var out []stream.ShardRecord
+	// The newest revision of each key: the first pass may deliver a key
+	// twice when it is rewritten as the pass goes by.
+	latest := map[string]jetstream.KeyValueEntry{}
+	keep := func(e jetstream.KeyValueEntry) {
+		if old, ok := latest[e.Key()]; !ok || e.Revision() > old.Revision() {
+			latest[e.Key()] = e
+		}
+	}
 	for {
 		var e jetstream.KeyValueEntry
 		select {
@@ -182,8 +189,34 @@ func unfinished(ctx context.Context, b *stream.Buckets, r stream.RunRecord) ([]s
 			return nil, fmt.Errorf("status %s: %w", r.Name, ctx.Err())
 		}
 		if e == nil {
-			break // every current record was delivered
+			break // the watcher's first pass is over
 		}
+		keep(e)
+	}
+	// The first pass also misses a record rewritten as it goes by (one
+	// listing in a few dozen, of 1,000 records rewritten all the time:
+	// TestStatusSeesRecordsBeingRewritten); the stream's own count of its
+	// subjects does not, and what it names that the pass missed is read
+	// alone.
+	keys, err := b.KeysMatching(ctx, b.Shards, r.Name+".*")
+	if err != nil {
+		return nil, fmt.Errorf("status %s: %w", r.Name, err)
+	}
+	for _, k := range keys {
+		if _, ok := latest[k]; ok {
+			continue
+		}
+		e, err := b.Shards.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("status %s: %w", r.Name, err)
+		}
+		keep(e)
+	}
+	var out []stream.ShardRecord
+	for _, e := range latest {
 		var s stream.ShardRecord
 		if stream.Decode(e.Value(), &s) != nil || s.Fingerprint != r.Fingerprint || s.State == stream.ShardValidated {
 			continue

@@ -2,6 +2,8 @@ package coordinator_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -43,5 +45,59 @@ func TestStatusListsUnfinishedShards(t *testing.T) {
 	}
 	if r := st.Runs[0]; r.Counts.Validated != 4 || len(r.Shards) != 0 {
 		t.Fatalf("complete run: counts %+v, %d shard(s) listed; want 4 validated, none listed", r.Counts, len(r.Shards))
+	}
+}
+
+// TestStatusSeesRecordsBeingRewritten: a run's status lists every
+// unfinished shard even while workers rewrite their records (a heartbeat, a
+// new attempt). The watcher's first pass alone missed one now and then: a
+// record rewritten as the pass went by was in neither its old nor its new
+// place.
+func TestStatusSeesRecordsBeingRewritten(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	const n = 1000
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Command: []string{"true"}})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(i int, attempt int) error {
+		id := fmt.Sprintf("s%04d", i)
+		data, _ := stream.Encode(&stream.ShardRecord{V: 1, Run: "t", ID: id, Fingerprint: res.Fingerprint, Class: "cpu",
+			State: stream.ShardRunning, Attempts: []stream.Attempt{{N: attempt}}})
+		_, err := b.Shards.Put(ctx, stream.ShardKey("t", id), data)
+		return err
+	}
+	for i := range n {
+		if err := put(i, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for a := 2; ; a++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := put(rand.IntN(n), a); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for round := range 100 {
+		st, err := coordinator.ReadStatus(ctx, env.JS, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(st.Runs[0].Shards); got != n {
+			t.Fatalf("listing %d: %d unfinished shard(s) listed, want %d", round, got, n)
+		}
 	}
 }

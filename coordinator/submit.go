@@ -238,12 +238,12 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 		if stream.Decode(e.Value(), &other) != nil || filepath.Clean(other.Spec.Output) != filepath.Clean(spec.Output) || other.Fingerprint == fp {
 			continue
 		}
-		keys, err := b.Shards.ListKeysFiltered(ctx, name+".*")
+		keys, err := b.KeysMatching(ctx, b.Shards, name+".*")
 		if err != nil {
 			return fmt.Errorf("submit %s: %w", spec.Name, err)
 		}
 		seen := map[string]bool{}
-		for k := range keys.Keys() {
+		for _, k := range keys {
 			if _, id, _ := strings.Cut(k, "."); ids[id] {
 				seen[id] = true
 			}
@@ -503,7 +503,7 @@ const (
 // It returns how many shards it requeued and the reasons of the first ten.
 func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int,
 	decide func(r *stream.ShardRecord) (requeueAction, string)) (int, []string, error) {
-	lister, err := b.Shards.ListKeysFiltered(ctx, run.Name+".*")
+	keys, err := b.KeysMatching(ctx, b.Shards, run.Name+".*")
 	if err != nil {
 		return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
 	}
@@ -514,8 +514,11 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 	rounds := map[int][]stream.Shard{}
 	var why []string
 	total := 0
-	for key := range lister.Keys() {
+	for _, key := range keys {
 		e, err := b.Shards.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // a deleted record the listing still counts
+		}
 		if err != nil {
 			return 0, nil, fmt.Errorf("requeue %s: %w", key, err)
 		}

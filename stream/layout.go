@@ -155,12 +155,18 @@ type Buckets struct {
 // worker reports are rewritten all the time. A deleted key may be listed;
 // its Get then fails.
 func (b *Buckets) Keys(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
+	return b.KeysMatching(ctx, kv, ">")
+}
+
+// KeysMatching is Keys for the keys that match pattern, a key with NATS
+// wildcards (`run.*` for the shard records of one run).
+func (b *Buckets) KeysMatching(ctx context.Context, kv jetstream.KeyValue, pattern string) ([]string, error) {
 	st, err := b.js.Stream(ctx, "KV_"+kv.Bucket())
 	if err != nil {
 		return nil, err
 	}
 	prefix := "$KV." + kv.Bucket() + "."
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+pattern))
 	if err != nil {
 		return nil, err
 	}
