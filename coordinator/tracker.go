@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -278,7 +279,11 @@ func (ri *runInfo) failedIDs(max int) string {
 		}
 		reason := ri.shards[id].reason
 		if len(reason) > 160 {
-			reason = reason[:160] + "..."
+			cut := 160
+			for cut > 0 && !utf8.RuneStart(reason[cut]) {
+				cut-- // not within a character
+			}
+			reason = reason[:cut] + "..."
 		}
 		parts = append(parts, fmt.Sprintf("%s (%s)", id, reason))
 	}

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/shardpool/shardpool/stream"
 )
@@ -275,6 +278,15 @@ wait:
 	if ws.Signaled() && cause != stopNone {
 		r.signal = ws.Signal().String()
 	}
+	// A failed command's last words usually say why (a traceback's last
+	// line, "No such file or directory"): the reason quotes them, so that
+	// status and a BLOCKED run's summary show them without the log.
+	switch r.outcome {
+	case stream.OutcomeExit, stream.OutcomeSignal, stream.OutcomeOOM, stream.OutcomeTimeout:
+		if line := out.lastLine(); line != "" {
+			r.reason += "; last output: " + strconv.Quote(line)
+		}
+	}
 	return r
 }
 
@@ -301,7 +313,15 @@ type lazyLog struct {
 	written    int64  // bytes in the file
 	ring       []byte // the last bytes past head, once there are any
 	ringPos    int64  // total bytes that went to the ring
+
+	// The output's last bytes, for the attempt's reason (lastLine).
+	last  [lastOutput]byte
+	lastN int
 }
+
+// lastOutput is how much of a child's output's end a log keeps in memory
+// for the attempt's reason.
+const lastOutput = 256
 
 // Limits of one attempt log.
 const (
@@ -341,8 +361,11 @@ func (l *lazyLog) copy() {
 			// blocks on a full pipe; its output is lost.
 			l.f, _ = os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 		}
-		if n > 0 && l.f != nil {
-			l.keep(buf[:n])
+		if n > 0 {
+			l.remember(buf[:n])
+			if l.f != nil {
+				l.keep(buf[:n])
+			}
 		}
 		if err != nil {
 			return
@@ -354,6 +377,52 @@ func (l *lazyLog) copy() {
 		}
 	}
 }
+
+// remember keeps the last lastOutput bytes of the output.
+func (l *lazyLog) remember(b []byte) {
+	if len(b) >= len(l.last) {
+		l.lastN = copy(l.last[:], b[len(b)-len(l.last):])
+		return
+	}
+	kept := min(l.lastN, len(l.last)-len(b))
+	copy(l.last[:kept], l.last[l.lastN-kept:l.lastN])
+	l.lastN = kept + copy(l.last[kept:], b)
+}
+
+// lastLine is the output's last line that is not blank, at most
+// maxReasonLine bytes of its end, with control characters and invalid
+// UTF-8 replaced; "…" marks a line cut at its start. It is read after
+// close.
+func (l *lazyLog) lastLine() string {
+	b := bytes.TrimRight(l.last[:l.lastN], " \t\r\n")
+	// The window may have begun within the line, unless it holds all the
+	// output or a line break.
+	cut := l.lastN == len(l.last)
+	if i := bytes.LastIndexAny(b, "\r\n"); i >= 0 {
+		// After a carriage return (a progress bar) what shows is the rest.
+		b, cut = b[i+1:], false
+	}
+	s := strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(string(b), "\uFFFD"))
+	s = strings.TrimSpace(s)
+	if len(s) > maxReasonLine {
+		s, cut = s[len(s)-maxReasonLine:], true
+		for len(s) > 0 && !utf8.RuneStart(s[0]) {
+			s = s[1:]
+		}
+	}
+	if cut && s != "" {
+		s = "…" + s
+	}
+	return s
+}
+
+// maxReasonLine bounds the output line an attempt's reason quotes.
+const maxReasonLine = 200
 
 // keep writes b while the file is under head and keeps the rest in the
 // tail ring.

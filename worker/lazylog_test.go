@@ -66,3 +66,33 @@ func TestAttemptLogKeepsHeadAndTail(t *testing.T) {
 		})
 	}
 }
+
+// TestLastLineOfOutput: the line an attempt's reason quotes is the
+// output's last one that is not blank, whatever the sizes of the reads it
+// came in; a line longer than the reason keeps its end, marked cut.
+func TestLastLineOfOutput(t *testing.T) {
+	long := strings.Repeat("x", 300) + "END"
+	for _, tc := range []struct{ name, out, want string }{
+		{"nothing", "", ""},
+		{"blank lines", "\n \n\t\n", ""},
+		{"last of several", "first\nsecond\nError: disk quota exceeded\n\n\n", "Error: disk quota exceeded"},
+		{"no final newline", "a\nlast words", "last words"},
+		{"progress bar", "step 1\n 10%\r 20%\r 30%\r", "30%"},
+		{"long line", "short\n" + long + "\n", "…" + long[len(long)-maxReasonLine:]},
+		{"longer than the window", strings.Repeat("y", 1000), "…" + strings.Repeat("y", maxReasonLine)},
+		{"control characters", "bad\x00byte\x1b[31mred\xff\n", "bad byte [31mred\uFFFD"},
+		{"a character at the cut", strings.Repeat("é", 150) + "\n", "…" + strings.Repeat("é", maxReasonLine/2)},
+	} {
+		for _, chunk := range []int{1, 7, 64, 4096} {
+			l := &lazyLog{}
+			for b := []byte(tc.out); len(b) > 0; {
+				n := min(chunk, len(b))
+				l.remember(b[:n])
+				b = b[n:]
+			}
+			if got := l.lastLine(); got != tc.want {
+				t.Errorf("%s, reads of %d: got %q, want %q", tc.name, chunk, got, tc.want)
+			}
+		}
+	}
+}

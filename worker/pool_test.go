@@ -230,14 +230,17 @@ func TestFailingShardRetriesThenBlocksThenRetryFailedCompletes(t *testing.T) {
 	dir := t.TempDir()
 	gate := filepath.Join(dir, "ok")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 1,
-		Command: []string{"sh", "-c", `[ "$1" != s0001 ] || [ -f "$2" ] || { echo boom >&2; exit 3; }; cp "$3" "$4/"`, "sh", "{id}", gate, "{input}", "{out}"}})
+		Command: []string{"sh", "-c", `[ "$1" != s0001 ] || [ -f "$2" ] || { echo working; echo "boom: no $1" >&2; echo; exit 3; }; cp "$3" "$4/"`, "sh", "{id}", gate, "{input}", "{out}"}})
 	env.Submit(spec, coordinator.SubmitOptions{Retry: "shardpool run --retry-failed " + spec})
 	r := env.WaitState("t", 30*time.Second, stream.RunBlocked)
 	if r.Counts.Failed != 1 || r.Counts.Validated != 2 {
 		t.Fatalf("counts: got %+v, want 1 failed 2 validated", r.Counts)
 	}
-	if !strings.Contains(r.Reason, "s0001") || !strings.Contains(r.Reason, "--retry-failed") {
-		t.Fatalf("reason: got %q, want the failed shard and the retry command", r.Reason)
+	// The reason says how many attempts, and quotes the child's last line
+	// that is not blank, so the summary shows why without the log.
+	want := `s0001 (after 2 attempt(s): exit status 3; last output: "boom: no s0001")`
+	if !strings.Contains(r.Reason, want) || !strings.Contains(r.Reason, "--retry-failed") {
+		t.Fatalf("reason: got %q, want %s and the retry command", r.Reason, want)
 	}
 	rec, err := env.Shard("t", "s0001")
 	if err != nil {
@@ -463,6 +466,34 @@ func TestResubmitRedoesOutputsThatNoLongerVerify(t *testing.T) {
 	}
 	if kept, _ := os.ReadDir(filepath.Join(out, ".shardpool", "replaced")); len(kept) != 1 {
 		t.Errorf("damaged outputs kept aside: got %d, want 1", len(kept))
+	}
+}
+
+// TestMissingInputIsNamed: an input that was there at submit and is gone
+// when the shard runs fails the attempt with its path, without running
+// the command; the other shards complete.
+func TestMissingInputIsNamed(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	marker := filepath.Join(t.TempDir(), "ran")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Command: []string{"sh", "-c", `echo "$1" >> "$2"; cp "$1" "$3/"`, "sh", "{input}", marker, "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	gone := filepath.Join(filepath.Dir(spec), "in", "s0001.txt")
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 1})
+	run := env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if run.Counts.Validated != 1 || run.Counts.Failed != 1 {
+		t.Fatalf("counts: got %+v, want 1 validated, 1 failed", run.Counts)
+	}
+	rec, err := env.Shard("t", "s0001")
+	if err != nil || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeStart ||
+		!strings.Contains(rec.Attempts[0].Reason, gone+" is missing on host") {
+		t.Fatalf("record: %+v (%v), want one start-error attempt naming %s", rec.Attempts, err, gone)
+	}
+	if b, _ := os.ReadFile(marker); strings.Contains(string(b), gone) {
+		t.Fatalf("the command ran for the missing input:\n%s", b)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -395,6 +396,16 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 
 func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string, held *heldShard) result {
 	spec := &a.run.Spec
+	// Each input was there when the run was submitted. One gone here
+	// (deleted, moved, a mount this host lacks) fails the attempt with
+	// that reason instead of whatever the command makes of it.
+	for _, in := range v.Inputs {
+		if _, err := os.Stat(in); errors.Is(err, fs.ErrNotExist) {
+			return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input %s is missing on host %s (it was there at submit)", in, w.host)}
+		} else if err != nil {
+			return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input unreadable on host %s: %v", w.host, err)}
+		}
+	}
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command names it: directory creation is a
 	// measurable part of a short shard's cost. A job that reads
@@ -706,7 +717,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	limit := spec.Retries + 1
 	if a.attempt >= limit {
 		payload := a.m
-		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("%s after %d attempt(s)", at.Reason, a.attempt), &payload); err != nil {
+		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("after %d attempt(s): %s", a.attempt, at.Reason), &payload); err != nil {
 			w.release(l)
 			w.keepUnrecorded(a, class, err)
 			return
