@@ -253,7 +253,7 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 		if errors.As(err, &de) {
 			row, col := de.Position()
 			field := strings.Join(de.Key(), ".")
-			return nil, fmt.Errorf("%s:%d:%d: field %q: %w: %s", abs, row, col, field, ErrInvalidSpec, strings.TrimPrefix(de.Error(), "toml: "))
+			return nil, fmt.Errorf("%s:%d:%d: field %q: %w: %s", abs, row, col, field, ErrInvalidSpec, explainTOMLType(strings.TrimPrefix(de.Error(), "toml: "), field))
 		}
 		return nil, fmt.Errorf("%s: %w: %v", abs, ErrInvalidSpec, err)
 	}
@@ -499,3 +499,47 @@ func localFiles(dir string, argvs ...[]string) map[string]string {
 	}
 	return out
 }
+
+// tomlTypeError is the TOML decoder's message for a value of the wrong
+// type; it names Go's types, which a spec's author never wrote.
+var tomlTypeError = regexp.MustCompile(`^cannot decode TOML (\w+) into struct field .* of type (\S+)$`)
+
+// explainTOMLType says a type error in the spec's terms ("got a string,
+// want an array of strings such as ..."); other messages pass as they are.
+func explainTOMLType(msg, field string) string {
+	m := tomlTypeError.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	want, ok := map[string]string{
+		"int": "a whole number", "string": "a string", "bool": "true or false",
+		"[]string": "an array of strings", "map[string]string": "a table of strings",
+	}[strings.TrimPrefix(m[2], "*")]
+	if !ok {
+		return msg
+	}
+	got := "a " + m[1]
+	if strings.ContainsRune("aeiou", rune(m[1][0])) {
+		got = "an " + m[1]
+	}
+	switch {
+	case field == "command" || field == "validator":
+		want = `an argv array such as ["gzip", "-k", "{input}"], never a shell string`
+	case strings.HasSuffix(field, ".cpus"):
+		want = "a whole number of CPUs, at least 1"
+	case strings.HasSuffix(field, ".gpus"):
+		want = "a whole number of GPUs"
+	case m[2] == "string" && slices.Contains([]string{"memory", "vram", "scratch"}, last(field)):
+		want = `a size such as "512MiB" or "2GiB"`
+	case m[2] == "string" && slices.Contains([]string{"timeout", "time"}, last(field)):
+		want = `a duration such as "90s" or "2h"`
+	case field == "env" && m[2] == "string":
+		want = `a string for each variable (quote numbers: { N = "4" })`
+	case field == "env":
+		want = `a table of strings such as { MODE = "fast" }`
+	}
+	return fmt.Sprintf("got %s, want %s", got, want)
+}
+
+// last is a dotted field's last part.
+func last(field string) string { return field[strings.LastIndexByte(field, '.')+1:] }

@@ -96,7 +96,16 @@ func TestLoadSpecErrors(t *testing.T) {
 		name, body, want string
 	}{
 		{"missing command", "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\n", `field "command"`},
-		{"shell string command", "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = \"gzip {input}\"\n", `:4:`},
+		{"shell string command", "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = \"gzip {input}\"\n",
+			`:4:11: field "command": invalid run spec: got a string, want an argv array such as ["gzip", "-k", "{input}"], never a shell string`},
+		{"quoted retries", base + "retries = \"2\"\n", `:5:11: field "retries": invalid run spec: got a string, want a whole number`},
+		{"fractional cpus", base + "[class.cpu]\ncpus = 0.5\n", `field "class.cpu.cpus": invalid run spec: got a float, want a whole number of CPUs, at least 1`},
+		{"memory as a number", base + "[class.cpu]\nmemory = 1024\n", `field "class.cpu.memory": invalid run spec: got an integer, want a size such as "512MiB" or "2GiB"`},
+		{"timeout as a number", base + "timeout = 60\n", `field "timeout": invalid run spec: got an integer, want a duration such as "90s" or "2h"`},
+		{"profile setting quoted", base + "[profile]\nsustained = \"3\"\n", `field "profile.sustained": invalid run spec: got a string, want a whole number`},
+		{"stage as a word", base + "stage = \"yes\"\n", `field "stage": invalid run spec: got a string, want true or false`},
+		{"env as an array", base + "env = [\"A=1\"]\n", `field "env": invalid run spec: got an array, want a table of strings such as { MODE = "fast" }`},
+		{"env number", base + "env = { A = 1 }\n", `field "env": invalid run spec: got an integer, want a string for each variable (quote numbers: { N = "4" })`},
 		{"inputs inside an argument", base[:len(base)-len("command = [\"true\"]\n")] + "command = [\"cat\", \"x{inputs}\"]\n", "must stand alone"},
 		{"bad timeout", base + "timeout = \"soon\"\n", `:5: field "timeout"`},
 		{"negative retries", base + "retries = -1\n", `:5: field "retries"`},
