@@ -315,8 +315,9 @@ type lazyLog struct {
 	ringPos    int64  // total bytes that went to the ring
 
 	// The output's last bytes, for the attempt's reason (lastLine).
-	last  [lastOutput]byte
-	lastN int
+	last      [lastOutput]byte
+	lastN     int
+	lastTotal int64 // bytes of output in all
 }
 
 // lastOutput is how much of a child's output's end a log keeps in memory
@@ -380,6 +381,7 @@ func (l *lazyLog) copy() {
 
 // remember keeps the last lastOutput bytes of the output.
 func (l *lazyLog) remember(b []byte) {
+	l.lastTotal += int64(len(b))
 	if len(b) >= len(l.last) {
 		l.lastN = copy(l.last[:], b[len(b)-len(l.last):])
 		return
@@ -397,7 +399,7 @@ func (l *lazyLog) lastLine() string {
 	b := bytes.TrimRight(l.last[:l.lastN], " \t\r\n")
 	// The window may have begun within the line, unless it holds all the
 	// output or a line break.
-	cut := l.lastN == len(l.last)
+	cut := l.lastTotal > int64(l.lastN)
 	if i := bytes.LastIndexAny(b, "\r\n"); i >= 0 {
 		// After a carriage return (a progress bar) what shows is the rest.
 		b, cut = b[i+1:], false

@@ -80,6 +80,9 @@ func TestLastLineOfOutput(t *testing.T) {
 		{"progress bar", "step 1\n 10%\r 20%\r 30%\r", "30%"},
 		{"long line", "short\n" + long + "\n", "…" + long[len(long)-maxReasonLine:]},
 		{"longer than the window", strings.Repeat("y", 1000), "…" + strings.Repeat("y", maxReasonLine)},
+		{"the window's size, whole", strings.Repeat("z", 150) + strings.Repeat("\n", lastOutput-150), strings.Repeat("z", 150)},
+		{"past the window, cut", "x" + strings.Repeat("z", 150) + strings.Repeat("\n", lastOutput-150), "…" + strings.Repeat("z", 150)},
+		{"a short output, whole", "z\n", "z"},
 		{"control characters", "bad\x00byte\x1b[31mred\xff\n", "bad byte [31mred\uFFFD"},
 		{"a character at the cut", strings.Repeat("é", 150) + "\n", "…" + strings.Repeat("é", maxReasonLine/2)},
 	} {
