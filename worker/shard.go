@@ -394,17 +394,47 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	w.conclude(ctx, a, l, v, res)
 }
 
+// inputCheckWait bounds checkInputs: a network mount that does not answer
+// is left to the command, which runs under its time limit.
+const inputCheckWait = 5 * time.Second
+
+// checkInputs stats each input and returns the first error; it gives up
+// after wait without one (a stat on a hung NFS mount can block for good,
+// and this goroutine must not).
+func checkInputs(paths []string, wait time.Duration) error {
+	if len(paths) == 0 {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		for _, p := range paths {
+			if _, err := os.Stat(p); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return nil
+	}
+}
+
 func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string, held *heldShard) result {
 	spec := &a.run.Spec
 	// Each input was there when the run was submitted. One gone here
 	// (deleted, moved, a mount this host lacks) fails the attempt with
 	// that reason instead of whatever the command makes of it.
-	for _, in := range v.Inputs {
-		if _, err := os.Stat(in); errors.Is(err, fs.ErrNotExist) {
-			return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input %s is missing on host %s (it was there at submit)", in, w.host)}
-		} else if err != nil {
-			return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input unreadable on host %s: %v", w.host, err)}
-		}
+	var pe *fs.PathError
+	if err := checkInputs(v.Inputs, inputCheckWait); errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) {
+		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input %s is missing on host %s (it was there at submit)", pe.Path, w.host)}
+	} else if err != nil {
+		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input unreadable on host %s: %v", w.host, err)}
 	}
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command names it: directory creation is a
