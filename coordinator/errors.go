@@ -14,6 +14,11 @@ var (
 	// ErrSpecConflict means a resubmitted spec changes what a run with the
 	// same fingerprint cannot change (its output directory).
 	ErrSpecConflict = errors.New("spec conflicts with the submitted run")
+	// ErrReload means the store met a write error (a full disk), which
+	// nats-server keeps refusing writes for, and has room again: Run
+	// returned so that its caller starts a new Coordinator on the same
+	// data (Config.ReloadOnWriteError).
+	ErrReload = errors.New("store reload needed after a write error")
 	// ErrNothingToRetry means a retry was asked for a run with no failed shards.
 	ErrNothingToRetry = errors.New("no failed shards to retry")
 )

@@ -49,6 +49,11 @@ type Config struct {
 	// StoreEvery is the period of the check that the store has room
 	// (StoreFull). Default 2s.
 	StoreEvery time.Duration
+	// ReloadOnWriteError makes Run return ErrReload once a store that met
+	// a write error has room again (see StoreFull); the caller then starts
+	// a new Coordinator on the same data. Without it the store stays full
+	// until the process restarts.
+	ReloadOnWriteError bool
 	// Logger receives structured logs; default discards.
 	Logger *slog.Logger
 }
@@ -73,6 +78,9 @@ type Coordinator struct {
 	lock *os.File
 	// storeFull is why the store refuses writes, or "" (store.go).
 	storeFull atomic.Value
+	// writeErr is the first write error nats-server's file store logged, or
+	// "": that stream refuses every write from then on (store.go).
+	writeErr atomic.Value
 }
 
 // New validates cfg. It does no I/O.
@@ -170,7 +178,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.Close()
 		return fmt.Errorf("start coordinator: %w", err)
 	}
-	srv.SetLoggerV2(natsLogger{c.log.With("component", "nats")}, false, false, false)
+	srv.SetLoggerV2(natsLogger{l: c.log.With("component", "nats"), onWriteErr: c.noteWriteError}, false, false, false)
 	srv.Start()
 	c.srv = srv
 	if !srv.ReadyForConnections(c.cfg.ReadyTimeout) {
@@ -416,11 +424,21 @@ func (c *Coordinator) EvidenceDir(run string) string {
 	return filepath.Join(c.cfg.DataDir, "runs", run)
 }
 
-type natsLogger struct{ l *slog.Logger }
+type natsLogger struct {
+	l *slog.Logger
+	// onWriteErr sees every error the server logs (noteWriteError).
+	onWriteErr func(string)
+}
 
 func (n natsLogger) Noticef(f string, v ...any) { n.l.Debug(fmt.Sprintf(f, v...)) }
 func (n natsLogger) Warnf(f string, v ...any)   { n.l.Warn(fmt.Sprintf(f, v...)) }
 func (n natsLogger) Fatalf(f string, v ...any)  { n.l.Error(fmt.Sprintf(f, v...)) }
-func (n natsLogger) Errorf(f string, v ...any)  { n.l.Error(fmt.Sprintf(f, v...)) }
-func (n natsLogger) Debugf(f string, v ...any)  { n.l.Debug(fmt.Sprintf(f, v...)) }
-func (n natsLogger) Tracef(f string, v ...any)  {}
+func (n natsLogger) Errorf(f string, v ...any) {
+	msg := fmt.Sprintf(f, v...)
+	n.l.Error(msg)
+	if n.onWriteErr != nil {
+		n.onWriteErr(msg)
+	}
+}
+func (n natsLogger) Debugf(f string, v ...any) { n.l.Debug(fmt.Sprintf(f, v...)) }
+func (n natsLogger) Tracef(f string, v ...any) {}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -66,8 +67,35 @@ func (c *Coordinator) StoreFull() string {
 	return ""
 }
 
+// noteWriteError keeps the first write error nats-server's file store
+// logs ("Critical write error: ... no space left on device"). From then on
+// that stream refuses every write, also once space is freed (measured with
+// nats-server 2.15: docs/decisions.md, "A full store"), until the store is
+// loaded again by a new server.
+func (c *Coordinator) noteWriteError(msg string) {
+	_, why, ok := strings.Cut(msg, "Critical write error: ")
+	if !ok {
+		return
+	}
+	if c.writeErr.CompareAndSwap(nil, why) {
+		c.log.Error("store write failed: it takes no more writes until the coordinator restarts", "store", c.cfg.StoreDir, "err", why,
+			"reload", c.cfg.ReloadOnWriteError)
+	}
+}
+
+// writeError is the store's first write error, or "".
+func (c *Coordinator) writeError() string {
+	s, _ := c.writeErr.Load().(string)
+	return s
+}
+
+// reloadRoom is the free space a store that met a write error waits for
+// before a coordinator with ReloadOnWriteError reloads it.
+const reloadRoom = 4 * storeFloor
+
 // watchStore checks the store's room every interval and logs a change of
-// StoreFull.
+// StoreFull. With ReloadOnWriteError it returns ErrReload once a store
+// that met a write error has room again.
 func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -76,6 +104,12 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		}
+		if c.cfg.ReloadOnWriteError && c.writeError() != "" {
+			if free, err := freeBytes(c.cfg.StoreDir); err == nil && free >= reloadRoom {
+				c.log.Warn("the store has room again: reloading it", "store", c.cfg.StoreDir, "free", stream.FormatSize(free))
+				return ErrReload
+			}
 		}
 		why := c.checkStore()
 		if why == c.StoreFull() {
@@ -92,8 +126,19 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 
 // checkStore says why the store has no room, or "".
 func (c *Coordinator) checkStore() string {
+	var why []string
 	if free, err := freeBytes(c.cfg.StoreDir); err == nil && free < storeFloor {
-		return fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(free))
+		why = append(why, fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(free)))
+	}
+	if werr := c.writeError(); werr != "" {
+		then := "until the coordinator restarts"
+		if c.cfg.ReloadOnWriteError {
+			then = fmt.Sprintf("until it is reloaded, which the coordinator does once %s has %s free", c.cfg.StoreDir, stream.FormatSize(reloadRoom))
+		}
+		why = append(why, fmt.Sprintf("a write to the store failed (%s): it takes no writes %s", werr, then))
+	}
+	if len(why) > 0 {
+		return strings.Join(why, "; ")
 	}
 	js, err := c.srv.Jsz(&server.JSzOptions{})
 	if err != nil || js == nil || js.Config.MaxStore <= 0 {

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
@@ -64,4 +66,78 @@ func TestStoreFullIsReported(t *testing.T) {
 		why := full()
 		return why == "", "still full after the filler was removed: " + why
 	})
+}
+
+// TestStoreWriteErrorIsReloaded: a write that meets a full disk leaves
+// nats-server's stream refusing every write, also once space is freed. The
+// coordinator reports it as full until then, with the error; with
+// ReloadOnWriteError its Run returns ErrReload once the disk has room, and
+// a new coordinator on the same data takes writes and kept what was
+// written before.
+func TestStoreWriteErrorIsReloaded(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	testenv.SmallTmpfs(t, data, "16m")
+	cfg := coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond, ReloadOnWriteError: true}
+	// start returns the coordinator, its runs bucket, and a channel closed
+	// when Run returned, with its error in *runErr.
+	start := func(runErr *error) (*coordinator.Coordinator, jetstream.KeyValue, <-chan struct{}) {
+		c, err := coordinator.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := c.Start(ctx); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { *runErr = c.Run(ctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+		kv, err := c.JetStream().KeyValue(ctx, stream.BucketRuns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, kv, done
+	}
+	put := func(kv jetstream.KeyValue, key string, value []byte) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := kv.Put(ctx, key, value)
+		return err
+	}
+	var runErr, runErr2 error
+	c, kv, done := start(&runErr)
+	if err := put(kv, "before", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(data, "filler")
+	_ = exec.Command("sh", "-c", `head -c 32M /dev/zero > "$1"`, "sh", filler).Run() // stops at the tmpfs's end
+	if err := put(kv, "during", make([]byte, 100_000)); err == nil {
+		t.Fatal("a write on a full disk succeeded")
+	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		why := c.StoreFull()
+		return strings.Contains(why, "a write to the store failed") && strings.Contains(why, "no space left on device"), "store_full: " + why
+	})
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+		if !errors.Is(runErr, coordinator.ErrReload) {
+			t.Fatalf("Run returned %v, want ErrReload", runErr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Run did not return after the disk had room again; store_full: %s", c.StoreFull())
+	}
+	c2, kv2, _ := start(&runErr2)
+	if err := put(kv2, "after", []byte("x")); err != nil {
+		t.Fatalf("a write after the reload: %v", err)
+	}
+	if e, err := kv2.Get(context.Background(), "before"); err != nil || string(e.Value()) != "kept" {
+		t.Fatalf("the value written before the full disk: %v", err)
+	}
+	if why := c2.StoreFull(); why != "" {
+		t.Fatalf("the reloaded store reports full: %s", why)
+	}
 }

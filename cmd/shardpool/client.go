@@ -177,7 +177,11 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 	if c := st.Coordinator; c != nil {
 		fmt.Fprintf(w, "coordinator on %s, sync %s\n", c.Host, c.Sync)
 		if c.StoreFull != "" {
-			fmt.Fprintf(w, "STORE FULL: %s; no shard can be leased or recorded: free space there and restart the coordinator\n", c.StoreFull)
+			todo := "free space there"
+			if strings.Contains(c.StoreFull, "of its limit of") {
+				todo += " and restart the coordinator (its store limit is set when it starts)"
+			}
+			fmt.Fprintf(w, "STORE FULL: %s; no shard can be leased or recorded: %s\n", c.StoreFull, todo)
 		}
 	}
 	fmt.Fprintln(w)

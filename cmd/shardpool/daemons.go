@@ -31,20 +31,28 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errUsage
 	}
-	c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, Sync: string(*syncMode),
-		LeaseTTL: *leaseTTL, Logger: logger(stderr, *verbose, slog.LevelInfo)})
-	if err != nil {
-		return err
+	for {
+		c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, Sync: string(*syncMode),
+			LeaseTTL: *leaseTTL, ReloadOnWriteError: true, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+		if err != nil {
+			return err
+		}
+		if err := c.Start(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "coordinator ready: nats %s", c.ClientURL())
+		if a := c.HTTPAddr(); a != "" {
+			fmt.Fprintf(stdout, ", status http://%s/status", a)
+		}
+		fmt.Fprintf(stdout, ", data %s\n", c.DataDir())
+		err = c.Run(ctx)
+		if !errors.Is(err, coordinator.ErrReload) {
+			return err
+		}
+		// The store met a full disk and has room again: a new server
+		// loads it afresh on the same listeners; workers reconnect.
+		fmt.Fprintf(stdout, "coordinator: the store met a write error and has room again: reloading it\n")
 	}
-	if err := c.Start(ctx); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "coordinator ready: nats %s", c.ClientURL())
-	if a := c.HTTPAddr(); a != "" {
-		fmt.Fprintf(stdout, ", status http://%s/status", a)
-	}
-	fmt.Fprintf(stdout, ", data %s\n", c.DataDir())
-	return c.Run(ctx)
 }
 
 // connect opens a connection to the coordinator at url. With wait > 0 a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 )
@@ -419,5 +421,58 @@ func TestWorkerSIGTERMDrainsAndExitsZero(t *testing.T) {
 	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
 	if d := time.Since(start); d > 2500*time.Millisecond {
 		t.Errorf("requeued shards took %s to finish, want them redelivered at once", d)
+	}
+}
+
+// TestCoordinatorReloadsItsStoreAfterAFullDisk: a write that meets a full
+// disk leaves nats-server's stream refusing every write, also once space
+// is freed. The coordinator daemon reloads its store by itself once there
+// is room, on the same listener: a client reconnects, writes again, and
+// finds what was written before.
+func TestCoordinatorReloadsItsStoreAfterAFullDisk(t *testing.T) {
+	c := newCluster(t)
+	c.data = filepath.Join(c.data, "state")
+	testenv.SmallTmpfs(t, c.data, "16m")
+	c.startCoordinator("30s")
+	c.connect()
+	kv, err := c.js.KeyValue(context.Background(), stream.BucketCheckpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string, value []byte) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := kv.Put(ctx, key, value)
+		return err
+	}
+	if err := put("before", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(c.data, "filler")
+	_ = exec.Command("sh", "-c", `head -c 32M /dev/zero > "$1"`, "sh", filler).Run() // stops at the tmpfs's end
+	if err := put("during", make([]byte, 100_000)); err == nil {
+		t.Fatal("a write on a full disk succeeded")
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, err := coordinator.ReadStatus(context.Background(), c.js, "")
+		return err == nil && st.Coordinator != nil && strings.Contains(st.Coordinator.StoreFull, "a write to the store failed"),
+			fmt.Sprintf("status: %+v (%v)", st, err)
+	})
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		out := c.coord.Output()
+		return strings.Contains(out, "reloading it") && strings.Count(out, "coordinator ready: nats") == 2, "coordinator output:\n" + out
+	})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		err := put("after", []byte("x"))
+		return err == nil, fmt.Sprintf("write after the reload: %v", err)
+	})
+	if e, err := kv.Get(context.Background(), "before"); err != nil || string(e.Value()) != "kept" {
+		t.Fatalf("the value written before the full disk: %v", err)
+	}
+	if c.coord.Exited() {
+		t.Fatalf("the coordinator exited:\n%s", c.coord.Output())
 	}
 }

@@ -62,7 +62,9 @@ func TestStatusBoundsShardLines(t *testing.T) {
 // is shown with the reason and what to do; one with room shows no such line.
 func TestStatusSaysTheStoreIsFull(t *testing.T) {
 	for _, tc := range []struct{ full, want string }{
-		{"the file system of /data/stores/r has 0B free", "STORE FULL: the file system of /data/stores/r has 0B free; no shard can be leased or recorded: free space there and restart the coordinator"},
+		{"the file system of /data/stores/r has 0B free", "STORE FULL: the file system of /data/stores/r has 0B free; no shard can be leased or recorded: free space there\n"},
+		{"the store /s holds 9MiB of its limit of 9MiB (what it held at start plus three quarters of the space then free)",
+			"no shard can be leased or recorded: free space there and restart the coordinator (its store limit is set when it starts)\n"},
 		{"", ""},
 	} {
 		var b strings.Builder
