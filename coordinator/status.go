@@ -27,6 +27,10 @@ type Status struct {
 	Coordinator *stream.CoordinatorInfo `json:"coordinator,omitempty"`
 	Runs        []RunStatus             `json:"runs"`
 	Workers     []stream.WorkerReport   `json:"workers"`
+	// Unreadable names run records that could not be read or decoded
+	// ("name: why"), when listing every run: one damaged record must not
+	// hide the others.
+	Unreadable []string `json:"unreadable,omitempty"`
 }
 
 // RunStatus is one run in Status.
@@ -76,25 +80,21 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 			}
 			return nil, fmt.Errorf("status %s: %w", n, ErrRunNotFound)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("status %s: %w", n, err)
-		}
-		var r stream.RunRecord
-		if err := stream.Decode(e.Value(), &r); err != nil {
-			return nil, fmt.Errorf("status %s: %w", n, err)
-		}
-		rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
-			Resume: r.Resume, Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated}
-		if r.State == stream.RunBlocked {
-			rs.Resume = retryCommand(r)
-		}
-		rs.ClassCounts = r.ClassCounts
-		if run != "" {
-			if rs.Shards, err = unfinished(ctx, b, r); err != nil {
-				return nil, err
+		if err == nil {
+			var r stream.RunRecord
+			if err = stream.Decode(e.Value(), &r); err == nil {
+				st.Runs = append(st.Runs, RunStatus{})
+				rs := &st.Runs[len(st.Runs)-1]
+				if err = fillRun(ctx, b, rs, r, run != ""); err != nil {
+					return nil, err
+				}
+				continue
 			}
 		}
-		st.Runs = append(st.Runs, rs)
+		if run != "" {
+			return nil, fmt.Errorf("status %s: %w", n, err)
+		}
+		st.Unreadable = append(st.Unreadable, fmt.Sprintf("%s: %v", n, err))
 	}
 	workers, err := b.WorkerReports(ctx)
 	if err != nil {
@@ -107,6 +107,24 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
 	}
 	return st, nil
+}
+
+// fillRun is one run's status from its record; with shards, the records
+// of its unfinished shards too.
+func fillRun(ctx context.Context, b *stream.Buckets, rs *RunStatus, r stream.RunRecord, shards bool) error {
+	*rs = RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
+		Resume: r.Resume, Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
+		ClassCounts: r.ClassCounts}
+	if r.State == stream.RunBlocked {
+		rs.Resume = retryCommand(r)
+	}
+	if shards {
+		var err error
+		if rs.Shards, err = unfinished(ctx, b, r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // capState is a class consumer's fleet cap and what is in flight.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,32 @@ func TestStatusSeesRecordsBeingRewritten(t *testing.T) {
 		if got := len(st.Runs[0].Shards); got != n {
 			t.Fatalf("listing %d: %d unfinished shard(s) listed, want %d", round, got, n)
 		}
+	}
+}
+
+// TestStatusSkipsAnUnreadableRunRecord: a run record that does not decode
+// (written by hand with the nats CLI, say) is named as unreadable in the
+// listing of every run instead of hiding the others; asked for by name,
+// it is an error.
+func TestStatusSkipsAnUnreadableRunRecord(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	env.Submit(testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"true"}}), coordinator.SubmitOptions{})
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Runs.Put(ctx, "broken", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := coordinator.ReadStatus(ctx, env.JS, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Runs) != 1 || st.Runs[0].Name != "t" || len(st.Unreadable) != 1 || !strings.HasPrefix(st.Unreadable[0], "broken: ") {
+		t.Fatalf("status: runs %+v, unreadable %q; want run t listed and broken named unreadable", st.Runs, st.Unreadable)
+	}
+	if _, err := coordinator.ReadStatus(ctx, env.JS, "broken"); err == nil {
+		t.Fatal("status of the unreadable run by name: no error")
 	}
 }

@@ -149,6 +149,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Name, r.State, c.Total, c.Pending, c.Running, c.Validated, c.Failed, r.Fingerprint)
 	}
 	tw.Flush()
+	for _, u := range st.Unreadable {
+		fmt.Fprintf(w, "run record unreadable: %s\n", u)
+	}
 	for _, r := range st.Runs {
 		if r.Reason != "" {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, r.Reason)
