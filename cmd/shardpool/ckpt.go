@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 
 	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/stream"
 )
 
 func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -80,7 +82,7 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "%s -> %s: %d bytes in %.3fs\n", r.Source, r.Path, r.Bytes, r.Seconds)
 		return nil
 	case "verify":
-		fs := newFlags("ckpt verify", "shardpool ckpt verify [--json] DIR", stderr)
+		fs := newFlags("ckpt verify", "shardpool ckpt verify [--json] DIR  (checkpoint generations, or a committed output <output>/<id>)", stderr)
 		asJSON := fs.Bool("json", false, "print the reports as JSON")
 		pos, err := parse(fs, args[1:])
 		if err != nil {
@@ -89,6 +91,11 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if len(pos) != 1 {
 			fs.Usage()
 			return errUsage
+		}
+		if _, err := os.Stat(filepath.Join(pos[0], checkpoint.MarkerName)); err == nil {
+			// A committed output (<output>/<id>/) rather than a directory
+			// of checkpoint generations: verify every byte of it.
+			return verifyOutput(pos[0], *asJSON, stdout)
 		}
 		reports, err := checkpoint.VerifyAll(pos[0])
 		if err != nil {
@@ -126,4 +133,36 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fmt.Fprintln(stderr, "Usage:", syn)
 	return errUsage
+}
+
+// outputReport is `ckpt verify --json` of a committed output.
+type outputReport struct {
+	Output      string `json:"output"`
+	OK          bool   `json:"ok"`
+	Reason      string `json:"reason,omitempty"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	Checksum    string `json:"checksum,omitempty"`
+	Files       int    `json:"files"`
+	Bytes       int64  `json:"bytes"`
+}
+
+// verifyOutput reads back every file of a committed output against its
+// COMPLETE marker.
+func verifyOutput(dir string, asJSON bool, stdout io.Writer) error {
+	mk, err := checkpoint.Verify(dir)
+	r := outputReport{Output: dir, OK: err == nil, Fingerprint: mk.Fingerprint, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
+	if err != nil {
+		r.Reason = err.Error()
+	}
+	if asJSON {
+		if werr := writeJSON(stdout, r); werr != nil {
+			return werr
+		}
+	} else if err == nil {
+		fmt.Fprintf(stdout, "output %s ok: %d file(s), %s, fingerprint %s, checksum %s\n", dir, mk.Files, stream.FormatSize(mk.Bytes), mk.Fingerprint, mk.Manifest)
+	}
+	if err != nil {
+		return exitErr{code: exitUnverified, msg: fmt.Sprintf("output %s failed verification: %v", dir, err)}
+	}
+	return nil
 }

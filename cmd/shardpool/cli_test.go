@@ -33,6 +33,24 @@ func TestRunExitCodes(t *testing.T) {
 	if strings.Contains(p.Output(), "one shard at a time") {
 		t.Errorf("--slots 2 run says it runs one shard at a time:\n%s", p.Output())
 	}
+	// `ckpt verify` of a committed output reads it back against its marker.
+	out0 := filepath.Join(filepath.Dir(ok), "out", "s0000")
+	v := testenv.Start(t, "ckpt", "verify", out0)
+	if code := v.Wait(t, 30*time.Second); code != 0 || !strings.Contains(v.Output(), "output "+out0+" ok: 1 file(s)") {
+		t.Fatalf("ckpt verify of a committed output: exit %d\n%s", code, v.Output())
+	}
+	// A copy, changed: the run's own outputs stay as they are for below.
+	changed := filepath.Join(t.TempDir(), "s0000")
+	if out, err := exec.Command("cp", "-a", out0, changed).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(changed, "s0000.txt"), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v = testenv.Start(t, "ckpt", "verify", changed)
+	if code := v.Wait(t, 30*time.Second); code != 4 || !strings.Contains(v.Output(), "failed verification") || !strings.Contains(v.Output(), "s0000.txt") {
+		t.Fatalf("ckpt verify of a changed output: exit %d, want 4 naming the file\n%s", code, v.Output())
+	}
 	// A deleted output of a COMPLETE run is redone by running it again,
 	// not reported verified.
 	if err := os.RemoveAll(filepath.Join(filepath.Dir(ok), "out", "s0001")); err != nil {
