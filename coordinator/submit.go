@@ -174,6 +174,9 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	if err := describeInputs(ctx, spec, man, opt.Hashes); err != nil {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
+	if err := checkStagedSizes(man); err != nil {
+		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+	}
 	n, err := publish(ctx, js, fp, spec.Name, man.Shards, 0, 0)
 	res.Published = n
 	if err != nil {
@@ -439,6 +442,31 @@ func publishAs(ctx context.Context, js jetstream.JetStream, fp, run string, shar
 		}
 	}
 	return n, settle()
+}
+
+// maxShardMsg is the largest shard message submit publishes: the
+// server's payload limit (8 MiB) less room for headers.
+const maxShardMsg = 7 << 20
+
+// checkStagedSizes refuses, before anything is published, a staged shard
+// whose message with the description of each input would not fit in
+// one (the manifest's own check bounds paths and params only).
+func checkStagedSizes(man *stream.Manifest) error {
+	for i := range man.Shards {
+		sh := &man.Shards[i]
+		if len(sh.Files) == 0 {
+			continue
+		}
+		data, err := stream.Encode(&stream.ShardMsg{ID: sh.ID, Class: sh.Class, Inputs: sh.Inputs, Cost: sh.Cost, Params: sh.Params, Files: sh.Files})
+		if err != nil {
+			return err
+		}
+		if len(data) > maxShardMsg {
+			return fmt.Errorf("%s:%d: field %q: %w: shard %s stages %d inputs, and its message with their descriptions comes to %s, over the %s a message may hold: split it into several shards",
+				man.Path, sh.Line, "inputs", stream.ErrInvalidManifest, sh.ID, len(sh.Inputs), stream.FormatSize(int64(len(data))), stream.FormatSize(maxShardMsg))
+		}
+	}
+	return nil
 }
 
 // describeInputs records size, mtime and checksums of the inputs of every

@@ -36,6 +36,25 @@ type Manifest struct {
 	Shards []Shard
 }
 
+// MaxShardBytes bounds what a shard's input paths and params may take in
+// its message: the server's payload limit is 8 MiB, a staged shard's
+// message grows by a description of each input, and {inputs} expands to
+// a command line that the kernel bounds too (ARG_MAX, 2 MiB by default).
+const MaxShardBytes = 1 << 20
+
+// messageBytes is about what a shard's inputs and params take in its
+// JSON message.
+func messageBytes(sh *Shard) int {
+	n := 0
+	for _, in := range sh.Inputs {
+		n += len(in) + 3
+	}
+	for k, v := range sh.Params {
+		n += len(k) + len(v) + 6
+	}
+	return n
+}
+
 // maxManifestErrors bounds the invalid lines one load reports.
 const maxManifestErrors = 20
 
@@ -235,6 +254,11 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 		}
 		sh.Inputs[i] = p
 		total += st.Size()
+	}
+	if n := messageBytes(sh); n > MaxShardBytes {
+		return nil, bad("inputs", "the shard's input paths and params come to %s; a shard's message holds at most %s "+
+			"(it travels through JetStream, and its {inputs} become one command line): split it into several shards, "+
+			"or list its inputs in a file that the command reads", FormatSize(int64(n)), FormatSize(MaxShardBytes))
 	}
 	sh.Cost = total
 	if v, ok := raw["cost"]; ok {

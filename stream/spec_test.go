@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -385,5 +386,33 @@ func TestByteOrderMarkAndCRLF(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte("{\"id\":\"a\"}\n"+bom+"{\"id\":\"b\"}\n"), 0o644)
 	if _, err := LoadManifest(spec); err == nil || !strings.Contains(err.Error(), "m.jsonl:2:") {
 		t.Fatalf("a byte order mark on line 2: got %v, want an error on line 2", err)
+	}
+}
+
+// A shard whose input paths and params would not fit in one message (or
+// on one command line) is refused at load with its file, line and field,
+// before anything is published: before, the publish failed half way with
+// "maximum payload exceeded".
+func TestShardTooBigForAMessage(t *testing.T) {
+	dir := t.TempDir()
+	specPath := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"cat\", \"{inputs}\"]\n"), 0o644)
+	name := strings.Repeat("n", 60)
+	os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644)
+	spec, err := LoadSpec(specPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := func(id string, n int) string {
+		b, _ := json.Marshal(map[string]any{"id": id, "inputs": slices.Repeat([]string{name}, n)})
+		return string(b)
+	}
+	// Each input resolves to an absolute path of len(dir)+61 bytes.
+	fits := MaxShardBytes/(len(dir)+61+3) - 1
+	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(line("fits", fits)+"\n"+line("huge", 4*fits)+"\n"), 0o644)
+	_, err = LoadManifest(spec)
+	if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), `m.jsonl:2: field "inputs"`) ||
+		!strings.Contains(err.Error(), "a shard's message holds at most 1.0MiB") || strings.Contains(err.Error(), ":1:") {
+		t.Fatalf("got %v, want line 2 alone refused for its size", err)
 	}
 }
