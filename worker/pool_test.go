@@ -497,6 +497,52 @@ func TestMissingInputIsNamed(t *testing.T) {
 	}
 }
 
+// TestForeignDestinationIsLeftAlone: a directory at <output>/<id> that is
+// not a shardpool output (no COMPLETE marker: the user's own folder, with
+// the output directory shared with other files), or a file there, is not
+// moved aside to make room; the shard fails naming it, and the rest of the
+// run goes on. An empty directory there is taken.
+func TestForeignDestinationIsLeftAlone(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0, Command: []string{"cp", "{input}", "{out}/"}})
+	out := filepath.Join(filepath.Dir(spec), "out")
+	mine := filepath.Join(out, "s0001", "notes.txt")
+	if err := os.MkdirAll(filepath.Dir(mine), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mine, []byte("the user's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(out, "s0002"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(out, "s0000")
+	if err := os.WriteFile(file, []byte("a file of the user's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r := env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if r.Counts.Validated != 1 || r.Counts.Failed != 2 || !strings.Contains(r.Reason, "s0001 (after 1 attempt(s): not a shardpool output") ||
+		!strings.Contains(r.Reason, "s0000 (after 1 attempt(s): not a shardpool output") {
+		t.Fatalf("run: %+v, reason %q; want s0001 failed as not a shardpool output, the others validated", r.Counts, r.Reason)
+	}
+	if rec, err := env.Shard("t", "s0001"); err != nil || !strings.Contains(rec.Reason, filepath.Dir(mine)+" exists with 1 entries and no COMPLETE marker") {
+		t.Fatalf("record of s0001: %+v (%v), want the directory named", rec, err)
+	}
+	if b, err := os.ReadFile(mine); err != nil || string(b) != "the user's" {
+		t.Fatalf("the user's file: %q (%v), want it where it was", b, err)
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "a file of the user's" {
+		t.Fatalf("the user's file named like a shard: %q (%v), want it where it was", b, err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(out, ".shardpool", "replaced")); len(entries) != 0 {
+		t.Fatalf("something was moved aside: %v", entries)
+	}
+	if _, err := checkpoint.Verify(filepath.Join(out, "s0002")); err != nil {
+		t.Fatalf("the shard whose destination was an empty directory: %v", err)
+	}
+}
+
 func TestTimeoutIsRecordedAndFails(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Grace: 200 * time.Millisecond})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Timeout: "300ms",

@@ -776,6 +776,9 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, owner stream.Owner, start time.Time) error {
 	spec := &a.run.Spec
 	dst := filepath.Join(spec.Output, a.m.ID)
+	if err := foreignDestination(dst); err != nil {
+		return err
+	}
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
 		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Move: true,
 		Sync: w.outputSync(ctx, spec.Output)})
@@ -809,6 +812,34 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	a.rec.Attempts[len(a.rec.Attempts)-1].CommitSeconds = time.Since(start).Seconds()
 	if err := w.finish(ctx, a, stream.ShardValidated, "", nil); err != nil {
 		return fmt.Errorf("%w: output committed, record not written: %v", errCoordinator, err)
+	}
+	return nil
+}
+
+// foreignDestination refuses a destination that exists, is not empty, and
+// has no COMPLETE marker: every commit lands whole with its marker, so such
+// a directory is not a shardpool output but something of the user's (an
+// output directory shared with the inputs, and a shard named like one of
+// its folders). It is left alone, not moved aside. An empty directory
+// there is removed: there is nothing in it to keep.
+func foreignDestination(dst string) error {
+	const fix = "move it away, or give the output directory or the shard another name"
+	if info, err := os.Lstat(dst); err != nil {
+		return nil // absent (or unreadable: the commit says why)
+	} else if !info.IsDir() {
+		return fmt.Errorf("not a shardpool output, left as it is: %s exists and is not a directory; %s", dst, fix)
+	}
+	entries, err := os.ReadDir(dst)
+	if err != nil {
+		return nil // the commit says why
+	}
+	if len(entries) == 0 {
+		_ = os.Remove(dst)
+		return nil
+	}
+	if _, err := os.Lstat(filepath.Join(dst, checkpoint.MarkerName)); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("not a shardpool output, left as it is: %s exists with %d entries and no %s marker; %s",
+			dst, len(entries), checkpoint.MarkerName, fix)
 	}
 	return nil
 }
