@@ -126,6 +126,24 @@ func TestRunExitCodes(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data, "runs", "missing")); !os.IsNotExist(err) {
 		t.Fatalf("a refused run left evidence: %v", err)
 	}
+	// An output directory that cannot be made (here under a regular file)
+	// is refused before anything runs, naming the field: every shard
+	// would have run only to fail at its commit.
+	blocked := testenv.WriteJob(t, testenv.Job{Name: "noout", Shards: 2, Command: []string{"true"}})
+	if err := os.WriteFile(filepath.Join(filepath.Dir(blocked), "file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(blocked)
+	if err := os.WriteFile(blocked, []byte(strings.Replace(string(b), `output = "out"`, `output = "file/out"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, blocked)
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), blocked+`: field "output"`) || !strings.Contains(p.Output(), "not a directory") {
+		t.Fatalf("run with an output that cannot be made: exit %d, want 1 naming the spec and field\n%s", code, p.Output())
+	}
+	if _, err := os.Stat(filepath.Join(data, "runs", "noout")); !os.IsNotExist(err) {
+		t.Fatalf("a refused run left evidence: %v", err)
+	}
 	p = testenv.Start(t, "run", "--bogus", ok)
 	if code := p.Wait(t, 10*time.Second); code != 2 {
 		t.Fatalf("bad flag: exit %d, want 2", code)

@@ -47,6 +47,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := checkCommands(spec); err != nil {
 		return err
 	}
+	if err := checkOutputDir(spec); err != nil {
+		return err
+	}
 	absData, err := filepath.Abs(*data)
 	if err != nil {
 		return err
@@ -169,6 +172,17 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // answer is the one that counts (`submit` cannot know the workers' hosts
 // and does not check). A program named through a placeholder is not
 // checked.
+// checkOutputDir makes the output directory: a `run` commits every shard
+// there, and one that cannot be made would run every shard to fail each at
+// its commit. (It does not probe for a write: re-running a COMPLETE run
+// over outputs made read-only verifies them and writes nothing.)
+func checkOutputDir(spec *stream.Spec) error {
+	if err := os.MkdirAll(spec.Output, 0o755); err != nil {
+		return fmt.Errorf("%s: field %q: %w: %v", spec.SpecPath, "output", stream.ErrInvalidSpec, err)
+	}
+	return nil
+}
+
 func checkCommands(spec *stream.Spec) error {
 	for _, f := range []struct {
 		field string
