@@ -83,11 +83,11 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		if err == nil {
 			var r stream.RunRecord
 			if err = stream.Decode(e.Value(), &r); err == nil {
-				st.Runs = append(st.Runs, RunStatus{})
-				rs := &st.Runs[len(st.Runs)-1]
-				if err = fillRun(ctx, b, rs, r, run != ""); err != nil {
+				rs, err := runStatus(ctx, b, r, run != "")
+				if err != nil {
 					return nil, err
 				}
+				st.Runs = append(st.Runs, rs)
 				continue
 			}
 		}
@@ -109,10 +109,10 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	return st, nil
 }
 
-// fillRun is one run's status from its record; with shards, the records
+// runStatus is one run's status from its record; with shards, the records
 // of its unfinished shards too.
-func fillRun(ctx context.Context, b *stream.Buckets, rs *RunStatus, r stream.RunRecord, shards bool) error {
-	*rs = RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
+func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shards bool) (RunStatus, error) {
+	rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
 		Resume: r.Resume, Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
 		ClassCounts: r.ClassCounts}
 	if r.State == stream.RunBlocked {
@@ -121,10 +121,10 @@ func fillRun(ctx context.Context, b *stream.Buckets, rs *RunStatus, r stream.Run
 	if shards {
 		var err error
 		if rs.Shards, err = unfinished(ctx, b, r); err != nil {
-			return err
+			return rs, err
 		}
 	}
-	return nil
+	return rs, nil
 }
 
 // capState is a class consumer's fleet cap and what is in flight.

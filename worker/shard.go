@@ -829,6 +829,11 @@ func foreignDestination(dst string) error {
 	} else if !info.IsDir() {
 		return fmt.Errorf("not a shardpool output, left as it is: %s exists and is not a directory; %s", dst, fix)
 	}
+	// A marker makes it an output, sound or damaged: the commit judges it.
+	// Only without one is the directory read, and then rarely in full.
+	if _, err := os.Lstat(filepath.Join(dst, checkpoint.MarkerName)); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	entries, err := os.ReadDir(dst)
 	if err != nil {
 		return nil // the commit says why
@@ -837,11 +842,8 @@ func foreignDestination(dst string) error {
 		_ = os.Remove(dst)
 		return nil
 	}
-	if _, err := os.Lstat(filepath.Join(dst, checkpoint.MarkerName)); errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("not a shardpool output, left as it is: %s exists with %d entries and no %s marker; %s",
-			dst, len(entries), checkpoint.MarkerName, fix)
-	}
-	return nil
+	return fmt.Errorf("not a shardpool output, left as it is: %s exists with %d entries and no %s marker; %s",
+		dst, len(entries), checkpoint.MarkerName, fix)
 }
 
 var (

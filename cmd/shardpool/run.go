@@ -166,12 +166,6 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-// checkCommands refuses a run whose command or validator cannot be found
-// here, before anything is queued: every attempt would fail to start, be
-// retried and end BLOCKED. `run` executes on this host, so this host's
-// answer is the one that counts (`submit` cannot know the workers' hosts
-// and does not check). A program named through a placeholder is not
-// checked.
 // checkOutputDir makes the output directory: a `run` commits every shard
 // there, and one that cannot be made would run every shard to fail each at
 // its commit. (It does not probe for a write: re-running a COMPLETE run
@@ -183,6 +177,12 @@ func checkOutputDir(spec *stream.Spec) error {
 	return nil
 }
 
+// checkCommands refuses a run whose command or validator cannot be found
+// here, before anything is queued: every attempt would fail to start, be
+// retried and end BLOCKED. `run` executes on this host, so this host's
+// answer is the one that counts (`submit` cannot know the workers' hosts
+// and does not check). A program named through a placeholder is not
+// checked.
 func checkCommands(spec *stream.Spec) error {
 	for _, f := range []struct {
 		field string
