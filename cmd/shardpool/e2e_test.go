@@ -246,6 +246,23 @@ func (c *cluster) hangingFirstAttempts(n int, state string) *testenv.Proc {
 		b, _ := os.ReadFile(started)
 		return strings.Count(string(b), "x") == n, "first attempts not all running yet"
 	})
+	// A command runs a moment before its worker's journal names its shard
+	// ("+ <pgid> <key> ..."); a kill in that moment leaves the shard to its
+	// lease TTL, which is not what these tests are about. Wait for the
+	// journal too.
+	testenv.Eventually(c.t, 20*time.Second, func() (bool, string) {
+		paths, _ := filepath.Glob(filepath.Join(state, "children", "*", "*"))
+		held := 0
+		for _, p := range paths {
+			b, _ := os.ReadFile(p)
+			for _, line := range strings.Split(string(b), "\n") {
+				if f := strings.Fields(line); len(f) >= 3 && f[0] == "+" {
+					held++
+				}
+			}
+		}
+		return held == n, fmt.Sprintf("%d of %d running shards in the journal", held, n)
+	})
 	return w1
 }
 
