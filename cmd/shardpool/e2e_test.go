@@ -169,6 +169,7 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 		}
 		return len(orphans) == 2, "descendants not started yet"
 	})
+	c.journalHolds(state, 2)
 	t.Cleanup(func() {
 		for _, pid := range orphans {
 			// Should the test fail before w2 reaps them; a pid reused since
@@ -246,10 +247,17 @@ func (c *cluster) hangingFirstAttempts(n int, state string) *testenv.Proc {
 		b, _ := os.ReadFile(started)
 		return strings.Count(string(b), "x") == n, "first attempts not all running yet"
 	})
-	// A command runs a moment before its worker's journal names its shard
-	// ("+ <pgid> <key> ..."); a kill in that moment leaves the shard to its
-	// lease TTL, which is not what these tests are about. Wait for the
-	// journal too.
+	c.journalHolds(state, n)
+	return w1
+}
+
+// journalHolds waits until the worker journals under state name n running
+// commands with their shards ("+ <pgid> <key> ..."). A command runs a
+// moment before its worker's journal names it; a kill in that moment
+// leaves its group and its shard to the lease TTL, which is not what the
+// tests that kill a worker are about.
+func (c *cluster) journalHolds(state string, n int) {
+	c.t.Helper()
 	testenv.Eventually(c.t, 20*time.Second, func() (bool, string) {
 		paths, _ := filepath.Glob(filepath.Join(state, "children", "*", "*"))
 		held := 0
@@ -261,9 +269,8 @@ func (c *cluster) hangingFirstAttempts(n int, state string) *testenv.Proc {
 				}
 			}
 		}
-		return held == n, fmt.Sprintf("%d of %d running shards in the journal", held, n)
+		return held == n, fmt.Sprintf("%d of %d running commands in the journal", held, n)
 	})
-	return w1
 }
 
 // handedBackBy waits for run t to complete and checks that it did within
