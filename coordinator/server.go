@@ -387,6 +387,12 @@ func (c *Coordinator) startSyncer(store string) error {
 	}); err != nil {
 		return fmt.Errorf("serve info: %w", err)
 	}
+	// A subscription is only sent; until the server has it, a request from
+	// another connection (a status run right after Start) finds no
+	// responders. The flush's round trip means the server has both.
+	if err := c.nc.FlushTimeout(10 * time.Second); err != nil {
+		return fmt.Errorf("serve info: %w", err)
+	}
 	return nil
 }
 
