@@ -871,3 +871,57 @@ func TestCommitWaitsOutAnUnavailableStore(t *testing.T) {
 		t.Fatalf("record: interrupted %d, attempts %+v; want the deferred attempts counted as interrupted", rec.Interrupted, rec.Attempts)
 	}
 }
+
+// TestLeaseWaitsOutAnUnavailableStore: while the store takes no lease
+// write (here the leases bucket at a limit of 1 byte; a full disk looks
+// the same to a worker), a worker holds the deliveries it fetched instead of handing
+// them back, so they are not counted as attempts: with `retries = 0` every
+// shard completes once the store takes writes again, each in one attempt.
+func TestLeaseWaitsOutAnUnavailableStore(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 2}})
+	ctx := context.Background()
+	// The leases bucket at a store limit it cannot take another byte under
+	// (DiscardNew): JetStream refuses every lease write, as for a full store.
+	ls, err := env.JS.Stream(ctx, "KV_"+stream.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := ls.CachedInfo().Config
+	cfg.MaxBytes = 1
+	if _, err := env.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0,
+		Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Count(string(b), "holding the shard until the store takes writes again") >= 2, "admission log:\n" + string(b)
+	})
+	// Several TTLs (3 s) without a lease: a handed-back delivery would have
+	// come out again by now and spent the only attempt.
+	time.Sleep(7 * time.Second)
+	for _, id := range []string{"s0000", "s0001", "s0002"} {
+		if rec, err := env.Shard("t", id); err == nil && rec.State == stream.ShardFailed {
+			t.Fatalf("%s failed while the store took no writes: %s", id, rec.Reason)
+		}
+	}
+	if err := stream.Setup(ctx, env.JS, stream.Layout{LeaseTTL: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	for _, id := range []string{"s0000", "s0001", "s0002"} {
+		rec, err := env.Shard("t", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Attempts) != 1 || rec.Attempts[0].N != 1 {
+			t.Fatalf("%s: attempts %+v; want one, the first delivery", id, rec.Attempts)
+		}
+	}
+	b, _ := os.ReadFile(log)
+	if !strings.Contains(string(b), "the store takes writes again") {
+		t.Fatalf("admission log does not say the store came back:\n%s", b)
+	}
+}

@@ -114,6 +114,18 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		w.undoBegin(ctx, a, <-pre)
 		pre = nil
 	}
+	if err != nil && !errors.Is(err, ErrLeaseHeld) && ctx.Err() == nil {
+		// The store took no write (full, reloading, unreachable). A Nak
+		// would spend one of the shard's deliveries, and with nothing
+		// durable to say why, the redelivery would count as an attempt:
+		// hold the message instead, keeping the slot, so that the worker
+		// also stops fetching until the store takes writes again.
+		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; holding the shard until the store takes writes again (not an attempt)", err))
+		l, err = w.awaitStore(ctx, stop, a)
+		if err == nil {
+			w.admission(m.Run, m.ID, class, "resume", "the store takes writes again")
+		}
+	}
 	if errors.Is(err, ErrLeaseHeld) {
 		// A Nak would spend one of the shard's deliveries on someone else's
 		// lease; instead keep the message in progress until the lease
@@ -188,6 +200,34 @@ func (w *Worker) awaitLease(ctx context.Context, stop <-chan struct{}, a *attemp
 		_ = a.msg.InProgress()
 		l, err := w.takeLease(ctx, a.key, a.m.Fingerprint, a.attempt)
 		if !errors.Is(err, ErrLeaseHeld) || time.Now().After(deadline) {
+			return l, err
+		}
+	}
+}
+
+// storeWaitMax bounds how long a delivery is held for a store that takes
+// no writes; past it the delivery is handed back and counts as an attempt.
+const storeWaitMax = 15 * time.Minute
+
+// awaitStore tries the shard's lease again at a third of the TTL (at most
+// every 5 s), keeping the message in progress, while the store refuses the
+// write; it returns on success, on any other outcome (the lease held by
+// another, which awaitLease then handles), on stop, or after storeWaitMax.
+func (w *Worker) awaitStore(ctx context.Context, stop <-chan struct{}, a *attemptState) (*lease, error) {
+	t := time.NewTicker(min(max(w.ttl/3, 100*time.Millisecond), 5*time.Second))
+	defer t.Stop()
+	deadline := time.Now().Add(storeWaitMax)
+	for {
+		select {
+		case <-stop:
+			return nil, fmt.Errorf("worker shutting down while waiting for the store to take the lease of %s", a.key)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		_ = a.msg.InProgress()
+		l, err := w.takeLease(ctx, a.key, a.m.Fingerprint, a.attempt)
+		if err == nil || errors.Is(err, ErrLeaseHeld) || time.Now().After(deadline) {
 			return l, err
 		}
 	}
