@@ -76,6 +76,9 @@ type Coordinator struct {
 	sub    *nats.Subscription
 	// lock holds the store for this coordinator (see lockData).
 	lock *os.File
+	// opts are the server's options as first given, for a reload that
+	// raises the store limit (store.go); only watchStore uses them.
+	opts *server.Options
 	// storeFull is why the store refuses writes, or "" (store.go).
 	storeFull atomic.Value
 	// writeErr is the first write error nats-server's file store logged, or
@@ -173,6 +176,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  maxStore,
 	}
+	c.opts = opts.Clone() // NewServer adjusts what it is given
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		c.Close()

@@ -111,6 +111,7 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 				return ErrReload
 			}
 		}
+		c.raiseStoreLimit()
 		why := c.checkStore()
 		if why == c.StoreFull() {
 			continue
@@ -122,6 +123,45 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 			c.log.Info("store has room again", "store", c.cfg.StoreDir)
 		}
 	}
+}
+
+// raiseNear is how close to its limit the store must come before the
+// coordinator looks whether the file system now has room for a higher one.
+const raiseNear = 8 * storeFloor
+
+// raiseStoreLimit raises JetStream's store limit, without a restart, when
+// the store has come near it and its file system has room for more than
+// the limit allows now: a limit is set from the free space at start, and
+// space freed since (or never needed by other users) would otherwise stay
+// out of reach until a restart. The new limit follows storeLimit's rule
+// (what the store holds plus three quarters of the free space); nats-server
+// takes an increase on reload, never a decrease.
+func (c *Coordinator) raiseStoreLimit() {
+	js, err := c.srv.Jsz(&server.JSzOptions{})
+	if err != nil || js == nil || js.Config.MaxStore <= 0 {
+		return
+	}
+	used, limit := int64(js.Store), js.Config.MaxStore
+	if used <= limit-raiseNear {
+		return
+	}
+	free, err := freeBytes(c.cfg.StoreDir)
+	if err != nil {
+		return
+	}
+	next := used + free/4*3
+	if next < limit+raiseNear {
+		return
+	}
+	opts := c.opts.Clone()
+	opts.JetStreamMaxStore = next
+	if err := c.srv.ReloadOptions(opts); err != nil {
+		c.log.Warn("raise the store limit", "store", c.cfg.StoreDir, "limit", stream.FormatSize(limit), "to", stream.FormatSize(next), "err", err)
+		return
+	}
+	c.opts.JetStreamMaxStore = next
+	c.log.Info("raised the store limit: its file system has room again", "store", c.cfg.StoreDir,
+		"holds", stream.FormatSize(used), "limit", stream.FormatSize(limit), "to", stream.FormatSize(next))
 }
 
 // checkStore says why the store has no room, or "".
@@ -145,7 +185,7 @@ func (c *Coordinator) checkStore() string {
 		return ""
 	}
 	if used, limit := int64(js.Store), js.Config.MaxStore; used > limit-storeFloor {
-		return fmt.Sprintf("the store %s holds %s of its limit of %s (what it held at start plus three quarters of the space then free)",
+		return fmt.Sprintf("the store %s holds %s of its limit of %s (what it held plus three quarters of the space free when the limit was set)",
 			c.cfg.StoreDir, stream.FormatSize(used), stream.FormatSize(limit))
 	}
 	return ""

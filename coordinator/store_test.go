@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -139,5 +140,61 @@ func TestStoreWriteErrorIsReloaded(t *testing.T) {
 	}
 	if why := c2.StoreFull(); why != "" {
 		t.Fatalf("the reloaded store reports full: %s", why)
+	}
+}
+
+// TestStoreLimitIsRaisedWhenSpaceIsFreed: the store's limit is set from the
+// free space at start. A store that reached it while another user's file
+// filled the disk takes writes again, without a restart, once that file is
+// gone: the coordinator raises the limit.
+func TestStoreLimitIsRaisedWhenSpaceIsFreed(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	testenv.SmallTmpfs(t, data, "32m")
+	filler := filepath.Join(data, "filler")
+	if err := os.WriteFile(filler, make([]byte, 24<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := coordinator.New(coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := c.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	kv, err := c.JetStream().KeyValue(ctx, stream.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string) error {
+		pctx, pcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer pcancel()
+		_, err := kv.Put(pctx, key, make([]byte, 100_000))
+		return err
+	}
+	var refused error
+	for i := 0; i < 200 && refused == nil; i++ {
+		refused = put(fmt.Sprintf("k%d", i))
+	}
+	if refused == nil {
+		t.Fatal("20 MB of writes fit in a store limited to three quarters of 8 MB")
+	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		why := c.StoreFull()
+		return strings.Contains(why, "of its limit of"), "store_full: " + why
+	})
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		why := c.StoreFull()
+		return why == "", "still full after the filler was removed: " + why
+	})
+	if err := put("after"); err != nil {
+		t.Fatalf("a write after the limit was raised: %v (the first refusal: %v)", err, refused)
 	}
 }

@@ -182,7 +182,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if c.StoreFull != "" {
 			todo := "free space there"
 			if strings.Contains(c.StoreFull, "of its limit of") {
-				todo += " and restart the coordinator (its store limit is set when it starts)"
+				todo = "free space on its file system: the coordinator raises the limit by itself, to what the store holds plus three quarters of the free space, once that is 8 MiB more"
 			}
 			fmt.Fprintf(w, "STORE FULL: %s; no shard can be leased or recorded: %s\n", c.StoreFull, todo)
 		}

@@ -63,8 +63,8 @@ func TestStatusBoundsShardLines(t *testing.T) {
 func TestStatusSaysTheStoreIsFull(t *testing.T) {
 	for _, tc := range []struct{ full, want string }{
 		{"the file system of /data/stores/r has 0B free", "STORE FULL: the file system of /data/stores/r has 0B free; no shard can be leased or recorded: free space there\n"},
-		{"the store /s holds 9MiB of its limit of 9MiB (what it held at start plus three quarters of the space then free)",
-			"no shard can be leased or recorded: free space there and restart the coordinator (its store limit is set when it starts)\n"},
+		{"the store /s holds 9MiB of its limit of 9MiB (what it held plus three quarters of the space free when the limit was set)",
+			"no shard can be leased or recorded: free space on its file system: the coordinator raises the limit by itself, to what the store holds plus three quarters of the free space, once that is 8 MiB more\n"},
 		{"", ""},
 	} {
 		var b strings.Builder
