@@ -55,7 +55,8 @@ type CoordinatorInfo struct {
 	Store string `json:"store,omitempty"`
 	// StoreFull says why the store refuses writes, when it does: no shard
 	// can be leased or recorded until space is freed on its file system
-	// and the coordinator restarted.
+	// (the coordinator then raises its limit or reloads its store itself;
+	// `run` stops and is resumed).
 	StoreFull string `json:"store_full,omitempty"`
 }
 
