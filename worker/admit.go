@@ -137,7 +137,7 @@ type admitView struct {
 func (w *Worker) admissionView(ctx context.Context, gpu, force bool) (*admitView, error) {
 	w.viewMu.Lock()
 	defer w.viewMu.Unlock()
-	if v := w.admitView; v != nil && !force && !gpu && time.Since(v.at) < admitViewFor {
+	if v := w.admitView; v != nil && !force && !gpu && time.Since(v.at) < w.viewFor {
 		c := *v
 		c.fresh = false
 		return &c, nil

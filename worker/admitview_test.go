@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -39,6 +40,7 @@ func autoWorkerOnFixture(t *testing.T) *Worker {
 func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 	ctx := context.Background()
 	w := autoWorkerOnFixture(t)
+	w.viewFor = time.Minute // the cases below are about which looks are shared, not for how long
 	const gib = int64(1) << 30
 	w.trackLive("cpu", 2*gib)(999_991) // running before the look; no such process, so it may grow by its whole peak
 

@@ -113,6 +113,9 @@ type Worker struct {
 	// share for a moment (admit.go); it is taken before mu, never inside.
 	viewMu    sync.Mutex
 	admitView *admitView
+	// viewFor is how long a look is shared (admitViewFor; tests on a slow
+	// machine widen it, a look under the race detector can take longer).
+	viewFor time.Duration
 
 	mu      sync.Mutex
 	running map[string]int
@@ -235,7 +238,7 @@ func New(cfg Config) (*Worker, error) {
 		}
 		cfg.Probe = p
 	}
-	return &Worker{cfg: cfg, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
+	return &Worker{cfg: cfg, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
 		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
 }
 
