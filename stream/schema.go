@@ -78,7 +78,11 @@ type Owner struct {
 
 // Attempt is what one run of a shard's command did.
 type Attempt struct {
+	// N is the delivery of the shard's message this attempt ran on (it
+	// names the attempt's log); Round is the retry round (ShardRecord.Retry)
+	// it belongs to.
 	N        int       `json:"n"`
+	Round    int       `json:"round,omitempty"`
 	Worker   string    `json:"worker"`
 	Host     string    `json:"host"`
 	Start    time.Time `json:"start"`

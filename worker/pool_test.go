@@ -880,17 +880,7 @@ func TestCommitWaitsOutAnUnavailableStore(t *testing.T) {
 func TestLeaseWaitsOutAnUnavailableStore(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 2}})
 	ctx := context.Background()
-	// The leases bucket at a store limit it cannot take another byte under
-	// (DiscardNew): JetStream refuses every lease write, as for a full store.
-	ls, err := env.JS.Stream(ctx, "KV_"+stream.BucketLeases)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := ls.CachedInfo().Config
-	cfg.MaxBytes = 1
-	if _, err := env.JS.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	refuseLeases(t, env)
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0,
 		Command: []string{"cp", "{input}", "{out}/"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
@@ -923,5 +913,89 @@ func TestLeaseWaitsOutAnUnavailableStore(t *testing.T) {
 	b, _ := os.ReadFile(log)
 	if !strings.Contains(string(b), "the store takes writes again") {
 		t.Fatalf("admission log does not say the store came back:\n%s", b)
+	}
+}
+
+// TestInterruptionIsNotCountedAtTheRetryDecision: a shard whose first
+// delivery was handed back by a worker's shutdown still gets every attempt
+// `retries` allows when it then fails: with retries = 1 the command runs
+// twice more, and the shard fails "after 2 attempt(s)".
+func TestInterruptionIsNotCountedAtTheRetryDecision(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	runs := filepath.Join(t.TempDir(), "runs")
+	// The first run sleeps until it is interrupted; every later one fails.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 1,
+		Command: []string{"sh", "-c", `echo x >> "$1"; if [ "$(wc -l < "$1")" -eq 1 ]; then exec sleep 60; fi; echo broken; exit 3`, "sh", runs}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	w := env.StartWorker("", map[string]int{"cpu": 1})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(runs)
+		return len(b) > 0, "the command has not started"
+	})
+	if err := env.StopWorker(w.Name); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 1})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(runs)
+	if n := strings.Count(string(b), "x"); n != 3 {
+		t.Fatalf("the command ran %d time(s), want 3 (interrupted, then retries+1 attempts); record %+v", n, rec)
+	}
+	if rec.State != stream.ShardFailed || !strings.HasPrefix(rec.Reason, "after 2 attempt(s): ") {
+		t.Fatalf("record: state %s, reason %q; want failed after 2 attempt(s)", rec.State, rec.Reason)
+	}
+}
+
+// refuseLeases puts the leases bucket at a store limit it cannot take
+// another byte under (DiscardNew): JetStream refuses every lease write, as
+// for a full store. stream.Setup lifts the limit again.
+func refuseLeases(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	ctx := context.Background()
+	ls, err := env.JS.Stream(ctx, "KV_"+stream.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := ls.CachedInfo().Config
+	cfg.MaxBytes = 1
+	if _, err := env.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnleasedDeliveryIsNotAnAttempt: a worker that stops while it holds a
+// delivery it could not lease (the store took no write) hands it back; that
+// delivery never began an attempt, so with `retries = 0` the next one still
+// runs the command, and the shard completes in one attempt.
+func TestUnleasedDeliveryIsNotAnAttempt(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	refuseLeases(t, env)
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	w := env.StartWorker("", map[string]int{"cpu": 1})
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Contains(string(b), "holding the shard until the store takes writes again"), "admission log:\n" + string(b)
+	})
+	if err := env.StopWorker(w.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Setup(context.Background(), env.JS, stream.Layout{LeaseTTL: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 1})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Attempts) != 1 || rec.Attempts[0].N < 2 || rec.Attempts[0].Outcome != stream.OutcomeOK {
+		t.Fatalf("attempts %+v; want one, ok, on a later delivery than the handed-back one", rec.Attempts)
 	}
 }

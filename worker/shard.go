@@ -166,7 +166,7 @@ func (w *Worker) beginAttempt(a *attemptState, owner stream.Owner) {
 	if m.Retry > 0 {
 		logName = fmt.Sprintf("%s.r%d.%d.log", m.ID, m.Retry, a.attempt)
 	}
-	a.rec.Attempts = append(a.rec.Attempts, stream.Attempt{N: a.attempt, Worker: w.cfg.Name, Host: w.host,
+	a.rec.Attempts = append(a.rec.Attempts, stream.Attempt{N: a.attempt, Round: m.Retry, Worker: w.cfg.Name, Host: w.host,
 		Start: time.Now().UTC(), Log: filepath.Join(w.evidenceDir(m.Run), "attempts", logName)})
 }
 
@@ -248,7 +248,7 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		_ = msg.Term()
 		return true
 	}
-	if limit := a.run.Spec.Retries + 1; a.attempt-a.rec.Deferred-a.rec.Interrupted > limit {
+	if limit := a.run.Spec.Retries + 1; charged(&a.rec, m.Retry) >= limit {
 		w.closeLost(a)
 		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil); err != nil {
 			w.keepUnrecorded(a, class, err)
@@ -301,6 +301,31 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 	// record it as validated so the run's counts see it.
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
 	return w.finish(ctx, a, stream.ShardValidated, "output already committed by an earlier run of this fingerprint", nil) == nil
+}
+
+// charged counts the attempts of retry round `round` that spend one of the
+// shard's `retries`: every attempt that ran its command (or failed to
+// start it), ended or lost with its worker. Not charged: attempts handed
+// back by a shutdown or preempted under memory pressure, and ones
+// discarded because another attempt had committed. A delivery that never
+// began an attempt (a lease the store did not take, a worker killed before
+// it leased, a locality deferral) is not charged either; the consumer's
+// MaxDeliver still bounds deliveries in all, and the coordinator fails a
+// shard that runs out of them.
+func charged(rec *stream.ShardRecord, round int) int {
+	n := 0
+	for i := range rec.Attempts {
+		at := &rec.Attempts[i]
+		if at.Round != round {
+			continue
+		}
+		switch at.Outcome {
+		case stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeDiscarded:
+			continue
+		}
+		n++
+	}
+	return n
 }
 
 // closeLost marks an attempt left open by a vanished worker as lost.
@@ -784,27 +809,27 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		w.handBackUncharged(ctx, a, l, "interrupted by worker shutdown; requeued", "requeue", res.reason, func() { w.requeue(a.msg) })
 		return
 	}
-	limit := spec.Retries + 1
-	if a.attempt >= limit {
+	limit, n := spec.Retries+1, charged(&a.rec, m.Retry)
+	if n >= limit {
 		payload := a.m
-		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("after %d attempt(s): %s", a.attempt, at.Reason), &payload); err != nil {
+		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("after %d attempt(s): %s", n, at.Reason), &payload); err != nil {
 			w.release(l)
 			w.keepUnrecorded(a, class, err)
 			return
 		}
 		w.release(l)
-		w.admission(m.Run, m.ID, class, "failed", fmt.Sprintf("attempt %d of %d: %s", a.attempt, limit, at.Reason))
+		w.admission(m.Run, m.ID, class, "failed", fmt.Sprintf("attempt %d of %d: %s", n, limit, at.Reason))
 		w.settleDurably(ctx, a, func() error { return a.msg.TermWithReason("failed after retries") })
 		w.count(false)
 		return
 	}
-	delay := w.backoff(a.attempt)
-	a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, fmt.Sprintf("attempt %d: %s; retry in %s", a.attempt, at.Reason, delay)
+	delay := w.backoff(n)
+	a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, fmt.Sprintf("attempt %d of %d: %s; retry in %s", n, limit, at.Reason, delay)
 	if err := w.putRecord(ctx, a); err != nil {
 		w.log.Warn("record attempt", "shard", a.key, "err", err)
 	}
 	w.release(l)
-	w.admission(m.Run, m.ID, class, "retry", fmt.Sprintf("attempt %d of %d: %s; redelivery in %s", a.attempt, limit, at.Reason, delay))
+	w.admission(m.Run, m.ID, class, "retry", fmt.Sprintf("attempt %d of %d: %s; redelivery in %s", n, limit, at.Reason, delay))
 	_ = a.msg.NakWithDelay(delay)
 }
 
