@@ -515,6 +515,14 @@ func explainTOMLType(msg, field string) string {
 		"int": "a whole number", "string": "a string", "bool": "true or false",
 		"[]string": "an array of strings", "map[string]string": "a table of strings",
 	}[strings.TrimPrefix(m[2], "*")]
+	switch {
+	case field == "class":
+		// A shard's class is named in the manifest; the spec's class is a
+		// table of class tables.
+		want, ok = `a table of classes such as [class.gpu] with gpus = 1 under it (a shard's class is the "class" field of its manifest line)`, true
+	case strings.HasPrefix(field, "class.") && strings.Count(field, ".") == 1:
+		want, ok = "a table such as [class.gpu] with the class's cpus, memory, gpus, vram, time, scratch and stage", true
+	}
 	if !ok {
 		return msg
 	}

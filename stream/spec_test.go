@@ -100,6 +100,8 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"shell string command", "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = \"gzip {input}\"\n",
 			`:4:11: field "command": invalid run spec: got a string, want an argv array such as ["gzip", "-k", "{input}"], never a shell string`},
 		{"quoted retries", base + "retries = \"2\"\n", `:5:11: field "retries": invalid run spec: got a string, want a whole number`},
+		{"class as a shard's class", base + "class = \"gpu\"\n", `field "class": invalid run spec: got a string, want a table of classes such as [class.gpu]`},
+		{"class as a number", base + "class.gpu = 1\n", `field "class.gpu": invalid run spec: got an integer, want a table such as [class.gpu]`},
 		{"fractional cpus", base + "[class.cpu]\ncpus = 0.5\n", `field "class.cpu.cpus": invalid run spec: got a float, want a whole number of CPUs, at least 1`},
 		{"memory as a number", base + "[class.cpu]\nmemory = 1024\n", `field "class.cpu.memory": invalid run spec: got an integer, want a size such as "512MiB" or "2GiB"`},
 		{"timeout as a number", base + "timeout = 60\n", `field "timeout": invalid run spec: got an integer, want a duration such as "90s" or "2h"`},
