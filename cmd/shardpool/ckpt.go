@@ -7,13 +7,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/stream"
 )
 
 func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const syn = "shardpool ckpt commit [--retain N] DIR SRC... | ckpt latest DIR | ckpt verify [--json] DIR | ckpt replicate DIR DEST"
+	const syn = "shardpool ckpt commit [--retain N] DIR SRC... | ckpt latest [--json] DIR | ckpt verify [--json] DIR | ckpt replicate DIR DEST"
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "Usage:", syn)
 		return errUsage
@@ -37,7 +38,8 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, g.Path)
 		return nil
 	case "latest":
-		fs := newFlags("ckpt latest", "shardpool ckpt latest DIR", stderr)
+		fs := newFlags("ckpt latest", "shardpool ckpt latest [--json] DIR", stderr)
+		asJSON := fs.Bool("json", false, "print the generation (and the newer ones skipped) as JSON")
 		pos, err := parse(fs, args[1:])
 		if err != nil {
 			return err
@@ -47,16 +49,32 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return errUsage
 		}
 		g, rejected, err := checkpoint.Latest(pos[0])
-		for _, r := range rejected {
-			fmt.Fprintf(stderr, "shardpool: skipped generation %d: %s\n", r.N, r.Reason)
-		}
-		if errors.Is(err, checkpoint.ErrNoGeneration) {
-			return exitErr{code: exitUnverified, msg: err.Error()}
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, checkpoint.ErrNoGeneration) {
 			return err
 		}
-		fmt.Fprintln(stdout, g.Path)
+		if *asJSON {
+			rep := latestReport{Skipped: rejected}
+			if err == nil {
+				rep.Generation, rep.Path, rep.Time, rep.Files, rep.Bytes, rep.Checksum =
+					g.N, g.Path, &g.Marker.Time, g.Marker.Files, g.Marker.Bytes, g.Marker.Manifest
+			}
+			if rep.Skipped == nil {
+				rep.Skipped = []checkpoint.Report{}
+			}
+			if werr := writeJSON(stdout, rep); werr != nil {
+				return werr
+			}
+		} else {
+			for _, r := range rejected {
+				fmt.Fprintf(stderr, "shardpool: skipped generation %d: %s\n", r.N, r.Reason)
+			}
+			if err == nil {
+				fmt.Fprintln(stdout, g.Path)
+			}
+		}
+		if err != nil {
+			return exitErr{code: exitUnverified, msg: err.Error()}
+		}
 		return nil
 	case "replicate":
 		fs := newFlags("ckpt replicate", "shardpool ckpt replicate DIR DEST  (copies DIR's newest verified generation to DEST/gen-N)", stderr)
@@ -133,6 +151,19 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fmt.Fprintln(stderr, "Usage:", syn)
 	return errUsage
+}
+
+// latestReport is `ckpt latest --json`: the newest generation that
+// verifies (generation 0 and path "" when none does, with exit 4) and the
+// newer ones skipped, each with why.
+type latestReport struct {
+	Generation int64               `json:"generation"`
+	Path       string              `json:"path"`
+	Time       *time.Time          `json:"time,omitempty"`
+	Files      int                 `json:"files"`
+	Bytes      int64               `json:"bytes"`
+	Checksum   string              `json:"manifest_xxh64,omitempty"`
+	Skipped    []checkpoint.Report `json:"skipped"`
 }
 
 // outputReport is `ckpt verify --json` of a committed output.
