@@ -206,7 +206,8 @@ func (w *Worker) awaitLease(ctx context.Context, stop <-chan struct{}, a *attemp
 }
 
 // storeWaitMax bounds how long a delivery is held for a store that takes
-// no writes; past it the delivery is handed back and counts as an attempt.
+// no writes; past it the delivery is handed back. It began no attempt, so
+// it is not charged (see charged), but it spends one of MaxDeliver.
 const storeWaitMax = 15 * time.Minute
 
 // awaitStore tries the shard's lease again at a third of the TTL (at most
