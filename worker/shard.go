@@ -142,6 +142,13 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 			}
 		}
 	}
+	if err != nil && isClosed(stop) {
+		// Shutting down while waiting for the lease: hand the delivery back
+		// at once, as for one not started (a restarted worker takes it).
+		w.admission(m.Run, m.ID, class, "requeue", err.Error())
+		w.requeue(msg)
+		return
+	}
 	if err != nil {
 		delay := w.ttl / 2
 		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; retry in %s", err, delay))
@@ -1084,5 +1091,15 @@ func (w *Worker) settleDurably(ctx context.Context, a *attemptState, settle func
 	}
 	if err := settle(); err != nil {
 		w.log.Warn("settle", "shard", a.key, "err", err)
+	}
+}
+
+// isClosed reports whether ch is closed (a stop channel), without waiting.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
