@@ -432,7 +432,7 @@ func (t *tracker) onMaxDeliveries(ctx context.Context, m *nats.Msg) {
 	if err := stream.Decode(raw.Data, &sm); err != nil {
 		return
 	}
-	t.failShard(ctx, sm.Run, sm.ID, fmt.Sprintf("ran out of deliveries (%d): its last one ended without a report (its worker was lost) or was handed back by a worker's shutdown or memory pressure", adv.Deliveries), &sm)
+	t.failShard(ctx, sm.Run, sm.ID, fmt.Sprintf("ran out of deliveries (%d): its last one ended without a report (its worker was lost), was handed back by a worker's shutdown or memory pressure, or never began an attempt (its lease or record not taken by the store)", adv.Deliveries), &sm)
 	if err := s.DeleteMsg(ctx, adv.StreamSeq); err != nil {
 		t.c.log.Warn("delete exhausted message", "run", sm.Run, "shard", sm.ID, "err", err)
 	}
