@@ -19,6 +19,25 @@ import (
 	"github.com/shardpool/shardpool/testenv"
 )
 
+// runCoordinator starts a coordinator with cfg and runs it until the test
+// ends.
+func runCoordinator(t *testing.T, cfg coordinator.Config) *coordinator.Coordinator {
+	t.Helper()
+	c, err := coordinator.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := c.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
 // TestStoreFullIsReported: when the file system under the store fills up
 // (here a filler file on a small tmpfs), the coordinator says so in its
 // info answer (and so in `shardpool status`), and stops saying so once
@@ -26,17 +45,7 @@ import (
 func TestStoreFullIsReported(t *testing.T) {
 	data := filepath.Join(t.TempDir(), "data")
 	testenv.SmallTmpfs(t, data, "16m")
-	c, err := coordinator.New(coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	c := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
 	nc, err := nats.Connect(c.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -154,19 +163,8 @@ func TestStoreLimitIsRaisedWhenSpaceIsFreed(t *testing.T) {
 	if err := os.WriteFile(filler, make([]byte, 24<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := coordinator.New(coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := c.Start(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	kv, err := c.JetStream().KeyValue(ctx, stream.BucketRuns)
+	c := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
+	kv, err := c.JetStream().KeyValue(context.Background(), stream.BucketRuns)
 	if err != nil {
 		t.Fatal(err)
 	}

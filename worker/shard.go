@@ -191,25 +191,11 @@ func (w *Worker) undoBegin(ctx context.Context, a *attemptState, err error) {
 }
 
 // awaitLease polls for the shard's lease at a third of the TTL, keeping the
-// message in progress, for at most three TTLs.
+// message in progress, while another owner holds it, for at most three
+// TTLs.
 func (w *Worker) awaitLease(ctx context.Context, stop <-chan struct{}, a *attemptState) (*lease, error) {
-	t := time.NewTicker(max(w.ttl/3, 100*time.Millisecond))
-	defer t.Stop()
-	deadline := time.Now().Add(3 * w.ttl)
-	for {
-		select {
-		case <-stop:
-			return nil, fmt.Errorf("worker shutting down while waiting for the lease of %s", a.key)
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.C:
-		}
-		_ = a.msg.InProgress()
-		l, err := w.takeLease(ctx, a.key, a.m.Fingerprint, a.attempt)
-		if !errors.Is(err, ErrLeaseHeld) || time.Now().After(deadline) {
-			return l, err
-		}
-	}
+	return w.retryLease(ctx, stop, a, max(w.ttl/3, 100*time.Millisecond), 3*w.ttl, "the lease of "+a.key,
+		func(err error) bool { return errors.Is(err, ErrLeaseHeld) })
 }
 
 // storeWaitMax bounds how long a delivery is held for a store that takes
@@ -222,20 +208,29 @@ const storeWaitMax = 15 * time.Minute
 // write; it returns on success, on any other outcome (the lease held by
 // another, which awaitLease then handles), on stop, or after storeWaitMax.
 func (w *Worker) awaitStore(ctx context.Context, stop <-chan struct{}, a *attemptState) (*lease, error) {
-	t := time.NewTicker(min(max(w.ttl/3, 100*time.Millisecond), 5*time.Second))
+	return w.retryLease(ctx, stop, a, min(max(w.ttl/3, 100*time.Millisecond), 5*time.Second), storeWaitMax,
+		"the store to take the lease of "+a.key,
+		func(err error) bool { return err != nil && !errors.Is(err, ErrLeaseHeld) })
+}
+
+// retryLease takes the shard's lease every `every`, keeping the message in
+// progress, for as long as again(err) and at most `limit`; it returns the
+// last outcome, or why it stopped waiting for `what`.
+func (w *Worker) retryLease(ctx context.Context, stop <-chan struct{}, a *attemptState, every, limit time.Duration, what string, again func(error) bool) (*lease, error) {
+	t := time.NewTicker(every)
 	defer t.Stop()
-	deadline := time.Now().Add(storeWaitMax)
+	deadline := time.Now().Add(limit)
 	for {
 		select {
 		case <-stop:
-			return nil, fmt.Errorf("worker shutting down while waiting for the store to take the lease of %s", a.key)
+			return nil, fmt.Errorf("worker shutting down while waiting for %s", what)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-t.C:
 		}
 		_ = a.msg.InProgress()
 		l, err := w.takeLease(ctx, a.key, a.m.Fingerprint, a.attempt)
-		if err == nil || errors.Is(err, ErrLeaseHeld) || time.Now().After(deadline) {
+		if !again(err) || time.Now().After(deadline) {
 			return l, err
 		}
 	}
