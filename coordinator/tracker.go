@@ -51,10 +51,13 @@ type tracker struct {
 	c    *Coordinator
 	runs map[string]*runInfo
 	adv  chan *nats.Msg
+	// exhausted holds messages that ran out of deliveries and whose shard
+	// could not be recorded failed yet (stream sequence -> deliveries).
+	exhausted map[uint64]int
 }
 
 func newTracker(c *Coordinator) *tracker {
-	return &tracker{c: c, runs: map[string]*runInfo{}, adv: make(chan *nats.Msg, 256)}
+	return &tracker{c: c, runs: map[string]*runInfo{}, adv: make(chan *nats.Msg, 256), exhausted: map[uint64]int{}}
 }
 
 // replayWait bounds the wait for the KV watches' end-of-replay markers.
@@ -135,6 +138,11 @@ func (t *tracker) run(ctx context.Context) error {
 				runsReplayed, shardsReplayed = true, true
 			}
 		case <-tick.C:
+			for seq, n := range t.exhausted {
+				if t.exhaust(ctx, seq, n) {
+					delete(t.exhausted, seq)
+				}
+			}
 			flush(ctx)
 		}
 	}
@@ -340,7 +348,9 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		bad = append(bad, id)
 		reason := "output at the destination failed verification: " + err.Error()
 		t.revokeCommit(ctx, ri.rec.Name, id, reason)
-		t.failShard(ctx, ri.rec.Name, id, reason, nil)
+		if err := t.failShard(ctx, ri.rec.Name, id, reason, nil); err != nil {
+			t.c.log.Warn("record failed verification", "run", ri.rec.Name, "shard", id, "err", err)
+		}
 	}
 	if len(bad) > 0 {
 		return fmt.Sprintf("%d output(s) failed verification at the destination", len(bad)), false
@@ -350,28 +360,37 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 
 // failShard records a shard as failed with compare-and-set. With a payload
 // (a message that ran out of deliveries) a validated record, or one of
-// another generation, is left alone; without one (an output that failed
-// verification at the destination) the record is failed whatever it says.
-func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload *stream.ShardMsg) {
+// another generation, is left alone, and one that does not decode is
+// replaced (nothing could run the shard past it); without one (an output
+// that failed verification at the destination) the record is failed
+// whatever it says. It returns nil once nothing more is to be done.
+func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload *stream.ShardMsg) error {
 	key := stream.ShardKey(run, id)
+	var err error
 	for i := 0; i < 5; i++ {
-		e, err := t.c.b.Shards.Get(ctx, key)
+		var e jetstream.KeyValueEntry
+		e, err = t.c.b.Shards.Get(ctx, key)
 		var r stream.ShardRecord
 		var rev uint64
-		if err == nil {
-			if derr := stream.Decode(e.Value(), &r); derr != nil {
-				return
-			}
+		why := reason
+		switch {
+		case err == nil:
 			rev = e.Revision()
-			if payload != nil && (r.State == stream.ShardValidated || r.Fingerprint != payload.Fingerprint) {
-				return
+			if derr := stream.Decode(e.Value(), &r); derr != nil {
+				if payload == nil {
+					return fmt.Errorf("fail shard %s: its record did not decode: %w", key, derr)
+				}
+				r = stream.ShardRecord{Run: run, ID: id, Fingerprint: payload.Fingerprint, Class: payload.Class}
+				why += fmt.Sprintf("; its record did not decode (%v) and was replaced", derr)
+			} else if payload != nil && (r.State == stream.ShardValidated || r.Fingerprint != payload.Fingerprint) {
+				return nil
 			}
-		} else if errors.Is(err, jetstream.ErrKeyNotFound) && payload != nil {
+		case errors.Is(err, jetstream.ErrKeyNotFound) && payload != nil:
 			r = stream.ShardRecord{Run: run, ID: id, Fingerprint: payload.Fingerprint, Class: payload.Class}
-		} else {
-			return
+		default:
+			return fmt.Errorf("fail shard %s: %w", key, err)
 		}
-		r.State, r.Reason, r.Owner, r.Updated = stream.ShardFailed, reason, nil, time.Now().UTC()
+		r.State, r.Reason, r.Owner, r.Updated = stream.ShardFailed, why, nil, time.Now().UTC()
 		if payload != nil {
 			r.Payload = payload
 		}
@@ -382,10 +401,11 @@ func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload
 			_, err = t.c.b.Shards.Update(ctx, key, data, rev)
 		}
 		if err == nil {
-			t.c.log.Warn("shard failed", "run", run, "shard", id, "reason", reason)
-			return
+			t.c.log.Warn("shard failed", "run", run, "shard", id, "reason", why)
+			return nil
 		}
 	}
+	return fmt.Errorf("fail shard %s: %w", key, err)
 }
 
 // revokeCommit marks the shard's commit record revoked, so the attempt
@@ -420,22 +440,44 @@ func (t *tracker) onMaxDeliveries(ctx context.Context, m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &adv); err != nil {
 		return
 	}
+	if !t.exhaust(ctx, adv.StreamSeq, adv.Deliveries) {
+		t.exhausted[adv.StreamSeq] = adv.Deliveries
+	}
+}
+
+// exhaust records the shard of message seq failed and then deletes the
+// message; it reports whether that is done. A message is deleted only once
+// its shard is recorded: deleted first, a shard whose record could not be
+// written would have neither, and its run would wait for good. Until then
+// the flush tick tries again (t.exhausted).
+func (t *tracker) exhaust(ctx context.Context, seq uint64, deliveries int) bool {
 	s, err := t.c.js.Stream(ctx, stream.StreamShards)
 	if err != nil {
-		return
+		return false
 	}
-	raw, err := s.GetMsg(ctx, adv.StreamSeq)
+	raw, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true // settled meanwhile, or already handled
+	}
 	if err != nil {
-		return
+		return false
 	}
 	var sm stream.ShardMsg
 	if err := stream.Decode(raw.Data, &sm); err != nil {
-		return
+		t.c.log.Warn("exhausted message does not decode; deleting it", "seq", seq, "err", err)
+		_ = s.DeleteMsg(ctx, seq)
+		return true
 	}
-	t.failShard(ctx, sm.Run, sm.ID, fmt.Sprintf("ran out of deliveries (%d): its last one ended without a report (its worker was lost), was handed back by a worker's shutdown or memory pressure, or never began an attempt (its lease or record not taken by the store)", adv.Deliveries), &sm)
-	if err := s.DeleteMsg(ctx, adv.StreamSeq); err != nil {
+	reason := fmt.Sprintf("ran out of deliveries (%d): its last one ended without a report (its worker was lost), was handed back by a worker's shutdown or memory pressure, or never began an attempt (its lease or record not taken by the store)", deliveries)
+	if err := t.failShard(ctx, sm.Run, sm.ID, reason, &sm); err != nil {
+		t.c.log.Warn("record exhausted shard; trying again", "run", sm.Run, "shard", sm.ID, "err", err)
+		return false
+	}
+	if err := s.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.c.log.Warn("delete exhausted message", "run", sm.Run, "shard", sm.ID, "err", err)
+		return false
 	}
+	return true
 }
 
 func (t *tracker) flush(ctx context.Context) {

@@ -999,3 +999,34 @@ func TestUnleasedDeliveryIsNotAnAttempt(t *testing.T) {
 		t.Fatalf("attempts %+v; want one, ok, on a later delivery than the handed-back one", rec.Attempts)
 	}
 }
+
+// TestExhaustedShardWithUnreadableRecordFails: a shard whose record does
+// not decode (put by hand) cannot begin an attempt, so its message runs
+// out of deliveries; the coordinator then records it failed, replacing the
+// unreadable record, and the run ends BLOCKED naming it instead of waiting
+// for good on a shard with neither a message nor a readable record.
+func TestExhaustedShardWithUnreadableRecordFails(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	kv, err := env.JS.KeyValue(context.Background(), stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(context.Background(), stream.ShardKey("t", "s0001"), []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 1})
+	run := env.WaitState("t", 60*time.Second, stream.RunBlocked)
+	if run.Counts.Validated != 1 || run.Counts.Failed != 1 {
+		t.Fatalf("counts %+v; want 1 validated, 1 failed", run.Counts)
+	}
+	rec, err := env.Shard("t", "s0001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != stream.ShardFailed || !strings.Contains(rec.Reason, "ran out of deliveries") || !strings.Contains(rec.Reason, "did not decode") {
+		t.Fatalf("record: %s %q; want failed, out of deliveries, naming the unreadable record", rec.State, rec.Reason)
+	}
+}
