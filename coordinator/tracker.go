@@ -90,6 +90,7 @@ func (t *tracker) run(ctx context.Context) error {
 	// past replayWait the tracker judges anyway rather than never.
 	runsReplayed, shardsReplayed := false, false
 	replayed := time.After(replayWait)
+	var swept time.Time // the first tick sweeps: advisories sent before the subscription are lost
 	flush := func(ctx context.Context) {
 		if runsReplayed && shardsReplayed {
 			t.flush(ctx)
@@ -142,6 +143,10 @@ func (t *tracker) run(ctx context.Context) error {
 				if t.exhaust(ctx, seq, n) {
 					delete(t.exhausted, seq)
 				}
+			}
+			if time.Since(swept) >= sweepEvery {
+				t.sweepExhausted(ctx)
+				swept = time.Now()
 			}
 			flush(ctx)
 		}
@@ -359,8 +364,9 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 }
 
 // failShard records a shard as failed with compare-and-set. With a payload
-// (a message that ran out of deliveries) a validated record, or one of
-// another generation, is left alone, and one that does not decode is
+// (a message that ran out of deliveries) a validated record, one already
+// failed in this retry round (its reason kept), or one of another
+// generation is left alone, and one that does not decode is
 // replaced (nothing could run the shard past it); without one (an output
 // that failed verification at the destination) the record is failed
 // whatever it says. It returns nil once nothing more is to be done.
@@ -382,8 +388,9 @@ func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload
 				}
 				r = stream.ShardRecord{Run: run, ID: id, Fingerprint: payload.Fingerprint, Class: payload.Class}
 				why += fmt.Sprintf("; its record did not decode (%v) and was replaced", derr)
-			} else if payload != nil && (r.State == stream.ShardValidated || r.Fingerprint != payload.Fingerprint) {
-				return nil
+			} else if payload != nil && (r.State == stream.ShardValidated || r.Fingerprint != payload.Fingerprint ||
+				r.State == stream.ShardFailed && r.Retry == payload.Retry) {
+				return nil // settled, or of another generation: the message is moot
 			}
 		case errors.Is(err, jetstream.ErrKeyNotFound) && payload != nil:
 			r = stream.ShardRecord{Run: run, ID: id, Fingerprint: payload.Fingerprint, Class: payload.Class}
@@ -478,6 +485,55 @@ func (t *tracker) exhaust(ctx context.Context, seq uint64, deliveries int) bool 
 		return false
 	}
 	return true
+}
+
+// sweepEvery is how often the tracker looks for exhausted messages whose
+// advisory it did not receive.
+const sweepEvery = 10 * time.Second
+
+// sweepExhausted finds messages that ran out of deliveries without the
+// tracker hearing of it: the max-deliveries advisory is a core NATS
+// message, lost while no tracker listens (a coordinator restarting) or
+// dropped by a subscription that fell behind. Such a message stays in the
+// stream, never delivered again, and its run would wait for good. For a
+// class whose consumer has nothing pending and nothing awaiting an ack,
+// every message under its filter past the ack floor and at or below the
+// last delivered sequence is exhausted (acknowledged ones are removed from
+// the work queue); each is handled as its advisory would have been.
+func (t *tracker) sweepExhausted(ctx context.Context) {
+	s, err := t.c.js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return
+	}
+	if s.CachedInfo().State.Msgs == 0 {
+		return
+	}
+	var infos []*jetstream.ConsumerInfo
+	l := s.ListConsumers(ctx)
+	for ci := range l.Info() {
+		infos = append(infos, ci)
+	}
+	if l.Err() != nil {
+		return
+	}
+	for _, ci := range infos {
+		if ci.NumPending != 0 || ci.NumAckPending != 0 || ci.Delivered.Stream == 0 {
+			continue
+		}
+		for seq := ci.AckFloor.Stream + 1; seq <= ci.Delivered.Stream; {
+			m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(ci.Config.FilterSubject))
+			if err != nil || m.Sequence > ci.Delivered.Stream {
+				break
+			}
+			if _, known := t.exhausted[m.Sequence]; !known {
+				t.c.log.Warn("found a message that ran out of deliveries unreported", "class", ci.Name, "seq", m.Sequence)
+				if !t.exhaust(ctx, m.Sequence, ci.Config.MaxDeliver) {
+					t.exhausted[m.Sequence] = ci.Config.MaxDeliver
+				}
+			}
+			seq = m.Sequence + 1
+		}
+	}
 }
 
 func (t *tracker) flush(ctx context.Context) {

@@ -44,6 +44,10 @@ type Options struct {
 	Binary bool
 	// Sync is the coordinator's sync mode. Default stream.SyncGroup.
 	Sync string
+	// HoldTracking starts the coordinator's server (Start) but not its
+	// Run (run tracking, advisories, HTTP) until Env.Track is called: what
+	// a coordinator between the two, or restarting, misses.
+	HoldTracking bool
 }
 
 // Env is a running coordinator plus workers.
@@ -55,6 +59,8 @@ type Env struct {
 	JS      jetstream.JetStream
 	URL     string
 	cancel  context.CancelFunc
+	runCtx  context.Context
+	tracked bool
 	done    chan error
 	mu      sync.Mutex
 	workers map[string]*Worker
@@ -117,6 +123,18 @@ func (e *Env) startCoordinator() {
 	}
 	e.Coord, e.JS, e.URL, e.cancel = c, c.JetStream(), c.ClientURL(), cancel
 	e.done = make(chan error, 1)
+	e.runCtx, e.tracked = ctx, false
+	if e.opts.HoldTracking {
+		return
+	}
+	e.Track()
+}
+
+// Track runs the coordinator (tracking, advisories, HTTP); startCoordinator
+// does unless Options.HoldTracking.
+func (e *Env) Track() {
+	c, ctx := e.Coord, e.runCtx
+	e.tracked = true
 	go func() { e.done <- c.Run(ctx) }()
 }
 
@@ -138,6 +156,11 @@ func (e *Env) stopCoordinator() {
 		return
 	}
 	e.cancel()
+	if !e.tracked {
+		e.Coord.Close() // Run, which closes it, never ran
+		e.cancel = nil
+		return
+	}
 	select {
 	case err := <-e.done:
 		if err != nil && !errors.Is(err, context.Canceled) {

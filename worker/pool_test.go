@@ -1030,3 +1030,50 @@ func TestExhaustedShardWithUnreadableRecordFails(t *testing.T) {
 		t.Fatalf("record: %s %q; want failed, out of deliveries, naming the unreadable record", rec.State, rec.Reason)
 	}
 }
+
+// TestExhaustedMessageWithoutAdvisoryIsFound: a message that runs out of
+// deliveries while the coordinator is not tracking (between Start and Run,
+// as while it restarts) sends its advisory to no one. The tracker's sweep
+// finds it from the consumer's state, records the shard failed and the run
+// ends BLOCKED instead of RUNNING for good.
+func TestExhaustedMessageWithoutAdvisoryIsFound(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true, HoldTracking: true})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	ctx := context.Background()
+	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, stream.ShardKey("t", "s0001"), []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 1})
+	cons, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		si, err := env.JS.Stream(ctx, stream.StreamShards)
+		if err != nil {
+			return false, err.Error()
+		}
+		msgs := si.CachedInfo().State.Msgs
+		return msgs == 1 && ci.NumPending == 0 && ci.NumAckPending == 0,
+			fmt.Sprintf("stream holds %d message(s), consumer: %d pending, %d awaiting ack", msgs, ci.NumPending, ci.NumAckPending)
+	})
+	env.Track()
+	run := env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if run.Counts.Validated != 1 || run.Counts.Failed != 1 {
+		t.Fatalf("counts %+v; want 1 validated, 1 failed", run.Counts)
+	}
+	rec, err := env.Shard("t", "s0001")
+	if err != nil || rec.State != stream.ShardFailed || !strings.Contains(rec.Reason, "ran out of deliveries") {
+		t.Fatalf("record: %+v (%v); want failed, out of deliveries", rec, err)
+	}
+}
