@@ -105,8 +105,45 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	caps := fleetState(ctx, js)
 	for i := range st.Runs {
 		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
+		if why := unqueued(ctx, js, st.Runs[i]); why != "" {
+			st.Runs[i].Waiting = append(st.Runs[i].Waiting, why)
+		}
 	}
 	return st, nil
+}
+
+// unqueued says how many of a stalled run's pending shards have no message
+// in the work queue, when some have none: lost from a damaged store, or
+// purged by hand (`nats stream purge SHARDS`). No worker can take them, and
+// nothing but a submission publishes them again (it compares the queue
+// with the unfinished shards). Only a run with nothing running is looked
+// at: its counts are then settled, and while shards run, a count a moment
+// behind the queue would raise a false alarm.
+func unqueued(ctx context.Context, js jetstream.JetStream, r RunStatus) string {
+	if (r.State != stream.RunQueued && r.State != stream.RunRunning) || r.Counts.Running > 0 || r.Counts.Pending <= 0 {
+		return ""
+	}
+	s, err := js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return ""
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects(r.Name)))
+	if err != nil {
+		return ""
+	}
+	var queued uint64
+	for _, n := range info.State.Subjects {
+		queued += n
+	}
+	if queued >= uint64(r.Counts.Pending) {
+		return ""
+	}
+	again := r.Resume
+	if again == "" {
+		again = "shardpool submit SPEC"
+	}
+	return fmt.Sprintf("%d of %d pending shard(s) have no message in the queue (lost from a damaged store, or purged): no worker can take them; submitting the run again publishes them: %s",
+		uint64(r.Counts.Pending)-queued, r.Counts.Pending, again)
 }
 
 // runStatus is one run's status from its record; with shards, the records

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
@@ -127,5 +129,42 @@ func TestStatusSkipsAnUnreadableRunRecord(t *testing.T) {
 	}
 	if _, err := coordinator.ReadStatus(ctx, env.JS, "broken"); err == nil {
 		t.Fatal("status of the unreadable run by name: no error")
+	}
+}
+
+// TestStatusNamesShardsWithoutAMessage: pending shards whose messages are
+// gone from the queue (purged by hand here; a damaged store does the same)
+// can never be taken; status says how many and what publishes them again,
+// and says nothing once a submission has.
+func TestStatusNamesShardsWithoutAMessage(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0, Command: []string{"true"}})
+	env.Submit(spec, coordinator.SubmitOptions{Resume: "shardpool submit --server U " + spec})
+	env.WaitState("t", 30*time.Second, stream.RunQueued)
+	lines := func() string {
+		t.Helper()
+		st, err := coordinator.ReadStatus(ctx, env.JS, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(st.Runs[0].Waiting, "\n")
+	}
+	if w := lines(); strings.Contains(w, "no message in the queue") {
+		t.Fatalf("every shard is queued, yet status says:\n%s", w)
+	}
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(stream.RunSubjects("t"))); err != nil {
+		t.Fatal(err)
+	}
+	if w := lines(); !strings.Contains(w, "3 of 3 pending shard(s) have no message in the queue") || !strings.Contains(w, "shardpool submit --server U "+spec) {
+		t.Fatalf("after a purge, status says:\n%s", w)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{})
+	if w := lines(); strings.Contains(w, "no message in the queue") {
+		t.Fatalf("after the resubmission restored the messages, status says:\n%s", w)
 	}
 }
