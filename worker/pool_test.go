@@ -1000,13 +1000,11 @@ func TestUnleasedDeliveryIsNotAnAttempt(t *testing.T) {
 	}
 }
 
-// TestExhaustedShardWithUnreadableRecordFails: a shard whose record does
-// not decode (put by hand) cannot begin an attempt, so its message runs
-// out of deliveries; the coordinator then records it failed, replacing the
-// unreadable record, and the run ends BLOCKED naming it instead of waiting
-// for good on a shard with neither a message nor a readable record.
-func TestExhaustedShardWithUnreadableRecordFails(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
+// submitWithUnreadableRecord submits run "t" of two shards and puts a
+// record that does not decode in place of s0001's: nothing can begin an
+// attempt of s0001, so its message runs out of deliveries.
+func submitWithUnreadableRecord(t *testing.T, env *testenv.Env) {
+	t.Helper()
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
 		Command: []string{"cp", "{input}", "{out}/"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
@@ -1017,6 +1015,16 @@ func TestExhaustedShardWithUnreadableRecordFails(t *testing.T) {
 	if _, err := kv.Put(context.Background(), stream.ShardKey("t", "s0001"), []byte("not json")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestExhaustedShardWithUnreadableRecordFails: a shard whose record does
+// not decode (put by hand) cannot begin an attempt, so its message runs
+// out of deliveries; the coordinator then records it failed, replacing the
+// unreadable record, and the run ends BLOCKED naming it instead of waiting
+// for good on a shard with neither a message nor a readable record.
+func TestExhaustedShardWithUnreadableRecordFails(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	submitWithUnreadableRecord(t, env)
 	env.StartWorker("", map[string]int{"cpu": 1})
 	run := env.WaitState("t", 60*time.Second, stream.RunBlocked)
 	if run.Counts.Validated != 1 || run.Counts.Failed != 1 {
@@ -1038,17 +1046,8 @@ func TestExhaustedShardWithUnreadableRecordFails(t *testing.T) {
 // ends BLOCKED instead of RUNNING for good.
 func TestExhaustedMessageWithoutAdvisoryIsFound(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true, HoldTracking: true})
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
-		Command: []string{"cp", "{input}", "{out}/"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
+	submitWithUnreadableRecord(t, env)
 	ctx := context.Background()
-	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, stream.ShardKey("t", "s0001"), []byte("not json")); err != nil {
-		t.Fatal(err)
-	}
 	env.StartWorker("", map[string]int{"cpu": 1})
 	cons, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
 	if err != nil {
