@@ -889,13 +889,20 @@ func TestLeaseWaitsOutAnUnavailableStore(t *testing.T) {
 		b, _ := os.ReadFile(log)
 		return strings.Count(string(b), "holding the shard until the store takes writes again") >= 2, "admission log:\n" + string(b)
 	})
-	// Several TTLs (3 s) without a lease: a handed-back delivery would have
-	// come out again by now and spent the only attempt.
-	time.Sleep(7 * time.Second)
+	// More than a TTL (3 s) without a lease: a delivery handed back (after
+	// half a TTL) would have gone out again by now.
+	time.Sleep(4 * time.Second)
 	for _, id := range []string{"s0000", "s0001", "s0002"} {
 		if rec, err := env.Shard("t", id); err == nil && rec.State == stream.ShardFailed {
 			t.Fatalf("%s failed while the store took no writes: %s", id, rec.Reason)
 		}
+	}
+	cons, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci, err := cons.Info(ctx); err != nil || ci.NumRedelivered != 0 || ci.NumAckPending != 2 {
+		t.Fatalf("consumer while the store took no writes: %+v (%v); want the 2 held deliveries pending, none redelivered", ci, err)
 	}
 	if err := stream.Setup(ctx, env.JS, stream.Layout{LeaseTTL: 3 * time.Second}); err != nil {
 		t.Fatal(err)
