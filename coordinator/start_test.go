@@ -6,10 +6,23 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 )
+
+// TestMain fails the package's tests when goroutines outlive them: a
+// coordinator's Run must return only after everything it started has
+// ended, and Close must stop the server.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The embedded server's file store has a background timer goroutine
+		// that outlives Shutdown by design (as in the worker's tests).
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).expireMsgs"),
+		goleak.IgnoreAnyFunction("time.Sleep"),
+	)
+}
 
 // TestInfoAnswersAsSoonAsStartReturns: a client that connects the moment
 // Start returns (a `shardpool status` right after the coordinator came up)

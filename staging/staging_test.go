@@ -12,11 +12,23 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker/probe"
 )
+
+// TestMain fails the package's tests when a copy or a fleet watch outlives
+// the call that started it.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Fleet tests embed a coordinator (see the worker's tests).
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).expireMsgs"),
+		goleak.IgnoreAnyFunction("time.Sleep"),
+	)
+}
 
 func newStager(t *testing.T, cfg staging.Config) *staging.Stager {
 	t.Helper()
