@@ -19,6 +19,12 @@
 //   - A run is COMPLETE only after every output at the destination verified
 //     (when the destination is visible here); otherwise the reason says who
 //     verified it.
+//   - A message that ran out of deliveries is deleted only after its shard
+//     is recorded failed (or found settled): never a shard with neither a
+//     message nor a verdict. Its advisory may be lost (core NATS), so the
+//     tracker also sweeps the consumers for such messages.
+//   - The store's limit only grows while the coordinator runs (nats-server
+//     takes an increase live, never a decrease).
 //
 // One goroutine (the tracker loop) owns all tracker state; no lock guards it.
 package coordinator
