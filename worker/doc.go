@@ -19,6 +19,11 @@
 //     command starts, the commit claim before the output is published, and
 //     the final record before the message is settled; a worker on the
 //     coordinator's own boot skips the first two (it dies with it).
+//   - A command starts only after the shard's record holds its attempt, so
+//     the record says what ran: `retries` counts the record's attempts of the
+//     current round (less those interrupted, preempted or discarded), never
+//     deliveries. A delivery whose lease the store does not take is held in
+//     progress, its slot kept, until the store takes writes again.
 //   - Shutdown is two-phase: stop fetching, then SIGTERM children, wait the
 //     grace period, SIGKILL, record the interruption and Nak; attempts that
 //     are concluding finish first.
