@@ -904,6 +904,15 @@ func TestLeaseWaitsOutAnUnavailableStore(t *testing.T) {
 	if ci, err := cons.Info(ctx); err != nil || ci.NumRedelivered != 0 || ci.NumAckPending != 2 {
 		t.Fatalf("consumer while the store took no writes: %+v (%v); want the 2 held deliveries pending, none redelivered", ci, err)
 	}
+	// Status says why the queued shards wait, from the worker's report.
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, err := coordinator.ReadStatus(ctx, env.JS, "t")
+		if err != nil {
+			return false, err.Error()
+		}
+		w := strings.Join(st.Runs[0].Waiting, "\n")
+		return strings.Contains(w, "2 shard(s) held: the store takes no lease write"), "waiting:\n" + w
+	})
 	if err := stream.Setup(ctx, env.JS, stream.Layout{LeaseTTL: 3 * time.Second}); err != nil {
 		t.Fatal(err)
 	}

@@ -121,7 +121,9 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		// hold the message instead, keeping the slot, so that the worker
 		// also stops fetching until the store takes writes again.
 		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; holding the shard until the store takes writes again (not an attempt)", err))
+		release := w.holdForStore(class, err)
 		l, err = w.awaitStore(ctx, stop, a)
+		release()
 		if err == nil {
 			w.admission(m.Run, m.ID, class, "resume", "the store takes writes again")
 		}

@@ -135,6 +135,8 @@ type Worker struct {
 	gpuRes   map[string]string     // GPU UUID -> shard key holding it
 	active   map[string]*running   // shards whose command runs, by key
 	waits    map[string]string     // per class: why the worker is not fetching
+	held     map[string]int        // per class: deliveries held for a store that takes no lease write
+	heldWhy  string                // the store's last refusal, while any is held
 	peers    []stream.WorkerReport // other live workers, for locality
 	critical string                // why memory is critical now, or ""
 	enforce  bool                  // per-shard cgroups can be made here
@@ -239,7 +241,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, held: map[string]int{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
@@ -510,6 +512,23 @@ func (g *gate) done(n int) {
 	}
 }
 
+// holdForStore counts a delivery of class held while the store refuses its
+// lease write (err), for the worker's report; the returned func ends it.
+func (w *Worker) holdForStore(class string, err error) func() {
+	w.mu.Lock()
+	w.held[class]++
+	if cause := errors.Unwrap(err); cause != nil {
+		err = cause // without one shard's lease key: the report counts them all
+	}
+	w.heldWhy = err.Error()
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		w.held[class]--
+		w.mu.Unlock()
+	}
+}
+
 // setWait records why class is not being fetched (n <= 0), or clears it.
 func (w *Worker) setWait(class string, n int, why string) {
 	w.mu.Lock()
@@ -547,6 +566,12 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	waits := map[string]string{}
 	for c, why := range w.waits {
 		waits[c] = why
+	}
+	for c, n := range w.held {
+		if n > 0 {
+			waits[c] = strings.TrimPrefix(waits[c]+"; ", "; ") +
+				fmt.Sprintf("%d shard(s) held: the store takes no lease write (%s)", n, w.heldWhy)
+		}
 	}
 	var staged []string
 	if w.stager != nil {
