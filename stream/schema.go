@@ -227,11 +227,13 @@ type CommitRecord struct {
 // WorkerReport is key <worker> in the workers bucket, refreshed every few
 // seconds; a worker whose key expired is gone.
 type WorkerReport struct {
-	V        int                 `json:"v"`
-	Name     string              `json:"name"`
-	Host     string              `json:"host"`
-	BootID   string              `json:"boot_id"`
-	PID      int                 `json:"pid"`
+	V      int    `json:"v"`
+	Name   string `json:"name"`
+	Host   string `json:"host"`
+	BootID string `json:"boot_id"`
+	PID    int    `json:"pid"`
+	// PIDNS scopes PID (see Owner.PIDNS); absent in older reports.
+	PIDNS    string              `json:"pid_ns,omitempty"`
 	Slots    map[string]int      `json:"slots"`
 	Running  map[string]int      `json:"running"`
 	Done     int                 `json:"done"`

@@ -9,6 +9,8 @@ var (
 	ErrLeaseHeld = errors.New("lease held by another owner")
 	// ErrLeaseLost means the worker could not renew a lease it held.
 	ErrLeaseLost = errors.New("lease lost")
+	// ErrNameTaken means another live worker reports under the same name.
+	ErrNameTaken = errors.New("worker name taken")
 	// ErrStaleGeneration means a message belongs to a run generation that was replaced.
 	ErrStaleGeneration = errors.New("message of a replaced run generation")
 )

@@ -280,6 +280,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker %s: lease bucket: %w", w.cfg.Name, err)
 	}
 	w.ttl = st.TTL()
+	if err := w.checkName(ctx); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(w.cfg.Scratch, 0o755); err != nil {
 		return fmt.Errorf("worker %s: scratch: %w", w.cfg.Name, err)
 	}
@@ -577,7 +580,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	if w.stager != nil {
 		staged = w.stager.Ready(stream.StagedAdvertised)
 	}
-	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, Slots: w.cfg.Slots,
+	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Slots: w.cfg.Slots,
 		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
 }
 
@@ -622,6 +625,34 @@ func (w *Worker) report(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// checkName refuses to start under a name another live worker reports
+// under: their reports would overwrite each other (status would show one
+// of them, and either one's exit would remove the other's report). A report
+// of a process proven gone (this host and boot, same pid namespace, pid
+// not running) or older than three report periods is a dead worker's, as
+// after a crash and restart under the same name.
+func (w *Worker) checkName(ctx context.Context) error {
+	e, err := w.b.Workers.Get(ctx, w.cfg.Name)
+	if err != nil {
+		return nil // none (or unreadable: the first report replaces it)
+	}
+	var r stream.WorkerReport
+	if stream.Decode(e.Value(), &r) != nil {
+		return nil
+	}
+	sameHost := stream.KnownBootID(w.boot) && r.BootID == w.boot && r.Host == w.host && w.pidns != "" && r.PIDNS == w.pidns
+	switch {
+	case sameHost && r.PID == w.pid:
+		return nil // this process (a worker restarted in it)
+	case sameHost && !pidAlive(r.PID):
+		return nil
+	case !sameHost && time.Since(r.Reported) > 3*max(w.cfg.ReportEvery, 5*time.Second):
+		return nil
+	}
+	return fmt.Errorf("worker %s: %w: a live worker reports under it from host %s pid %d (last report %s ago); give this one another --name",
+		w.cfg.Name, ErrNameTaken, r.Host, r.PID, time.Since(r.Reported).Round(time.Second))
 }
 
 // finalReport removes the worker's report so status stops listing it.

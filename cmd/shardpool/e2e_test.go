@@ -500,3 +500,44 @@ func TestCoordinatorReloadsItsStoreAfterAFullDisk(t *testing.T) {
 		t.Fatalf("the coordinator exited:\n%s", c.coord.Output())
 	}
 }
+
+// TestWorkerNameIsNotShared: a second worker started under a live worker's
+// name is refused with the holder's host and pid (their reports would
+// overwrite each other); after that worker is SIGKILLed, its name can be
+// taken again at once, its pid being gone.
+func TestWorkerNameIsNotShared(t *testing.T) {
+	c := startCluster(t, "6s")
+	w1 := c.worker("w1", "--slots", "cpu=1")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(w1.Output(), "worker w1 serving"), "w1 output: " + w1.Output()
+	})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		kv, err := c.js.KeyValue(context.Background(), stream.BucketWorkers)
+		if err != nil {
+			return false, err.Error()
+		}
+		_, err = kv.Get(context.Background(), "w1")
+		return err == nil, fmt.Sprintf("no report of w1 yet (%v)", err)
+	})
+	dup := c.worker("w1", "--slots", "cpu=1")
+	if code := dup.Wait(t, 30*time.Second); code != 1 ||
+		!strings.Contains(dup.Output(), fmt.Sprintf("a live worker reports under it from host %s pid %d", hostname(t), w1.Cmd.Process.Pid)) ||
+		!strings.Contains(dup.Output(), "give this one another --name") {
+		t.Fatalf("second worker named w1: exit %d, want 1 naming the live one\n%s", code, dup.Output())
+	}
+	w1.SignalMain(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	again := c.worker("w1", "--slots", "cpu=1")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(again.Output(), "worker w1 serving"), "w1 after its predecessor was killed: " + again.Output()
+	})
+}
+
+func hostname(t *testing.T) string {
+	t.Helper()
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
