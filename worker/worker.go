@@ -631,8 +631,8 @@ func (w *Worker) report(ctx context.Context) error {
 // under: their reports would overwrite each other (status would show one
 // of them, and either one's exit would remove the other's report). A report
 // of a process proven gone (this host and boot, same pid namespace, pid
-// not running) or older than three report periods is a dead worker's, as
-// after a crash and restart under the same name.
+// not running) or older than three report periods (15 s by default) is a
+// dead worker's, as after a crash and restart under the same name.
 func (w *Worker) checkName(ctx context.Context) error {
 	e, err := w.b.Workers.Get(ctx, w.cfg.Name)
 	if err != nil {
@@ -648,8 +648,8 @@ func (w *Worker) checkName(ctx context.Context) error {
 		return nil // this process (a worker restarted in it)
 	case sameHost && !pidAlive(r.PID):
 		return nil
-	case !sameHost && time.Since(r.Reported) > 3*max(w.cfg.ReportEvery, 5*time.Second):
-		return nil
+	case time.Since(r.Reported) > 3*max(w.cfg.ReportEvery, 5*time.Second):
+		return nil // silent for three report periods: gone, or its pid reused
 	}
 	return fmt.Errorf("worker %s: %w: a live worker reports under it from host %s pid %d (last report %s ago); give this one another --name",
 		w.cfg.Name, ErrNameTaken, r.Host, r.PID, time.Since(r.Reported).Round(time.Second))
