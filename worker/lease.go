@@ -25,7 +25,24 @@ type lease struct {
 // over only when its owner is verified gone: the same boot of this host and
 // a process that no longer exists (or this very worker process). Otherwise
 // ErrLeaseHeld, and the caller waits for the TTL to expire it.
-func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (*lease, error) {
+func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (_ *lease, err error) {
+	// An attempt of this shard in flight in this very process (a delivery
+	// sent again, as after a coordinator restart, while the first is still
+	// committing) holds it, whatever the lease's owner check would say of
+	// this process: ownerGone takes an owner with this pid for an earlier,
+	// finished attempt. The mark lasts until the attempt ends (disown).
+	w.mu.Lock()
+	if w.owning[key] {
+		w.mu.Unlock()
+		return nil, fmt.Errorf("take lease %s: %w: another delivery of it is in flight in this worker", key, ErrLeaseHeld)
+	}
+	w.owning[key] = true
+	w.mu.Unlock()
+	defer func() {
+		if err != nil {
+			w.disown(key)
+		}
+	}()
 	now := time.Now().UTC()
 	l := stream.Lease{Owner: w.owner(attempt),
 		Fingerprint: fp, Taken: now, Renewed: now}
@@ -62,6 +79,13 @@ func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (*l
 		}
 	}
 	return nil, fmt.Errorf("take lease %s: %w", key, ErrLeaseHeld)
+}
+
+// disown ends this process's hold on a shard taken by takeLease.
+func (w *Worker) disown(key string) {
+	w.mu.Lock()
+	delete(w.owning, key)
+	w.mu.Unlock()
 }
 
 // ownerGone is true only when this host can prove the owner is not running:

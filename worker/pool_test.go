@@ -1092,3 +1092,105 @@ func TestExhaustedMessageWithoutAdvisoryIsFound(t *testing.T) {
 		t.Fatalf("record: %+v (%v); want failed, out of deliveries", rec, err)
 	}
 }
+
+// TestSecondDeliveryInTheSameWorkerWaits: a shard's message delivered again
+// while its first delivery is still in flight in the same worker (as after
+// a coordinator restart that lost the consumer's state; here a copy of the
+// message published by hand) does not take the shard over: the lease's
+// owner is this very process, which once read as "an earlier, finished
+// attempt here". The copy waits, then settles on the committed output; the
+// command runs once and the record shows one attempt.
+func TestSecondDeliveryInTheSameWorkerWaits(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	runs := filepath.Join(t.TempDir(), "runs")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2,
+		Command: []string{"sh", "-c", `echo x >> "$1"; sleep 1.5; cp "$2" "$3/"`, "sh", runs, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := s.GetMsg(ctx, s.CachedInfo().State.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 2})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(runs)
+		return len(b) > 0, "the command has not started"
+	})
+	if _, err := env.JS.Publish(ctx, orig.Subject, orig.Data); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		si, err := env.JS.Stream(ctx, stream.StreamShards)
+		return err == nil && si.CachedInfo().State.Msgs == 0, "the copy is still queued"
+	})
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
+		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "x"))
+	}
+	rec, err := env.Shard("t", "s0000")
+	if err != nil || rec.State != stream.ShardValidated || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
+		t.Fatalf("record: %+v (%v); want validated after one ok attempt", rec, err)
+	}
+}
+
+// TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
+// another attempt's claim already published (that attempt died, or lost its
+// record write, between publishing and recording) discards its own output
+// and records the shard validated from the published one, read back in
+// full; before, it left the record running and settled the message, and
+// the run waited for good.
+func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	gate := filepath.Join(t.TempDir(), "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; echo mine > "$2/r.txt"`, "sh", gate, "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.StartWorker("", map[string]int{"cpu": 1})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := env.Run("t")
+		return r.Counts.Running == 1, "the shard is not running yet"
+	})
+	run, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another attempt's output, published at the destination with its claim.
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(filepath.Dir(spec), "out", "s0000")
+	p, err := checkpoint.Prepare(ctx, dst, src, checkpoint.Options{Owner: "gone/vm/1/attempt-1", Fingerprint: run.Fingerprint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(""); err != nil {
+		t.Fatal(err)
+	}
+	claim, _ := stream.Encode(&stream.CommitRecord{Run: "t", ID: "s0000", Fingerprint: run.Fingerprint, State: stream.CommitCommitted,
+		Owner: stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1}, Checksum: p.Marker.Manifest, Path: dst, Time: time.Now().UTC()})
+	kv, err := env.JS.KeyValue(ctx, stream.BucketCheckpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, stream.ShardKey("t", "s0000"), claim); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != p.Marker.Manifest ||
+		!strings.Contains(rec.Reason, "committed by another attempt") {
+		t.Fatalf("record: %+v (%v); want validated with the published output", rec, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "theirs\n" {
+		t.Fatalf("destination holds %q, want the published output kept", b)
+	}
+}

@@ -110,6 +110,11 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		}()
 	}
 	l, err := w.takeLease(ctx, a.key, m.Fingerprint, a.attempt)
+	defer func() {
+		if l != nil { // this delivery held the shard: the attempt has ended
+			w.disown(a.key)
+		}
+	}()
 	if err != nil && pre != nil {
 		w.undoBegin(ctx, a, <-pre)
 		pre = nil
@@ -994,15 +999,27 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 }
 
 // recordDiscarded appends this attempt, marked discarded, to the shard's
-// record without disturbing the winner's state.
+// record. The winner's output is at the destination, verified against its
+// claim; when the record does not say validated yet (the winner died, or
+// lost its record write, between publishing and recording), it is recorded
+// validated here from that output, read back in full: otherwise nobody
+// would, the message being settled, and the run would wait for good.
 func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error) {
 	at := a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.Outcome, at.Reason = stream.OutcomeDiscarded, why.Error()
+	dst := filepath.Join(a.run.Spec.Output, a.m.ID)
 	for range 5 {
 		if err := w.loadRecord(ctx, a); err != nil {
 			return
 		}
 		a.rec.Attempts = append(a.rec.Attempts, at)
+		if a.rec.State != stream.ShardValidated {
+			if mk, err := checkpoint.VerifyCommitted(dst, a.m.Fingerprint, true); err == nil {
+				a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
+				a.rec.State, a.rec.Owner, a.rec.Retry = stream.ShardValidated, nil, a.m.Retry
+				a.rec.Reason = "output committed by another attempt (" + mk.Owner + "), which did not record it"
+			}
+		}
 		if w.putRecord(ctx, a) == nil {
 			return
 		}

@@ -135,6 +135,7 @@ type Worker struct {
 	gpuRes   map[string]string     // GPU UUID -> shard key holding it
 	active   map[string]*running   // shards whose command runs, by key
 	waits    map[string]string     // per class: why the worker is not fetching
+	owning   map[string]bool       // shard keys with an attempt in flight here, from lease to settle (takeLease)
 	held     map[string]int        // per class: deliveries held for a store that takes no lease write
 	heldWhy  string                // the store's last refusal, while any is held
 	peers    []stream.WorkerReport // other live workers, for locality
@@ -241,7 +242,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, held: map[string]int{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, held: map[string]int{}, owning: map[string]bool{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
