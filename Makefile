@@ -5,7 +5,7 @@ BIN     := bin/shardpool
 # packages serial so timing-sensitive lease tests are not starved on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m -p 1
 
-.PHONY: build demo test test-gpu gpu-bundle bench vet clean tools
+.PHONY: build demo test test-gpu gpu-bundle bench soak vet clean tools
 
 # The binary carries the NVML adapter (it loads libnvidia-ml at run time and
 # reports GPUs as unknown, never idle, where the library is missing).
@@ -43,6 +43,13 @@ gpu-bundle: build
 	mkdir -p dist/gpu
 	CGO_CFLAGS="-Wno-deprecated-declarations" $(GO) test -c -tags nvml -o dist/gpu/probe.test ./worker/probe
 	cp $(BIN) dist/gpu/shardpool
+
+# A crash soak: a coordinator and two workers killed at random while 600
+# shards run, then every shard checked validated once with a verifying
+# output. A tool for hunting rare recovery bugs, not a test (see
+# bench/soak; -seed repeats a run's choices).
+soak: build
+	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25
 
 # Benchmarks print ratios against baselines measured in the same run.
 bench: build

@@ -1,0 +1,292 @@
+// Command soak is the crash soak behind `make soak`: a coordinator and two
+// workers (real `shardpool` processes on this host) run N short shards
+// while the soak kills them at random: SIGKILL of the coordinator (then
+// restarted on the same --data), SIGKILL of either worker, SIGTERM of a
+// worker (each restarted under its name). When the run ends it checks
+// what shardpool promises: the run is COMPLETE, every shard was recorded
+// validated exactly once (KV history), and every output verifies against
+// its marker with the run's fingerprint. It exits 1 on any violation.
+//
+// It is a tool for hunting rare recovery bugs, not a test: the kills fall
+// at random moments, so a run explores different interleavings each time
+// (-seed repeats one). Its random events are printed with their times.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/stream"
+)
+
+func main() {
+	bin := flag.String("bin", "bin/shardpool", "shardpool binary")
+	n := flag.Int("n", 300, "shards")
+	events := flag.Int("events", 12, "random kills")
+	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed; pass it to repeat a run's choices)")
+	keep := flag.Bool("keep", false, "keep the work directory")
+	flag.Parse()
+	abs, err := filepath.Abs(*bin)
+	if err != nil {
+		fail("%v", err)
+	}
+	dir, err := os.MkdirTemp("", "shardpool-soak-")
+	if err != nil {
+		fail("%v", err)
+	}
+	if !*keep {
+		defer os.RemoveAll(dir)
+	}
+	fmt.Printf("soak: %d shards, %d events, seed %d, in %s\n", *n, *events, *seed, dir)
+	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}}
+	code := s.run(*n, *events)
+	s.stopAll()
+	os.Exit(code)
+}
+
+type soak struct {
+	bin, dir, url, addr string
+	rng                 *rand.Rand
+	procs               map[string]*exec.Cmd
+	start               time.Time
+}
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "soak: "+format+"\n", args...)
+	os.Exit(1)
+}
+
+// fail stops what the soak started, then exits 1.
+func (s *soak) fail(format string, args ...any) {
+	s.stopAll()
+	fail(format, args...)
+}
+
+func (s *soak) logf(format string, args ...any) {
+	fmt.Printf("%6.2fs  %s\n", time.Since(s.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (s *soak) run(n, events int) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail("%v", err)
+	}
+	s.addr = l.Addr().String()
+	l.Close()
+	s.url = "nats://" + s.addr
+	spec := s.writeJob(n)
+	s.start = time.Now()
+	s.startProc("coordinator", "coordinator", "--data", filepath.Join(s.dir, "coord"), "--listen", s.addr, "--http", "", "--lease-ttl", "5s")
+	nc, err := nats.Connect(s.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		s.fail("connect: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		s.fail("%v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, err = stream.WaitBuckets(ctx, js, 30*time.Second)
+	cancel()
+	if err != nil {
+		s.fail("coordinator not ready: %v", err)
+	}
+	sub := exec.Command(s.bin, "submit", "--server", s.url, spec)
+	if out, err := sub.CombinedOutput(); err != nil {
+		s.fail("submit: %v\n%s", err, out)
+	}
+	for _, w := range []string{"w1", "w2"} {
+		s.startWorker(w)
+	}
+	for range events {
+		time.Sleep(time.Duration(500+s.rng.IntN(1500)) * time.Millisecond)
+		switch s.rng.IntN(4) {
+		case 0:
+			s.signal("coordinator", syscall.SIGKILL)
+			time.Sleep(300 * time.Millisecond)
+			s.startProc("coordinator", "coordinator", "--data", filepath.Join(s.dir, "coord"), "--listen", s.addr, "--http", "", "--lease-ttl", "5s")
+		case 1:
+			s.signal("w1", syscall.SIGKILL)
+			s.startWorker("w1")
+		case 2:
+			s.signal("w2", syscall.SIGKILL)
+			s.startWorker("w2")
+		case 3:
+			s.signal("w1", syscall.SIGTERM)
+			s.startWorker("w1")
+		}
+	}
+	s.logf("events done; waiting for the verdict")
+	final, err := waitVerdict(js, 3*time.Minute)
+	if err != nil {
+		s.logf("VIOLATION: %v", err)
+		return 1
+	}
+	s.logf("run %s: %+v", final.State, final.Counts)
+	bad := 0
+	if final.State != stream.RunComplete || final.Counts.Validated != n {
+		s.logf("VIOLATION: run %s with %d of %d validated: %s", final.State, final.Counts.Validated, n, final.Reason)
+		bad++
+	}
+	bad += s.check(js, final, n)
+	if bad > 0 {
+		s.logf("%d violation(s); work directory kept: %s", bad, s.dir)
+		return 1
+	}
+	s.logf("ok: every shard validated once and its output verifies")
+	return 0
+}
+
+// writeJob writes n shards of a script that sleeps up to 0.4 s, counts its
+// runs in a side file and writes one output file.
+func (s *soak) writeJob(n int) string {
+	job := filepath.Join(s.dir, "job.sh")
+	script := "#!/bin/sh\necho \"$1\" >> \"$3\"\nsleep 0.$(( $$ % 5 ))\necho \"result of $1\" > \"$2/r.txt\"\n"
+	if err := os.WriteFile(job, []byte(script), 0o755); err != nil {
+		fail("%v", err)
+	}
+	var man strings.Builder
+	for i := range n {
+		fmt.Fprintf(&man, "{\"id\":\"s%04d\"}\n", i)
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, "manifest.jsonl"), []byte(man.String()), 0o644); err != nil {
+		fail("%v", err)
+	}
+	spec := filepath.Join(s.dir, "shardpool.toml")
+	body := fmt.Sprintf("name = \"soak\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\nretries = 3\ncommand = [%q, \"{id}\", \"{out}\", %q]\n",
+		job, filepath.Join(s.dir, "ran.log"))
+	if err := os.WriteFile(spec, []byte(body), 0o644); err != nil {
+		fail("%v", err)
+	}
+	return spec
+}
+
+func (s *soak) startWorker(name string) {
+	s.startProc(name, "worker", "--server", s.url, "--name", name, "--slots", "cpu=3", "--grace", "2s",
+		"--data", filepath.Join(s.dir, "state"), "--scratch", filepath.Join(s.dir, "scratch-"+name))
+}
+
+func (s *soak) startProc(name string, args ...string) {
+	log, err := os.OpenFile(filepath.Join(s.dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		fail("%v", err)
+	}
+	cmd := exec.Command(s.bin, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		s.fail("start %s: %v", name, err)
+	}
+	go func() { _ = cmd.Wait(); log.Close() }()
+	s.procs[name] = cmd
+	s.logf("start %s (pid %d)", name, cmd.Process.Pid)
+}
+
+// signal sends sig to a process and, for a graceful stop, waits for it to
+// exit (a worker restarted under its name before the old one left would be
+// refused the name).
+func (s *soak) signal(name string, sig syscall.Signal) {
+	cmd := s.procs[name]
+	if cmd == nil {
+		return
+	}
+	s.logf("%s %s (pid %d)", sig, name, cmd.Process.Pid)
+	_ = cmd.Process.Signal(sig)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && syscall.Kill(cmd.Process.Pid, 0) == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *soak) stopAll() {
+	for _, name := range []string{"w1", "w2", "coordinator"} {
+		if cmd := s.procs[name]; cmd != nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) && syscall.Kill(cmd.Process.Pid, 0) == nil {
+				time.Sleep(20 * time.Millisecond)
+			}
+			_ = cmd.Process.Kill()
+		}
+	}
+}
+
+// waitVerdict waits for the run record to say COMPLETE or BLOCKED.
+func waitVerdict(js jetstream.JetStream, timeout time.Duration) (*stream.RunRecord, error) {
+	deadline := time.Now().Add(timeout)
+	var last stream.RunRecord
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		kv, err := js.KeyValue(ctx, stream.BucketRuns)
+		if err == nil {
+			if e, err := kv.Get(ctx, "soak"); err == nil && stream.Decode(e.Value(), &last) == nil &&
+				(last.State == stream.RunComplete || last.State == stream.RunBlocked) {
+				cancel()
+				return &last, nil
+			}
+		}
+		cancel()
+		time.Sleep(500 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("no verdict after %s; the run is %s with %+v", timeout, last.State, last.Counts)
+}
+
+// check reads every shard's KV history and output: validated exactly once
+// for the run's fingerprint, and an output that verifies with it.
+func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, stream.BucketShards)
+	if err != nil {
+		s.logf("VIOLATION: shards bucket: %v", err)
+		return 1
+	}
+	bad, reran := 0, 0
+	for i := range n {
+		id := fmt.Sprintf("s%04d", i)
+		hist, err := kv.History(ctx, stream.ShardKey("soak", id))
+		if err != nil {
+			s.logf("VIOLATION: history of %s: %v", id, err)
+			bad++
+			continue
+		}
+		validated, attempts := 0, 0
+		for _, e := range hist {
+			var rec stream.ShardRecord
+			if stream.Decode(e.Value(), &rec) != nil {
+				continue
+			}
+			if rec.State == stream.ShardValidated && rec.Fingerprint == run.Fingerprint {
+				validated++
+				attempts = len(rec.Attempts)
+			}
+		}
+		if validated != 1 {
+			s.logf("VIOLATION: %s recorded validated %d times", id, validated)
+			bad++
+		}
+		if attempts > 1 {
+			reran++
+		}
+		mk, err := checkpoint.Verify(filepath.Join(s.dir, "out", id))
+		if err != nil || mk.Fingerprint != run.Fingerprint {
+			s.logf("VIOLATION: output of %s: %v (fingerprint %q, want %q)", id, err, mk.Fingerprint, run.Fingerprint)
+			bad++
+		}
+	}
+	ran, _ := os.ReadFile(filepath.Join(s.dir, "ran.log"))
+	s.logf("%d shard(s) needed more than one attempt; commands ran %d times for %d shards", reran, strings.Count(string(ran), "\n"), n)
+	return bad
+}
