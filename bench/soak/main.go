@@ -37,7 +37,7 @@ func main() {
 	n := flag.Int("n", 300, "shards")
 	events := flag.Int("events", 12, "random kills")
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed; pass it to repeat a run's choices)")
-	keep := flag.Bool("keep", false, "keep the work directory")
+	keep := flag.Bool("keep", false, "keep the work directory also when every check passed")
 	flag.Parse()
 	abs, err := filepath.Abs(*bin)
 	if err != nil {
@@ -47,13 +47,13 @@ func main() {
 	if err != nil {
 		fail("%v", err)
 	}
-	if !*keep {
-		defer os.RemoveAll(dir)
-	}
 	fmt.Printf("soak: %d shards, %d events, seed %d, in %s\n", *n, *events, *seed, dir)
 	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}}
 	code := s.run(*n, *events)
 	s.stopAll()
+	if code == 0 && !*keep {
+		os.RemoveAll(dir) // a violation keeps it, for its logs and store
+	}
 	os.Exit(code)
 }
 
