@@ -572,10 +572,14 @@ func (w *Worker) snapshot() stream.WorkerReport {
 		waits[c] = why
 	}
 	for c, n := range w.held {
-		if n > 0 {
-			waits[c] = strings.TrimPrefix(waits[c]+"; ", "; ") +
-				fmt.Sprintf("%d shard(s) held: the store takes no lease write (%s)", n, w.heldWhy)
+		if n <= 0 {
+			continue
 		}
+		held := fmt.Sprintf("%d shard(s) held: the store takes no lease write (%s)", n, w.heldWhy)
+		if waits[c] != "" {
+			held = waits[c] + "; " + held
+		}
+		waits[c] = held
 	}
 	var staged []string
 	if w.stager != nil {
@@ -643,13 +647,12 @@ func (w *Worker) checkName(ctx context.Context) error {
 	if stream.Decode(e.Value(), &r) != nil {
 		return nil
 	}
-	sameHost := stream.KnownBootID(w.boot) && r.BootID == w.boot && r.Host == w.host && w.pidns != "" && r.PIDNS == w.pidns
-	switch {
-	case sameHost && r.PID == w.pid:
-		return nil // this process (a worker restarted in it)
-	case sameHost && !pidAlive(r.PID):
+	// The report's process is judged as a lease's owner is: gone only when
+	// provably so (or this very process, a worker restarted in it).
+	if w.ownerGone(stream.Owner{Worker: r.Name, Host: r.Host, BootID: r.BootID, PID: r.PID, PIDNS: r.PIDNS}) {
 		return nil
-	case time.Since(r.Reported) > 3*max(w.cfg.ReportEvery, 5*time.Second):
+	}
+	if time.Since(r.Reported) > 3*max(w.cfg.ReportEvery, 5*time.Second) {
 		return nil // silent for three report periods: gone, or its pid reused
 	}
 	return fmt.Errorf("worker %s: %w: a live worker reports under it from host %s pid %d (last report %s ago); give this one another --name",
