@@ -40,7 +40,29 @@ func storeLimit(dir string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return used + free/4*3, nil
+	return limitFor(used, free), nil
+}
+
+// limitFor is the store limit for a store holding used bytes on a file
+// system with free bytes left (storeLimit's rule).
+func limitFor(used, free int64) int64 { return used + free/4*3 }
+
+// storeRoom is one look at the store: the free space of its file system
+// (-1 when unreadable) and JetStream's stored bytes and limit (limit 0
+// when unknown).
+type storeRoom struct{ free, used, limit int64 }
+
+// lookAtStore takes one look at the store, which a tick of watchStore
+// shares among its checks.
+func (c *Coordinator) lookAtStore() storeRoom {
+	r := storeRoom{free: -1}
+	if free, err := freeBytes(c.cfg.StoreDir); err == nil {
+		r.free = free
+	}
+	if js, err := c.srv.Jsz(&server.JSzOptions{}); err == nil && js != nil && js.Config.MaxStore > 0 {
+		r.used, r.limit = int64(js.Store), js.Config.MaxStore
+	}
+	return r
 }
 
 // freeBytes is the space an unprivileged writer has left on dir's file
@@ -105,14 +127,15 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 			return nil
 		case <-t.C:
 		}
-		if c.cfg.ReloadOnWriteError && c.writeError() != "" {
-			if free, err := freeBytes(c.cfg.StoreDir); err == nil && free >= reloadRoom {
-				c.log.Warn("the store has room again: reloading it", "store", c.cfg.StoreDir, "free", stream.FormatSize(free))
-				return ErrReload
-			}
+		room := c.lookAtStore()
+		if c.cfg.ReloadOnWriteError && c.writeError() != "" && room.free >= reloadRoom {
+			c.log.Warn("the store has room again: reloading it", "store", c.cfg.StoreDir, "free", stream.FormatSize(room.free))
+			return ErrReload
 		}
-		c.raiseStoreLimit()
-		why := c.checkStore()
+		if c.raiseStoreLimit(room) {
+			room = c.lookAtStore()
+		}
+		why := c.checkStore(room)
 		if why == c.StoreFull() {
 			continue
 		}
@@ -134,41 +157,33 @@ const raiseNear = 8 * storeFloor
 // the limit allows now: a limit is set from the free space at start, and
 // space freed since (or never needed by other users) would otherwise stay
 // out of reach until a restart. The new limit follows storeLimit's rule
-// (what the store holds plus three quarters of the free space); nats-server
-// takes an increase on reload, never a decrease.
-func (c *Coordinator) raiseStoreLimit() {
-	js, err := c.srv.Jsz(&server.JSzOptions{})
-	if err != nil || js == nil || js.Config.MaxStore <= 0 {
-		return
+// (limitFor); nats-server takes an increase on reload, never a decrease.
+// It reports whether it raised the limit.
+func (c *Coordinator) raiseStoreLimit(room storeRoom) bool {
+	if room.limit <= 0 || room.free < 0 || room.used <= room.limit-raiseNear {
+		return false
 	}
-	used, limit := int64(js.Store), js.Config.MaxStore
-	if used <= limit-raiseNear {
-		return
-	}
-	free, err := freeBytes(c.cfg.StoreDir)
-	if err != nil {
-		return
-	}
-	next := used + free/4*3
-	if next < limit+raiseNear {
-		return
+	next := limitFor(room.used, room.free)
+	if next < room.limit+raiseNear {
+		return false
 	}
 	opts := c.opts.Clone()
 	opts.JetStreamMaxStore = next
 	if err := c.srv.ReloadOptions(opts); err != nil {
-		c.log.Warn("raise the store limit", "store", c.cfg.StoreDir, "limit", stream.FormatSize(limit), "to", stream.FormatSize(next), "err", err)
-		return
+		c.log.Warn("raise the store limit", "store", c.cfg.StoreDir, "limit", stream.FormatSize(room.limit), "to", stream.FormatSize(next), "err", err)
+		return false
 	}
 	c.opts.JetStreamMaxStore = next
 	c.log.Info("raised the store limit: its file system has room again", "store", c.cfg.StoreDir,
-		"holds", stream.FormatSize(used), "limit", stream.FormatSize(limit), "to", stream.FormatSize(next))
+		"holds", stream.FormatSize(room.used), "limit", stream.FormatSize(room.limit), "to", stream.FormatSize(next))
+	return true
 }
 
 // checkStore says why the store has no room, or "".
-func (c *Coordinator) checkStore() string {
+func (c *Coordinator) checkStore(room storeRoom) string {
 	var why []string
-	if free, err := freeBytes(c.cfg.StoreDir); err == nil && free < storeFloor {
-		why = append(why, fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(free)))
+	if room.free >= 0 && room.free < storeFloor {
+		why = append(why, fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(room.free)))
 	}
 	if werr := c.writeError(); werr != "" {
 		then := "until the coordinator restarts"
@@ -180,13 +195,9 @@ func (c *Coordinator) checkStore() string {
 	if len(why) > 0 {
 		return strings.Join(why, "; ")
 	}
-	js, err := c.srv.Jsz(&server.JSzOptions{})
-	if err != nil || js == nil || js.Config.MaxStore <= 0 {
-		return ""
-	}
-	if used, limit := int64(js.Store), js.Config.MaxStore; used > limit-storeFloor {
+	if room.limit > 0 && room.used > room.limit-storeFloor {
 		return fmt.Sprintf("the store %s holds %s of its limit of %s (what it held plus three quarters of the space free when the limit was set)",
-			c.cfg.StoreDir, stream.FormatSize(used), stream.FormatSize(limit))
+			c.cfg.StoreDir, stream.FormatSize(room.used), stream.FormatSize(room.limit))
 	}
 	return ""
 }
