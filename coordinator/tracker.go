@@ -139,9 +139,13 @@ func (t *tracker) run(ctx context.Context) error {
 				runsReplayed, shardsReplayed = true, true
 			}
 		case <-tick.C:
-			for seq, n := range t.exhausted {
-				if t.exhaust(ctx, seq, n) {
-					delete(t.exhausted, seq)
+			if len(t.exhausted) > 0 {
+				if s, err := t.c.js.Stream(ctx, stream.StreamShards); err == nil {
+					for seq, n := range t.exhausted {
+						if t.exhaust(ctx, s, seq, n) {
+							delete(t.exhausted, seq)
+						}
+					}
 				}
 			}
 			if time.Since(swept) >= sweepEvery {
@@ -447,21 +451,18 @@ func (t *tracker) onMaxDeliveries(ctx context.Context, m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &adv); err != nil {
 		return
 	}
-	if !t.exhaust(ctx, adv.StreamSeq, adv.Deliveries) {
+	s, err := t.c.js.Stream(ctx, stream.StreamShards)
+	if err != nil || !t.exhaust(ctx, s, adv.StreamSeq, adv.Deliveries) {
 		t.exhausted[adv.StreamSeq] = adv.Deliveries
 	}
 }
 
-// exhaust records the shard of message seq failed and then deletes the
-// message; it reports whether that is done. A message is deleted only once
+// exhaust records the shard of message seq of s (SHARDS) failed and then
+// deletes the message; it reports whether that is done. A message is deleted only once
 // its shard is recorded: deleted first, a shard whose record could not be
 // written would have neither, and its run would wait for good. Until then
 // the flush tick tries again (t.exhausted).
-func (t *tracker) exhaust(ctx context.Context, seq uint64, deliveries int) bool {
-	s, err := t.c.js.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		return false
-	}
+func (t *tracker) exhaust(ctx context.Context, s jetstream.Stream, seq uint64, deliveries int) bool {
 	raw, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return true // settled meanwhile, or already handled
@@ -527,7 +528,7 @@ func (t *tracker) sweepExhausted(ctx context.Context) {
 			}
 			if _, known := t.exhausted[m.Sequence]; !known {
 				t.c.log.Warn("found a message that ran out of deliveries unreported", "class", ci.Name, "seq", m.Sequence)
-				if !t.exhaust(ctx, m.Sequence, ci.Config.MaxDeliver) {
+				if !t.exhaust(ctx, s, m.Sequence, ci.Config.MaxDeliver) {
 					t.exhausted[m.Sequence] = ci.Config.MaxDeliver
 				}
 			}
