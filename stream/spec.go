@@ -511,7 +511,7 @@ func explainTOMLType(msg, field string) string {
 	if m == nil {
 		return msg
 	}
-	want, ok := map[string]string{
+	want := map[string]string{
 		"int": "a whole number", "string": "a string", "bool": "true or false",
 		"[]string": "an array of strings", "map[string]string": "a table of strings",
 	}[strings.TrimPrefix(m[2], "*")]
@@ -519,18 +519,11 @@ func explainTOMLType(msg, field string) string {
 	case field == "class":
 		// A shard's class is named in the manifest; the spec's class is a
 		// table of class tables.
-		want, ok = `a table of classes such as [class.gpu] with gpus = 1 under it (a shard's class is the "class" field of its manifest line)`, true
+		want = `a table of classes such as [class.gpu] with gpus = 1 under it (a shard's class is the "class" field of its manifest line)`
 	case strings.HasPrefix(field, "class.") && strings.Count(field, ".") == 1:
-		want, ok = "a table such as [class.gpu] with the class's cpus, memory, gpus, vram, time, scratch and stage", true
-	}
-	if !ok {
-		return msg
-	}
-	got := "a " + m[1]
-	if strings.ContainsRune("aeiou", rune(m[1][0])) {
-		got = "an " + m[1]
-	}
-	switch {
+		want = "a table such as [class.gpu] with the class's cpus, memory, gpus, vram, time, scratch and stage"
+	case want == "":
+		return msg // a type this function has no words for
 	case field == "command" || field == "validator":
 		want = `an argv array such as ["gzip", "-k", "{input}"], never a shell string`
 	case strings.HasSuffix(field, ".cpus"):
@@ -545,6 +538,10 @@ func explainTOMLType(msg, field string) string {
 		want = `a string for each variable (quote numbers: { N = "4" })`
 	case field == "env":
 		want = `a table of strings such as { MODE = "fast" }`
+	}
+	got := "a " + m[1]
+	if strings.ContainsRune("aeiou", rune(m[1][0])) {
+		got = "an " + m[1]
 	}
 	return fmt.Sprintf("got %s, want %s", got, want)
 }
