@@ -19,9 +19,16 @@ import (
 	"github.com/shardpool/shardpool/testenv"
 )
 
-// runCoordinator starts a coordinator with cfg and runs it until the test
-// ends.
-func runCoordinator(t *testing.T, cfg coordinator.Config) *coordinator.Coordinator {
+// ran is a coordinator's Run in its goroutine: done closes when Run has
+// returned, with its error in err.
+type ran struct {
+	done chan struct{}
+	err  error
+}
+
+// runCoordinator starts a coordinator with cfg and runs it until it
+// returns by itself or the test ends.
+func runCoordinator(t *testing.T, cfg coordinator.Config) (*coordinator.Coordinator, *ran) {
 	t.Helper()
 	c, err := coordinator.New(cfg)
 	if err != nil {
@@ -32,10 +39,10 @@ func runCoordinator(t *testing.T, cfg coordinator.Config) *coordinator.Coordinat
 		cancel()
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return c
+	r := &ran{done: make(chan struct{})}
+	go func() { r.err = c.Run(ctx); close(r.done) }()
+	t.Cleanup(func() { cancel(); <-r.done })
+	return c, r
 }
 
 // TestStoreFullIsReported: when the file system under the store fills up
@@ -45,7 +52,7 @@ func runCoordinator(t *testing.T, cfg coordinator.Config) *coordinator.Coordinat
 func TestStoreFullIsReported(t *testing.T) {
 	data := filepath.Join(t.TempDir(), "data")
 	testenv.SmallTmpfs(t, data, "16m")
-	c := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
+	c, _ := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
 	nc, err := nats.Connect(c.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -88,26 +95,14 @@ func TestStoreWriteErrorIsReloaded(t *testing.T) {
 	data := filepath.Join(t.TempDir(), "data")
 	testenv.SmallTmpfs(t, data, "16m")
 	cfg := coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond, ReloadOnWriteError: true}
-	// start returns the coordinator, its runs bucket, and a channel closed
-	// when Run returned, with its error in *runErr.
-	start := func(runErr *error) (*coordinator.Coordinator, jetstream.KeyValue, <-chan struct{}) {
-		c, err := coordinator.New(cfg)
+	// start runs a coordinator on the data and opens its runs bucket.
+	start := func() (*coordinator.Coordinator, jetstream.KeyValue, *ran) {
+		c, r := runCoordinator(t, cfg)
+		kv, err := c.JetStream().KeyValue(context.Background(), stream.BucketRuns)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		if err := c.Start(ctx); err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { *runErr = c.Run(ctx); close(done) }()
-		t.Cleanup(func() { cancel(); <-done })
-		kv, err := c.JetStream().KeyValue(ctx, stream.BucketRuns)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c, kv, done
+		return c, kv, r
 	}
 	put := func(kv jetstream.KeyValue, key string, value []byte) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -115,8 +110,7 @@ func TestStoreWriteErrorIsReloaded(t *testing.T) {
 		_, err := kv.Put(ctx, key, value)
 		return err
 	}
-	var runErr, runErr2 error
-	c, kv, done := start(&runErr)
+	c, kv, r := start()
 	if err := put(kv, "before", []byte("kept")); err != nil {
 		t.Fatal(err)
 	}
@@ -133,14 +127,14 @@ func TestStoreWriteErrorIsReloaded(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-done:
-		if !errors.Is(runErr, coordinator.ErrReload) {
-			t.Fatalf("Run returned %v, want ErrReload", runErr)
+	case <-r.done:
+		if !errors.Is(r.err, coordinator.ErrReload) {
+			t.Fatalf("Run returned %v, want ErrReload", r.err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("Run did not return after the disk had room again; store_full: %s", c.StoreFull())
 	}
-	c2, kv2, _ := start(&runErr2)
+	c2, kv2, _ := start()
 	if err := put(kv2, "after", []byte("x")); err != nil {
 		t.Fatalf("a write after the reload: %v", err)
 	}
@@ -163,7 +157,7 @@ func TestStoreLimitIsRaisedWhenSpaceIsFreed(t *testing.T) {
 	if err := os.WriteFile(filler, make([]byte, 24<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
+	c, _ := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
 	kv, err := c.JetStream().KeyValue(context.Background(), stream.BucketRuns)
 	if err != nil {
 		t.Fatal(err)
