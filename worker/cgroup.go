@@ -5,10 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // cgroups is how this host lets the worker give each shard a cgroup of its
@@ -146,6 +151,9 @@ func (c *cgroups) prepareV2() error {
 type shardCgroup struct {
 	v2       bool
 	mem, cpu string
+	// home are the worker's own cgroup directories, one per directory of
+	// the shard's (v1): the starting thread returns to them (startIn).
+	homeMem, homeCpu string
 }
 
 // newShard creates a shard's cgroup; memLimit and cpuMillicores of 0 set
@@ -186,7 +194,7 @@ func (c *cgroups) newShardV2(name string, memLimit, cpuMillicores int64) (*shard
 // newShardV1 makes a memory cgroup, and a cpu one when the cpu hierarchy is
 // writable, each under the worker's own.
 func (c *cgroups) newShardV1(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
-	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name)}
+	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name), homeMem: c.v1mem, homeCpu: c.v1cpu}
 	if err := os.Mkdir(sc.mem, 0o755); err != nil {
 		return nil, err
 	}
@@ -211,16 +219,83 @@ func (c *cgroups) newShardV1(name string, memLimit, cpuMillicores int64) (*shard
 }
 
 // procsFiles are the cgroup.procs files a child writes itself into (nil
-// for a nil cgroup).
+// for a nil cgroup, and for v1, where startIn places the child).
 func (c *shardCgroup) procsFiles() []string {
-	if c == nil {
+	if c == nil || !c.v2 {
 		return nil
 	}
-	files := []string{filepath.Join(c.mem, "cgroup.procs")}
-	if c.cpu != "" {
-		files = append(files, filepath.Join(c.cpu, "cgroup.procs"))
+	return []string{filepath.Join(c.mem, "cgroup.procs")}
+}
+
+// startIn starts cmd with its first process already in the shard's v1
+// cgroups, without a prologue process: cgroup v1 places threads, not only
+// processes, so a thread of this process joins the shard's cgroups, forks
+// (a child starts in its forking thread's cgroups, so nothing it runs or
+// forks is ever outside), and returns to the worker's own before it runs
+// anything else. The thread is never the main one: in cgroup v1 the memory
+// of the whole process is charged to the main thread's memory cgroup, and
+// the worker's pages must not count against, or be killed at, a shard's
+// limit. When the thread cannot return, it ends with its goroutine (taking
+// the child, whose parent-death signal is tied to it) and startIn fails.
+func (c *shardCgroup) startIn(cmd *exec.Cmd) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == os.Getpid() {
+			// The main thread: while this goroutine holds it, another
+			// goroutine locked to its own thread starts the child.
+			inner := make(chan error, 1)
+			go func() {
+				runtime.LockOSThread()
+				c.startLocked(cmd, inner)
+			}()
+			done <- <-inner
+			runtime.UnlockOSThread()
+			return
+		}
+		c.startLocked(cmd, done)
+	}()
+	return <-done
+}
+
+// startLocked runs on a goroutine locked (once) to a thread that is not
+// the main one; it unlocks the thread only after the thread is back home.
+// A thread that ends takes the child along (its parent-death signal), so
+// the goroutine must not end locked unless it means to.
+func (c *shardCgroup) startLocked(cmd *exec.Cmd, done chan<- error) {
+	tid := []byte(strconv.Itoa(unix.Gettid()))
+	var joined []string
+	join := func(dir string) error {
+		if dir == "" {
+			return nil
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tasks"), tid, 0o644); err != nil {
+			return fmt.Errorf("enter %s: %w", dir, err)
+		}
+		joined = append(joined, dir)
+		return nil
 	}
-	return files
+	err := join(c.mem)
+	if err == nil {
+		err = join(c.cpu)
+	}
+	if err == nil {
+		err = cmd.Start()
+	}
+	for _, home := range []string{c.homeMem, c.homeCpu}[:len(joined)] {
+		if e := os.WriteFile(filepath.Join(home, "tasks"), tid, 0o644); e != nil {
+			// The thread stays where it is and ends with this goroutine.
+			if cmd.Process != nil {
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // its group, when it has one
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
+			done <- fmt.Errorf("return the starting thread to %s: %w", home, e)
+			return
+		}
+	}
+	runtime.UnlockOSThread()
+	done <- err
 }
 
 // peak is the cgroup's highest memory use, or -1 when unreadable.

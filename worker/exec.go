@@ -157,15 +157,16 @@ func paramKey(k string) string {
 // it runs (admission's registry, the profiler's sampler, a shard cgroup);
 // the function it returns is called when the child has exited.
 //
-// enter lists cgroup.procs files the child must be in before it runs the
-// command: a small /bin/sh prologue writes its own pid into each, then
-// execs argv, which it receives as positional parameters (never as text
-// in the script), so nothing the child forks can escape the cgroup.
+// cg, when set, is the shard's cgroup, which the child is in before it
+// runs the command, so nothing it forks can escape it. On cgroup v1 the
+// child starts there (startIn); on cgroup v2 a small /bin/sh prologue
+// writes its own pid into cgroup.procs, then execs argv, which it receives
+// as positional parameters (never as text in the script).
 //
 // held names the shard message the command runs for, if any; the child
 // journal keeps it beside the process group (see heldShard).
-func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop, preempt, leaseLost <-chan struct{}, onStart func(pgid int) func(), enter []string, held *heldShard) result {
-	if len(enter) > 0 {
+func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop, preempt, leaseLost <-chan struct{}, onStart func(pgid int) func(), cg *shardCgroup, held *heldShard) result {
+	if enter := cg.procsFiles(); len(enter) > 0 {
 		wrapped := append([]string{"/bin/sh", "-c", enterScript, "shardpool-enter"}, enter...)
 		argv = append(append(wrapped, "--"), argv...)
 	}
@@ -181,7 +182,12 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	oomBefore := w.oomBaseline()
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	if cg != nil && !cg.v2 {
+		err = cg.startIn(cmd)
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
 		out.abort()
 		out.note(fmt.Sprintf("shardpool: cannot start %q: %v\n", argv[0], err))
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err), logged: true}

@@ -309,7 +309,7 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	if timeout == 0 {
 		timeout = 10 * time.Minute
 	}
-	res := w.execute(argv, env, spec.Dir, s.Log, timeout, nil, nil, nil, onStart, cg.procsFiles(), nil)
+	res := w.execute(argv, env, spec.Dir, s.Log, timeout, nil, nil, nil, onStart, cg, nil)
 	if !res.logged {
 		s.Log = "" // the sample printed nothing
 	}
