@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,7 +33,18 @@ type cgroups struct {
 	mode    string // "v1", "v2" or ""
 	why     string // why not enforced
 	v2moved bool
+
+	// Emptied v1 shard cgroups kept for the next shard with the same limits
+	// (release): making and removing two cgroups per shard cost more CPU
+	// than a short shard's command.
+	mu    sync.Mutex
+	idle  map[shardLimits][]*shardCgroup
+	made  int
+	owner int // this process's pid, in the pooled cgroups' names
 }
+
+// shardLimits are the limits a pooled cgroup was made with.
+type shardLimits struct{ mem, cpu int64 }
 
 // detectCgroups finds whether per-shard cgroups can be made here.
 func detectCgroups(root string) *cgroups {
@@ -151,17 +164,44 @@ func (c *cgroups) prepareV2() error {
 type shardCgroup struct {
 	v2       bool
 	mem, cpu string
+	limits   shardLimits
+	pooled   bool  // made for reuse (v1): given back with release
+	oomBase  int64 // the oom_kill count when this use began
 	// home are the worker's own cgroup directories, one per directory of
 	// the shard's (v1): the starting thread returns to them (startIn).
 	homeMem, homeCpu string
 }
 
 // newShard creates a shard's cgroup; memLimit and cpuMillicores of 0 set
-// no limit (the cgroup still measures).
+// no limit (the cgroup still measures). On cgroup v1 it is an emptied one
+// from an earlier shard with the same limits when there is one; name then
+// only labels a cgroup v2 one. Give it back with release.
 func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
 	switch c.mode {
 	case "v1":
-		return c.newShardV1(name, memLimit, cpuMillicores)
+		lim := shardLimits{memLimit, cpuMillicores}
+		c.mu.Lock()
+		for free := c.idle[lim]; len(free) > 0; free = c.idle[lim] {
+			sc := free[len(free)-1]
+			c.idle[lim] = free[:len(free)-1]
+			if _, err := os.Stat(sc.mem); err == nil {
+				c.mu.Unlock()
+				return sc, nil
+			}
+			// Removed under us (by hand, or taken for a dead worker's).
+		}
+		if c.owner == 0 {
+			c.owner = os.Getpid()
+		}
+		c.made++
+		name = fmt.Sprintf("p%d-%d", c.owner, c.made)
+		c.mu.Unlock()
+		sc, err := c.newShardV1(name, memLimit, cpuMillicores)
+		if err != nil {
+			return nil, err
+		}
+		sc.limits, sc.pooled = lim, true
+		return sc, nil
 	case "v2":
 		return c.newShardV2(name, memLimit, cpuMillicores)
 	}
@@ -315,12 +355,108 @@ func (c *shardCgroup) peak() int64 {
 	return n
 }
 
-// oomKills is the cgroup's OOM-kill count, or -1 when unreadable.
+// oomKills is the cgroup's OOM-kill count in this use, or -1 when
+// unreadable.
 func (c *shardCgroup) oomKills() int64 {
 	if c.v2 {
 		return keyedValue(filepath.Join(c.mem, "memory.events"), "oom_kill")
 	}
-	return keyedValue(filepath.Join(c.mem, "memory.oom_control"), "oom_kill")
+	n := keyedValue(filepath.Join(c.mem, "memory.oom_control"), "oom_kill")
+	if n < 0 {
+		return n
+	}
+	return n - c.oomBase
+}
+
+// reuseBelow is the most memory a used v1 cgroup may still be charged
+// with (kernel objects and page cache its shard left) to be kept: the next
+// shard's peak starts from it, so a peak errs high by at most this much.
+// A short command leaves 170-420 KiB; one that wrote files leaves their
+// page cache and gets a new cgroup. Emptying with memory.force_empty
+// instead cost more CPU than making a new cgroup (5,000 /bin/true).
+const reuseBelow = 1 << 20
+
+// release gives a shard's cgroup back once its processes are gone. A
+// pooled v1 cgroup has its peak reset and its OOM count noted, and is kept
+// for the next shard with the same limits; one that still has a task
+// (something left the shard's process group and lives on), is charged
+// with more than reuseBelow, or does not reset is removed instead, as
+// every v2 one is.
+func (c *cgroups) release(sc *shardCgroup) {
+	if sc == nil {
+		return
+	}
+	if !sc.pooled || !sc.reset() {
+		sc.remove()
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.idle == nil {
+		c.idle = map[shardLimits][]*shardCgroup{}
+	}
+	c.idle[sc.limits] = append(c.idle[sc.limits], sc)
+}
+
+// reset empties a used v1 cgroup for its next shard; false when it cannot
+// be reused.
+func (c *shardCgroup) reset() bool {
+	for _, d := range []string{c.mem, c.cpu} {
+		if d == "" {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(d, "tasks")); err != nil || len(bytes.TrimSpace(b)) > 0 {
+			return false
+		}
+	}
+	usage, err := os.ReadFile(filepath.Join(c.mem, "memory.usage_in_bytes"))
+	if n, perr := strconv.ParseInt(strings.TrimSpace(string(usage)), 10, 64); err != nil || perr != nil || n > reuseBelow {
+		return false
+	}
+	if err := os.WriteFile(filepath.Join(c.mem, "memory.max_usage_in_bytes"), []byte("0"), 0o644); err != nil {
+		return false
+	}
+	c.oomBase = keyedValue(filepath.Join(c.mem, "memory.oom_control"), "oom_kill")
+	return c.oomBase >= 0
+}
+
+// close removes the kept cgroups (the worker is done with them).
+func (c *cgroups) close() {
+	c.mu.Lock()
+	idle := c.idle
+	c.idle = nil
+	c.mu.Unlock()
+	for _, free := range idle {
+		for _, sc := range free {
+			sc.remove()
+		}
+	}
+}
+
+// removeDeadOwners removes the kept cgroups a worker left that is no
+// longer running (a SIGKILL, or a crash): v1 cgroups under this worker's
+// own named for a pid that no process has. One still in use (the pid
+// reused by a worker that made it) is not empty and stays.
+func (c *cgroups) removeDeadOwners() {
+	if c.mode != "v1" {
+		return
+	}
+	for _, parent := range []string{c.v1mem, c.v1cpu} {
+		if parent == "" {
+			continue
+		}
+		entries, _ := os.ReadDir(parent)
+		for _, e := range entries {
+			var pid, n int
+			if _, err := fmt.Sscanf(e.Name(), "shardpool-p%d-%d", &pid, &n); err != nil || !e.IsDir() || pid == os.Getpid() {
+				continue
+			}
+			if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
+				continue
+			}
+			_ = os.Remove(filepath.Join(parent, e.Name()))
+		}
+	}
 }
 
 // remove deletes the cgroups once their processes are gone.

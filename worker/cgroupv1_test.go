@@ -60,14 +60,13 @@ func TestChildStartsInItsV1CgroupsWithoutAPrologue(t *testing.T) {
 	}
 	homeMem, homeCPU := cgroupOf(t, string(self), "memory"), cgroupOf(t, string(self), "cpu")
 	var wg sync.WaitGroup
-	errs := make(chan error, 4*25)
-	for g := range 4 {
+	errs := make(chan error, 4*25*3)
+	for range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range 25 {
-				name := fmt.Sprintf("test-%d-%d-%d", os.Getpid(), g, i)
-				sc, err := c.newShard(name, 64<<20, 1000)
+				sc, err := c.newShard("", 64<<20, 1000)
 				if err != nil {
 					errs <- err
 					return
@@ -76,16 +75,16 @@ func TestChildStartsInItsV1CgroupsWithoutAPrologue(t *testing.T) {
 				// command, not placed by anyone.
 				cmd := exec.Command("sh", "-c", "cat /proc/self/cgroup | cat")
 				out, err := outputIn(sc, cmd)
-				sc.remove()
+				c.release(sc)
 				if err != nil {
 					errs <- err
 					return
 				}
-				if got := cgroupOf(t, out, "memory"); got != filepath.Join(homeMem, "shardpool-"+name) {
-					errs <- fmt.Errorf("start %d: the command's child is in memory cgroup %s", i, got)
+				if got := cgroupOf(t, out, "memory"); got != filepath.Join(homeMem, filepath.Base(sc.mem)) {
+					errs <- fmt.Errorf("start %d: the command's child is in memory cgroup %s, want %s", i, got, sc.mem)
 				}
-				if got := cgroupOf(t, out, "cpu"); got != filepath.Join(homeCPU, "shardpool-"+name) {
-					errs <- fmt.Errorf("start %d: the command's child is in cpu cgroup %s", i, got)
+				if got := cgroupOf(t, out, "cpu"); got != filepath.Join(homeCPU, filepath.Base(sc.cpu)) {
+					errs <- fmt.Errorf("start %d: the command's child is in cpu cgroup %s, want %s", i, got, sc.cpu)
 				}
 				// Other goroutines' starting threads may be in their shards'
 				// cgroups now; the main thread never is.
@@ -96,8 +95,15 @@ func TestChildStartsInItsV1CgroupsWithoutAPrologue(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	c.close()
 	if err := threadsHome(homeMem, homeCPU, false); err != nil {
 		t.Errorf("after all starts: %v", err)
+	}
+	if c.made > 4*3 {
+		t.Errorf("%d cgroups made for 100 shards 4 at a time, want them reused", c.made)
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.v1mem, fmt.Sprintf("shardpool-p%d-*", os.Getpid()))); len(left) > 0 {
+		t.Errorf("cgroups left after close: %v", left)
 	}
 	close(errs)
 	for err := range errs {
@@ -178,5 +184,97 @@ func TestStartingThreadThatCannotReturnEnds(t *testing.T) {
 	}
 	if err := os.Remove(sc.mem); err != nil {
 		t.Fatalf("remove the shard's cgroup: %v", err)
+	}
+}
+
+// TestReusedCgroupMeasuresOnlyItsShard: a v1 shard cgroup given back is
+// used again for the next shard with the same limits, and that shard's
+// peak and OOM count are its own, not those of the one before; a cgroup
+// with a process still in it is not used again.
+func TestReusedCgroupMeasuresOnlyItsShard(t *testing.T) {
+	c := v1Cgroups(t)
+	defer c.close()
+	run := func(script string) (*shardCgroup, int64, int64) {
+		t.Helper()
+		sc, err := c.newShard("", 48<<20, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("sh", "-c", script)
+		_ = sc.startIn(cmd)
+		_ = cmd.Wait()
+		peak, ooms := sc.peak(), sc.oomKills()
+		c.release(sc)
+		return sc, peak, ooms
+	}
+	first, peak, ooms := run(`head -c 30M /dev/zero | tail -n 1 > /dev/null`)
+	if peak < 30<<20 || ooms != 0 {
+		t.Fatalf("30 MiB shard: peak %d, %d OOM kill(s); want at least 30 MiB and none", peak, ooms)
+	}
+	second, peak, ooms := run(`true`)
+	if second != first {
+		t.Fatalf("the second shard got a new cgroup (%s), want %s again", second.mem, first.mem)
+	}
+	if peak > 8<<20 || ooms != 0 {
+		t.Fatalf("reused for true: peak %d, %d OOM kill(s); want its own peak (under 8 MiB) and none", peak, ooms)
+	}
+	_, _, ooms = run(`head -c 300M /dev/zero | tail -n 1 > /dev/null`)
+	if ooms != 1 {
+		t.Fatalf("300 MiB shard at a 48 MiB limit: %d OOM kill(s), want 1", ooms)
+	}
+	if _, _, ooms = run(`true`); ooms != 0 {
+		t.Fatalf("the shard after an OOM kill: %d OOM kill(s), want its own (none)", ooms)
+	}
+
+	// A process left in the cgroup: the cgroup is not reused.
+	sc, err := c.newShard("", 48<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(sc.mem) // last, once the stray is gone
+	stray := exec.Command("sleep", "30")
+	if err := sc.startIn(stray); err != nil {
+		t.Fatal(err)
+	}
+	defer stray.Wait()
+	defer stray.Process.Kill()
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		stray.Process.Kill()
+	}()
+	c.release(sc) // tries to remove it while the stray lives, for a second
+	next, err := c.newShard("", 48<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.release(next)
+	if next == sc {
+		t.Fatalf("a cgroup with a live process in it was handed out again")
+	}
+}
+
+// TestDeadWorkersCgroupsAreRemoved: kept cgroups named for a pid no process
+// has (a worker killed with SIGKILL) are removed when a worker starts;
+// this process's own stay.
+func TestDeadWorkersCgroupsAreRemoved(t *testing.T) {
+	c := v1Cgroups(t)
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := filepath.Join(c.v1mem, fmt.Sprintf("shardpool-p%d-1", gone.Process.Pid))
+	own := filepath.Join(c.v1mem, fmt.Sprintf("shardpool-p%d-1", os.Getpid()))
+	for _, d := range []string{dead, own} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(d)
+	}
+	c.removeDeadOwners()
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("the dead worker's cgroup %s: %v, want it removed", dead, err)
+	}
+	if _, err := os.Stat(own); err != nil {
+		t.Errorf("this worker's own cgroup: %v, want it kept", err)
 	}
 }

@@ -131,6 +131,7 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 	w.cgroups = detectCgroups("/")
 	w.limits = w.cgroups.describe()
 	w.enforce = w.cgroups.mode != ""
+	defer w.cgroups.close()
 	spec, man := cfg.Spec, cfg.Manifest
 	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Limits: w.limits}
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
@@ -273,7 +274,7 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 		if w.enforce {
 			if c, err := w.cgroups.newShard(fmt.Sprintf("profile-%s-%d", sh.ID, time.Now().UnixNano()), 0, 0); err == nil {
 				cg = c
-				defer cg.remove()
+				defer w.cgroups.release(cg)
 				s.PeakSource = "the peak of the shard's own cgroup (" + w.cgroups.mode + ")"
 			}
 		}

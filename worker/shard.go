@@ -557,7 +557,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		// its cpus. The cgroup lives under the worker's own.
 		if c, err := w.cgroups.newShard(fmt.Sprintf("%s-%s-a%d", a.m.Run, a.m.ID, a.attempt), cls.Memory, int64(cls.CPUs)*1000); err == nil {
 			cg = c
-			defer cg.remove()
+			defer w.cgroups.release(cg)
 		} else {
 			w.log.Warn("shard cgroup", "shard", a.key, "err", err)
 		}

@@ -271,6 +271,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
 	w.limits = w.cgroups.describe()
 	w.enforce = w.cgroups.mode != ""
+	w.cgroups.removeDeadOwners()
+	defer w.cgroups.close()
 	b, err := stream.WaitBuckets(ctx, w.cfg.JetStream, 15*time.Second)
 	if err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
