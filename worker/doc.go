@@ -24,10 +24,15 @@
 //     current round (less those interrupted, preempted or discarded), never
 //     deliveries. A delivery whose lease the store does not take is held in
 //     progress, its slot kept, until the store takes writes again.
+//   - Where limits are enforced, a shard's child is in its cgroups before
+//     it runs anything (v1: forked by a worker thread that joined them and
+//     went back; v2: a prologue), so nothing it forks escapes them. A v1
+//     cgroup is used again only once no task is left in it.
 //   - Shutdown is two-phase: stop fetching, then SIGTERM children, wait the
 //     grace period, SIGKILL, record the interruption and Nak; attempts that
 //     are concluding finish first.
 //
 // Locks: Worker.mu guards running counters, the admission log files and the
-// output syncs; oomMu the shared OOM-kill baseline; scratchPool.mu its pool.
+// output syncs; oomMu the shared OOM-kill baseline; scratchPool.mu its
+// pool; cgroups.mu the kept shard cgroups.
 package worker
