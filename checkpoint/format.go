@@ -1,11 +1,11 @@
 package checkpoint
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	json "github.com/segmentio/encoding/json"
 )
 
 // Names of the metadata files inside a committed directory. MANIFEST is

@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/cespare/xxhash/v2"
+	json "github.com/segmentio/encoding/json"
 )
 
 func jsonIndent(v any) ([]byte, error) {
