@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -157,5 +158,37 @@ func TestFleetCapBoundsAllHosts(t *testing.T) {
 	// Every shard counts itself, so a maximum of 1 means each ran alone.
 	if maxSeen := maxConcurrent(t, spec, 4); maxSeen != 1 {
 		t.Fatalf("up to %d shards ran at once, want 1 under a fleet cap of 1", maxSeen)
+	}
+}
+
+// TestPeakRSSIsTheCommandsOwn: the kernel's peak RSS of a child includes
+// the RSS of the process that forked and exec'd it (the worker's), so a
+// command smaller than the worker would report the worker's size. An
+// attempt records only a peak that is above the worker's own: a small
+// command's is left out, a large one's is kept.
+func TestPeakRSSIsTheCommandsOwn(t *testing.T) {
+	// The large command must outgrow this test binary, which under -race
+	// reaches 600 MiB by the end of the package.
+	var self syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
+		t.Fatal(err)
+	}
+	big := self.Maxrss/1024 + 300 // MiB
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"m%d","inputs":[%q],"params":{"mib":"%d"}}`, i, in, []int64{0, big}[i])
+		},
+		// tail holds its one line, all of it, in memory.
+		Command: []string{"sh", "-c", `head -c "${SHARDPOOL_PARAM_MIB}M" /dev/zero | tail -n 1 > /dev/null`}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	small, _ := env.Shard("t", "m0")
+	large, _ := env.Shard("t", "m1")
+	if got := small.Attempts[0].PeakRSS; got != 0 {
+		t.Errorf("a command of about 1 MiB recorded peak_rss %s; want none (the kernel's figure is this process's own RSS)", stream.FormatSize(got))
+	}
+	if got := large.Attempts[0].PeakRSS; got < big<<20 || got > (big+100)<<20 {
+		t.Errorf("a command holding %d MiB recorded peak_rss %s; want about that", big, stream.FormatSize(got))
 	}
 }

@@ -371,10 +371,11 @@ func (c *shardCgroup) oomKills() int64 {
 // reuseBelow is the most memory a used v1 cgroup may still be charged
 // with (kernel objects and page cache its shard left) to be kept: the next
 // shard's peak starts from it, so a peak errs high by at most this much.
-// A short command leaves 170-420 KiB; one that wrote files leaves their
-// page cache and gets a new cgroup. Emptying with memory.force_empty
-// instead cost more CPU than making a new cgroup (5,000 /bin/true).
-const reuseBelow = 1 << 20
+// A short command leaves 0.2-1.2 MiB (kernel objects, and charges the
+// kernel holds in advance per CPU); one that wrote files leaves their page
+// cache and gets a new cgroup. Emptying with memory.force_empty instead
+// cost more CPU than making a new cgroup (5,000 /bin/true).
+const reuseBelow = 4 << 20
 
 // release gives a shard's cgroup back once its processes are gone. A
 // pooled v1 cgroup has its peak reset and its OOM count noted, and is kept

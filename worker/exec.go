@@ -3,6 +3,7 @@ package worker
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -251,6 +252,13 @@ wait:
 	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
 		// wait4's usage covers the child and the descendants it waited for.
 		r.peakRSS = ru.Maxrss * 1024
+		if r.peakRSS <= selfPeakRSS() {
+			// Linux counts the peak RSS of the process a child exec'd from
+			// (this one: Go forks with the parent's memory shared) into the
+			// child's, so a figure up to this process's own peak may be
+			// ours, not the command's: unknown, not ours.
+			r.peakRSS = 0
+		}
 		r.cpuSeconds = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 		r.readBytes, r.writeBytes = ru.Inblock*512, ru.Oublock*512
 	}
@@ -517,4 +525,14 @@ func (l *lazyLog) note(msg string) {
 	}
 	f.WriteString(msg)
 	f.Close()
+}
+
+// selfPeakRSS is this process's own peak RSS: what the kernel adds to the
+// peak RSS of each child it starts (see execute).
+func selfPeakRSS() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return math.MaxInt64 // unknown: no child's figure can be told from ours
+	}
+	return ru.Maxrss * 1024
 }
