@@ -55,7 +55,7 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SAMPLE\tSHARD\tCOST\tSECONDS\tITEMS/S\tPEAK MEMORY\tCPU DUTY\tOUTPUT\tOUTCOME")
 	for _, s := range r.Samples {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f\t%s\t%s %s\n", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, stream.FormatSize(s.PeakMemory), s.CPUDuty, stream.FormatSize(s.OutputBytes), s.Outcome, s.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f\t%s\t%s %s\n", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty, stream.FormatSize(s.OutputBytes), s.Outcome, s.Reason)
 	}
 	tw.Flush()
 	if len(r.Samples) > 0 {
@@ -74,9 +74,22 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		fmt.Fprintf(w, "sweep stopped: %s; knee at %d\n", r.SweepStop, r.Knee)
 	}
 	for c, p := range r.Classes {
-		fmt.Fprintf(w, "class %s: measured peak memory %s, cpu %.2f\n", c, stream.FormatSize(p.Memory), float64(p.CPU)/1000)
+		mem := stream.FormatSize(p.Memory)
+		if p.Memory <= 0 {
+			mem = "unknown (no sample's peak was caught; admission uses the declared memory)"
+		}
+		fmt.Fprintf(w, "class %s: measured peak memory %s, cpu %.2f\n", c, mem, float64(p.CPU)/1000)
 	}
 	if r.Error != "" {
 		fmt.Fprintf(w, "STOPPED: %s\n", r.Error)
 	}
+}
+
+// peakText is a sample's peak memory; 0 means none was caught (a command
+// that ended before the first look, where no cgroup measures it).
+func peakText(n int64) string {
+	if n <= 0 {
+		return "unknown"
+	}
+	return stream.FormatSize(n)
 }

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/worker"
+)
+
+// TestProfileSaysWhenNoPeakWasCaught: where no cgroup measures a command
+// and it ends before the first look at its memory, its peak is unknown,
+// and the table says so rather than claiming 0B.
+func TestProfileSaysWhenNoPeakWasCaught(t *testing.T) {
+	var b strings.Builder
+	printProfile(&b, &worker.ProfileReport{
+		Samples: []worker.Sample{{Kind: "smallest", ID: "a", Outcome: "ok", PeakSource: "polling"}, {Kind: "largest", ID: "b", Outcome: "ok", PeakMemory: 3 << 20}},
+		Classes: map[string]plan.Peak{"cpu": {CPU: 1000}},
+	})
+	out := b.String()
+	peaks := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 5 {
+			peaks[f[0]] = f[5] // PEAK MEMORY
+		}
+	}
+	if peaks["smallest"] != "unknown" || peaks["largest"] != "3.0MiB" {
+		t.Fatalf("profile table:\n%s\nwant the uncaught peak unknown (not 0B) and the caught one 3.0MiB", out)
+	}
+	if !strings.Contains(out, "class cpu: measured peak memory unknown") {
+		t.Fatalf("profile class line:\n%s\nwant the class's measured peak unknown", out)
+	}
+}
