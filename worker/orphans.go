@@ -35,7 +35,7 @@ import (
 //
 //	+ <pgid> [<lease key> <attempt> <ack subject>]  a command started
 //	- <pgid>                                       its group is gone
-//	h <lease key> <attempt> <ack subject>          a shard held with no command (staging)
+//	h <lease key> <attempt> <ack subject>          a shard held, from its lease on
 //	= <lease key> <attempt>                        the shard's message is settled
 //
 // A worker that exits normally removes it; one that runs long rewrites it
@@ -164,8 +164,9 @@ func (j *childJournal) ended(pgid int) {
 	j.write(append(strconv.AppendInt(append(b[:0], '-', ' '), int64(pgid), 10), '\n'), func() { delete(j.live, pgid) })
 }
 
-// holding notes a shard held while no command runs for it (its inputs
-// are being staged).
+// holding notes a shard held from its lease on: before its inputs are
+// staged or its command starts, so that a worker killed at any point after
+// the command's first step has the shard in its journal.
 func (j *childJournal) holding(h *heldShard) {
 	if j == nil || !h.journaled() {
 		return

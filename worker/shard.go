@@ -422,6 +422,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	// the shard, so that a worker that finds this one dead can hand it
 	// back at once (handBack), whichever step it died in.
 	held := &heldShard{key: a.key, attempt: a.attempt, reply: a.msg.Reply()}
+	w.journal.holding(held)
 	defer w.journal.settled(held)
 	var res result
 	base, err := w.scratch.take(m.Run)
@@ -434,7 +435,6 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: base + ".out", Scratch: base + ".tmp",
 		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
 	if res.outcome == "" && spec.StageFor(class) {
-		w.journal.holding(held)
 		// A shutdown stops the copy at once (it resumes from its verified
 		// chunks next time) instead of waiting for a large input.
 		sctx, cancel := context.WithCancel(ctx)
