@@ -436,7 +436,7 @@ func (c *cgroups) close() {
 
 // removeDeadOwners removes the kept cgroups a worker left that is no
 // longer running (a SIGKILL, or a crash): v1 cgroups under this worker's
-// own named for a pid that no process has. One still in use (the pid
+// own named for a pid that no running process has. One still in use (the pid
 // reused by a worker that made it) is not empty and stays.
 func (c *cgroups) removeDeadOwners() {
 	if c.mode != "v1" {
@@ -452,7 +452,7 @@ func (c *cgroups) removeDeadOwners() {
 			if _, err := fmt.Sscanf(e.Name(), "shardpool-p%d-%d", &pid, &n); err != nil || !e.IsDir() || pid == os.Getpid() {
 				continue
 			}
-			if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			if pidAlive(pid) {
 				continue
 			}
 			_ = os.Remove(filepath.Join(parent, e.Name()))

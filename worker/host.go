@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -48,13 +51,23 @@ func (w *Worker) oomBaseline() int64 {
 	return w.oomN
 }
 
-// pidAlive reports whether pid exists on this host.
+// pidAlive reports whether pid is a running process on this host. A
+// zombie is not: it is dead, only not yet reaped (a worker killed under a
+// parent that does not reap, such as a container's pid 1 or a shell that
+// started it in the background, stays one indefinitely).
 func pidAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	err := syscall.Kill(pid, 0)
-	return err == nil || err == syscall.EPERM
+	if err := syscall.Kill(pid, 0); err != nil && err != syscall.EPERM {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return !errors.Is(err, fs.ErrNotExist) // unreadable: alive, as far as anyone can prove
+	}
+	st, ok := probe.ParseStat(b)
+	return !ok || st.State != 'Z'
 }
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_-]+`)

@@ -358,3 +358,30 @@ func ackResponder(t *testing.T, nc *nats.Conn) *nats.Subscription {
 	}
 	return naks
 }
+
+// TestZombieIsNotAlive: a process that exited and was not reaped (a worker
+// SIGKILLed under a parent that does not wait for it) is dead for every
+// proof of an owner gone: leases, worker names, kept cgroups.
+func TestZombieIsNotAlive(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	pid := cmd.Process.Pid
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if strings.Contains(string(b), ") Z ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d did not become a zombie: %s", pid, b)
+		}
+	}
+	if pidAlive(pid) {
+		t.Errorf("zombie pid %d counts as alive", pid)
+	}
+	if !pidAlive(os.Getpid()) {
+		t.Errorf("this process counts as dead")
+	}
+}
