@@ -49,7 +49,7 @@ gpu-bundle: build
 # output. A tool for hunting rare recovery bugs, not a test (see
 # bench/soak; -seed repeats a run's choices).
 soak: build
-	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25
+	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB
 
 # Benchmarks print ratios against baselines measured in the same run.
 bench: build

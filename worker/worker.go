@@ -321,7 +321,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	g.Go(func() error {
 		// Peers on this host that died: reap what their commands left and
 		// hand their shards back, at a third of the TTL so that a dead
-		// peer's leases are still young enough to hand back (handBack).
+		// peer's leases are still young enough to hand back (handBack);
+		// remove the shard cgroups they kept.
 		t := time.NewTicker(max(w.ttl/3, time.Second))
 		defer t.Stop()
 		for {
@@ -330,6 +331,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				return nil
 			case <-t.C:
 				w.reapOrphans()
+				w.cgroups.removeDeadOwners()
 			}
 		}
 	})

@@ -38,6 +38,7 @@ func main() {
 	events := flag.Int("events", 12, "random kills")
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed; pass it to repeat a run's choices)")
 	keep := flag.Bool("keep", false, "keep the work directory also when every check passed")
+	memory := flag.String("memory", "", `declare this memory for the shards' class (e.g. "64MiB"): as root, each shard runs in cgroups of its own, and the soak checks that no dead worker's are left`)
 	flag.Parse()
 	abs, err := filepath.Abs(*bin)
 	if err != nil {
@@ -48,9 +49,12 @@ func main() {
 		fail("%v", err)
 	}
 	fmt.Printf("soak: %d shards, %d events, seed %d, in %s\n", *n, *events, *seed, dir)
-	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}}
+	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}, memory: *memory}
 	code := s.run(*n, *events)
 	s.stopAll()
+	if code == 0 && *memory != "" {
+		code = s.checkCgroups()
+	}
 	if code == 0 && !*keep {
 		os.RemoveAll(dir) // a violation keeps it, for its logs and store
 	}
@@ -59,6 +63,7 @@ func main() {
 
 type soak struct {
 	bin, dir, url, addr string
+	memory              string // the class's memory, when declared
 	rng                 *rand.Rand
 	procs               map[string]*exec.Cmd
 	start               time.Time
@@ -169,6 +174,9 @@ func (s *soak) writeJob(n int) string {
 	spec := filepath.Join(s.dir, "shardpool.toml")
 	body := fmt.Sprintf("name = \"soak\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\nretries = 3\ncommand = [%q, \"{id}\", \"{out}\", %q]\n",
 		job, filepath.Join(s.dir, "ran.log"))
+	if s.memory != "" {
+		body += fmt.Sprintf("[class.cpu]\ncpus = 1\nmemory = %q\n", s.memory)
+	}
 	if err := os.WriteFile(spec, []byte(body), 0o644); err != nil {
 		fail("%v", err)
 	}
@@ -289,4 +297,37 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 	ran, _ := os.ReadFile(filepath.Join(s.dir, "ran.log"))
 	s.logf("%d shard(s) needed more than one attempt; commands ran %d times for %d shards", reran, strings.Count(string(ran), "\n"), n)
 	return bad
+}
+
+// checkCgroups runs after every process the soak started has stopped: the
+// shard cgroups workers keep (shardpool-p<pid>-<n>, beside the soak's own,
+// which its workers share) must all be gone, those of killed workers
+// removed by the workers that came after them. It returns 1 when some
+// are left.
+func (s *soak) checkCgroups() int {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		s.logf("VIOLATION: cannot read /proc/self/cgroup: %v", err)
+		return 1
+	}
+	var left []string
+	for _, line := range strings.Split(string(self), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, ctl := range strings.Split(parts[1], ",") {
+			if ctl != "memory" && ctl != "cpu" {
+				continue
+			}
+			dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", parts[1], parts[2], "shardpool-p*"))
+			left = append(left, dirs...)
+		}
+	}
+	if len(left) > 0 {
+		s.logf("VIOLATION: %d shard cgroup(s) left behind: %s", len(left), strings.Join(left, " "))
+		return 1
+	}
+	s.logf("ok: no shard cgroup left behind")
+	return 0
 }
