@@ -39,6 +39,7 @@ type cgroups struct {
 	// than a short shard's command.
 	mu    sync.Mutex
 	idle  map[shardLimits][]*shardCgroup
+	kept  int // in idle, at most keepAtMost
 	made  int
 	owner int // this process's pid, in the pooled cgroups' names
 }
@@ -184,6 +185,7 @@ func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCg
 		for free := c.idle[lim]; len(free) > 0; free = c.idle[lim] {
 			sc := free[len(free)-1]
 			c.idle[lim] = free[:len(free)-1]
+			c.kept--
 			if _, err := os.Stat(sc.mem); err == nil {
 				c.mu.Unlock()
 				return sc, nil
@@ -392,12 +394,22 @@ func (c *cgroups) release(sc *shardCgroup) {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.idle == nil {
 		c.idle = map[shardLimits][]*shardCgroup{}
 	}
+	if c.kept >= keepAtMost {
+		c.mu.Unlock()
+		sc.remove()
+		return
+	}
 	c.idle[sc.limits] = append(c.idle[sc.limits], sc)
+	c.kept++
+	c.mu.Unlock()
 }
+
+// keepAtMost bounds the kept cgroups of a worker: a long-lived one serves
+// runs with many different limits, and each set keeps its own.
+const keepAtMost = 64
 
 // reset empties a used v1 cgroup for its next shard; false when it cannot
 // be reused.
@@ -425,7 +437,7 @@ func (c *shardCgroup) reset() bool {
 func (c *cgroups) close() {
 	c.mu.Lock()
 	idle := c.idle
-	c.idle = nil
+	c.idle, c.kept = nil, 0
 	c.mu.Unlock()
 	for _, free := range idle {
 		for _, sc := range free {

@@ -278,3 +278,26 @@ func TestDeadWorkersCgroupsAreRemoved(t *testing.T) {
 		t.Errorf("this worker's own cgroup: %v, want it kept", err)
 	}
 }
+
+// TestKeptCgroupsAreBounded: a worker keeps at most keepAtMost emptied
+// cgroups, whatever number of different limits it has served; the rest
+// are removed when given back.
+func TestKeptCgroupsAreBounded(t *testing.T) {
+	c := v1Cgroups(t)
+	defer c.close()
+	var got []*shardCgroup
+	for i := range keepAtMost + 6 {
+		sc, err := c.newShard("", int64(i+1)<<20, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, sc)
+	}
+	for _, sc := range got {
+		c.release(sc)
+	}
+	left, _ := filepath.Glob(filepath.Join(c.v1mem, fmt.Sprintf("shardpool-p%d-*", os.Getpid())))
+	if c.kept != keepAtMost || len(left) != keepAtMost {
+		t.Fatalf("%d cgroups given back: %d kept, %d on disk; want %d of each", len(got), c.kept, len(left), keepAtMost)
+	}
+}
