@@ -3,6 +3,7 @@ package worker
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,7 +36,7 @@ import (
 //
 //	+ <pgid> [<lease key> <attempt> <ack subject>]  a command started
 //	- <pgid>                                       its group is gone
-//	h <lease key> <attempt> <ack subject>          a shard held, from its lease on
+//	h <lease key> <attempt> <ack subject>          a delivery held, from its fetch on
 //	= <lease key> <attempt>                        the shard's message is settled
 //
 // A worker that exits normally removes it; one that runs long rewrites it
@@ -164,9 +165,9 @@ func (j *childJournal) ended(pgid int) {
 	j.write(append(strconv.AppendInt(append(b[:0], '-', ' '), int64(pgid), 10), '\n'), func() { delete(j.live, pgid) })
 }
 
-// holding notes a shard held from its lease on: before its inputs are
-// staged or its command starts, so that a worker killed at any point after
-// the command's first step has the shard in its journal.
+// holding notes a delivery held from its fetch on: before its lease, its
+// inputs or its command, so that a worker killed at any point after the
+// fetch has it in its journal.
 func (j *childJournal) holding(h *heldShard) {
 	if j == nil || !h.journaled() {
 		return
@@ -506,8 +507,17 @@ func (w *Worker) handBack(h heldShard, j deadJournal) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	e, err := w.b.Leases.Get(ctx, h.key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// No lease: the dead worker was killed after the fetch and before
+		// it took one (no command ran), or the lease lapsed with the TTL,
+		// when the delivery is due back anyway. A delivery it already
+		// settled (the journal's "=" line goes out with the next line) is
+		// no longer pending, and a nak of it changes nothing.
+		w.requeueHeld(h, j, "it held no lease (killed before it took one, or the lease lapsed)")
+		return
+	}
 	if err != nil {
-		return // released, expired or taken over since: nothing is held
+		return // the store did not answer: the lease expires as before
 	}
 	var l stream.Lease
 	if stream.Decode(e.Value(), &l) != nil {
@@ -527,11 +537,17 @@ func (w *Worker) handBack(h heldShard, j deadJournal) {
 	if err := w.b.Leases.Delete(ctx, h.key, jetstream.LastRevision(e.Revision())); err != nil {
 		return
 	}
+	w.requeueHeld(h, j, "its lease deleted")
+}
+
+// requeueHeld naks a dead worker's delivery so that it comes back now, and
+// says so in the host's and the run's admission logs.
+func (w *Worker) requeueHeld(h heldShard, j deadJournal, how string) {
 	if err := w.requeueNow(h.reply); err != nil {
-		w.hostLog("-", "reap", fmt.Sprintf("shard %s of dead worker pid %d: lease deleted; the nak failed (%v), so it comes back after the ack wait", h.key, j.pid, err))
+		w.hostLog("-", "reap", fmt.Sprintf("shard %s of dead worker pid %d: %s; the nak failed (%v), so it comes back after the ack wait", h.key, j.pid, how, err))
 		return
 	}
-	why := fmt.Sprintf("delivery %d of dead worker pid %d on this host back to the queue now: its lease deleted, its delivery naked", h.attempt, j.pid)
+	why := fmt.Sprintf("delivery %d of dead worker pid %d on this host back to the queue now: %s, its delivery naked", h.attempt, j.pid, how)
 	w.hostLog("-", "hand-back", fmt.Sprintf("shard %s (%s)", h.key, why))
 	if run, id, ok := strings.Cut(h.key, "."); ok {
 		// The run's own evidence says why its next attempt came early.

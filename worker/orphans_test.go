@@ -125,7 +125,8 @@ func TestChildJournalAndGroupChecks(t *testing.T) {
 
 // handBack deletes a dead worker's lease and naks its delivery only when
 // the lease is still that worker's, for that delivery, and clear of its
-// TTL; anything else is left to expire.
+// TTL, or naks the delivery when there is no lease (the worker died
+// between its fetch and its lease); anything else is left to expire.
 func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 	ctx := context.Background()
 	w := workerOnServer(t, Config{StateDir: t.TempDir()})
@@ -148,14 +149,19 @@ func TestHandBackOnlyWhatTheDeadWorkerStillHolds(t *testing.T) {
 		{"another boot's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-0", PID: 4242, PIDNS: "pid:[1]", Attempt: 2}, time.Second, false, ""},
 		{"another pid namespace's", stream.Owner{Worker: "dead", Host: "h1", BootID: "boot-1", PID: 4242, PIDNS: "pid:[2]", Attempt: 2}, time.Second, false, ""},
 		{"near its TTL", mine, 7 * time.Second, false, "near its TTL of 8s; left to expire"},
+		// Killed between its fetch and its lease: nothing ran, nothing
+		// to wait out but the ack wait.
+		{"no lease taken", stream.Owner{}, 0, true, "decision=hand-back shard r.a (delivery 2 of dead worker pid 4242 on this host back to the queue now: it held no lease"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "r.a"
 			_ = w.b.Leases.Purge(ctx, key)
-			l := stream.Lease{Owner: tc.owner, Taken: time.Now().Add(-tc.age), Renewed: time.Now().Add(-tc.age).UTC()}
-			data, _ := stream.Encode(&l)
-			if _, err := w.b.Leases.Put(ctx, key, data); err != nil {
-				t.Fatal(err)
+			if tc.owner != (stream.Owner{}) {
+				l := stream.Lease{Owner: tc.owner, Taken: time.Now().Add(-tc.age), Renewed: time.Now().Add(-tc.age).UTC()}
+				data, _ := stream.Encode(&l)
+				if _, err := w.b.Leases.Put(ctx, key, data); err != nil {
+					t.Fatal(err)
+				}
 			}
 			w.handBack(heldShard{key: key, attempt: 2, reply: "ack." + strings.ReplaceAll(tc.name, " ", "-")}, dead)
 			_, gerr := w.b.Leases.Get(ctx, key)

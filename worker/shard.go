@@ -39,6 +39,9 @@ type attemptState struct {
 	rec     stream.ShardRecord
 	rev     uint64
 	attempt int
+	// held is the delivery as the worker's journal holds it, from its
+	// fetch until it is settled.
+	held *heldShard
 	// free gives the attempt's slot back (idempotent); it is called once
 	// the command has exited, when the worker has room to conclude aside.
 	free func()
@@ -69,6 +72,13 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	}
 	m := &a.m
 	a.key = stream.ShardKey(m.Run, m.ID)
+	// From here until the message is settled the worker's journal holds
+	// the delivery, so that a worker that finds this one dead can hand it
+	// back at once (handBack), whichever step it died in: before its lease
+	// too, when there is no lease to wait out but the ack wait would be.
+	a.held = &heldShard{key: a.key, attempt: a.attempt, reply: msg.Reply()}
+	w.journal.holding(a.held)
+	defer w.journal.settled(a.held)
 	run, err := w.runRecord(ctx, m.Run, m.Fingerprint, m.Settings)
 	if err != nil {
 		w.admission(m.Run, m.ID, class, "defer", "run record unreadable: "+err.Error())
@@ -418,12 +428,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		_ = a.msg.NakWithDelay(w.backoff(1))
 		return
 	}
-	// From here until the message is settled the worker's journal holds
-	// the shard, so that a worker that finds this one dead can hand it
-	// back at once (handBack), whichever step it died in.
-	held := &heldShard{key: a.key, attempt: a.attempt, reply: a.msg.Reply()}
-	w.journal.holding(held)
-	defer w.journal.settled(held)
+	held := a.held // in the journal since the fetch (handle)
 	var res result
 	base, err := w.scratch.take(m.Run)
 	if err != nil {

@@ -390,6 +390,50 @@ func TestAnotherRunLeavesAKilledRunsShardsToIt(t *testing.T) {
 	}
 }
 
+// TestDeliveryKilledBeforeItsLeaseComesBackAtOnce: a worker SIGKILLed
+// between its fetch and its lease (here: waiting for a lease held by a
+// worker of another host) held a delivery with no lease of its own. The
+// next worker on the host hands it back at once from the dead worker's
+// journal, instead of leaving it to the ack wait (the lease TTL, 20 s).
+func TestDeliveryKilledBeforeItsLeaseComesBackAtOnce(t *testing.T) {
+	ctx := context.Background()
+	c := startCluster(t, "20s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"sh", "-c", `cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	b, err := stream.OpenBuckets(ctx, c.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := stream.ShardKey("t", "s0000")
+	other := stream.Lease{Owner: stream.Owner{Worker: "elsewhere", Host: "another-host", BootID: "boot-x", PID: 1, Attempt: 1},
+		Taken: time.Now().UTC(), Renewed: time.Now().UTC()}
+	data, _ := stream.Encode(&other)
+	if _, err := b.Leases.Create(ctx, key, data); err != nil {
+		t.Fatal(err)
+	}
+	c.submit(spec)
+	state := filepath.Join(c.data, "w-w1")
+	w1 := c.worker("w1", "--slots", "cpu=1")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		log, _ := os.ReadFile(filepath.Join(state, "runs", "t", "admission.log"))
+		return strings.Contains(string(log), "waiting for it to expire"), "w1 is not waiting for the other host's lease yet:\n" + string(log) + w1.Output()
+	})
+	w1.SignalMain(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	if err := b.Leases.Delete(ctx, key); err != nil { // the other host's worker lets go
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	c.worker("w2", "--slots", "cpu=1", "--data", state) // the same host's state: it reaps w1's journal
+	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	if took := time.Since(killed); took > 10*time.Second {
+		t.Fatalf("the shard completed %s after its worker was killed: it waited out the ack wait", took.Round(time.Millisecond))
+	}
+	log, _ := os.ReadFile(filepath.Join(state, "runs", "t", "admission.log"))
+	if !strings.Contains(string(log), "it held no lease") {
+		t.Fatalf("the run's admission.log does not say the delivery was handed back:\n%s", log)
+	}
+}
+
 func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	c := startCluster(t, "3s")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2,
