@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -62,12 +61,11 @@ func pidAlive(pid int) bool {
 	if err := syscall.Kill(pid, 0); err != nil && err != syscall.EPERM {
 		return false
 	}
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	st, err := readProcStat("/proc", pid)
 	if err != nil {
 		return !errors.Is(err, fs.ErrNotExist) // unreadable: alive, as far as anyone can prove
 	}
-	st, ok := probe.ParseStat(b)
-	return !ok || st.State != 'Z'
+	return st.State != 'Z'
 }
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
