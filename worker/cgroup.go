@@ -37,11 +37,10 @@ type cgroups struct {
 	// Emptied v1 shard cgroups kept for the next shard with the same limits
 	// (release): making and removing two cgroups per shard cost more CPU
 	// than a short shard's command.
-	mu    sync.Mutex
-	idle  map[shardLimits][]*shardCgroup
-	kept  int // in idle, at most keepAtMost
-	made  int
-	owner int // this process's pid, in the pooled cgroups' names
+	mu   sync.Mutex
+	idle map[shardLimits][]*shardCgroup
+	kept int // in idle, at most keepAtMost
+	made int // numbers the pooled cgroups' names, after this process's pid
 }
 
 // shardLimits are the limits a pooled cgroup was made with.
@@ -192,11 +191,8 @@ func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCg
 			}
 			// Removed under us (by hand, or taken for a dead worker's).
 		}
-		if c.owner == 0 {
-			c.owner = os.Getpid()
-		}
 		c.made++
-		name = fmt.Sprintf("p%d-%d", c.owner, c.made)
+		name = fmt.Sprintf("p%d-%d", os.Getpid(), c.made)
 		c.mu.Unlock()
 		sc, err := c.newShardV1(name, memLimit, cpuMillicores)
 		if err != nil {
@@ -306,25 +302,22 @@ func (c *shardCgroup) startIn(cmd *exec.Cmd) error {
 // the goroutine must not end locked unless it means to.
 func (c *shardCgroup) startLocked(cmd *exec.Cmd, done chan<- error) {
 	tid := []byte(strconv.Itoa(unix.Gettid()))
-	var joined []string
-	join := func(dir string) error {
-		if dir == "" {
-			return nil
+	var err error
+	var homes []string // of the cgroups the thread joined
+	for _, p := range [][2]string{{c.mem, c.homeMem}, {c.cpu, c.homeCpu}} {
+		if p[0] == "" {
+			continue
 		}
-		if err := os.WriteFile(filepath.Join(dir, "tasks"), tid, 0o644); err != nil {
-			return fmt.Errorf("enter %s: %w", dir, err)
+		if err = os.WriteFile(filepath.Join(p[0], "tasks"), tid, 0o644); err != nil {
+			err = fmt.Errorf("enter %s: %w", p[0], err)
+			break
 		}
-		joined = append(joined, dir)
-		return nil
-	}
-	err := join(c.mem)
-	if err == nil {
-		err = join(c.cpu)
+		homes = append(homes, p[1])
 	}
 	if err == nil {
 		err = cmd.Start()
 	}
-	for _, home := range []string{c.homeMem, c.homeCpu}[:len(joined)] {
+	for _, home := range homes {
 		if e := os.WriteFile(filepath.Join(home, "tasks"), tid, 0o644); e != nil {
 			// The thread stays where it is and ends with this goroutine.
 			if cmd.Process != nil {
