@@ -1013,13 +1013,17 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 	at := a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.Outcome, at.Reason = stream.OutcomeDiscarded, why.Error()
 	dst := filepath.Join(a.run.Spec.Output, a.m.ID)
+	// Read back once, however many times the record write is retried.
+	published := sync.OnceValues(func() (checkpoint.Marker, error) {
+		return checkpoint.VerifyCommitted(dst, a.m.Fingerprint, true)
+	})
 	for range 5 {
 		if err := w.loadRecord(ctx, a); err != nil {
 			return
 		}
 		a.rec.Attempts = append(a.rec.Attempts, at)
 		if a.rec.State != stream.ShardValidated {
-			if mk, err := checkpoint.VerifyCommitted(dst, a.m.Fingerprint, true); err == nil {
+			if mk, err := published(); err == nil {
 				a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
 				a.rec.State, a.rec.Owner, a.rec.Retry = stream.ShardValidated, nil, a.m.Retry
 				a.rec.Reason = "output committed by another attempt (" + mk.Owner + "), which did not record it"
