@@ -89,9 +89,10 @@ func TestRunExitCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	p = testenv.Start(t, "run", "--data", data, "--retry-failed", bad)
-	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (2 validated, 0 failed of 2)") {
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (2 validated, 0 failed of 2)") ||
+		!strings.Contains(p.Output(), "retried 2 failed shard(s)") {
 		log, _ := os.ReadFile(filepath.Join(data, "runs", "bad", "admission.log"))
-		t.Fatalf("run --retry-failed after the fix: exit %d, want 0 and COMPLETE with both shards\n%s\nadmission log:\n%s", code, p.Output(), log)
+		t.Fatalf("run --retry-failed after the fix: exit %d, want 0, COMPLETE with both shards and how many were retried\n%s\nadmission log:\n%s", code, p.Output(), log)
 	}
 	p = testenv.Start(t, "run", "--data", data, "--retry-failed", bad)
 	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "no failed shards") {

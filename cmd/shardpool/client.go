@@ -66,12 +66,17 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return writeJSON(stdout, res)
 	}
 	fmt.Fprintf(stdout, "run %s\nfingerprint %s\nstate %s\npublished %d of %d shard(s)\n", res.Run, res.Fingerprint, res.State, res.Published, len(man.Shards))
-	if res.Retried > 0 {
-		fmt.Fprintf(stdout, "retried %d failed shard(s)\n", res.Retried)
-	}
+	printRetried(stdout, res)
 	printChanged(stdout, res, retryCmd)
 	printRedone(stdout, res)
 	return nil
+}
+
+// printRetried says how many failed shards a --retry-failed requeued.
+func printRetried(w io.Writer, res coordinator.SubmitResult) {
+	if res.Retried > 0 {
+		fmt.Fprintf(w, "retried %d failed shard(s)\n", res.Retried)
+	}
 }
 
 // printRedone names the committed shards queued again because their
