@@ -185,7 +185,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 	if e.opts.Binary {
 		bin = Binary(e.t)
 	}
-	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot,
+	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot, HostLedger: LedgerDir(e.t),
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
 		ReportEvery: 500 * time.Millisecond, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})

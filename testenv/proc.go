@@ -93,6 +93,9 @@ func Start(t testing.TB, args ...string) *Proc {
 func StartCmd(t testing.TB, name string, args ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(name, args...)
+	// The processes of one test share a host ledger, as on a real host;
+	// those of tests running at the same time (other packages) do not.
+	cmd.Env = append(os.Environ(), "SHARDPOOL_HOST_LEDGER="+LedgerDir(t))
 	p := &Proc{Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -105,6 +108,19 @@ func StartCmd(t testing.TB, name string, args ...string) *Proc {
 		<-p.done
 	})
 	return p
+}
+
+var ledgers sync.Map // testing.TB -> host ledger directory
+
+// LedgerDir is t's host ledger directory: workers started for t, in
+// process or as shardpool processes, share the budget through it.
+func LedgerDir(t testing.TB) string {
+	if d, ok := ledgers.Load(t); ok {
+		return d.(string)
+	}
+	d, _ := ledgers.LoadOrStore(t, t.TempDir())
+	t.Cleanup(func() { ledgers.Delete(t) })
+	return d.(string)
 }
 
 // Output is everything the process printed so far.

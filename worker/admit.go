@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
@@ -34,14 +35,29 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	if err != nil {
 		return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
 	}
-	k, detail, short := w.decide(v, class, inflight, peak, gpu)
+	// The ledger stays locked from reading what the host's other workers
+	// hold until this worker's new hold is written: two workers never
+	// admit into the same room.
+	o, err := w.shareBegin(v.snap)
+	if err != nil {
+		return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err)
+	}
+	k, detail, short, hold := w.decide(v, class, inflight, peak, gpu, o)
 	if short && !v.fresh {
 		// A view that holds a shard back is taken again now: waiting must
 		// rest on what the host has, not on what it had.
+		w.shareAbort()
 		if v, err = w.admissionView(ctx, gpu, true); err != nil {
 			return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
 		}
-		k, detail, _ = w.decide(v, class, inflight, peak, gpu)
+		if o, err = w.shareBegin(v.snap); err != nil {
+			return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err)
+		}
+		k, detail, _, hold = w.decide(v, class, inflight, peak, gpu, o)
+	}
+	if err := w.shareCommit(hold); err != nil {
+		// The others would not see these shards: admit none.
+		return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err)
 	}
 	if k > 0 {
 		w.hostLog(class, "fetch", detail)
@@ -49,32 +65,66 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	return k, detail
 }
 
-// decide is admit's arithmetic on one view of the host. short says that
-// memory or pressure, not the slots, held the number back.
-func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak, gpu bool) (int, string, bool) {
+// decide is admit's arithmetic on one view of the host, with o what the
+// host's other workers sharing the budget hold. short says that memory or
+// pressure, not the slots, held the number back; hold is what this
+// worker's shards in flight hold once the k admitted are fetched.
+func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak, gpu bool, o others) (k int, detail string, short bool, hold Hold) {
 	snap := v.snap
 	budget := plan.FromProbe(snap.Budget)
+	// The view's running shards may still grow to their peaks; every shard
+	// of the class in flight that was not running when the view was taken
+	// (fetched and not started then, or admitted since) will grow to its
+	// whole peak. Shards that ended since stay counted: that only errs
+	// toward room. The same for the other classes this worker serves: a
+	// shard of another class being staged or started holds nothing yet
+	// either.
+	own := v.growth
+	if starting := inflight - w.stillRunning(v, class); starting > 0 {
+		own += int64(starting) * peak.Memory
+	}
+	own += w.othersStarting(v, class)
 	var gpuFree []probe.GPU
 	if gpu {
-		// Devices held by this worker's own shards count as ours, not busy.
+		// Devices held by this worker's own shards count as ours, not busy;
+		// those held by the host's other workers are theirs, even before
+		// their processes show on the device.
 		var total int
 		gpuFree, total = w.gpuView(snap, peak.VRAM/max(peak.GPUs, 1))
+		gpuFree, total = withoutGPUs(gpuFree, total, o.GPUs)
 		budget["gpus"] = probe.Known(int64(total), "usable GPUs and those held by this worker")
 	}
-	slots := plan.Compute(budget, plan.Peak{}, peak, gpu)
+	shared := plan.Peak{CPU: o.CPU, Memory: o.Memory, GPUs: o.GPUPending}
+	slots := plan.Compute(budget, shared, peak, gpu)
 	slots, _ = plan.Unmeasured(slots, peak)
 	n, reason := slots.N, slots.Reason
+	// wants: this class has shards queued that sharing the host held back.
+	wants := false
+	w.sharing.Store(o.Active > 0)
+	if len(o.Workers) > 0 {
+		alone, _ := plan.Unmeasured(plan.Compute(budget, plan.Peak{}, peak, gpu), peak)
+		wants = n < alone.N && w.hasBacklog(class)
+		reason += "; shared with " + strings.Join(o.Workers, ", ") + " on this host"
+		if fair, ok := w.fairSlots(budget, class, inflight, peak, o); ok && fair < n {
+			// Others wait for room: keep to an equal share of the CPUs,
+			// or one worker that got there first would hold them all.
+			n, wants = fair, w.hasBacklog(class)
+			reason += fmt.Sprintf("; %d slot(s) as an equal share with %d other active worker(s), %d waiting", fair, o.Active, o.Wanting)
+		}
+	}
 	if max := w.cfg.Slots[class]; max > 0 && n > max {
 		n, reason = max, fmt.Sprintf("%s; capped at %d by configuration", reason, max)
 	}
 	free := n - inflight
 	if free <= 0 {
-		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason), false
+		h := w.holding(class, 0, peak, own)
+		h.Wants = wants
+		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason), false, h
 	}
 	// Live check: headroom now, minus what running shards may still grow to.
 	mem := snap.Host.MemAvailable
 	if !mem.IsKnown() {
-		return 0, fmt.Sprintf("class %s: memory available unknown (%s): admitting nothing", class, mem.Unknown), true
+		return 0, fmt.Sprintf("class %s: memory available unknown (%s): admitting nothing", class, mem.Unknown), true, w.holding(class, 0, peak, own)
 	}
 	headroom, src := mem.N, "MemAvailable"
 	if cg := snap.Cgroups; cg.MemoryLimit.IsKnown() && cg.WorkingSet.IsKnown() {
@@ -82,36 +132,62 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 			headroom, src = h, "cgroup "+cg.MemoryBinds+" limit minus working set"
 		}
 	} else if cg.MemoryLimit.IsUnknown() {
-		return 0, fmt.Sprintf("class %s: cgroup memory limit unknown (%s): admitting nothing", class, cg.MemoryLimit.Unknown), true
+		return 0, fmt.Sprintf("class %s: cgroup memory limit unknown (%s): admitting nothing", class, cg.MemoryLimit.Unknown), true, w.holding(class, 0, peak, own)
 	}
-	// The view's running shards may still grow to their peaks; every shard
-	// of the class in flight that was not running when the view was taken
-	// (fetched and not started then, or admitted since) will grow to its
-	// whole peak. Shards that ended since stay counted: that only errs
-	// toward room.
-	growth, running := v.growth, w.stillRunning(v, class)
-	if starting := inflight - running; starting > 0 {
-		growth += int64(starting) * peak.Memory
-	}
-	// The same for the other classes this worker serves: a shard of
-	// another class being staged or started holds nothing yet either.
-	growth += w.othersStarting(v, class)
+	growth := own
+	// What the host's other workers' shards may still grow by is not in
+	// MemAvailable yet either.
+	growth += o.Memory
 	src += fmt.Sprintf(", probed %s ago", time.Since(v.at).Round(time.Millisecond))
 	if ps := snap.PSI.MemorySome10; ps.Unknown == "" && ps.F > pressureStop {
-		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop), true
+		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop), true, w.holding(class, 0, peak, own)
 	}
 	fit := free
 	if peak.Memory > 0 {
 		fit = int((headroom - growth) / peak.Memory)
 	}
-	k := min(free, max(fit, 0))
+	k = min(free, max(fit, 0))
 	if gpu && peak.GPUs > 0 {
-		k = min(k, len(gpuFree)/int(peak.GPUs))
+		k = min(k, max(len(gpuFree)-int(o.GPUPending), 0)/int(peak.GPUs))
 	}
-	detail := fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - growth of running shards %s = %s; peak %s (%s): fetch %d",
-		class, n, reason, inflight, stream.FormatSize(headroom), src, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
+	growthOf := "growth of running shards"
+	if o.Memory > 0 {
+		growthOf = fmt.Sprintf("growth of running shards (%s of them other workers')", stream.FormatSize(o.Memory))
+	}
+	detail = fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - %s %s = %s; peak %s (%s): fetch %d",
+		class, n, reason, inflight, stream.FormatSize(headroom), src, growthOf, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
 		stream.FormatSize(peak.Memory), peak.Source, k)
-	return k, detail, k < free
+	hold = w.holding(class, k, peak, own+int64(k)*peak.Memory)
+	hold.Wants = wants
+	return k, detail, k < free, hold
+}
+
+// fairSlots is how many shards of class this worker may have in flight
+// when other workers on the host wait for room: its equal share of the
+// CPU budget among the active workers, less what its other classes hold,
+// and at least one shard when it holds nothing. ok is false when nobody
+// waits (the budget then goes to whoever has work) or the CPU budget is
+// unknown.
+func (w *Worker) fairSlots(budget plan.Budget, class string, inflight int, peak plan.Peak, o others) (int, bool) {
+	cpu := budget["cpu"]
+	if o.Wanting == 0 || !cpu.IsKnown() || peak.CPU <= 0 {
+		return 0, false
+	}
+	fair := cpu.N / int64(1+o.Active)
+	mine := w.holding(class, 0, peak, 0).CPU - int64(inflight)*peak.CPU // the other classes'
+	n := int((fair - mine) / peak.CPU)
+	if n < 1 && mine == 0 {
+		n = 1
+	}
+	return max(n, 0), true
+}
+
+// hasBacklog reports whether class may have more shards queued.
+func (w *Worker) hasBacklog(class string) bool {
+	w.mu.Lock()
+	g := w.gates[class]
+	w.mu.Unlock()
+	return g == nil || g.backlog()
 }
 
 // admitViewFor is how long one look at the host serves admission decisions

@@ -192,3 +192,32 @@ func TestPeakRSSIsTheCommandsOwn(t *testing.T) {
 		t.Errorf("a command holding %d MiB recorded peak_rss %s; want about that", big, stream.FormatSize(got))
 	}
 }
+
+// TestWorkersOfOneHostShareItsBudget: two auto-mode workers on one host
+// (the fixture: 4 CPUs of quota) share its budget through the host
+// ledger. Each alone would admit 4 one-CPU shards, 8 at once together;
+// sharing, never more than 4 run at once, and both workers take part.
+func TestWorkersOfOneHostShareItsBudget(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Workers: 2, Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
+	spec := concurrencyJob(t, 12, "1", "[class.cpu]\ncpus = 1\nmemory = \"256MiB\"\n")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	if maxSeen := maxConcurrent(t, spec, 12); maxSeen != 4 {
+		t.Fatalf("concurrent shards on one host of 4 CPUs with two workers: got %d, want 4\n%s", maxSeen, log)
+	}
+	ran := map[string]bool{}
+	for i := range 12 {
+		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+		if err != nil || len(rec.Attempts) == 0 {
+			t.Fatalf("shard %d: %+v (%v)", i, rec, err)
+		}
+		ran[rec.Attempts[len(rec.Attempts)-1].Worker] = true
+	}
+	if len(ran) != 2 {
+		t.Errorf("shards ran on %v; want both workers", ran)
+	}
+	if !strings.Contains(string(log), "shared with w") || !strings.Contains(string(log), "on this host") {
+		t.Errorf("admission.log does not say the budget is shared:\n%s", log)
+	}
+}

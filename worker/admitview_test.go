@@ -66,14 +66,14 @@ func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 	peak := plan.Peak{CPU: 1000, Memory: 2 * gib, Source: "declared"}
 	w.trackLive("cpu", 2*gib)(999_992) // started after the look
 	// 6 GiB - 2 GiB (the first shard's growth) - 2 GiB (the second's whole peak) leaves room for one.
-	if k, detail, short := w.decide(v, "cpu", 2, peak, false); k != 1 || !short {
+	if k, detail, short, _ := w.decide(v, "cpu", 2, peak, false, others{}); k != 1 || !short {
 		t.Fatalf("two running, one since the look: fetch %d (short %v), want 1 and short\n%s", k, short, detail)
 	}
 	// The first shard ends and a new one gets its process group id: it too
 	// started after the look.
 	w.liveEnd(999_991)
 	w.trackLive("cpu", 2*gib)(999_991)
-	if k, detail, _ := w.decide(v, "cpu", 2, peak, false); k != 0 {
+	if k, detail, _, _ := w.decide(v, "cpu", 2, peak, false, others{}); k != 0 {
 		t.Fatalf("a reused process group id counted as the look's shard: fetch %d, want 0\n%s", k, detail)
 	}
 }
@@ -91,14 +91,14 @@ func TestOtherClassesInFlightAreCharged(t *testing.T) {
 		t.Fatal(err)
 	}
 	peak := w.peaks["cpu"]
-	if k, detail, _ := w.decide(v, "cpu", 0, peak, false); k != 4 {
+	if k, detail, _, _ := w.decide(v, "cpu", 0, peak, false, others{}); k != 4 {
 		t.Fatalf("nothing else in flight: fetch %d, want 4 (the CPU slots)\n%s", k, detail)
 	}
 	big := &gate{wake: make(chan struct{}, 1)}
 	big.add(2) // two shards of class big fetched, not started
 	w.gates["big"] = big
 	// 6 GiB - 2 x 2 GiB leaves room for two 1 GiB shards.
-	if k, detail, _ := w.decide(v, "cpu", 0, peak, false); k != 2 {
+	if k, detail, _, _ := w.decide(v, "cpu", 0, peak, false, others{}); k != 2 {
 		t.Fatalf("two big shards in flight: fetch %d, want 2\n%s", k, detail)
 	}
 }

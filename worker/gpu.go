@@ -46,13 +46,29 @@ func (w *Worker) gpuViewLocked(snap *probe.Snapshot, vramEach int64, visible map
 // it returns CUDA_VISIBLE_DEVICES (UUIDs) or an error saying what is short.
 func (w *Worker) reserveGPUs(snap *probe.Snapshot, key string, n int, vramEach int64) (string, error) {
 	visible := w.visibleGPUs()
+	// The host ledger, locked until the reservation is written, keeps the
+	// devices held by the host's other workers out and this one's in.
+	o, err := w.shareBegin(snap)
+	if err != nil {
+		return "", err
+	}
+	uuids, err := w.pickGPUs(snap, key, n, vramEach, visible, o.GPUs)
+	if cerr := w.shareCommitHeld(); cerr != nil && err == nil {
+		w.releaseGPUs(key)
+		return "", cerr
+	}
+	return uuids, err
+}
+
+func (w *Worker) pickGPUs(snap *probe.Snapshot, key string, n int, vramEach int64, visible map[string]bool, theirs []string) (string, error) {
 	// One lock for the look and the reservation: two shards starting at
 	// once must not both take the first free device.
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	free, _ := w.gpuViewLocked(snap, vramEach, visible)
+	free, _ = withoutGPUs(free, 0, theirs)
 	if len(free) < n {
-		return "", fmt.Errorf("needs %d GPU(s) with %d bytes free each; %d available now (others are busy, reserved by this worker's shards, or unhealthy)", n, vramEach, len(free))
+		return "", fmt.Errorf("needs %d GPU(s) with %d bytes free each; %d available now (others are busy, reserved by this worker's shards or by another worker on this host, or unhealthy)", n, vramEach, len(free))
 	}
 	uuids := make([]string, n)
 	for i := range n {
@@ -64,12 +80,14 @@ func (w *Worker) reserveGPUs(snap *probe.Snapshot, key string, n int, vramEach i
 
 func (w *Worker) releaseGPUs(key string) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	for u, k := range w.gpuRes {
 		if k == key {
 			delete(w.gpuRes, u)
 		}
 	}
+	w.mu.Unlock()
+	// The host's other workers may place a shard on the devices at once.
+	w.refreshHold()
 }
 
 // visibleGPUs is the worker's own CUDA_VISIBLE_DEVICES (set by Slurm or the

@@ -51,6 +51,10 @@ type Config struct {
 	FetchWait time.Duration
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
+	// HostLedger is the directory of the host ledger through which the
+	// auto-mode workers of this user on this host share its budget
+	// (hostshare.go). Default DefaultLedgerDir().
+	HostLedger string
 	// ProcRoot is where /proc is read from (boot id, vmstat). Default "/proc".
 	ProcRoot string
 	// Staging bounds input staging on this host (used by classes with
@@ -133,6 +137,8 @@ type Worker struct {
 	liveSeq  uint64
 	gates    map[string]*gate      // per class served: its shards in flight
 	gpuRes   map[string]string     // GPU UUID -> shard key holding it
+	ledger   *hostLedger           // auto mode: the budget shared with this host's other workers; nil without
+	sharing  atomic.Bool           // the last admission decision saw other active workers in the ledger
 	active   map[string]*running   // shards whose command runs, by key
 	waits    map[string]string     // per class: why the worker is not fetching
 	owning   map[string]bool       // shard keys with an attempt in flight here, from lease to settle (takeLease)
@@ -309,6 +315,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.concluding = make(chan struct{}, maxConcluding)
 	defer w.scratch.close()
+	if w.cfg.Auto {
+		dir := w.cfg.HostLedger
+		if dir == "" {
+			dir = DefaultLedgerDir()
+		}
+		l, err := openLedger(dir, w.cfg.ProcRoot, ledgerRec{Host: w.host, Boot: w.boot, PIDNS: w.pidns, PID: w.pid,
+			Start: processStart(w.cfg.ProcRoot, w.pid), Name: w.cfg.Name})
+		if err != nil {
+			// Admission still sees what the probe measures, but not what
+			// other workers on this host have admitted and not yet used.
+			w.log.Warn("host ledger: admitting as if this were the host's only worker", "err", err)
+			w.hostLog("*", "ledger", fmt.Sprintf("%v: other workers' shards on this host are seen only as the probe measures them", err))
+		} else {
+			w.ledger = l
+			defer l.close()
+		}
+	}
 
 	// Shards run under their own context: ctx ending stops fetching at once,
 	// while running shards get the grace period through drain.
@@ -332,6 +355,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			case <-t.C:
 				w.reapOrphans()
 				w.cgroups.removeDeadOwners()
+				w.refreshHold()
 			}
 		}
 	})
@@ -422,7 +446,14 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				w.hostLog(class, "wait", why)
 				lastWhy = why
 			}
-			recheck.Reset(time.Second)
+			// While the host's budget is shared, another worker's shard
+			// may end at any moment and nothing here hears of it: look
+			// again soon.
+			every := time.Second
+			if w.sharing.Load() {
+				every = sharedRecheck
+			}
+			recheck.Reset(every)
 			select {
 			case <-ctx.Done():
 				return nil
@@ -480,6 +511,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				}
 				go run()
 			}
+			g.setBacklog(got == n) // a short batch: the queue ran dry
 			g.done(n - got)
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				w.log.Debug("fetch ended", "class", class, "err", err)
@@ -493,6 +525,22 @@ type gate struct {
 	mu       sync.Mutex
 	inflight int
 	wake     chan struct{}
+	drained  bool // the last fetch came back short: nothing more is queued for now
+}
+
+// setBacklog records whether the last fetch got all it asked for.
+func (g *gate) setBacklog(full bool) {
+	g.mu.Lock()
+	g.drained = !full
+	g.mu.Unlock()
+}
+
+// backlog reports whether more shards may be queued (the last fetch was
+// full, or none has ended yet).
+func (g *gate) backlog() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.drained
 }
 
 func (g *gate) count() int {

@@ -1,0 +1,454 @@
+package worker
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// The host ledger lets the auto-mode workers of one user on one host share
+// the host's budget. Without it every worker (a `shardpool run` in each of
+// two terminals, a daemon worker and a `run`) admitted against the whole
+// host: two of them on 2 CPUs ran 4 one-CPU shards, and each counted only
+// its own shards' memory still to grow.
+//
+// The ledger is one file of fixed-size records, one per worker, each
+// saying what that worker's shards in flight hold: CPU millicores, memory
+// they may still grow by, GPUs held by UUID and GPUs admitted but not yet
+// placed. Every admission decision takes the file's lock, reads the other
+// records, decides with what they hold counted as shared, writes its own
+// record with what it now holds, and unlocks: two workers never admit
+// into the same room. A record counts only while its worker's process is
+// alive (pid and start time, this boot and pid namespace) and only for a
+// worker with the same budget (share): workers in different Slurm
+// allocations or under different limiting cgroups have budgets of their
+// own. A worker that dies leaves its record, which then counts for nothing.
+
+// ledgerRecSize is the size of one record; a record is JSON padded with
+// spaces, ending in a newline.
+const ledgerRecSize = 1024
+
+// ledgerVersion is the record format; a record of another version (or one
+// torn by a worker killed while writing it) is left alone and counts for
+// nothing.
+const ledgerVersion = 1
+
+// ledgerRec is one worker's record.
+type ledgerRec struct {
+	V     int    `json:"v"`
+	Host  string `json:"host"`
+	Boot  string `json:"boot"`
+	PIDNS string `json:"pidns,omitempty"`
+	PID   int    `json:"pid"`
+	Start int64  `json:"start"` // process start (clock ticks since boot): tells a reused pid apart
+	Name  string `json:"name"`
+	// Share names the budget the worker admits against; workers with equal
+	// shares split one budget.
+	Share string `json:"share"`
+	Hold
+}
+
+// Hold is what a worker's shards in flight hold of the host.
+type Hold struct {
+	CPU        int64    `json:"cpu_millicores"`
+	Memory     int64    `json:"memory_growth"` // bytes they may still grow by
+	GPUs       []string `json:"gpus,omitempty"`
+	GPUPending int64    `json:"gpus_pending,omitempty"` // admitted, not yet placed on a device
+	// Wants says the worker has shards queued that the shared budget held
+	// back: the others then keep to their fair share.
+	Wants bool `json:"wants,omitempty"`
+}
+
+// others is what the other workers sharing the budget hold.
+type others struct {
+	Hold
+	Workers []string // "name (pid N)"
+	// Active counts the workers holding something or wanting more;
+	// Wanting those that want more.
+	Active, Wanting int
+}
+
+// sharedRecheck is how often a worker held back by the shared budget looks
+// again: the other workers' shards end without a word to it.
+const sharedRecheck = 100 * time.Millisecond
+
+// hostLedger is this worker's handle on the ledger file.
+type hostLedger struct {
+	path     string
+	procRoot string
+	me       ledgerRec
+
+	mu           sync.Mutex // held from begin to commit or abort
+	f            *os.File
+	slot         int
+	buf          []byte // read's
+	last         Hold   // the hold last written
+	written      bool
+	writtenShare string
+}
+
+// DefaultLedgerDir is where the workers of this user on this host keep
+// their ledger: $SHARDPOOL_HOST_LEDGER, else $XDG_RUNTIME_DIR/shardpool,
+// else <tmp>/shardpool-<uid>. It must be local to the host: on a home
+// directory shared by a cluster, records of other hosts would be read
+// (their boot differs, so they count for nothing, but the lock is shared).
+func DefaultLedgerDir() string {
+	if d := os.Getenv("SHARDPOOL_HOST_LEDGER"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "shardpool")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-%d", os.Getuid()))
+}
+
+// openLedger opens (creating) the ledger in dir and writes this worker's
+// empty record in a free slot: the slot of a dead worker, or a new one.
+func openLedger(dir, procRoot string, me ledgerRec) (*hostLedger, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("host ledger: %w", err)
+	}
+	// In a shared temporary directory, another user could have made the
+	// directory or a link in its place.
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("host ledger: %w", err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || (ok && int(st.Uid) != os.Getuid()) {
+		return nil, fmt.Errorf("host ledger: %s is not a directory of this user", dir)
+	}
+	path := filepath.Join(dir, "ledger")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("host ledger: %w", err)
+	}
+	l := &hostLedger{path: path, procRoot: procRoot, me: me, f: f, slot: -1}
+	if err := l.lock(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	defer l.unlock()
+	recs, err := l.read()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	for i, r := range recs {
+		if r == nil || l.reusable(r) {
+			l.slot = i
+			break
+		}
+	}
+	if l.slot < 0 {
+		l.slot = len(recs)
+	}
+	if err := l.write(Hold{}); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *hostLedger) lock() error {
+	if err := unix.Flock(int(l.f.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("host ledger %s: lock: %w", l.path, err)
+	}
+	return nil
+}
+
+func (l *hostLedger) unlock() { _ = unix.Flock(int(l.f.Fd()), unix.LOCK_UN) }
+
+// read returns every slot's record but this worker's own: nil for an
+// empty slot (and for its own), a record with V != ledgerVersion for one
+// that does not parse as this version's.
+func (l *hostLedger) read() ([]*ledgerRec, error) {
+	// One pread into a buffer kept for the next decision; it grows while
+	// the file fills it. A ledger of one worker parses nothing.
+	n := 0
+	for {
+		if len(l.buf) == 0 {
+			l.buf = make([]byte, 16*ledgerRecSize)
+		}
+		k, err := l.f.ReadAt(l.buf, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("host ledger %s: %w", l.path, err)
+		}
+		if n = k; k < len(l.buf) {
+			break
+		}
+		l.buf = make([]byte, 2*len(l.buf))
+	}
+	buf := l.buf[:n]
+	recs := make([]*ledgerRec, (len(buf)+ledgerRecSize-1)/ledgerRecSize)
+	for i := range recs {
+		if i == l.slot {
+			continue
+		}
+		b := bytes.TrimSpace(buf[i*ledgerRecSize : min((i+1)*ledgerRecSize, len(buf))])
+		if len(b) == 0 {
+			continue
+		}
+		r := &ledgerRec{}
+		if json.Unmarshal(b, r) != nil {
+			r.V = -1
+		}
+		recs[i] = r
+	}
+	return recs, nil
+}
+
+// write puts this worker's record, holding h, in its slot, unless the
+// slot already says so.
+func (l *hostLedger) write(h Hold) error {
+	if l.written && l.writtenShare == l.me.Share && sameHold(l.last, h) {
+		return nil
+	}
+	r := l.me
+	r.V, r.Hold = ledgerVersion, h
+	b, err := json.Marshal(&r)
+	if err != nil {
+		return err
+	}
+	if len(b) >= ledgerRecSize {
+		// Only a long list of GPUs gets here: keep their number.
+		r.GPUPending += int64(len(r.GPUs))
+		r.GPUs = nil
+		if b, err = json.Marshal(&r); err != nil || len(b) >= ledgerRecSize {
+			return fmt.Errorf("host ledger %s: record of %d bytes does not fit", l.path, len(b))
+		}
+	}
+	rec := bytes.Repeat([]byte{' '}, ledgerRecSize)
+	copy(rec, b)
+	rec[ledgerRecSize-1] = '\n'
+	if _, err := l.f.WriteAt(rec, int64(l.slot)*ledgerRecSize); err != nil {
+		return fmt.Errorf("host ledger %s: %w", l.path, err)
+	}
+	l.last, l.written, l.writtenShare = h, true, l.me.Share
+	return nil
+}
+
+func sameHold(a, b Hold) bool {
+	return a.CPU == b.CPU && a.Memory == b.Memory && a.GPUPending == b.GPUPending && a.Wants == b.Wants && slices.Equal(a.GPUs, b.GPUs)
+}
+
+// alive reports whether r is a record of a running worker of this boot.
+func (l *hostLedger) alive(r *ledgerRec) bool {
+	if r.Boot != l.me.Boot || r.PIDNS != l.me.PIDNS {
+		return false // another host sharing the directory, or another namespace: unprovable
+	}
+	if r.PID == l.me.PID && r.Start == l.me.Start {
+		return true // this process (several workers in one, as in tests)
+	}
+	return pidAlive(r.PID) && processStart(l.procRoot, r.PID) == r.Start
+}
+
+// reusable reports whether r's slot may be taken: a record of this host
+// whose worker is gone (an earlier boot, or a dead process of this one).
+// A record of another host (a directory shared against advice) or of
+// another pid namespace is left alone.
+func (l *hostLedger) reusable(r *ledgerRec) bool {
+	if r.V != ledgerVersion || r.Host != l.me.Host {
+		return false
+	}
+	return r.Boot != l.me.Boot || (r.PIDNS == l.me.PIDNS && !l.alive(r))
+}
+
+// begin locks the ledger and returns what the other live workers of
+// share hold. The caller must end with commit or abort.
+func (l *hostLedger) begin(share string) (others, error) {
+	l.mu.Lock()
+	if err := l.lock(); err != nil {
+		l.mu.Unlock()
+		return others{}, err
+	}
+	recs, err := l.read()
+	if err != nil {
+		l.unlock()
+		l.mu.Unlock()
+		return others{}, err
+	}
+	l.me.Share = share
+	var o others
+	for i, r := range recs {
+		if r == nil || i == l.slot || r.V != ledgerVersion || r.Share != share || !l.alive(r) {
+			continue
+		}
+		o.CPU += r.CPU
+		o.Memory += r.Memory
+		o.GPUs = append(o.GPUs, r.GPUs...)
+		o.GPUPending += r.GPUPending
+		o.Workers = append(o.Workers, fmt.Sprintf("%s (pid %d)", r.Name, r.PID))
+		if r.Wants {
+			o.Wanting++
+		}
+		if r.Wants || r.CPU > 0 || r.Memory > 0 || len(r.GPUs) > 0 || r.GPUPending > 0 {
+			o.Active++
+		}
+	}
+	return o, nil
+}
+
+// commit writes what this worker holds now and unlocks.
+func (l *hostLedger) commit(h Hold) error {
+	defer l.mu.Unlock()
+	defer l.unlock()
+	return l.write(h)
+}
+
+// abort unlocks without writing.
+func (l *hostLedger) abort() {
+	l.unlock()
+	l.mu.Unlock()
+}
+
+// close empties this worker's slot and closes the file.
+func (l *hostLedger) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lock() == nil {
+		_, _ = l.f.WriteAt(bytes.Repeat([]byte{' '}, ledgerRecSize), int64(l.slot)*ledgerRecSize)
+		l.unlock()
+	}
+	l.f.Close()
+}
+
+// budgetShare names the budget a snapshot admits against: a Slurm
+// allocation, or the limiting cgroups (none: the host). Workers of equal
+// share split one budget; workers of different shares have their own
+// (an allocation or a limiting cgroup each).
+func budgetShare(s *probe.Snapshot) string {
+	if s.Slurm != nil && s.Slurm.JobID != "" {
+		return "slurm " + s.Slurm.JobID
+	}
+	cg := s.Cgroups
+	return strings.Join([]string{"memory " + orHost(cg.MemoryBinds), "cpu " + orHost(cg.CPUBinds), "cpuset " + orHost(cg.CpusetList)}, "; ")
+}
+
+func orHost(s string) string {
+	if s == "" {
+		return "host"
+	}
+	return s
+}
+
+// shareBegin locks the host ledger and returns what the host's other
+// workers with snap's budget hold; without a ledger, nothing. Every
+// shareBegin that returns no error is followed by shareCommit or
+// shareAbort.
+func (w *Worker) shareBegin(snap *probe.Snapshot) (others, error) {
+	if w.ledger == nil {
+		return others{}, nil
+	}
+	return w.ledger.begin(budgetShare(snap))
+}
+
+func (w *Worker) shareAbort() {
+	if w.ledger != nil {
+		w.ledger.abort()
+	}
+}
+
+// shareCommit writes what this worker holds and unlocks the ledger.
+func (w *Worker) shareCommit(h Hold) error {
+	if w.ledger == nil {
+		return nil
+	}
+	return w.ledger.commit(h)
+}
+
+// shareCommitHeld writes what this worker holds after a change of its
+// GPU reservations (between shareBegin and now), and unlocks the ledger.
+func (w *Worker) shareCommitHeld() error {
+	if w.ledger == nil {
+		return nil
+	}
+	return w.ledger.commit(w.holding("", 0, plan.Peak{}, w.ledger.last.Memory))
+}
+
+// holding is what this worker's shards in flight hold once k more of
+// class (peak) are fetched, with memory the growth still to come as the
+// caller computed it.
+func (w *Worker) holding(class string, k int, peak plan.Peak, memory int64) Hold {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := Hold{Memory: memory, CPU: int64(k) * peak.CPU}
+	gpus := int64(k) * peak.GPUs
+	for c, g := range w.gates {
+		p := w.peaks[c]
+		if c == class {
+			p = peak
+		}
+		n := int64(g.count())
+		h.CPU += n * p.CPU
+		gpus += n * p.GPUs
+	}
+	for u := range w.gpuRes {
+		h.GPUs = append(h.GPUs, u)
+	}
+	sort.Strings(h.GPUs)
+	h.GPUPending = max(gpus-int64(len(h.GPUs)), 0)
+	return h
+}
+
+// refreshHold writes what this worker holds now without an admission
+// decision (they stop while nothing is queued): shards that ended since
+// the last decision give back their CPU and GPUs, and their memory down to
+// the whole peaks of the shards still in flight.
+func (w *Worker) refreshHold() {
+	if w.ledger == nil {
+		return
+	}
+	w.ledger.mu.Lock()
+	share, last := w.ledger.me.Share, w.ledger.last
+	w.ledger.mu.Unlock()
+	if _, err := w.ledger.begin(share); err != nil {
+		return
+	}
+	h := w.holding("", 0, plan.Peak{}, 0)
+	w.mu.Lock()
+	var whole int64
+	for c, g := range w.gates {
+		whole += int64(g.count()) * w.peaks[c].Memory
+	}
+	w.mu.Unlock()
+	h.Memory = min(last.Memory, whole)
+	if err := w.ledger.commit(h); err != nil {
+		w.log.Warn("host ledger", "err", err)
+	}
+}
+
+// withoutGPUs drops from free the devices in held (held by the host's
+// other workers), and from total those it dropped.
+func withoutGPUs(free []probe.GPU, total int, held []string) ([]probe.GPU, int) {
+	if len(held) == 0 {
+		return free, total
+	}
+	theirs := make(map[string]bool, len(held))
+	for _, u := range held {
+		theirs[u] = true
+	}
+	out := free[:0:0]
+	for _, d := range free {
+		if theirs[d.UUID] {
+			total--
+			continue
+		}
+		out = append(out, d)
+	}
+	return out, total
+}

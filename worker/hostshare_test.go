@@ -1,0 +1,131 @@
+package worker
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestLedgerCountsOnlyLiveWorkersOfTheSameBudget: what another worker
+// holds counts while its process lives and admits against the same
+// budget; a dead worker's record counts for nothing and its slot is taken
+// by the next worker; a closed worker's record is gone.
+func TestLedgerCountsOnlyLiveWorkersOfTheSameBudget(t *testing.T) {
+	dir := t.TempDir()
+	self := ledgerRec{Host: "h1", Boot: "b1", PID: os.Getpid(), Start: processStart("/proc", os.Getpid())}
+	open := func(name string, r ledgerRec) *hostLedger {
+		t.Helper()
+		r.Name = name
+		l, err := openLedger(dir, "/proc", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	a, b := open("a", self), open("b", self)
+	if a.slot == b.slot {
+		t.Fatalf("two live workers in slot %d", a.slot)
+	}
+	const share = "memory host; cpu host; cpuset host"
+	if _, err := b.begin(share); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.commit(Hold{CPU: 2000, Memory: 3 << 30, GPUs: []string{"GPU-1"}, GPUPending: 1}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := a.begin(share)
+	a.abort()
+	if err != nil || o.CPU != 2000 || o.Memory != 3<<30 || len(o.GPUs) != 1 || o.GPUPending != 1 || len(o.Workers) != 1 || !strings.HasPrefix(o.Workers[0], "b (pid ") {
+		t.Fatalf("a sees %+v (%v), want b's 2000 millicores, 3 GiB, GPU-1 and one pending", o, err)
+	}
+	// Another budget (a Slurm allocation of its own) is not shared.
+	if o, _ := a.begin("slurm 42"); o.CPU != 0 || len(o.Workers) != 0 {
+		t.Fatalf("a under another budget sees %+v, want nothing", o)
+	} else {
+		a.abort()
+	}
+
+	// A worker whose process is gone: its record stays in the file but
+	// counts for nothing, and the next worker takes its slot.
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := open("dead", ledgerRec{Host: "h1", Boot: "b1", PID: cmd.Process.Pid, Start: 12345})
+	if _, err := dead.begin(share); err != nil {
+		t.Fatal(err)
+	}
+	if err := dead.commit(Hold{CPU: 8000}); err != nil {
+		t.Fatal(err)
+	}
+	deadSlot := dead.slot
+	dead.f.Close() // killed: no close of its record
+	if o, _ := a.begin(share); o.CPU != 2000 {
+		t.Fatalf("with a dead worker's record of 8000 millicores: a sees %d, want b's 2000", o.CPU)
+	} else {
+		a.abort()
+	}
+	c := open("c", self)
+	if c.slot != deadSlot {
+		t.Errorf("new worker in slot %d, want the dead worker's %d", c.slot, deadSlot)
+	}
+	if _, err := c.begin(share); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.commit(Hold{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A record of another host (a directory shared against advice) counts
+	// for nothing, and its slot is left alone; one of an earlier boot of
+	// this host is taken.
+	other := open("other", ledgerRec{Host: "h2", Boot: "b2", PID: os.Getpid(), Start: self.Start})
+	if _, err := other.begin(share); err == nil {
+		other.commit(Hold{CPU: 5000})
+	}
+	if o, _ := a.begin(share); o.CPU != 2000 || len(o.Workers) != 2 || o.Active != 1 {
+		t.Fatalf("with another host's record: a sees %+v, want b's 2000 and c (b active, c idle)", o)
+	} else {
+		a.abort()
+	}
+	if d := open("d", self); d.slot == other.slot {
+		t.Errorf("new worker took the slot of another host's worker")
+	}
+	// A record left by an earlier boot, appended as that boot wrote it.
+	fi, err := os.Stat(filepath.Join(dir, "ledger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebooted := &hostLedger{path: filepath.Join(dir, "ledger"), me: ledgerRec{Host: "h1", Boot: "b0", PID: 1, Start: 1, Name: "old"},
+		f: a.f, slot: int(fi.Size() / ledgerRecSize)}
+	if err := rebooted.write(Hold{CPU: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if e := open("e", self); e.slot != rebooted.slot {
+		t.Errorf("new worker in slot %d, want the earlier boot's %d", e.slot, rebooted.slot)
+	}
+
+	b.close()
+	if o, _ := a.begin(share); o.CPU != 0 || len(o.Workers) != 1 || !strings.HasPrefix(o.Workers[0], "c (pid ") {
+		t.Fatalf("after b closed: a sees %+v, want only c, holding nothing (d and e never began)", o)
+	} else {
+		a.abort()
+	}
+}
+
+// TestLedgerRefusesAForeignDirectory: in a shared temporary directory the
+// ledger's directory must be this user's own, not a link someone put
+// there.
+func TestLedgerRefusesAForeignDirectory(t *testing.T) {
+	base := t.TempDir()
+	target := t.TempDir()
+	link := filepath.Join(base, "ledger-dir")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openLedger(link, "/proc", ledgerRec{Boot: "b"}); err == nil || !strings.Contains(err.Error(), "not a directory of this user") {
+		t.Fatalf("ledger through a symlink: %v, want refused", err)
+	}
+}
