@@ -150,6 +150,12 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	if gpu && peak.GPUs > 0 {
 		k = min(k, max(len(gpuFree)-int(o.GPUPending), 0)/int(peak.GPUs))
 	}
+	if g := w.gate(class); g != nil && !g.backlog() && k > 1-g.requested() {
+		// The queue ran dry: one open fetch at a time waits for the next
+		// shard, so that what this worker holds for shards not yet queued
+		// is one shard's room, not every free slot's.
+		k = max(1-g.requested(), 0)
+	}
 	growthOf := "growth of running shards"
 	if o.Memory > 0 {
 		growthOf = fmt.Sprintf("growth of running shards (%s of them other workers')", stream.FormatSize(o.Memory))
@@ -184,10 +190,15 @@ func (w *Worker) fairSlots(budget plan.Budget, class string, inflight int, peak 
 
 // hasBacklog reports whether class may have more shards queued.
 func (w *Worker) hasBacklog(class string) bool {
-	w.mu.Lock()
-	g := w.gates[class]
-	w.mu.Unlock()
+	g := w.gate(class)
 	return g == nil || g.backlog()
+}
+
+// gate is class's gate while its fetch loop runs, else nil.
+func (w *Worker) gate(class string) *gate {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gates[class]
 }
 
 // admitViewFor is how long one look at the host serves admission decisions

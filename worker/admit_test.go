@@ -13,6 +13,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -220,4 +221,24 @@ func TestWorkersOfOneHostShareItsBudget(t *testing.T) {
 	if !strings.Contains(string(log), "shared with w") || !strings.Contains(string(log), "on this host") {
 		t.Errorf("admission.log does not say the budget is shared:\n%s", log)
 	}
+}
+
+// TestDrainedQueueHoldsOneShardsRoom: once a class's queue is empty, a
+// worker keeps one fetch open for the next shard, not one per free slot,
+// so that what it holds in the host ledger is what runs plus one shard:
+// two workers with 4 CPUs each and one long shard hold 1 + 1 and 1 CPU,
+// not 4 each.
+func TestDrainedQueueHoldsOneShardsRoom(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Workers: 2, Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"sleep", "4"}, Extra: "[class.cpu]\ncpus = 1\nmemory = \"256MiB\"\n"})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		ws, err := worker.HostWorkers(testenv.LedgerDir(t))
+		var total int64
+		for _, w := range ws {
+			total += w.CPU
+		}
+		return err == nil && len(ws) == 2 && total == 3000, fmt.Sprintf("%+v (%v)", ws, err)
+	})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
 }

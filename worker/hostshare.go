@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -451,4 +452,44 @@ func withoutGPUs(free []probe.GPU, total int, held []string) ([]probe.GPU, int) 
 		out = append(out, d)
 	}
 	return out, total
+}
+
+// HostWorker is a live auto-mode worker of this user on this host, as the
+// host ledger has it.
+type HostWorker struct {
+	Name  string `json:"name"`
+	PID   int    `json:"pid"`
+	Share string `json:"share"`
+	Hold
+}
+
+// HostWorkers lists the live workers in the host ledger of dir (none when
+// there is no ledger there yet).
+func HostWorkers(dir string) ([]HostWorker, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "ledger"), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("host ledger: %w", err)
+	}
+	defer f.Close()
+	host, _ := os.Hostname()
+	l := &hostLedger{path: f.Name(), procRoot: "/proc", f: f, slot: -1,
+		me: ledgerRec{Host: host, Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(), PID: -1}}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		return nil, fmt.Errorf("host ledger %s: lock: %w", l.path, err)
+	}
+	recs, err := l.read()
+	l.unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []HostWorker
+	for _, r := range recs {
+		if r != nil && r.V == ledgerVersion && r.Host == host && l.alive(r) {
+			out = append(out, HostWorker{Name: r.Name, PID: r.PID, Share: r.Share, Hold: r.Hold})
+		}
+	}
+	return out, nil
 }

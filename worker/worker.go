@@ -463,8 +463,10 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			continue
 		}
 		g.add(n)
+		g.request(n)
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
+			g.request(-n)
 			g.done(n)
 			if ctx.Err() != nil {
 				return nil
@@ -487,6 +489,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			got := 0
 			for msg := range batch.Messages() {
 				got++
+				g.request(-1)
 				if ctx.Err() != nil {
 					// Shutting down: hand it back untouched.
 					w.handBackUnstarted(msg)
@@ -512,6 +515,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				go run()
 			}
 			g.setBacklog(got == n) // a short batch: the queue ran dry
+			g.request(got - n)
 			g.done(n - got)
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				w.log.Debug("fetch ended", "class", class, "err", err)
@@ -526,6 +530,21 @@ type gate struct {
 	inflight int
 	wake     chan struct{}
 	drained  bool // the last fetch came back short: nothing more is queued for now
+	asked    int  // of inflight, shards asked for by fetches still open and not yet delivered
+}
+
+// request counts n more shards asked for (n < 0: delivered, or never to be).
+func (g *gate) request(n int) {
+	g.mu.Lock()
+	g.asked += n
+	g.mu.Unlock()
+}
+
+// requested is how many shards open fetches may still deliver.
+func (g *gate) requested() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.asked
 }
 
 // setBacklog records whether the last fetch got all it asked for.

@@ -90,7 +90,34 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return writeJSON(stdout, snap)
 	}
 	printSnapshot(stdout, snap)
+	printHostWorkers(stdout, worker.DefaultLedgerDir())
 	return nil
+}
+
+// printHostWorkers names this user's live auto-mode workers on this host
+// and what their shards hold: the budget above is shared with them.
+func printHostWorkers(w io.Writer, dir string) {
+	ws, err := worker.HostWorkers(dir)
+	if err != nil {
+		fmt.Fprintf(w, "workers: unknown (%v)\n", err)
+		return
+	}
+	if len(ws) == 0 {
+		fmt.Fprintf(w, "workers: none of this user's running on this host (ledger %s)\n", dir)
+		return
+	}
+	fmt.Fprintf(w, "workers: %d of this user's on this host, admitting against the budget above (ledger %s):", len(ws), dir)
+	for _, h := range ws {
+		fmt.Fprintf(w, " %s (pid %d) holds %s, %s still to grow (shards running or being fetched)", h.Name, h.PID, showCPU(probe.Known(h.CPU, "")), stream.FormatSize(h.Memory))
+		if len(h.GPUs) > 0 || h.GPUPending > 0 {
+			fmt.Fprintf(w, ", GPUs %s and %d to place", strings.Join(h.GPUs, ","), h.GPUPending)
+		}
+		if h.Wants {
+			fmt.Fprint(w, ", wants more")
+		}
+		fmt.Fprint(w, ";")
+	}
+	fmt.Fprintln(w)
 }
 
 func show(v probe.Value, bytes bool) string {

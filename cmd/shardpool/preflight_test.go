@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -57,4 +58,24 @@ func TestPreflightFindsRealCgroupLimits(t *testing.T) {
 	if s.Budget.Memory.Effective.N != 256<<20 || !strings.Contains(s.Budget.Memory.Binding, wantParent) {
 		t.Fatalf("budget: %+v bound by %q, want 256MiB by the parent cgroup", s.Budget.Memory.Effective, s.Budget.Memory.Binding)
 	}
+}
+
+// TestPreflightNamesTheHostsWorkers: preflight names this user's workers
+// on the host that admit against the budget it prints, with what their
+// shards hold: a `run` with slots measured, one shard of one CPU running.
+func TestPreflightNamesTheHostsWorkers(t *testing.T) {
+	p := testenv.Start(t, "preflight")
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "workers: none of this user's running on this host") {
+		t.Fatalf("preflight with no worker: exit %d\n%s", code, p.Output())
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Name: "held", Shards: 1, Command: []string{"sleep", "30"}, Extra: "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n"})
+	run := testenv.Start(t, "run", "--data", t.TempDir(), spec)
+	// One shard running and, the queue drained, one fetch open for the
+	// next shard where the host has a second CPU: 1 or 2 CPUs held.
+	want := regexp.MustCompile(fmt.Sprintf(`\(pid %d\) holds ([12])\.00 CPUs, [0-9.]+MiB still to grow`, run.Cmd.Process.Pid))
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "preflight")
+		p.Wait(t, 30*time.Second)
+		return strings.Contains(p.Output(), "workers: 1 of this user's on this host") && want.MatchString(p.Output()), p.Output()
+	})
 }
