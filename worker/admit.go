@@ -182,8 +182,18 @@ func (w *Worker) fairSlots(budget plan.Budget, class string, inflight int, peak 
 	fair := cpu.N / int64(1+o.Active)
 	mine := w.holding(class, 0, peak, 0).CPU - int64(inflight)*peak.CPU // the other classes'
 	n := int((fair - mine) / peak.CPU)
-	if n < 1 && mine == 0 {
-		n = 1
+	if n < 1 && mine == 0 && inflight == 0 {
+		// More workers than room for one shard each: one that holds
+		// nothing takes a shard, unless another has starved longer (a
+		// worker whose shard just ended has not starved at all), which
+		// then goes first: the workers take turns.
+		mineSince := time.Now().UnixNano()
+		if w.ledger != nil && w.ledger.starvedSince() != 0 {
+			mineSince = w.ledger.starvedSince()
+		}
+		if o.FirstStarved == 0 || mineSince <= o.FirstStarved {
+			n = 1
+		}
 	}
 	return max(n, 0), true
 }

@@ -242,3 +242,31 @@ func TestDrainedQueueHoldsOneShardsRoom(t *testing.T) {
 	})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 }
+
+// TestMoreWorkersThanSlotsTakeTurns: three workers on a host with room
+// for two shards at once (4 CPUs, two each): a worker whose shard ended
+// lets one that has waited longer go first, so none waits for good while
+// the other two refill at once.
+func TestMoreWorkersThanSlotsTakeTurns(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Workers: 3, Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
+	spec := concurrencyJob(t, 12, "0.5", "[class.cpu]\ncpus = 2\nmemory = \"256MiB\"\n")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	if maxSeen := maxConcurrent(t, spec, 12); maxSeen > 2 {
+		t.Fatalf("concurrent shards with room for 2: got %d\n%s", maxSeen, log)
+	}
+	ran := map[string]int{}
+	for i := range 12 {
+		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+		if err != nil || len(rec.Attempts) == 0 {
+			t.Fatalf("shard %d: %+v (%v)", i, rec, err)
+		}
+		ran[rec.Attempts[len(rec.Attempts)-1].Worker]++
+	}
+	for _, w := range []string{"w1", "w2", "w3"} {
+		if ran[w] < 2 {
+			t.Errorf("worker %s ran %d of 12 shards (%v); want each its turn", w, ran[w], ran)
+		}
+	}
+}

@@ -73,6 +73,10 @@ type Hold struct {
 	// Wants says the worker has shards queued that the shared budget held
 	// back: the others then keep to their fair share.
 	Wants bool `json:"wants,omitempty"`
+	// StarvedSince is when the worker began to want while holding nothing
+	// (unix nanoseconds; 0: it holds something, or wants nothing). With
+	// more workers than room, the one starved longest goes first.
+	StarvedSince int64 `json:"starved_since,omitempty"`
 }
 
 // others is what the other workers sharing the budget hold.
@@ -82,6 +86,8 @@ type others struct {
 	// Active counts the workers holding something or wanting more;
 	// Wanting those that want more.
 	Active, Wanting int
+	// FirstStarved is the earliest StarvedSince among them (0: none).
+	FirstStarved int64
 }
 
 // sharedRecheck is how often a worker held back by the shared budget looks
@@ -244,7 +250,8 @@ func (l *hostLedger) write(h Hold) error {
 }
 
 func sameHold(a, b Hold) bool {
-	return a.CPU == b.CPU && a.Memory == b.Memory && a.GPUPending == b.GPUPending && a.Wants == b.Wants && slices.Equal(a.GPUs, b.GPUs)
+	return a.CPU == b.CPU && a.Memory == b.Memory && a.GPUPending == b.GPUPending && a.Wants == b.Wants &&
+		a.StarvedSince == b.StarvedSince && slices.Equal(a.GPUs, b.GPUs)
 }
 
 // alive reports whether r is a record of a running worker of this boot.
@@ -297,6 +304,9 @@ func (l *hostLedger) begin(share string) (others, error) {
 		if r.Wants {
 			o.Wanting++
 		}
+		if r.StarvedSince != 0 && (o.FirstStarved == 0 || r.StarvedSince < o.FirstStarved) {
+			o.FirstStarved = r.StarvedSince
+		}
 		if r.Wants || r.CPU > 0 || r.Memory > 0 || len(r.GPUs) > 0 || r.GPUPending > 0 {
 			o.Active++
 		}
@@ -308,8 +318,20 @@ func (l *hostLedger) begin(share string) (others, error) {
 func (l *hostLedger) commit(h Hold) error {
 	defer l.mu.Unlock()
 	defer l.unlock()
+	switch {
+	case !h.Wants || h.CPU > 0:
+		h.StarvedSince = 0
+	case l.last.StarvedSince != 0:
+		h.StarvedSince = l.last.StarvedSince
+	default:
+		h.StarvedSince = time.Now().UnixNano()
+	}
 	return l.write(h)
 }
+
+// starvedSince is when this worker last began to starve (0: it is not
+// starving); valid between begin and commit.
+func (l *hostLedger) starvedSince() int64 { return l.last.StarvedSince }
 
 // abort unlocks without writing.
 func (l *hostLedger) abort() {
