@@ -264,6 +264,7 @@ func TestMoreWorkersThanSlotsTakeTurns(t *testing.T) {
 		}
 		ran[rec.Attempts[len(rec.Attempts)-1].Worker]++
 	}
+	t.Logf("shards per worker: %v", ran)
 	for _, w := range []string{"w1", "w2", "w3"} {
 		if ran[w] < 2 {
 			t.Errorf("worker %s ran %d of 12 shards (%v); want each its turn", w, ran[w], ran)
