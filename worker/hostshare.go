@@ -110,18 +110,17 @@ type hostLedger struct {
 }
 
 // DefaultLedgerDir is where the workers of this user on this host keep
-// their ledger: $SHARDPOOL_HOST_LEDGER, else $XDG_RUNTIME_DIR/shardpool,
-// else <tmp>/shardpool-<uid>. It must be local to the host: on a home
-// directory shared by a cluster, records of other hosts would be read
-// (their boot differs, so they count for nothing, but the lock is shared).
+// their ledger: $SHARDPOOL_HOST_LEDGER, else /tmp/shardpool-ledger-<uid>.
+// Not $TMPDIR, which two shells of one user may set apart, nor
+// $XDG_RUNTIME_DIR, which goes away at the user's last logout under a
+// worker left running. It must be local to the host: on a directory
+// shared by a cluster, records of other hosts would be read (they count
+// for nothing, but the lock is shared).
 func DefaultLedgerDir() string {
 	if d := os.Getenv("SHARDPOOL_HOST_LEDGER"); d != "" {
 		return d
 	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "shardpool")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-%d", os.Getuid()))
+	return filepath.Join("/tmp", fmt.Sprintf("shardpool-ledger-%d", os.Getuid()))
 }
 
 // openLedger opens (creating) the ledger in dir and writes this worker's
