@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -102,8 +103,11 @@ func TestCommitRefusesUnsafeSources(t *testing.T) {
 	src := writeTree(t, map[string]string{"ok": "x"})
 	os.Symlink("/etc/passwd", filepath.Join(src, "link"))
 	dst := filepath.Join(t.TempDir(), "d")
-	if _, err := CommitDir(context.Background(), dst, src, Options{}, ""); !errors.Is(err, ErrUnsafe) {
-		t.Fatalf("symlink: got %v, want ErrUnsafe", err)
+	// Named by its path inside the output, with its target: the directory
+	// the job wrote it to is gone when the error is read.
+	if _, err := CommitDir(context.Background(), dst, src, Options{}, ""); !errors.Is(err, ErrUnsafe) ||
+		!strings.Contains(err.Error(), "link is a symlink (to /etc/passwd)") || strings.Contains(err.Error(), src) {
+		t.Fatalf("symlink: got %v, want ErrUnsafe naming link and its target, not %s", err, src)
 	}
 	if _, err := os.Stat(dst); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("destination exists after a refused commit")
@@ -111,6 +115,13 @@ func TestCommitRefusesUnsafeSources(t *testing.T) {
 	src2 := writeTree(t, map[string]string{MarkerName: "forged"})
 	if _, err := CommitDir(context.Background(), dst, src2, Options{}, ""); !errors.Is(err, ErrUnsafe) {
 		t.Fatalf("reserved name: got %v, want ErrUnsafe", err)
+	}
+	src3 := writeTree(t, map[string]string{"sub/ok": "x"})
+	if err := syscall.Mkfifo(filepath.Join(src3, "sub", "p"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CommitDir(context.Background(), dst, src3, Options{}, ""); !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), "sub/p is a named pipe (FIFO)") {
+		t.Fatalf("FIFO: got %v, want ErrUnsafe naming sub/p as a named pipe", err)
 	}
 }
 

@@ -42,14 +42,18 @@ func collect(root, prefix string) ([]entry, []string, error) {
 			return nil
 		}
 		rel = filepath.ToSlash(rel)
+		// Named by the path inside the output: where the job wrote it
+		// (an attempt's {out}) is gone by the time anyone reads this.
+		const only = "an output holds regular files and directories only"
 		switch {
 		case d.Type()&fs.ModeSymlink != 0:
-			return fmt.Errorf("%w: %s is a symlink", ErrUnsafe, p)
+			to, _ := os.Readlink(p)
+			return fmt.Errorf("%w: %s is a symlink (to %s); %s", ErrUnsafe, rel, to, only)
 		case d.IsDir():
 			dirs = append(dirs, rel)
 		case d.Type().IsRegular():
 			if rel == ManifestName || rel == MarkerName {
-				return fmt.Errorf("%w: %s uses the reserved name %s", ErrUnsafe, p, rel)
+				return fmt.Errorf("%w: %s uses a name reserved for the commit's own marker", ErrUnsafe, rel)
 			}
 			info, err := d.Info()
 			if err != nil {
@@ -57,11 +61,24 @@ func collect(root, prefix string) ([]entry, []string, error) {
 			}
 			files = append(files, entry{src: p, rel: rel, mode: info.Mode().Perm()})
 		default:
-			return fmt.Errorf("%w: %s is not a regular file", ErrUnsafe, p)
+			return fmt.Errorf("%w: %s is a %s; %s", ErrUnsafe, rel, kind(d.Type()), only)
 		}
 		return nil
 	})
 	return files, dirs, err
+}
+
+// kind names a file type that is not a regular file, directory or link.
+func kind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe (FIFO)"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeDevice != 0:
+		return "device file"
+	}
+	return "special file"
 }
 
 func randSuffix() string {
