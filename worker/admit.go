@@ -119,6 +119,9 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	if free <= 0 {
 		h := w.holding(class, 0, peak, own)
 		h.Wants = wants
+		if wants {
+			h.NeedCPU, h.NeedMemory = peak.CPU, peak.Memory
+		}
 		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason), false, h
 	}
 	// Live check: headroom now, minus what running shards may still grow to.
@@ -141,6 +144,15 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	src += fmt.Sprintf(", probed %s ago", time.Since(v.at).Round(time.Millisecond))
 	if ps := snap.PSI.MemorySome10; ps.Unknown == "" && ps.F > pressureStop {
 		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop), true, w.holding(class, 0, peak, own)
+	}
+	if cpu := budget["cpu"]; cpu.IsKnown() {
+		// Memory once this worker's shards end: what they hold now (their
+		// peaks less what they may still grow by) comes back.
+		if y := w.yieldTo(o, cpu.N, headroom-o.Memory+max(w.inflightMemory()-own, 0)); y != "" {
+			hold = w.holding(class, 0, peak, own)
+			hold.Wants, hold.NeedCPU, hold.NeedMemory = w.hasBacklog(class), peak.CPU, peak.Memory
+			return 0, fmt.Sprintf("class %s: letting %s go first (%s)", class, y, reason), true, hold
+		}
 	}
 	fit := free
 	if peak.Memory > 0 {
@@ -165,6 +177,9 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		stream.FormatSize(peak.Memory), peak.Source, k)
 	hold = w.holding(class, k, peak, own+int64(k)*peak.Memory)
 	hold.Wants = wants
+	if wants {
+		hold.NeedCPU, hold.NeedMemory = peak.CPU, peak.Memory
+	}
 	return k, detail, k < free, hold
 }
 
@@ -183,20 +198,50 @@ func (w *Worker) fairSlots(budget plan.Budget, class string, inflight int, peak 
 	mine := w.holding(class, 0, peak, 0).CPU - int64(inflight)*peak.CPU // the other classes'
 	n := int((fair - mine) / peak.CPU)
 	if n < 1 && mine == 0 && inflight == 0 {
-		// More workers than room for one shard each: one that holds
-		// nothing takes a shard, unless another has starved longer (a
-		// worker whose shard just ended has not starved at all), which
-		// then goes first: the workers take turns.
-		mineSince := time.Now().UnixNano()
-		if w.ledger != nil && w.ledger.starvedSince() != 0 {
-			mineSince = w.ledger.starvedSince()
-		}
-		if o.FirstStarved == 0 || mineSince <= o.FirstStarved {
-			n = 1
-		}
+		n = 1 // more workers than room: each may take one shard (see yieldTo)
 	}
 	return max(n, 0), true
 }
+
+// yieldTo names the worker this one lets go first, admitting nothing
+// new meanwhile: one that has wanted a shard while holding nothing for
+// longer than this one (a worker whose shard just ended has not waited at
+// all), and whose shard fits the host once the others' shards end
+// (cpuCap millicores, memIfDrained bytes). So workers take turns when
+// there is room for fewer shards than workers want, and a worker whose
+// shards are larger than the others' is not starved by them refilling
+// each slot as it frees; one whose shard does not fit even then is not
+// waited for. "" when this worker goes ahead.
+func (w *Worker) yieldTo(o others, cpuCap, memIfDrained int64) string {
+	if len(o.Starved) == 0 {
+		return ""
+	}
+	mine := time.Now().UnixNano()
+	if w.ledger != nil && w.ledger.starvedSince() != 0 {
+		mine = w.ledger.starvedSince()
+	}
+	for _, s := range o.Starved {
+		if s.since < mine && s.cpu <= cpuCap && s.memory <= memIfDrained {
+			return fmt.Sprintf("%s, waiting %s for a shard of %s and %s", s.who,
+				time.Duration(time.Now().UnixNano()-s.since).Round(time.Millisecond), showMillicores(s.cpu), stream.FormatSize(s.memory))
+		}
+	}
+	return ""
+}
+
+// inflightMemory is the peak memory of every shard this worker has in
+// flight.
+func (w *Worker) inflightMemory() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var m int64
+	for c, g := range w.gates {
+		m += int64(g.count()) * w.peaks[c].Memory
+	}
+	return m
+}
+
+func showMillicores(m int64) string { return fmt.Sprintf("%.2f CPUs", float64(m)/1000) }
 
 // hasBacklog reports whether class may have more shards queued.
 func (w *Worker) hasBacklog(class string) bool {

@@ -271,3 +271,32 @@ func TestMoreWorkersThanSlotsTakeTurns(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeShardsAreNotStarvedBySmallOnes: two runs on one host (4 CPUs),
+// each with a worker of its own coordinator: one of small shards (one CPU
+// each) started first, one whose shards need the whole host. The small
+// run's worker lets the large one go first once its shards have ended,
+// instead of refilling at once, so the large run finishes first; before,
+// it waited for the small run's whole queue.
+func TestLargeShardsAreNotStarvedBySmallOnes(t *testing.T) {
+	small := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
+	large := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
+	smallSpec := concurrencyJob(t, 24, "0.5", "[class.cpu]\ncpus = 1\nmemory = \"256MiB\"\n")
+	largeSpec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"sleep", "0.5"}, Extra: "[class.cpu]\ncpus = 4\nmemory = \"256MiB\"\n"})
+	small.Submit(smallSpec, coordinator.SubmitOptions{})
+	time.Sleep(time.Second)
+	large.Submit(largeSpec, coordinator.SubmitOptions{})
+	large.WaitState("t", 60*time.Second, stream.RunComplete)
+	st, err := coordinator.ReadStatus(context.Background(), small.JS, "t")
+	if err != nil || len(st.Runs) != 1 {
+		t.Fatalf("small run status: %v", err)
+	}
+	log, _ := os.ReadFile(filepath.Join(small.Data, "admission.log"))
+	if c := st.Runs[0].Counts; c.Validated >= 20 {
+		t.Fatalf("the large run finished after %d of the small run's 24 shards; want it let in early\n%s", c.Validated, log)
+	}
+	if !strings.Contains(string(log), "letting w1 (pid ") {
+		t.Errorf("the small run's admission.log does not say it let the large shard go first:\n%s", log)
+	}
+	small.WaitState("t", 60*time.Second, stream.RunComplete)
+}

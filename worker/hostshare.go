@@ -77,6 +77,9 @@ type Hold struct {
 	// (unix nanoseconds; 0: it holds something, or wants nothing). With
 	// more workers than room, the one starved longest goes first.
 	StarvedSince int64 `json:"starved_since,omitempty"`
+	// NeedCPU and NeedMemory are one shard of the class it wants.
+	NeedCPU    int64 `json:"need_cpu_millicores,omitempty"`
+	NeedMemory int64 `json:"need_memory,omitempty"`
 }
 
 // others is what the other workers sharing the budget hold.
@@ -86,8 +89,15 @@ type others struct {
 	// Active counts the workers holding something or wanting more;
 	// Wanting those that want more.
 	Active, Wanting int
-	// FirstStarved is the earliest StarvedSince among them (0: none).
-	FirstStarved int64
+	// Starved are those that want while holding nothing.
+	Starved []starved
+}
+
+// starved is a worker that wants a shard while holding nothing.
+type starved struct {
+	who         string
+	since       int64
+	cpu, memory int64 // what its shard needs
 }
 
 // sharedRecheck is how often a worker held back by the shared budget looks
@@ -250,7 +260,7 @@ func (l *hostLedger) write(h Hold) error {
 
 func sameHold(a, b Hold) bool {
 	return a.CPU == b.CPU && a.Memory == b.Memory && a.GPUPending == b.GPUPending && a.Wants == b.Wants &&
-		a.StarvedSince == b.StarvedSince && slices.Equal(a.GPUs, b.GPUs)
+		a.StarvedSince == b.StarvedSince && a.NeedCPU == b.NeedCPU && a.NeedMemory == b.NeedMemory && slices.Equal(a.GPUs, b.GPUs)
 }
 
 // alive reports whether r is a record of a running worker of this boot.
@@ -303,8 +313,8 @@ func (l *hostLedger) begin(share string) (others, error) {
 		if r.Wants {
 			o.Wanting++
 		}
-		if r.StarvedSince != 0 && (o.FirstStarved == 0 || r.StarvedSince < o.FirstStarved) {
-			o.FirstStarved = r.StarvedSince
+		if r.StarvedSince != 0 {
+			o.Starved = append(o.Starved, starved{who: fmt.Sprintf("%s (pid %d)", r.Name, r.PID), since: r.StarvedSince, cpu: r.NeedCPU, memory: r.NeedMemory})
 		}
 		if r.Wants || r.CPU > 0 || r.Memory > 0 || len(r.GPUs) > 0 || r.GPUPending > 0 {
 			o.Active++
@@ -399,7 +409,10 @@ func (w *Worker) shareCommitHeld() error {
 	if w.ledger == nil {
 		return nil
 	}
-	return w.ledger.commit(w.holding("", 0, plan.Peak{}, w.ledger.last.Memory))
+	last := w.ledger.last
+	h := w.holding("", 0, plan.Peak{}, last.Memory)
+	h.Wants, h.NeedCPU, h.NeedMemory = last.Wants, last.NeedCPU, last.NeedMemory
+	return w.ledger.commit(h)
 }
 
 // holding is what this worker's shards in flight hold once k more of
@@ -442,13 +455,10 @@ func (w *Worker) refreshHold() {
 		return
 	}
 	h := w.holding("", 0, plan.Peak{}, 0)
-	w.mu.Lock()
-	var whole int64
-	for c, g := range w.gates {
-		whole += int64(g.count()) * w.peaks[c].Memory
-	}
-	w.mu.Unlock()
-	h.Memory = min(last.Memory, whole)
+	h.Memory = min(last.Memory, w.inflightMemory())
+	// What it wants is the last decision's to say; so is how long it has
+	// waited.
+	h.Wants, h.NeedCPU, h.NeedMemory = last.Wants, last.NeedCPU, last.NeedMemory
 	if err := w.ledger.commit(h); err != nil {
 		w.log.Warn("host ledger", "err", err)
 	}

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator/plan"
 )
 
 // TestLedgerCountsOnlyLiveWorkersOfTheSameBudget: what another worker
@@ -127,5 +130,47 @@ func TestLedgerRefusesAForeignDirectory(t *testing.T) {
 	}
 	if _, err := openLedger(link, "/proc", ledgerRec{Boot: "b"}); err == nil || !strings.Contains(err.Error(), "not a directory of this user") {
 		t.Fatalf("ledger through a symlink: %v, want refused", err)
+	}
+}
+
+// TestStarvedSinceIsKeptWhileStarving: a worker that wants a shard while
+// holding nothing keeps the time it began to wait across its writes, a
+// refresh between decisions included, so that its place in line holds;
+// holding something, or wanting nothing, ends it.
+func TestStarvedSinceIsKeptWhileStarving(t *testing.T) {
+	self := ledgerRec{Host: "h", Boot: "b", Name: "w", PID: os.Getpid(), Start: processStart("/proc", os.Getpid())}
+	l, err := openLedger(t.TempDir(), "/proc", self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	w := &Worker{gates: map[string]*gate{}, peaks: map[string]plan.Peak{}, ledger: l}
+	write := func(h Hold) int64 {
+		t.Helper()
+		if _, err := l.begin("s"); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.commit(h); err != nil {
+			t.Fatal(err)
+		}
+		return l.last.StarvedSince
+	}
+	since := write(Hold{Wants: true, NeedCPU: 1000})
+	if since == 0 {
+		t.Fatal("wanting while holding nothing: not starved")
+	}
+	time.Sleep(time.Millisecond)
+	if again := write(Hold{Wants: true, NeedCPU: 1000}); again != since {
+		t.Fatalf("starved since %d, then %d: the first time must hold", since, again)
+	}
+	w.refreshHold()
+	if l.last.StarvedSince != since || !l.last.Wants || l.last.NeedCPU != 1000 {
+		t.Fatalf("after a refresh: %+v, want still starved since %d, wanting 1000 millicores", l.last, since)
+	}
+	if got := write(Hold{Wants: true, CPU: 1000}); got != 0 {
+		t.Fatalf("holding a shard: starved since %d, want 0", got)
+	}
+	if got := write(Hold{}); got != 0 {
+		t.Fatalf("wanting nothing: starved since %d, want 0", got)
 	}
 }
