@@ -16,6 +16,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func TestRunExitCodes(t *testing.T) {
@@ -516,5 +517,34 @@ func TestSubmitBlocksWhatNoLiveWorkerCanRun(t *testing.T) {
 	s, _ := env.JS.Stream(context.Background(), stream.StreamShards)
 	if info, _ := s.Info(context.Background()); info.State.Msgs != 0 {
 		t.Fatalf("%d messages queued for a blocked run", info.State.Msgs)
+	}
+}
+
+// TestRunSaysWhyItsShardsWait: a run whose shards wait with none running
+// says why in its progress, in the worker's words: here another run holds
+// the whole host's CPUs.
+func TestRunSaysWhyItsShardsWait(t *testing.T) {
+	pf := testenv.Start(t, "preflight", "--json")
+	if code := pf.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("preflight: exit %d\n%s", code, pf.Output())
+	}
+	var snap probe.Snapshot
+	if err := json.Unmarshal([]byte(pf.Output()), &snap); err != nil {
+		t.Fatalf("preflight --json: %v", err)
+	}
+	cpus := snap.Budget.CPU.Effective.N / 1000
+	whole := testenv.WriteJob(t, testenv.Job{Name: "whole", Shards: 1, Command: []string{"sleep", "12"},
+		Extra: fmt.Sprintf("[class.cpu]\ncpus = %d\nmemory = \"64MiB\"\n", cpus)})
+	first := testenv.Start(t, "run", "--data", t.TempDir(), whole)
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(first.Output(), "1 running"), first.Output()
+	})
+	small := testenv.WriteJob(t, testenv.Job{Name: "small", Shards: 1, Command: []string{"true"}, Extra: "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n"})
+	second := testenv.Start(t, "run", "--data", t.TempDir(), small)
+	if code := second.Wait(t, 60*time.Second); code != 0 || !strings.Contains(second.Output(), "waiting: ") || !strings.Contains(second.Output(), "shared with") {
+		t.Fatalf("second run: exit %d, want 0 and a line saying it waits for the host the first run holds\n%s", code, second.Output())
+	}
+	if code := first.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("first run: exit %d\n%s", code, first.Output())
 	}
 }

@@ -255,6 +255,9 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
 	var fullSince time.Time
+	var last stream.Counts
+	var lastAt time.Time
+	stalled := "" // the reason last printed for pending shards that do not run
 	for {
 		select {
 		case <-ctx.Done():
@@ -272,6 +275,15 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 			case time.Since(fullSince) >= storeFullFor:
 				return nil, errStoreFull{why: why}
 			}
+			// Shards pending and none running for a while: say why (the
+			// worker's own words: another run holding the host, memory,
+			// a fleet cap), once per reason, not only the counts.
+			if last.Pending > 0 && last.Running == 0 && !lastAt.IsZero() && time.Since(lastAt) >= stallAfter {
+				if w := waitingReason(ctx, js, run); w != "" && digitless(w) != digitless(stalled) {
+					p.note("waiting: " + w)
+					stalled = w
+				}
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return nil, fmt.Errorf("watch of run %s ended", run)
@@ -287,6 +299,12 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 			if done && r.Updated.Before(since) {
 				continue
 			}
+			if r.Counts != last || lastAt.IsZero() {
+				last, lastAt = r.Counts, time.Now()
+				if r.Counts.Running > 0 {
+					stalled = ""
+				}
+			}
 			p.show(&r)
 			if done {
 				return &r, nil
@@ -295,12 +313,38 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 	}
 }
 
+// stallAfter is how long shards may be pending with none running before
+// run says why.
+const stallAfter = 2 * time.Second
+
+// waitingReason is why the run's queued shards are not running, as its
+// status has it (the workers' reports); "" when it says nothing.
+func waitingReason(ctx context.Context, js jetstream.JetStream, run string) string {
+	st, err := coordinator.ReadStatus(ctx, js, run)
+	if err != nil || len(st.Runs) != 1 {
+		return ""
+	}
+	return strings.Join(st.Runs[0].Waiting, "; ")
+}
+
+// digitless is s without its digits: a reason is the same reason when
+// only its numbers moved ("probed 12ms ago").
+func digitless(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return -1
+		}
+		return r
+	}, s)
+}
+
 // progress draws a bar on a terminal and plain lines elsewhere.
 type progress struct {
 	w     io.Writer
 	tty   bool
 	last  time.Time
 	line  string
+	bar   string // the bar last drawn, on a terminal
 	drawn bool
 }
 
@@ -331,7 +375,8 @@ func (p *progress) show(r *stream.RunRecord) {
 		if c.Total > 0 {
 			filled = width * (c.Validated + c.Failed) / c.Total
 		}
-		fmt.Fprintf(p.w, "\r[%s%s] %s\x1b[K", strings.Repeat("#", filled), strings.Repeat(".", width-filled), text)
+		p.bar = fmt.Sprintf("[%s%s] %s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), text)
+		fmt.Fprintf(p.w, "\r%s\x1b[K", p.bar)
 		p.drawn = true
 		return
 	}
@@ -344,6 +389,19 @@ func (p *progress) show(r *stream.RunRecord) {
 }
 
 func stateOf(line string) string { s, _, _ := strings.Cut(line, " "); return s }
+
+// note prints a line of its own (on a terminal, below the bar, which the
+// next update draws again).
+func (p *progress) note(text string) {
+	if p.w == nil {
+		return
+	}
+	if p.tty && p.drawn {
+		fmt.Fprintf(p.w, "\r%s\x1b[K\n%s", text, p.bar)
+		return
+	}
+	fmt.Fprintln(p.w, text)
+}
 
 func (p *progress) done() {
 	if p.tty && p.drawn {
