@@ -145,7 +145,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	if ps := snap.PSI.MemorySome10; ps.Unknown == "" && ps.F > pressureStop {
 		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop), true, w.holding(class, 0, peak, own)
 	}
-	if cpu := budget["cpu"]; cpu.IsKnown() {
+	if cpu := budget["cpu"]; cpu.IsKnown() && len(o.Starved) > 0 {
 		// Memory once this worker's shards end: what they hold now (their
 		// peaks less what they may still grow by) comes back.
 		if y := w.yieldTo(o, cpu.N, headroom-o.Memory+max(w.inflightMemory()-own, 0)); y != "" {
