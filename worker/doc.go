@@ -31,8 +31,13 @@
 //   - Shutdown is two-phase: stop fetching, then SIGTERM children, wait the
 //     grace period, SIGKILL, record the interruption and Nak; attempts that
 //     are concluding finish first.
+//   - Auto-mode workers of one user on one host admit against one budget:
+//     each decision reads the others' holds and writes its own under the
+//     host ledger's flock, so no two admit into the same room; a record
+//     counts only while its process lives.
 //
 // Locks: Worker.mu guards running counters, the admission log files and the
 // output syncs; oomMu the shared OOM-kill baseline; scratchPool.mu its
-// pool; cgroups.mu the kept shard cgroups.
+// pool; cgroups.mu the kept shard cgroups. hostLedger.mu (and with it the
+// ledger file's flock) is taken before Worker.mu, never while holding it.
 package worker
