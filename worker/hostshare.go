@@ -61,8 +61,18 @@ type ledgerRec struct {
 	// Share names the budget the worker admits against; workers with equal
 	// shares split one budget.
 	Share string `json:"share"`
+	// At is when the record was written (unix nanoseconds). A worker that
+	// wants writes at least every wantsRewrite; its wanting counts for
+	// wantsFor after the last write, so that a worker that stopped
+	// deciding (its run ended) is not waited for.
+	At int64 `json:"at"`
 	Hold
 }
+
+const (
+	wantsRewrite = time.Second
+	wantsFor     = 3 * time.Second
+)
 
 // Hold is what a worker's shards in flight hold of the host.
 type Hold struct {
@@ -117,6 +127,8 @@ type hostLedger struct {
 	last         Hold   // the hold last written
 	written      bool
 	writtenShare string
+	writtenAt    time.Time
+	decidedAt    time.Time // the last commit of an admission decision
 }
 
 // DefaultLedgerDir is where the workers of this user on this host keep
@@ -231,11 +243,12 @@ func (l *hostLedger) read() ([]*ledgerRec, error) {
 // write puts this worker's record, holding h, in its slot, unless the
 // slot already says so.
 func (l *hostLedger) write(h Hold) error {
-	if l.written && l.writtenShare == l.me.Share && sameHold(l.last, h) {
+	now := time.Now()
+	if l.written && l.writtenShare == l.me.Share && sameHold(l.last, h) && (!h.Wants || now.Sub(l.writtenAt) < wantsRewrite) {
 		return nil
 	}
 	r := l.me
-	r.V, r.Hold = ledgerVersion, h
+	r.V, r.Hold, r.At = ledgerVersion, h, now.UnixNano()
 	b, err := json.Marshal(&r)
 	if err != nil {
 		return err
@@ -254,7 +267,7 @@ func (l *hostLedger) write(h Hold) error {
 	if _, err := l.f.WriteAt(rec, int64(l.slot)*ledgerRecSize); err != nil {
 		return fmt.Errorf("host ledger %s: %w", l.path, err)
 	}
-	l.last, l.written, l.writtenShare = h, true, l.me.Share
+	l.last, l.written, l.writtenShare, l.writtenAt = h, true, l.me.Share, now
 	return nil
 }
 
@@ -310,6 +323,9 @@ func (l *hostLedger) begin(share string) (others, error) {
 		o.GPUs = append(o.GPUs, r.GPUs...)
 		o.GPUPending += r.GPUPending
 		o.Workers = append(o.Workers, fmt.Sprintf("%s (pid %d)", r.Name, r.PID))
+		if time.Since(time.Unix(0, r.At)) > wantsFor {
+			r.Wants, r.StarvedSince = false, 0 // it stopped deciding
+		}
 		if r.Wants {
 			o.Wanting++
 		}
@@ -323,8 +339,24 @@ func (l *hostLedger) begin(share string) (others, error) {
 	return o, nil
 }
 
-// commit writes what this worker holds now and unlocks.
+// commit writes what this worker holds now, as an admission decision
+// found it, and unlocks.
 func (l *hostLedger) commit(h Hold) error {
+	l.decidedAt = time.Now()
+	return l.put(h)
+}
+
+// recommit writes what this worker holds now between decisions and
+// unlocks: what it wants stays the last decision's while that is recent,
+// and lapses when decisions stopped (its runs ended, its classes gone).
+func (l *hostLedger) recommit(h Hold) error {
+	if time.Since(l.decidedAt) < wantsFor {
+		h.Wants, h.NeedCPU, h.NeedMemory = l.last.Wants, l.last.NeedCPU, l.last.NeedMemory
+	}
+	return l.put(h)
+}
+
+func (l *hostLedger) put(h Hold) error {
 	defer l.mu.Unlock()
 	defer l.unlock()
 	switch {
@@ -409,10 +441,7 @@ func (w *Worker) shareCommitHeld() error {
 	if w.ledger == nil {
 		return nil
 	}
-	last := w.ledger.last
-	h := w.holding("", 0, plan.Peak{}, last.Memory)
-	h.Wants, h.NeedCPU, h.NeedMemory = last.Wants, last.NeedCPU, last.NeedMemory
-	return w.ledger.commit(h)
+	return w.ledger.recommit(w.holding("", 0, plan.Peak{}, w.ledger.last.Memory))
 }
 
 // holding is what this worker's shards in flight hold once k more of
@@ -456,10 +485,7 @@ func (w *Worker) refreshHold() {
 	}
 	h := w.holding("", 0, plan.Peak{}, 0)
 	h.Memory = min(last.Memory, w.inflightMemory())
-	// What it wants is the last decision's to say; so is how long it has
-	// waited.
-	h.Wants, h.NeedCPU, h.NeedMemory = last.Wants, last.NeedCPU, last.NeedMemory
-	if err := w.ledger.commit(h); err != nil {
+	if err := w.ledger.recommit(h); err != nil {
 		w.log.Warn("host ledger", "err", err)
 	}
 }

@@ -1,6 +1,8 @@
 package worker
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,6 +168,40 @@ func TestStarvedSinceIsKeptWhileStarving(t *testing.T) {
 	w.refreshHold()
 	if l.last.StarvedSince != since || !l.last.Wants || l.last.NeedCPU != 1000 {
 		t.Fatalf("after a refresh: %+v, want still starved since %d, wanting 1000 millicores", l.last, since)
+	}
+	// Another worker sees it starved, until its record is older than
+	// wantsFor: a worker whose runs ended stops deciding and is not waited
+	// for.
+	other, err := openLedger(l.path[:len(l.path)-len("/ledger")], "/proc", ledgerRec{Host: "h", Boot: "b", Name: "o", PID: os.Getpid(), Start: self.Start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.close()
+	if o, _ := other.begin("s"); len(o.Starved) != 1 || o.Wanting != 1 {
+		t.Fatalf("another worker sees %+v, want w starved and wanting", o)
+	} else {
+		other.abort()
+	}
+	if _, err := l.begin("s"); err != nil {
+		t.Fatal(err)
+	}
+	stale := time.Now().Add(-2 * wantsFor)
+	l.decidedAt = stale
+	r := l.me
+	r.V, r.At, r.Hold = ledgerVersion, stale.UnixNano(), l.last
+	b, _ := json.Marshal(&r)
+	rec := append(b, bytes.Repeat([]byte{' '}, ledgerRecSize-len(b))...)
+	rec[ledgerRecSize-1] = '\n'
+	l.f.WriteAt(rec, int64(l.slot)*ledgerRecSize)
+	l.abort()
+	if o, _ := other.begin("s"); len(o.Starved) != 0 || o.Wanting != 0 {
+		t.Fatalf("another worker sees %+v in a record written %s ago, want nothing wanted", o, 2*wantsFor)
+	} else {
+		other.abort()
+	}
+	w.refreshHold()
+	if l.last.Wants || l.last.StarvedSince != 0 {
+		t.Fatalf("a refresh %s after the last decision: %+v, want wanting nothing", 2*wantsFor, l.last)
 	}
 	if got := write(Hold{Wants: true, CPU: 1000}); got != 0 {
 		t.Fatalf("holding a shard: starved since %d, want 0", got)
