@@ -207,15 +207,7 @@ func TestWorkersOfOneHostShareItsBudget(t *testing.T) {
 	if maxSeen := maxConcurrent(t, spec, 12); maxSeen != 4 {
 		t.Fatalf("concurrent shards on one host of 4 CPUs with two workers: got %d, want 4\n%s", maxSeen, log)
 	}
-	ran := map[string]bool{}
-	for i := range 12 {
-		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
-		if err != nil || len(rec.Attempts) == 0 {
-			t.Fatalf("shard %d: %+v (%v)", i, rec, err)
-		}
-		ran[rec.Attempts[len(rec.Attempts)-1].Worker] = true
-	}
-	if len(ran) != 2 {
+	if ran := shardsPerWorker(t, env, 12); len(ran) != 2 {
 		t.Errorf("shards ran on %v; want both workers", ran)
 	}
 	if !strings.Contains(string(log), "shared with w") || !strings.Contains(string(log), "on this host") {
@@ -256,14 +248,7 @@ func TestMoreWorkersThanSlotsTakeTurns(t *testing.T) {
 	if maxSeen := maxConcurrent(t, spec, 12); maxSeen > 2 {
 		t.Fatalf("concurrent shards with room for 2: got %d\n%s", maxSeen, log)
 	}
-	ran := map[string]int{}
-	for i := range 12 {
-		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
-		if err != nil || len(rec.Attempts) == 0 {
-			t.Fatalf("shard %d: %+v (%v)", i, rec, err)
-		}
-		ran[rec.Attempts[len(rec.Attempts)-1].Worker]++
-	}
+	ran := shardsPerWorker(t, env, 12)
 	t.Logf("shards per worker: %v", ran)
 	for _, w := range []string{"w1", "w2", "w3"} {
 		if ran[w] < 2 {
@@ -299,4 +284,19 @@ func TestLargeShardsAreNotStarvedBySmallOnes(t *testing.T) {
 		t.Errorf("the small run's admission.log does not say it let the large shard go first:\n%s", log)
 	}
 	small.WaitState("t", 60*time.Second, stream.RunComplete)
+}
+
+// shardsPerWorker counts, per worker, the shards of run t (s0000 on) whose
+// last attempt it ran.
+func shardsPerWorker(t *testing.T, env *testenv.Env, shards int) map[string]int {
+	t.Helper()
+	ran := map[string]int{}
+	for i := range shards {
+		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+		if err != nil || len(rec.Attempts) == 0 {
+			t.Fatalf("shard %d: %+v (%v)", i, rec, err)
+		}
+		ran[rec.Attempts[len(rec.Attempts)-1].Worker]++
+	}
+	return ran
 }
