@@ -25,6 +25,7 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	}
 	if !w.cfg.Auto {
 		slots := w.cfg.Slots[class]
+		w.publishFixed(class, max(slots-inflight, 0))
 		return slots - inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
 	}
 	peak, gpu, ok := w.peakFor(class)

@@ -300,3 +300,28 @@ func shardsPerWorker(t *testing.T, env *testenv.Env, shards int) map[string]int 
 	}
 	return ran
 }
+
+// TestAutoWorkerCountsAFixedWorkersShards: a worker with fixed slots
+// (another run on the host, `--slots 4`) admits as configured but writes
+// what its shards hold to the host ledger, so an auto worker beside it
+// (4 CPUs) waits while those hold the CPUs instead of running 4 more.
+func TestAutoWorkerCountsAFixedWorkersShards(t *testing.T) {
+	fixed := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 4}, Probe: fixtureProbe(t)})
+	auto := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
+	fixedSpec := concurrencyJob(t, 4, "3", "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n")
+	fixed.Submit(fixedSpec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		st, err := coordinator.ReadStatus(context.Background(), fixed.JS, "t")
+		return err == nil && len(st.Runs) == 1 && st.Runs[0].Counts.Running == 4, fmt.Sprint(st, err)
+	})
+	autoSpec := concurrencyJob(t, 2, "0.2", "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n")
+	auto.Submit(autoSpec, coordinator.SubmitOptions{})
+	auto.WaitState("t", 30*time.Second, stream.RunComplete)
+	log, _ := os.ReadFile(filepath.Join(auto.Data, "admission.log"))
+	if !strings.Contains(string(log), "(4000 - 4000 shared) / 1000 peak = 0") {
+		t.Fatalf("the auto worker did not count the fixed worker's 4 one-CPU shards:\n%s", log)
+	}
+	if st, err := coordinator.ReadStatus(context.Background(), fixed.JS, "t"); err != nil || st.Runs[0].Counts.Validated != 4 {
+		t.Fatalf("the auto run completed before the fixed run's shards ended: %+v (%v)", st, err)
+	}
+}

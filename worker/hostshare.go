@@ -435,6 +435,33 @@ func (w *Worker) shareCommit(h Hold) error {
 	return w.ledger.commit(h)
 }
 
+// publishFixed writes what a worker with fixed slots holds once k more
+// shards of class are fetched: it reads nothing, but the auto workers of
+// the host count its shards.
+func (w *Worker) publishFixed(class string, k int) {
+	if w.ledger == nil {
+		return
+	}
+	if _, err := w.ledger.begin(w.fixedShare); err != nil {
+		return
+	}
+	peak, _, _ := w.peakFor(class)
+	h := w.holding(class, k, peak, 0)
+	// Memory: the whole peak of each shard not started yet. What running
+	// shards may still grow by would take a scan of /proc per decision,
+	// which the fixed-slots path does not pay; they count as grown.
+	w.mu.Lock()
+	var running int64
+	for _, s := range w.live {
+		running += s.peak
+	}
+	w.mu.Unlock()
+	h.Memory = max(w.inflightMemory()-running, 0) + int64(k)*peak.Memory
+	if err := w.ledger.commit(h); err != nil {
+		w.log.Warn("host ledger", "err", err)
+	}
+}
+
 // shareCommitHeld writes what this worker holds after a change of its
 // GPU reservations (between shareBegin and now), and unlocks the ledger.
 func (w *Worker) shareCommitHeld() error {

@@ -135,21 +135,24 @@ type Worker struct {
 	gpuClass map[string]bool
 	live     map[int]liveShard
 	liveSeq  uint64
-	gates    map[string]*gate      // per class served: its shards in flight
-	gpuRes   map[string]string     // GPU UUID -> shard key holding it
-	ledger   *hostLedger           // auto mode: the budget shared with this host's other workers; nil without
-	sharing  atomic.Bool           // the last admission decision saw other active workers in the ledger
-	active   map[string]*running   // shards whose command runs, by key
-	waits    map[string]string     // per class: why the worker is not fetching
-	owning   map[string]bool       // shard keys with an attempt in flight here, from lease to settle (takeLease)
-	held     map[string]int        // per class: deliveries held for a store that takes no lease write
-	heldWhy  string                // the store's last refusal, while any is held
-	peers    []stream.WorkerReport // other live workers, for locality
-	critical string                // why memory is critical now, or ""
-	enforce  bool                  // per-shard cgroups can be made here
-	cgroups  *cgroups
-	limits   string
-	hostLogF *os.File
+	gates    map[string]*gate  // per class served: its shards in flight
+	gpuRes   map[string]string // GPU UUID -> shard key holding it
+	ledger   *hostLedger       // auto mode: the budget shared with this host's other workers; nil without
+	sharing  atomic.Bool       // the last admission decision saw other active workers in the ledger
+	// fixedShare is the budget a worker with fixed slots writes its holds
+	// under (auto workers take theirs from each decision's look).
+	fixedShare string
+	active     map[string]*running   // shards whose command runs, by key
+	waits      map[string]string     // per class: why the worker is not fetching
+	owning     map[string]bool       // shard keys with an attempt in flight here, from lease to settle (takeLease)
+	held       map[string]int        // per class: deliveries held for a store that takes no lease write
+	heldWhy    string                // the store's last refusal, while any is held
+	peers      []stream.WorkerReport // other live workers, for locality
+	critical   string                // why memory is critical now, or ""
+	enforce    bool                  // per-shard cgroups can be made here
+	cgroups    *cgroups
+	limits     string
+	hostLogF   *os.File
 
 	scratch *scratchPool              // {out} and {scratch} directories of attempts
 	durable *stream.Group             // shared sync barriers at the coordinator
@@ -315,21 +318,29 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.concluding = make(chan struct{}, maxConcluding)
 	defer w.scratch.close()
-	if w.cfg.Auto {
-		dir := w.cfg.HostLedger
-		if dir == "" {
-			dir = DefaultLedgerDir()
-		}
-		l, err := openLedger(dir, w.cfg.ProcRoot, ledgerRec{Host: w.host, Boot: w.boot, PIDNS: w.pidns, PID: w.pid,
-			Start: processStart(w.cfg.ProcRoot, w.pid), Name: w.cfg.Name})
-		if err != nil {
-			// Admission still sees what the probe measures, but not what
-			// other workers on this host have admitted and not yet used.
-			w.log.Warn("host ledger: admitting as if this were the host's only worker", "err", err)
-			w.hostLog("*", "ledger", fmt.Sprintf("%v: other workers' shards on this host are seen only as the probe measures them", err))
-		} else {
-			w.ledger = l
-			defer l.close()
+	// Every worker writes what its shards hold to the host ledger; only
+	// auto-mode workers also admit by what the others hold (fixed slots are
+	// the user's to choose, but the auto workers beside them must see them).
+	dir := w.cfg.HostLedger
+	if dir == "" {
+		dir = DefaultLedgerDir()
+	}
+	if l, err := openLedger(dir, w.cfg.ProcRoot, ledgerRec{Host: w.host, Boot: w.boot, PIDNS: w.pidns, PID: w.pid,
+		Start: processStart(w.cfg.ProcRoot, w.pid), Name: w.cfg.Name}); err != nil {
+		// Admission still sees what the probe measures, but not what
+		// other workers on this host have admitted and not yet used.
+		w.log.Warn("host ledger: admitting as if this were the host's only worker", "err", err)
+		w.hostLog("*", "ledger", fmt.Sprintf("%v: other workers' shards on this host are seen only as the probe measures them", err))
+	} else {
+		w.ledger = l
+		defer l.close()
+		if !w.cfg.Auto {
+			// Which budget its shards count against, for the auto workers.
+			snap, err := w.cfg.Probe.Snapshot(ctx, nil)
+			if err != nil {
+				snap = &probe.Snapshot{}
+			}
+			w.fixedShare = budgetShare(snap)
 		}
 	}
 
@@ -368,6 +379,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	sort.Strings(classes)
 	for _, class := range classes {
 		g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), class, &shards) })
+	}
+	if !w.cfg.Auto && w.ledger != nil {
+		// The classes' peaks, for what this worker's shards hold.
+		g.Go(func() error {
+			t := time.NewTicker(w.cfg.ReportEvery)
+			defer t.Stop()
+			for {
+				w.refreshPeaks(gctx)
+				select {
+				case <-gctx.Done():
+					return nil
+				case <-t.C:
+				}
+			}
+		})
 	}
 	if w.cfg.Auto {
 		// Serve every class of the active runs, as they appear.
