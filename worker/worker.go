@@ -137,7 +137,7 @@ type Worker struct {
 	liveSeq  uint64
 	gates    map[string]*gate  // per class served: its shards in flight
 	gpuRes   map[string]string // GPU UUID -> shard key holding it
-	ledger   *hostLedger       // auto mode: the budget shared with this host's other workers; nil without
+	ledger   *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
 	sharing  atomic.Bool       // the last admission decision saw other active workers in the ledger
 	// fixedShare is the budget a worker with fixed slots writes its holds
 	// under (auto workers take theirs from each decision's look).
