@@ -329,7 +329,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		Start: processStart(w.cfg.ProcRoot, w.pid), Name: w.cfg.Name}); err != nil {
 		// Admission still sees what the probe measures, but not what
 		// other workers on this host have admitted and not yet used.
-		w.log.Warn("host ledger: admitting as if this were the host's only worker", "err", err)
+		w.log.Warn("admitting as if this were the host's only worker", "err", err)
 		w.hostLog("*", "ledger", fmt.Sprintf("%v: other workers' shards on this host are seen only as the probe measures them", err))
 	} else {
 		w.ledger = l
