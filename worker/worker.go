@@ -52,8 +52,8 @@ type Config struct {
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
 	// HostLedger is the directory of the host ledger through which the
-	// auto-mode workers of this user on this host share its budget
-	// (hostshare.go). Default DefaultLedgerDir().
+	// workers of this user on this host share its budget
+	// (ledger.go). Default DefaultLedgerDir().
 	HostLedger string
 	// ProcRoot is where /proc is read from (boot id, vmstat). Default "/proc".
 	ProcRoot string
