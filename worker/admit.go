@@ -121,7 +121,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		h := w.holding(class, 0, peak, own)
 		h.Wants = wants
 		if wants {
-			h.NeedCPU, h.NeedMemory = peak.CPU, peak.Memory
+			h.NeedCPU, h.NeedMemory, h.NeedGPUs = peak.CPU, peak.Memory, peak.GPUs
 		}
 		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason), false, h
 	}
@@ -147,12 +147,24 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		return 0, fmt.Sprintf("class %s: memory pressure %.1f%% > %.0f%%: not fetching", class, ps.F, pressureStop), true, w.holding(class, 0, peak, own)
 	}
 	if cpu := budget["cpu"]; cpu.IsKnown() && len(o.Starved) > 0 {
-		// Memory once this worker's shards end: what they hold now (their
-		// peaks less what they may still grow by) comes back.
-		if y := w.yieldTo(o, cpu.N, headroom-o.Memory+max(w.inflightMemory()-own, 0)); y != "" {
-			hold = w.holding(class, 0, peak, own)
-			hold.Wants, hold.NeedCPU, hold.NeedMemory = w.hasBacklog(class), peak.CPU, peak.Memory
-			return 0, fmt.Sprintf("class %s: letting %s go first (%s)", class, y, reason), true, hold
+		mine := w.holding(class, 0, peak, own)
+		now := room{cpu: cpu.N - o.CPU - mine.CPU, memory: headroom - growth}
+		// Capacity once the others' shards end; memory: what this worker's
+		// shards hold now (their peaks less what they may still grow by)
+		// comes back too.
+		capacity := room{cpu: cpu.N, memory: headroom - o.Memory + max(w.inflightMemory()-own, 0)}
+		if gpu {
+			now.gpus, capacity.gpus = int64(len(gpuFree))-o.GPUPending, budget["gpus"].N
+		} else {
+			// Whether a starved GPU shard could start now, were it not for
+			// this class's CPU or memory.
+			free, total := w.gpuView(snap, 0)
+			free, total = withoutGPUs(free, total, o.GPUs)
+			now.gpus, capacity.gpus = int64(len(free))-o.GPUPending, int64(total)
+		}
+		if y := w.yieldTo(o, now, capacity, peak); y != "" {
+			mine.Wants, mine.NeedCPU, mine.NeedMemory, mine.NeedGPUs = w.hasBacklog(class), peak.CPU, peak.Memory, peak.GPUs
+			return 0, fmt.Sprintf("class %s: letting %s go first (%s)", class, y, reason), true, mine
 		}
 	}
 	fit := free
@@ -179,7 +191,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	hold = w.holding(class, k, peak, own+int64(k)*peak.Memory)
 	hold.Wants = wants
 	if wants {
-		hold.NeedCPU, hold.NeedMemory = peak.CPU, peak.Memory
+		hold.NeedCPU, hold.NeedMemory, hold.NeedGPUs = peak.CPU, peak.Memory, peak.GPUs
 	}
 	return k, detail, k < free, hold
 }
@@ -204,27 +216,35 @@ func (w *Worker) fairSlots(budget plan.Budget, class string, inflight int, peak 
 	return max(n, 0), true
 }
 
-// yieldTo names the worker this one lets go first, admitting nothing
-// new meanwhile: one that has wanted a shard while holding nothing for
-// longer than this one (a worker whose shard just ended has not waited at
-// all), and whose shard fits the host once the others' shards end
-// (cpuCap millicores, memIfDrained bytes). So workers take turns when
-// there is room for fewer shards than workers want, and a worker whose
-// shards are larger than the others' is not starved by them refilling
-// each slot as it frees; one whose shard does not fit even then is not
-// waited for. "" when this worker goes ahead.
-func (w *Worker) yieldTo(o others, cpuCap, memIfDrained int64) string {
-	if len(o.Starved) == 0 {
-		return ""
-	}
-	mine := time.Now().UnixNano()
+// yieldTo names the worker this one lets go first, admitting nothing new
+// of a class with peak meanwhile: one that has wanted a shard while
+// holding nothing for longer than this one (a worker whose shard just
+// ended has not waited at all), whose shard fits the host's capacity once
+// the others' shards end, and whom one more shard of this class would
+// leave short of something this class takes (now: what is free). So
+// workers take turns when there is room for fewer shards than workers
+// want, and a worker whose shards are larger than the others' is not
+// starved by them refilling each slot as it frees. Not waited for: a
+// shard that does not fit even then, or one short now of what this class
+// does not take (a shard waiting for a GPU does not stop CPU-only shards
+// while the CPUs have room for both). "" when this worker goes ahead.
+func (w *Worker) yieldTo(o others, now, capacity room, peak plan.Peak) string {
+	mySince := time.Now().UnixNano()
 	if w.ledger != nil && w.ledger.starvedSince() != 0 {
-		mine = w.ledger.starvedSince()
+		mySince = w.ledger.starvedSince()
 	}
 	for _, s := range o.Starved {
-		if s.since < mine && s.cpu <= cpuCap && s.memory <= memIfDrained {
-			return fmt.Sprintf("%s, waiting %s for a shard of %s and %s", s.who,
-				time.Duration(time.Now().UnixNano()-s.since).Round(time.Millisecond), showMillicores(s.cpu), stream.FormatSize(s.memory))
+		n := s.need
+		if s.since >= mySince || n.cpu > capacity.cpu || n.memory > capacity.memory || n.gpus > capacity.gpus {
+			continue
+		}
+		// Short of what this class does not take: yielding gives it nothing.
+		if (peak.CPU == 0 && n.cpu > now.cpu) || (peak.Memory == 0 && n.memory > now.memory) || (peak.GPUs == 0 && n.gpus > now.gpus) {
+			continue
+		}
+		if (peak.CPU > 0 && n.cpu > now.cpu-peak.CPU) || (peak.Memory > 0 && n.memory > now.memory-peak.Memory) || (peak.GPUs > 0 && n.gpus > now.gpus-peak.GPUs) {
+			return fmt.Sprintf("%s, waiting %s for a shard of %s, %s and %d GPU(s)", s.who,
+				time.Duration(time.Now().UnixNano()-s.since).Round(time.Millisecond), showMillicores(n.cpu), stream.FormatSize(n.memory), n.gpus)
 		}
 	}
 	return ""

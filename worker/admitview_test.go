@@ -102,3 +102,37 @@ func TestOtherClassesInFlightAreCharged(t *testing.T) {
 		t.Fatalf("two big shards in flight: fetch %d, want 2\n%s", k, detail)
 	}
 }
+
+// TestYieldOnlyWhereItHelps: a worker lets a starved worker go first only
+// when one more shard of its own class would leave that worker short of
+// something the class takes, and never for what it does not take: CPU-only
+// shards go on while a GPU shard waits for a device, unless the GPU shard
+// also needs the CPUs they would take.
+func TestYieldOnlyWhereItHelps(t *testing.T) {
+	w := &Worker{gpuRes: map[string]string{}, gates: map[string]*gate{}}
+	const gib = int64(1) << 30
+	waiting := others{Starved: []starved{{who: "x (pid 1)", since: time.Now().Add(-time.Second).UnixNano(), need: room{cpu: 1000, memory: gib, gpus: 1}}}}
+	capacity := room{cpu: 4000, memory: 12 * gib, gpus: 2}
+	cpuOnly := plan.Peak{CPU: 1000, Memory: gib}
+	gpuClass := plan.Peak{CPU: 1000, Memory: gib, GPUs: 1}
+	for _, tc := range []struct {
+		name  string
+		o     others
+		now   room
+		peak  plan.Peak
+		yield bool
+	}{
+		{"cpu-only shard, CPUs to spare, no GPU free", waiting, room{3000, 10 * gib, 0}, cpuOnly, false},
+		{"cpu-only shard, CPUs tight, no GPU free", waiting, room{1000, 10 * gib, 0}, cpuOnly, false},
+		{"cpu-only shard, CPUs tight, a GPU free", waiting, room{1000, 10 * gib, 1}, cpuOnly, true},
+		{"cpu-only shard, CPUs to spare, a GPU free", waiting, room{3000, 10 * gib, 1}, cpuOnly, false},
+		{"gpu shard, one GPU free", waiting, room{3000, 10 * gib, 1}, gpuClass, true},
+		{"gpu shard, two GPUs free", waiting, room{3000, 10 * gib, 2}, gpuClass, false},
+		{"needs more than the host", others{Starved: []starved{{who: "x", since: 1, need: room{cpu: 8000}}}}, room{0, 10 * gib, 0}, cpuOnly, false},
+		{"waited less than this worker", others{Starved: []starved{{who: "x", since: time.Now().Add(time.Hour).UnixNano(), need: room{cpu: 1000}}}}, room{1000, 10 * gib, 0}, cpuOnly, false},
+	} {
+		if got := w.yieldTo(tc.o, tc.now, capacity, tc.peak) != ""; got != tc.yield {
+			t.Errorf("%s: yield %v, want %v", tc.name, got, tc.yield)
+		}
+	}
+}

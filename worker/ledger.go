@@ -84,9 +84,10 @@ type Hold struct {
 	// (unix nanoseconds; 0: it holds something, or wants nothing). With
 	// more workers than room, the one starved longest goes first.
 	StarvedSince int64 `json:"starved_since,omitempty"`
-	// NeedCPU and NeedMemory are one shard of the class it wants.
+	// NeedCPU, NeedMemory and NeedGPUs are one shard of the class it wants.
 	NeedCPU    int64 `json:"need_cpu_millicores,omitempty"`
 	NeedMemory int64 `json:"need_memory,omitempty"`
+	NeedGPUs   int64 `json:"need_gpus,omitempty"`
 }
 
 // others is what the other workers sharing the budget hold.
@@ -102,10 +103,13 @@ type others struct {
 
 // starved is a worker that wants a shard while holding nothing.
 type starved struct {
-	who         string
-	since       int64
-	cpu, memory int64 // what its shard needs
+	who   string
+	since int64
+	need  room // one shard of the class it wants
 }
+
+// room is an amount of each resource: CPU millicores, memory bytes, GPUs.
+type room struct{ cpu, memory, gpus int64 }
 
 // hostLedger is this worker's handle on the ledger file.
 type hostLedger struct {
@@ -266,7 +270,7 @@ func (l *hostLedger) write(h Hold) error {
 
 func sameHold(a, b Hold) bool {
 	return a.CPU == b.CPU && a.Memory == b.Memory && a.GPUPending == b.GPUPending && a.Wants == b.Wants &&
-		a.StarvedSince == b.StarvedSince && a.NeedCPU == b.NeedCPU && a.NeedMemory == b.NeedMemory && slices.Equal(a.GPUs, b.GPUs)
+		a.StarvedSince == b.StarvedSince && a.NeedCPU == b.NeedCPU && a.NeedMemory == b.NeedMemory && a.NeedGPUs == b.NeedGPUs && slices.Equal(a.GPUs, b.GPUs)
 }
 
 // alive reports whether r is a record of a running worker of this boot.
@@ -323,7 +327,7 @@ func (l *hostLedger) begin(share string) (others, error) {
 			o.Wanting++
 		}
 		if r.StarvedSince != 0 {
-			o.Starved = append(o.Starved, starved{who: fmt.Sprintf("%s (pid %d)", r.Name, r.PID), since: r.StarvedSince, cpu: r.NeedCPU, memory: r.NeedMemory})
+			o.Starved = append(o.Starved, starved{who: fmt.Sprintf("%s (pid %d)", r.Name, r.PID), since: r.StarvedSince, need: room{cpu: r.NeedCPU, memory: r.NeedMemory, gpus: r.NeedGPUs}})
 		}
 		if r.Wants || r.CPU > 0 || r.Memory > 0 || len(r.GPUs) > 0 || r.GPUPending > 0 {
 			o.Active++
@@ -344,7 +348,7 @@ func (l *hostLedger) commit(h Hold) error {
 // and lapses when decisions stopped (its runs ended, its classes gone).
 func (l *hostLedger) recommit(h Hold) error {
 	if time.Since(l.decidedAt) < wantsFor {
-		h.Wants, h.NeedCPU, h.NeedMemory = l.last.Wants, l.last.NeedCPU, l.last.NeedMemory
+		h.Wants, h.NeedCPU, h.NeedMemory, h.NeedGPUs = l.last.Wants, l.last.NeedCPU, l.last.NeedMemory, l.last.NeedGPUs
 	}
 	return l.put(h)
 }
