@@ -428,7 +428,6 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		_ = a.msg.NakWithDelay(w.backoff(1))
 		return
 	}
-	held := a.held // in the journal since the fetch (handle)
 	var res result
 	base, err := w.scratch.take(m.Run)
 	if err != nil {
@@ -463,7 +462,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		res = sres
 	}
 	if res.outcome == "" {
-		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log, held)
+		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
 	}
 	select {
 	case w.concluding <- struct{}{}:
@@ -505,7 +504,7 @@ func checkInputs(paths []string, wait time.Duration) error {
 	}
 }
 
-func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string, held *heldShard) result {
+func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string) result {
 	spec := &a.run.Spec
 	// Each input was there when the run was submitted. One gone here
 	// (deleted, moved, a mount this host lacks) fails the attempt with
@@ -569,7 +568,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, onStart, cg, held)
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, onStart, cg, a.held)
 	w.removeRunning(a.key)
 	select {
 	case <-rr.preempt:
@@ -588,7 +587,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
 		vargv, err := stream.Expand(spec.Validator, v)
 		if err == nil {
-			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, nil, lost, nil, nil, held)
+			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, nil, lost, nil, nil, a.held)
 			if vr.outcome != stream.OutcomeOK {
 				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
 			}
