@@ -380,23 +380,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	for _, class := range classes {
 		g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), class, &shards) })
 	}
-	if !w.cfg.Auto && w.ledger != nil {
-		// The classes' peaks, for what this worker's shards hold.
-		g.Go(func() error {
-			t := time.NewTicker(w.cfg.ReportEvery)
-			defer t.Stop()
-			for {
-				w.refreshPeaks(gctx)
-				select {
-				case <-gctx.Done():
-					return nil
-				case <-t.C:
-				}
-			}
-		})
-	}
-	if w.cfg.Auto {
-		// Serve every class of the active runs, as they appear.
+	if w.cfg.Auto || w.ledger != nil {
+		// The classes' peaks of the active runs, for admission and for what
+		// this worker's shards hold; in auto mode, serve every class of
+		// those runs as they appear.
 		served := map[string]bool{}
 		for _, c := range classes {
 			served[c] = true
@@ -406,7 +393,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			defer t.Stop()
 			for {
 				for _, c := range w.refreshPeaks(gctx) {
-					if !served[c] {
+					if w.cfg.Auto && !served[c] {
 						served[c] = true
 						g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), c, &shards) })
 					}
@@ -489,11 +476,9 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			continue
 		}
 		g.add(n)
-		g.request(n)
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
-			g.request(-n)
-			g.done(n)
+			g.unasked(n)
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -515,7 +500,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			got := 0
 			for msg := range batch.Messages() {
 				got++
-				g.request(-1)
+				g.arrived()
 				if ctx.Err() != nil {
 					// Shutting down: hand it back untouched.
 					w.handBackUnstarted(msg)
@@ -541,8 +526,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				go run()
 			}
 			g.setBacklog(got == n) // a short batch: the queue ran dry
-			g.request(got - n)
-			g.done(n - got)
+			g.unasked(n - got)
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				w.log.Debug("fetch ended", "class", class, "err", err)
 			}
@@ -559,11 +543,19 @@ type gate struct {
 	asked    int  // of inflight, shards asked for by fetches still open and not yet delivered
 }
 
-// request counts n more shards asked for (n < 0: delivered, or never to be).
-func (g *gate) request(n int) {
+// arrived counts a shard asked for and delivered.
+func (g *gate) arrived() {
 	g.mu.Lock()
-	g.asked += n
+	g.asked--
 	g.mu.Unlock()
+}
+
+// unasked takes back n shards asked for that a fetch will not deliver.
+func (g *gate) unasked(n int) {
+	g.mu.Lock()
+	g.asked -= n
+	g.mu.Unlock()
+	g.done(n)
 }
 
 // requested is how many shards open fetches may still deliver.
@@ -594,9 +586,11 @@ func (g *gate) count() int {
 	return g.inflight
 }
 
+// add counts n shards asked for by a fetch.
 func (g *gate) add(n int) {
 	g.mu.Lock()
 	g.inflight += n
+	g.asked += n
 	g.mu.Unlock()
 }
 
