@@ -119,9 +119,8 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	free := n - inflight
 	if free <= 0 {
 		h := w.holding(class, 0, peak, own)
-		h.Wants = wants
 		if wants {
-			h.NeedCPU, h.NeedMemory, h.NeedGPUs = peak.CPU, peak.Memory, peak.GPUs
+			h.want(peak)
 		}
 		return 0, fmt.Sprintf("class %s: all %d slot(s) in use (%s)", class, n, reason), false, h
 	}
@@ -163,7 +162,9 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 			now.gpus, capacity.gpus = int64(len(free))-o.GPUPending, int64(total)
 		}
 		if y := w.yieldTo(o, now, capacity, peak); y != "" {
-			mine.Wants, mine.NeedCPU, mine.NeedMemory, mine.NeedGPUs = w.hasBacklog(class), peak.CPU, peak.Memory, peak.GPUs
+			if w.hasBacklog(class) {
+				mine.want(peak)
+			}
 			return 0, fmt.Sprintf("class %s: letting %s go first (%s)", class, y, reason), true, mine
 		}
 	}
@@ -189,9 +190,8 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		class, n, reason, inflight, stream.FormatSize(headroom), src, growthOf, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
 		stream.FormatSize(peak.Memory), peak.Source, k)
 	hold = w.holding(class, k, peak, own+int64(k)*peak.Memory)
-	hold.Wants = wants
 	if wants {
-		hold.NeedCPU, hold.NeedMemory, hold.NeedGPUs = peak.CPU, peak.Memory, peak.GPUs
+		hold.want(peak)
 	}
 	return k, detail, k < free, hold
 }

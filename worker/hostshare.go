@@ -131,13 +131,15 @@ func (w *Worker) refreshHold() {
 		return
 	}
 	w.ledger.mu.Lock()
-	share, last := w.ledger.me.Share, w.ledger.last
+	share := w.ledger.me.Share
 	w.ledger.mu.Unlock()
 	if _, err := w.ledger.begin(share); err != nil {
 		return
 	}
+	// The last hold is read under the lock begin took: a decision may
+	// have written one since.
 	h := w.holding("", 0, plan.Peak{}, 0)
-	h.Memory = min(last.Memory, w.inflightMemory())
+	h.Memory = min(w.ledger.last.Memory, w.inflightMemory())
 	if err := w.ledger.recommit(h); err != nil {
 		w.log.Warn("host ledger", "err", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -90,6 +91,11 @@ type Hold struct {
 	NeedGPUs   int64 `json:"need_gpus,omitempty"`
 }
 
+// want marks h as wanting one more shard of a class with peak.
+func (h *Hold) want(peak plan.Peak) {
+	h.Wants, h.NeedCPU, h.NeedMemory, h.NeedGPUs = true, peak.CPU, peak.Memory, peak.GPUs
+}
+
 // others is what the other workers sharing the budget hold.
 type others struct {
 	Hold
@@ -120,11 +126,10 @@ type hostLedger struct {
 	mu           sync.Mutex // held from begin to commit or abort
 	f            *os.File
 	slot         int
-	buf          []byte // read's
-	last         Hold   // the hold last written
-	written      bool
-	writtenShare string
-	writtenAt    time.Time
+	buf          []byte    // read's
+	last         Hold      // the hold last written
+	writtenShare string    // the share it was written under
+	writtenAt    time.Time // zero: nothing written yet
 	decidedAt    time.Time // the last commit of an admission decision
 }
 
@@ -241,7 +246,7 @@ func (l *hostLedger) read() ([]*ledgerRec, error) {
 // slot already says so.
 func (l *hostLedger) write(h Hold) error {
 	now := time.Now()
-	if l.written && l.writtenShare == l.me.Share && sameHold(l.last, h) && (!h.Wants || now.Sub(l.writtenAt) < wantsRewrite) {
+	if !l.writtenAt.IsZero() && l.writtenShare == l.me.Share && sameHold(l.last, h) && (!h.Wants || now.Sub(l.writtenAt) < wantsRewrite) {
 		return nil
 	}
 	r := l.me
@@ -264,7 +269,7 @@ func (l *hostLedger) write(h Hold) error {
 	if _, err := l.f.WriteAt(rec, int64(l.slot)*ledgerRecSize); err != nil {
 		return fmt.Errorf("host ledger %s: %w", l.path, err)
 	}
-	l.last, l.written, l.writtenShare, l.writtenAt = h, true, l.me.Share, now
+	l.last, l.writtenShare, l.writtenAt = h, l.me.Share, now
 	return nil
 }
 
@@ -311,15 +316,16 @@ func (l *hostLedger) begin(share string) (others, error) {
 	}
 	l.me.Share = share
 	var o others
-	for i, r := range recs {
-		if r == nil || i == l.slot || r.V != ledgerVersion || r.Share != share || !l.alive(r) {
-			continue
+	for _, r := range recs {
+		if r == nil || r.V != ledgerVersion || r.Share != share || !l.alive(r) {
+			continue // read leaves this worker's own slot nil
 		}
+		who := fmt.Sprintf("%s (pid %d)", r.Name, r.PID)
 		o.CPU += r.CPU
 		o.Memory += r.Memory
 		o.GPUs = append(o.GPUs, r.GPUs...)
 		o.GPUPending += r.GPUPending
-		o.Workers = append(o.Workers, fmt.Sprintf("%s (pid %d)", r.Name, r.PID))
+		o.Workers = append(o.Workers, who)
 		if time.Since(time.Unix(0, r.At)) > wantsFor {
 			r.Wants, r.StarvedSince = false, 0 // it stopped deciding
 		}
@@ -327,7 +333,7 @@ func (l *hostLedger) begin(share string) (others, error) {
 			o.Wanting++
 		}
 		if r.StarvedSince != 0 {
-			o.Starved = append(o.Starved, starved{who: fmt.Sprintf("%s (pid %d)", r.Name, r.PID), since: r.StarvedSince, need: room{cpu: r.NeedCPU, memory: r.NeedMemory, gpus: r.NeedGPUs}})
+			o.Starved = append(o.Starved, starved{who: who, since: r.StarvedSince, need: room{cpu: r.NeedCPU, memory: r.NeedMemory, gpus: r.NeedGPUs}})
 		}
 		if r.Wants || r.CPU > 0 || r.Memory > 0 || len(r.GPUs) > 0 || r.GPUPending > 0 {
 			o.Active++
@@ -388,8 +394,8 @@ func (l *hostLedger) close() {
 	l.f.Close()
 }
 
-// HostWorker is a live auto-mode worker of this user on this host, as the
-// host ledger has it.
+// HostWorker is a live worker of this user on this host, as the host
+// ledger has it.
 type HostWorker struct {
 	Name  string `json:"name"`
 	PID   int    `json:"pid"`
@@ -408,9 +414,8 @@ func HostWorkers(dir string) ([]HostWorker, error) {
 		return nil, fmt.Errorf("host ledger: %w", err)
 	}
 	defer f.Close()
-	host, _ := os.Hostname()
 	l := &hostLedger{path: f.Name(), procRoot: "/proc", f: f, slot: -1,
-		me: ledgerRec{Host: host, Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(), PID: -1}}
+		me: ledgerRec{Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(), PID: -1}}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
 		return nil, fmt.Errorf("host ledger %s: lock: %w", l.path, err)
 	}
@@ -421,7 +426,7 @@ func HostWorkers(dir string) ([]HostWorker, error) {
 	}
 	var out []HostWorker
 	for _, r := range recs {
-		if r != nil && r.V == ledgerVersion && r.Host == host && l.alive(r) {
+		if r != nil && r.V == ledgerVersion && l.alive(r) { // alive: of this boot, so of this host
 			out = append(out, HostWorker{Name: r.Name, PID: r.PID, Share: r.Share, Hold: r.Hold})
 		}
 	}

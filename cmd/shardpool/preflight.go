@@ -94,8 +94,8 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return nil
 }
 
-// printHostWorkers names this user's live auto-mode workers on this host
-// and what their shards hold: the budget above is shared with them.
+// printHostWorkers names this user's live workers on this host and what
+// their shards hold: the budget above is shared with them.
 func printHostWorkers(w io.Writer, dir string) {
 	ws, err := worker.HostWorkers(dir)
 	if err != nil {
