@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,7 +33,10 @@ type cgroups struct {
 	v2      string // the worker's own cgroup v2 directory
 	mode    string // "v1", "v2" or ""
 	why     string // why not enforced
-	v2moved bool
+	v2moved bool   // under mu
+	// noCloneInto is set once a child could not be started inside its
+	// cgroup v2 (startInto): later shards go straight to the prologue.
+	noCloneInto atomic.Bool
 
 	// Emptied v1 shard cgroups kept for the next shard with the same limits
 	// (release): making and removing two cgroups per shard cost more CPU
@@ -132,6 +136,8 @@ func LimitsMode() string { return detectCgroups("/").describe() }
 // its cgroup's children (cgroup v2 allows no processes in a cgroup whose
 // children get controllers).
 func (c *cgroups) prepareV2() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.v2moved {
 		return nil
 	}
@@ -163,6 +169,7 @@ func (c *cgroups) prepareV2() error {
 // exactly and enforces its class's limits.
 type shardCgroup struct {
 	v2       bool
+	from     *cgroups // that made it (v2: whether startInto works here)
 	mem, cpu string
 	limits   shardLimits
 	pooled   bool  // made for reuse (v1): given back with release
@@ -213,7 +220,7 @@ func (c *cgroups) newShardV2(name string, memLimit, cpuMillicores int64) (*shard
 	if err := c.prepareV2(); err != nil {
 		return nil, err
 	}
-	sc := &shardCgroup{v2: true, mem: filepath.Join(c.v2, "shardpool-"+name)}
+	sc := &shardCgroup{v2: true, mem: filepath.Join(c.v2, "shardpool-"+name), from: c}
 	if err := os.Mkdir(sc.mem, 0o755); err != nil {
 		return nil, err
 	}
@@ -256,13 +263,50 @@ func (c *cgroups) newShardV1(name string, memLimit, cpuMillicores int64) (*shard
 	return sc, nil
 }
 
-// procsFiles are the cgroup.procs files a child writes itself into (nil
-// for a nil cgroup, and for v1, where startIn places the child).
-func (c *shardCgroup) procsFiles() []string {
-	if c == nil || !c.v2 {
-		return nil
+// prologue wraps argv in the /bin/sh script that writes the shell's pid
+// into the shard's cgroup v2 before it execs argv (which it receives as
+// positional parameters, never as text in the script): the way in where
+// startInto cannot be used.
+func (c *shardCgroup) prologue(argv []string) []string {
+	wrapped := []string{"/bin/sh", "-c", enterScript, "shardpool-enter", filepath.Join(c.mem, "cgroup.procs"), "--"}
+	return append(wrapped, argv...)
+}
+
+// errNoCloneInto: the kernel here cannot start a process inside a cgroup
+// (clone3 with CLONE_INTO_CGROUP needs Linux 5.7 and a cgroup v2
+// directory).
+var errNoCloneInto = errors.New("cannot start a process inside its cgroup here")
+
+// startInto starts cmd with its first process already in the shard's
+// cgroup v2 (clone3 with CLONE_INTO_CGROUP): the command itself is that
+// process, so nothing it runs or forks is ever outside, and no prologue
+// process is exec'd before it. Where the kernel cannot (no clone3, or a
+// directory that is not a cgroup v2 one) it returns an error wrapping
+// errNoCloneInto, nothing has run, and the worker's later shards are not
+// tried this way. The start's error cannot tell a failed clone from an
+// exec that failed with the same errno; an exec failing with EINVAL or
+// EBADF only costs this worker the faster start.
+func (c *shardCgroup) startInto(cmd *exec.Cmd) error {
+	if c.from == nil || c.from.noCloneInto.Load() {
+		return errNoCloneInto
 	}
-	return []string{filepath.Join(c.mem, "cgroup.procs")}
+	fd, err := unix.Open(c.mem, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", c.mem, err)
+	}
+	defer unix.Close(fd)
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	err = cmd.Start()
+	for _, no := range []syscall.Errno{syscall.ENOSYS, syscall.EBADF, syscall.EINVAL, syscall.EOPNOTSUPP} {
+		if errors.Is(err, no) {
+			c.from.noCloneInto.Store(true)
+			return fmt.Errorf("%w: %v", errNoCloneInto, err)
+		}
+	}
+	return err
 }
 
 // startIn starts cmd with its first process already in the shard's v1

@@ -26,7 +26,8 @@
 //     progress, its slot kept, until the store takes writes again.
 //   - Where limits are enforced, a shard's child is in its cgroups before
 //     it runs anything (v1: forked by a worker thread that joined them and
-//     went back; v2: a prologue), so nothing it forks escapes them. A v1
+//     went back; v2: cloned into it, or a prologue where the kernel
+//     cannot), so nothing it forks escapes them. A v1
 //     cgroup is used again only once no task is left in it.
 //   - Shutdown is two-phase: stop fetching, then SIGTERM children, wait the
 //     grace period, SIGKILL, record the interruption and Nak; attempts that

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -160,33 +161,43 @@ func paramKey(k string) string {
 //
 // cg, when set, is the shard's cgroup, which the child is in before it
 // runs the command, so nothing it forks can escape it. On cgroup v1 the
-// child starts there (startIn); on cgroup v2 a small /bin/sh prologue
-// writes its own pid into cgroup.procs, then execs argv, which it receives
-// as positional parameters (never as text in the script).
+// child starts there (startIn); on cgroup v2 it is cloned into it
+// (startInto), or, where the kernel cannot, a small /bin/sh prologue
+// writes its own pid into cgroup.procs, then execs argv.
 //
 // held names the shard message the command runs for, if any; the child
 // journal keeps it beside the process group (see heldShard).
 func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.Duration, stop, preempt, leaseLost <-chan struct{}, onStart func(pgid int) func(), cg *shardCgroup, held *heldShard) result {
-	if enter := cg.procsFiles(); len(enter) > 0 {
-		wrapped := append([]string{"/bin/sh", "-c", enterScript, "shardpool-enter"}, enter...)
-		argv = append(append(wrapped, "--"), argv...)
-	}
 	out, err := newLazyLog(logPath)
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("open log: %v", err)}
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, out.w, out.w
-	if null, err := devNull(); err == nil {
-		cmd.Stdin = null
+	command := func(argv []string) *exec.Cmd {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, out.w, out.w
+		if null, err := devNull(); err == nil {
+			cmd.Stdin = null
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		return cmd
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd := command(argv)
 	oomBefore := w.oomBaseline()
 	start := time.Now()
-	if cg != nil && !cg.v2 {
-		err = cg.startIn(cmd)
-	} else {
+	switch {
+	case cg == nil:
 		err = cmd.Start()
+	case !cg.v2:
+		err = cg.startIn(cmd)
+	default:
+		if err = cg.startInto(cmd); errors.Is(err, errNoCloneInto) {
+			if err != errNoCloneInto { // the first time
+				w.log.Info("cgroup v2: children enter their cgroup through a /bin/sh prologue", "why", err)
+			}
+			argv = cg.prologue(argv)
+			cmd = command(argv)
+			err = cmd.Start()
+		}
 	}
 	if err != nil {
 		out.abort()
