@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,12 @@ func detectCgroups(root string) *cgroups {
 		}
 		if parts[0] == "0" && parts[1] == "" {
 			v2path = parts[2]
+			// Started from a shell that an earlier worker moved into its
+			// leaf (prepareV2): the delegated cgroup is the leaf's parent,
+			// and shards go beside the leaf, not one level deeper per run.
+			if filepath.Base(v2path) == v2Leaf {
+				v2path = filepath.Dir(v2path)
+			}
 		}
 		for _, ctl := range strings.Split(parts[1], ",") {
 			switch ctl {
@@ -95,7 +102,7 @@ func detectCgroups(root string) *cgroups {
 		switch {
 		case err != nil:
 			c.why = "cgroup v2: " + err.Error()
-		case !strings.Contains(" "+string(ctl)+" ", " memory "):
+		case !slices.Contains(strings.Fields(string(ctl)), "memory"):
 			c.why = "cgroup v2: the memory controller is not delegated to " + v2path
 		case !writableDir(dir):
 			c.why = "cgroup v2: " + v2path + " is not writable (no delegation)"
@@ -132,6 +139,10 @@ func (c *cgroups) describe() string {
 // LimitsMode says whether per-shard limits are enforced on this host.
 func LimitsMode() string { return detectCgroups("/").describe() }
 
+// v2Leaf is the cgroup v2 leaf that prepareV2 moves the delegated
+// cgroup's processes into.
+const v2Leaf = "shardpool-worker"
+
 // prepareV2 moves the worker into a leaf and enables the controllers for
 // its cgroup's children (cgroup v2 allows no processes in a cgroup whose
 // children get controllers).
@@ -141,7 +152,7 @@ func (c *cgroups) prepareV2() error {
 	if c.v2moved {
 		return nil
 	}
-	leaf := filepath.Join(c.v2, "shardpool-worker")
+	leaf := filepath.Join(c.v2, v2Leaf)
 	if err := os.MkdirAll(leaf, 0o755); err != nil {
 		return err
 	}
@@ -155,7 +166,7 @@ func (c *cgroups) prepareV2() error {
 		}
 	}
 	ctl := "+memory"
-	if b, err := os.ReadFile(filepath.Join(c.v2, "cgroup.controllers")); err == nil && strings.Contains(" "+string(b)+" ", " cpu ") {
+	if b, err := os.ReadFile(filepath.Join(c.v2, "cgroup.controllers")); err == nil && slices.Contains(strings.Fields(string(b)), "cpu") {
 		ctl += " +cpu"
 	}
 	if err := os.WriteFile(filepath.Join(c.v2, "cgroup.subtree_control"), []byte(ctl), 0o644); err != nil {
@@ -181,9 +192,11 @@ type shardCgroup struct {
 
 // newShard creates a shard's cgroup; memLimit and cpuMillicores of 0 set
 // no limit (the cgroup still measures). On cgroup v1 it is an emptied one
-// from an earlier shard with the same limits when there is one; name then
-// only labels a cgroup v2 one. Give it back with release.
-func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
+// from an earlier shard with the same limits when there is one. Names
+// start with shardpool-p<pid>-<n>, unique while this process lives, so
+// that removeDeadOwners knows whose they are; label ends a cgroup v2 one's
+// name, for operators. Give it back with release.
+func (c *cgroups) newShard(label string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
 	switch c.mode {
 	case "v1":
 		lim := shardLimits{memLimit, cpuMillicores}
@@ -198,8 +211,7 @@ func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCg
 			}
 			// Removed under us (by hand, or taken for a dead worker's).
 		}
-		c.made++
-		name = fmt.Sprintf("p%d-%d", os.Getpid(), c.made)
+		name := c.nextName()
 		c.mu.Unlock()
 		sc, err := c.newShardV1(name, memLimit, cpuMillicores)
 		if err != nil {
@@ -208,9 +220,19 @@ func (c *cgroups) newShard(name string, memLimit, cpuMillicores int64) (*shardCg
 		sc.limits, sc.pooled = lim, true
 		return sc, nil
 	case "v2":
+		c.mu.Lock()
+		name := c.nextName() + "-" + label
+		c.mu.Unlock()
 		return c.newShardV2(name, memLimit, cpuMillicores)
 	}
 	return nil, errors.New(c.why)
+}
+
+// nextName is a new shard cgroup's name without its "shardpool-" prefix;
+// under mu.
+func (c *cgroups) nextName() string {
+	c.made++
+	return fmt.Sprintf("p%d-%d", os.Getpid(), c.made)
 }
 
 // newShardV2 makes one cgroup beside the worker's own leaf (prepareV2). A cpu.max
@@ -483,15 +505,20 @@ func (c *cgroups) close() {
 	}
 }
 
-// removeDeadOwners removes the kept cgroups a worker left that is no
-// longer running (a SIGKILL, or a crash): v1 cgroups under this worker's
-// own named for a pid that no running process has. One still in use (the pid
-// reused by a worker that made it) is not empty and stays.
+// removeDeadOwners removes the shard cgroups a worker left that is no
+// longer running (a SIGKILL, or a crash): its kept v1 cgroups, or its
+// cgroup v2 ones beside the leaf, named for a pid that no running process
+// has. One still in use (the pid reused by a worker that made it) is not
+// empty and stays.
 func (c *cgroups) removeDeadOwners() {
-	if c.mode != "v1" {
+	parents := []string{c.v1mem, c.v1cpu}
+	switch c.mode {
+	case "v2":
+		parents = []string{c.v2}
+	case "":
 		return
 	}
-	for _, parent := range []string{c.v1mem, c.v1cpu} {
+	for _, parent := range parents {
 		if parent == "" {
 			continue
 		}

@@ -107,3 +107,29 @@ func TestChildStartsInsideItsV2Cgroup(t *testing.T) {
 		t.Errorf("a start after the failed one: got %v, want errNoCloneInto at once", err)
 	}
 }
+
+// TestCgroupV2ControllersAreReadAsAList: cgroup.controllers ends with a
+// newline, so a controller listed last (only cpu and memory delegated) is
+// still one.
+func TestCgroupV2ControllersAreReadAsAList(t *testing.T) {
+	root := t.TempDir()
+	for path, content := range map[string]string{
+		"proc/self/cgroup": "0::/user.slice/app.scope\n",
+		"sys/fs/cgroup/user.slice/app.scope/cgroup.controllers": "cpu memory\n",
+		"sys/fs/cgroup/user.slice/app.scope/cgroup.procs":       "4242\n",
+	} {
+		os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755)
+		os.WriteFile(filepath.Join(root, path), []byte(content), 0o644)
+	}
+	c := detectCgroups(root)
+	if c.mode != "v2" {
+		t.Fatalf("memory delegated last: mode %q (%s), want v2", c.mode, c.why)
+	}
+	if err := c.prepareV2(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(c.v2, "cgroup.subtree_control"))
+	if got := string(b); got != "+memory +cpu" {
+		t.Errorf("subtree_control %q, want cpu enabled too", got)
+	}
+}

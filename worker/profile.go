@@ -272,7 +272,7 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	}
 	if measure {
 		if w.enforce {
-			if c, err := w.cgroups.newShard(fmt.Sprintf("profile-%s-%d", sh.ID, time.Now().UnixNano()), 0, 0); err == nil {
+			if c, err := w.cgroups.newShard("profile-"+sh.ID, 0, 0); err == nil {
 				cg = c
 				defer w.cgroups.release(cg)
 				s.PeakSource = "the peak of the shard's own cgroup (" + w.cgroups.mode + ")"
