@@ -199,8 +199,15 @@ func TestCommittedGenerationsSurvivePowerCuts(t *testing.T) {
 			}
 			committed[strings.TrimSpace(p.Output())] = true
 		}
-		// The power goes at a random moment of one more commit, once its
-		// temporary directory is there.
+		// Every other round the power goes right after a commit reported
+		// (nothing later makes its last steps durable by chance: ext4
+		// commits its whole journal on any fsync); the others at a random
+		// moment of one more commit, once its temporary directory is there.
+		if round%2 == 0 {
+			fs.Cut()
+			checkAfterCut(t, round, dir, committed)
+			continue
+		}
 		before := tempDirs(dir)
 		p := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !p.Exited(); time.Sleep(200 * time.Microsecond) {
@@ -216,25 +223,10 @@ func TestCommittedGenerationsSurvivePowerCuts(t *testing.T) {
 			interrupted++
 		}
 		fs.Cut()
-		reports, err := checkpoint.VerifyAll(dir)
-		if err != nil {
-			t.Fatalf("round %d, after the cut: %v", round, err)
-		}
-		visible := map[string]bool{}
-		for _, r := range reports {
-			if !r.OK {
-				t.Fatalf("round %d: after a power cut generation %d is visible but does not verify: %s", round, r.N, r.Reason)
-			}
-			visible[r.Path] = true
-		}
-		for path := range committed {
-			if !visible[path] {
-				t.Fatalf("round %d: %s was reported committed, and a power cut lost it (visible: %v)", round, path, visible)
-			}
-		}
+		checkAfterCut(t, round, dir, committed)
 	}
 	if interrupted < 2 {
-		t.Fatalf("only %d of 8 cuts came while a commit ran; the test did not exercise a cut mid-commit", interrupted)
+		t.Fatalf("only %d of 4 cuts came while a commit ran; the test did not exercise a cut mid-commit", interrupted)
 	}
 	t.Logf("%d generations reported committed, all kept; %d cuts mid-commit", len(committed), interrupted)
 }
@@ -249,4 +241,26 @@ func tempDirs(dir string) []string {
 		}
 	}
 	return names
+}
+
+// checkAfterCut checks that every generation of dir verifies and that each
+// one reported committed is there.
+func checkAfterCut(t *testing.T, round int, dir string, committed map[string]bool) {
+	t.Helper()
+	reports, err := checkpoint.VerifyAll(dir)
+	if err != nil {
+		t.Fatalf("round %d, after the cut: %v", round, err)
+	}
+	visible := map[string]bool{}
+	for _, r := range reports {
+		if !r.OK {
+			t.Fatalf("round %d: after a power cut generation %d is visible but does not verify: %s", round, r.N, r.Reason)
+		}
+		visible[r.Path] = true
+	}
+	for path := range committed {
+		if !visible[path] {
+			t.Fatalf("round %d: %s was reported committed, and a power cut lost it (visible: %v)", round, path, visible)
+		}
+	}
 }
