@@ -1,0 +1,99 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// TestRunSurvivesPowerCuts cuts the power under `shardpool run` several
+// times at random moments (testenv.PowerCutFS: what was not made durable
+// is lost), each time starting the run again with its resume command. The
+// state directory and the scratch are on one file system, the job with its
+// inputs and outputs on another, as on hosts whose data sit on their own
+// disk: a syncfs of one does not make the other durable. The run must end COMPLETE with every
+// output verifying and every shard recorded validated exactly once: group
+// sync's promise that every write a decision depends on is on disk before
+// anyone acts on it (docs/decisions.md, "Group sync"). A SIGKILL keeps the
+// page cache, so the coordinator tests of SIGKILL do not show this.
+func TestRunSurvivesPowerCuts(t *testing.T) {
+	state, disk := testenv.NewPowerCutFS(t, 512<<20), testenv.NewPowerCutFS(t, 128<<20)
+	const n = 60
+	ran := filepath.Join(t.TempDir(), "ran") // outside: survives the cuts
+	job := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 2, InputSize: 4096,
+		Command: []string{"sh", "-c", `echo "$1" >> "$4"; sleep 0.2; cp "$2" "$3/"; echo done > "$3/status"`, "sh", "{id}", "{input}", "{out}", ran}})
+	// The job's files go onto the file system whose power is cut, made
+	// durable before anything runs.
+	dir := filepath.Join(disk.Dir, "job")
+	if out, err := exec.Command("cp", "-r", filepath.Dir(job), dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy the job: %v %s", err, out)
+	}
+	syscall.Sync()
+	spec := filepath.Join(dir, filepath.Base(job))
+	data, scratch := filepath.Join(state.Dir, "data"), filepath.Join(state.Dir, "scratch")
+	run := func() *testenv.Proc {
+		return testenv.Start(t, "run", "--quiet", "--data", data, "--scratch", scratch, "--slots", "4", "--lease-ttl", "3s", spec)
+	}
+
+	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	cuts := 0
+	for range 4 {
+		p := run()
+		// From the start (the manifest still being published) to well into
+		// the shards.
+		time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		p.Signal(syscall.SIGKILL)
+		p.Wait(t, 10*time.Second)
+		if strings.Contains(p.Output(), "COMPLETE") {
+			break
+		}
+		state.Cut()
+		disk.Cut()
+		cuts++
+	}
+	if cuts < 2 {
+		t.Fatalf("only %d power cut(s) came before the run completed; the test proves little", cuts)
+	}
+	p := run()
+	if code := p.Wait(t, 3*time.Minute); code != 0 || !strings.Contains(p.Output(), "COMPLETE") {
+		t.Fatalf("after the cuts the run exited %d:\n%s", code, p.Output())
+	}
+
+	// The records, read from the store the run left.
+	c, err := coordinator.New(coordinator.Config{DataDir: data, StoreDir: filepath.Join(data, "stores", "t"), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("open the run's store: %v", err)
+	}
+	defer c.Close()
+	out := filepath.Join(dir, "out")
+	validatedOnce(t, c.JetStream(), "t", out, n)
+	for i := range n {
+		got, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("s%04d", i), "status"))
+		if err != nil || string(got) != "done\n" {
+			t.Errorf("output s%04d: status %q, %v", i, got, err)
+		}
+	}
+	ents, _ := os.ReadDir(out)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("left in the output directory: %s", e.Name())
+		}
+	}
+	runs, _ := os.ReadFile(ran)
+	t.Logf("%d commands ran for %d shards over %d power cuts", strings.Count(string(runs), "\n"), n, cuts)
+}
