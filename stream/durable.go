@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -31,6 +32,12 @@ const (
 
 // ValidSync reports whether s names a sync mode.
 func ValidSync(s string) bool { return s == SyncGroup || s == SyncAlways || s == SyncNone }
+
+// How long Barrier asks again when no coordinator serves barriers yet.
+var (
+	noResponderWait  = 10 * time.Second
+	noResponderRetry = 50 * time.Millisecond
+)
 
 // SubjectSync is the coordinator's durability barrier: a request returns
 // "ok" once every write the server acknowledged before the request arrived
@@ -102,8 +109,23 @@ func KnownBootID(id string) bool { return id != "" && id != "unknown" }
 // Barrier asks the coordinator on nc to make every write acknowledged so
 // far durable. Use it through a Group so that concurrent callers share
 // requests.
+//
+// A coordinator accepts connections a moment before it serves barriers
+// (it opens its store and makes the layout durable first): a client that
+// connected as soon as it could, `submit` in a script right after
+// `coordinator`, got "no responders". Barrier asks again every
+// noResponderRetry for up to noResponderWait, or until ctx ends.
 func Barrier(ctx context.Context, nc *nats.Conn) error {
+	deadline := time.Now().Add(noResponderWait)
 	m, err := nc.RequestWithContext(ctx, SubjectSync, nil)
+	for errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: sync barrier: %v (no coordinator answered before)", ErrNotDurable, ctx.Err())
+		case <-time.After(noResponderRetry):
+		}
+		m, err = nc.RequestWithContext(ctx, SubjectSync, nil)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: sync barrier: %v", ErrNotDurable, err)
 	}

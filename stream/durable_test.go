@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // TestGroupSharesRunsButNeverAnEarlierOne: callers that arrive while Fn
@@ -92,5 +95,58 @@ func TestGroupGatherJoinsLateCallers(t *testing.T) {
 	wg.Wait()
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("runs: got %d, want 1 shared by callers 50 ms apart at most", n)
+	}
+}
+
+// TestBarrierWaitsForACoordinatorThatIsStarting: a coordinator accepts
+// connections before it serves barriers; a barrier asked in between waits
+// for it instead of failing with "no responders", and one that no
+// coordinator ever answers fails when its context ends.
+func TestBarrierWaitsForACoordinatorThatIsStarting(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(5 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := Barrier(ctx, nc); !errors.Is(err, ErrNotDurable) {
+		t.Fatalf("no coordinator: got %v, want ErrNotDurable", err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 2*time.Second {
+		t.Errorf("no coordinator: failed after %s, want at its context's end (300ms)", d)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- Barrier(context.Background(), nc) }()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("barrier returned before a coordinator served it: %v", err)
+	default:
+	}
+	sub, err := nc.Subscribe(SubjectSync, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("barrier once a coordinator serves it: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("barrier still waiting after the coordinator began serving")
 	}
 }
