@@ -232,3 +232,16 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) 
 	}
 	return &b, nil
 }
+
+// Validations are the records in a shard key's history (oldest first) that
+// say validated for generation fp: a shard committed exactly once has one.
+func Validations(hist []jetstream.KeyValueEntry, fp string) []ShardRecord {
+	var out []ShardRecord
+	for _, e := range hist {
+		var rec ShardRecord
+		if Decode(e.Value(), &rec) == nil && rec.State == ShardValidated && rec.Fingerprint == fp {
+			out = append(out, rec)
+		}
+	}
+	return out
+}

@@ -270,22 +270,12 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 			bad++
 			continue
 		}
-		validated, attempts := 0, 0
-		for _, e := range hist {
-			var rec stream.ShardRecord
-			if stream.Decode(e.Value(), &rec) != nil {
-				continue
-			}
-			if rec.State == stream.ShardValidated && rec.Fingerprint == run.Fingerprint {
-				validated++
-				attempts = len(rec.Attempts)
-			}
-		}
-		if validated != 1 {
-			s.logf("VIOLATION: %s recorded validated %d times", id, validated)
+		validated := stream.Validations(hist, run.Fingerprint)
+		if len(validated) != 1 {
+			s.logf("VIOLATION: %s recorded validated %d times", id, len(validated))
 			bad++
 		}
-		if attempts > 1 {
+		if len(validated) > 0 && len(validated[len(validated)-1].Attempts) > 1 {
 			reran++
 		}
 		mk, err := checkpoint.Verify(filepath.Join(s.dir, "out", id))

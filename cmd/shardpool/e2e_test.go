@@ -96,14 +96,7 @@ func validatedOnce(t *testing.T, js jetstream.JetStream, run, outDir string, n i
 		if err != nil {
 			t.Fatalf("history of %s: %v", id, err)
 		}
-		validated := 0
-		for _, e := range hist {
-			var rec stream.ShardRecord
-			if stream.Decode(e.Value(), &rec) == nil && rec.State == stream.ShardValidated && rec.Fingerprint == r.Fingerprint {
-				validated++
-			}
-		}
-		if validated != 1 {
+		if validated := len(stream.Validations(hist, r.Fingerprint)); validated != 1 {
 			t.Errorf("shard %s recorded validated %d times, want exactly 1", id, validated)
 		}
 		mk, err := checkpoint.Verify(filepath.Join(outDir, id))

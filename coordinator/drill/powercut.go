@@ -190,14 +190,7 @@ func checkAfterPowerCuts(ctx context.Context, data, out string) ([]string, error
 			bad = append(bad, fmt.Sprintf("%s: no record history: %v", id, err))
 			continue
 		}
-		validated := 0
-		for _, h := range hist {
-			var rec stream.ShardRecord
-			if stream.Decode(h.Value(), &rec) == nil && rec.State == stream.ShardValidated && rec.Fingerprint == r.Fingerprint {
-				validated++
-			}
-		}
-		if validated != 1 {
+		if validated := len(stream.Validations(hist, r.Fingerprint)); validated != 1 {
 			bad = append(bad, fmt.Sprintf("%s recorded validated %d times", id, validated))
 		}
 		if _, err := checkpoint.VerifyCommitted(filepath.Join(out, id), r.Fingerprint, true); err != nil {
