@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // cgroups is how this host lets the worker give each shard a cgroup of its
@@ -38,6 +40,9 @@ type cgroups struct {
 	// noCloneInto is set once a child could not be started inside its
 	// cgroup v2 (startInto): later shards go straight to the prologue.
 	noCloneInto atomic.Bool
+	// home keeps the worker's own v1 tasks files open, which every
+	// starting thread writes itself back into (startLocked).
+	home ctlFiles
 
 	// Emptied v1 shard cgroups kept for the next shard with the same limits
 	// (release): making and removing two cgroups per shard cost more CPU
@@ -185,6 +190,7 @@ type shardCgroup struct {
 	limits   shardLimits
 	pooled   bool  // made for reuse (v1): given back with release
 	oomBase  int64 // the oom_kill count when this use began
+	ctl      ctlFiles
 	// home are the worker's own cgroup directories, one per directory of
 	// the shard's (v1): the starting thread returns to them (startIn).
 	homeMem, homeCpu string
@@ -261,7 +267,7 @@ func (c *cgroups) newShardV2(name string, memLimit, cpuMillicores int64) (*shard
 // newShardV1 makes a memory cgroup, and a cpu one when the cpu hierarchy is
 // writable, each under the worker's own.
 func (c *cgroups) newShardV1(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
-	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name), homeMem: c.v1mem, homeCpu: c.v1cpu}
+	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name), homeMem: c.v1mem, homeCpu: c.v1cpu, from: c}
 	if err := os.Mkdir(sc.mem, 0o755); err != nil {
 		return nil, err
 	}
@@ -374,7 +380,7 @@ func (c *shardCgroup) startLocked(cmd *exec.Cmd, done chan<- error) {
 		if p[0] == "" {
 			continue
 		}
-		if err = os.WriteFile(filepath.Join(p[0], "tasks"), tid, 0o644); err != nil {
+		if err = c.ctl.write(filepath.Join(p[0], "tasks"), tid); err != nil {
 			err = fmt.Errorf("enter %s: %w", p[0], err)
 			break
 		}
@@ -384,7 +390,7 @@ func (c *shardCgroup) startLocked(cmd *exec.Cmd, done chan<- error) {
 		err = cmd.Start()
 	}
 	for _, home := range homes {
-		if e := os.WriteFile(filepath.Join(home, "tasks"), tid, 0o644); e != nil {
+		if e := c.from.home.write(filepath.Join(home, "tasks"), tid); e != nil {
 			// The thread stays where it is and ends with this goroutine.
 			if cmd.Process != nil {
 				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // its group, when it has one
@@ -405,7 +411,7 @@ func (c *shardCgroup) peak() int64 {
 	if c.v2 {
 		file = "memory.peak" // Linux 5.19+
 	}
-	b, err := os.ReadFile(filepath.Join(c.mem, file))
+	b, err := c.ctl.read(filepath.Join(c.mem, file))
 	if err != nil {
 		return -1
 	}
@@ -420,9 +426,9 @@ func (c *shardCgroup) peak() int64 {
 // unreadable.
 func (c *shardCgroup) oomKills() int64 {
 	if c.v2 {
-		return keyedValue(filepath.Join(c.mem, "memory.events"), "oom_kill")
+		return c.keyed("memory.events", "oom_kill")
 	}
-	n := keyedValue(filepath.Join(c.mem, "memory.oom_control"), "oom_kill")
+	n := c.keyed("memory.oom_control", "oom_kill")
 	if n < 0 {
 		return n
 	}
@@ -477,19 +483,35 @@ func (c *shardCgroup) reset() bool {
 		if d == "" {
 			continue
 		}
+		// Opened afresh: cgroup v1 keeps the pid list an open tasks file
+		// read, and a kept descriptor would see it for up to a second.
 		if b, err := os.ReadFile(filepath.Join(d, "tasks")); err != nil || len(bytes.TrimSpace(b)) > 0 {
 			return false
 		}
 	}
-	usage, err := os.ReadFile(filepath.Join(c.mem, "memory.usage_in_bytes"))
+	usage, err := c.ctl.read(filepath.Join(c.mem, "memory.usage_in_bytes"))
 	if n, perr := strconv.ParseInt(strings.TrimSpace(string(usage)), 10, 64); err != nil || perr != nil || n > reuseBelow {
 		return false
 	}
-	if err := os.WriteFile(filepath.Join(c.mem, "memory.max_usage_in_bytes"), []byte("0"), 0o644); err != nil {
+	if err := c.ctl.write(filepath.Join(c.mem, "memory.max_usage_in_bytes"), []byte("0")); err != nil {
 		return false
 	}
-	c.oomBase = keyedValue(filepath.Join(c.mem, "memory.oom_control"), "oom_kill")
+	c.oomBase = c.keyed("memory.oom_control", "oom_kill")
 	return c.oomBase >= 0
+}
+
+// keyed is the value of key in one of the cgroup's "key value" files, or
+// -1 when unreadable.
+func (c *shardCgroup) keyed(file, key string) int64 {
+	b, err := c.ctl.read(filepath.Join(c.mem, file))
+	if err != nil {
+		return -1
+	}
+	n, found, err := probe.ParseKeyed(b, key)
+	if !found || err != nil {
+		return -1
+	}
+	return n
 }
 
 // close removes the kept cgroups (the worker is done with them).
@@ -503,6 +525,7 @@ func (c *cgroups) close() {
 			sc.remove()
 		}
 	}
+	c.home.close()
 }
 
 // removeDeadOwners removes the shard cgroups a worker left that is no
@@ -538,6 +561,7 @@ func (c *cgroups) removeDeadOwners() {
 
 // remove deletes the cgroups once their processes are gone.
 func (c *shardCgroup) remove() {
+	c.ctl.close()
 	for _, d := range []string{c.cpu, c.mem} {
 		if d == "" {
 			continue
