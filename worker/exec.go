@@ -127,10 +127,14 @@ func replaced(kv string, own []string) bool {
 
 // selfPath is the running shardpool binary, so that jobs can call
 // "$SHARDPOOL_BIN ckpt commit" without it being on PATH; "" when this
-// process is not shardpool (a test binary), where Config.Binary is used.
+// process is a test binary (go test names them *.test), where
+// Config.Binary is used. A binary installed under another name
+// (shardpool-1.4, sp) is still shardpool: requiring the name left
+// SHARDPOOL_BIN unset for it, and a job that called "$SHARDPOOL_BIN ckpt"
+// ran whatever "shardpool" PATH held, or failed.
 func selfPath() string {
 	p, err := os.Executable()
-	if err != nil || filepath.Base(p) != "shardpool" {
+	if err != nil || strings.HasSuffix(filepath.Base(p), ".test") {
 		return ""
 	}
 	return p

@@ -548,3 +548,27 @@ func TestRunSaysWhyItsShardsWait(t *testing.T) {
 		t.Fatalf("first run: exit %d\n%s", code, first.Output())
 	}
 }
+
+// TestJobsGetTheBinaryUnderAnyName: SHARDPOOL_BIN names the running
+// binary even when it is installed under another name and is not on PATH,
+// so that a job's "$SHARDPOOL_BIN ckpt commit" runs this shardpool.
+func TestJobsGetTheBinaryUnderAnyName(t *testing.T) {
+	b, err := os.ReadFile(testenv.Binary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := filepath.Join(t.TempDir(), "shardpool-1.4")
+	if err := os.WriteFile(renamed, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1,
+		Command: []string{"sh", "-c", `echo "$SHARDPOOL_BIN" > "$1/bin"; "$SHARDPOOL_BIN" ckpt commit "$1/ckpt" "$1/bin" > /dev/null`, "sh", "{out}"}})
+	p := testenv.StartCmd(t, "env", "PATH=/usr/bin:/bin", renamed, "run", "--quiet", "--data", t.TempDir(), spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run under another name: exit %d\n%s", code, p.Output())
+	}
+	got, err := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", "s0000", "bin"))
+	if err != nil || strings.TrimSpace(string(got)) != renamed {
+		t.Fatalf("SHARDPOOL_BIN: %q, %v; want %s", got, err, renamed)
+	}
+}
