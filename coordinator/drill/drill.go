@@ -134,19 +134,23 @@ func (d *drill) checkIf(name string, ok bool, detail string) {
 	d.check(name, st, detail)
 }
 
-func (d *drill) run(ctx context.Context) error {
+func (d *drill) run(ctx context.Context) (err error) {
 	if err := d.fixture(); err != nil {
 		return fmt.Errorf("fixture: %w", err)
 	}
 	if err := d.startCoordinator(ctx); err != nil {
 		return err
 	}
-	var err error
 	d.nc, err = nats.Connect(d.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return err
 	}
 	defer d.nc.Close()
+	defer func() { // before the connection closes
+		if err != nil {
+			err = fmt.Errorf("%w%s", err, d.attemptsSaid())
+		}
+	}()
 	d.js, _ = jetstream.New(d.nc)
 	retry := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", d.url, d.spec.SpecPath)
 	if _, err := coordinator.Submit(ctx, d.js, d.spec, d.man, coordinator.SubmitOptions{Retry: retry,
@@ -427,6 +431,39 @@ func (d *drill) shard(ctx context.Context, id string) (stream.ShardRecord, error
 	}
 	var r stream.ShardRecord
 	return r, stream.Decode(e.Value(), &r)
+}
+
+// attemptsSaid is what the fixture's failed attempts said, for a drill
+// that stopped: a job that cannot run (a missing tool, no permission)
+// otherwise shows only as a step that timed out.
+func (d *drill) attemptsSaid() string {
+	if d.js == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var said []string
+	seen := map[string]bool{}
+	for _, id := range append(d.cpuIDs(), "big") {
+		r, err := d.shard(ctx, id)
+		if err != nil {
+			continue
+		}
+		for _, at := range r.Attempts {
+			if at.Outcome == stream.OutcomeOK || at.Reason == "" || seen[at.Reason] {
+				continue
+			}
+			seen[at.Reason] = true
+			said = append(said, fmt.Sprintf("%s attempt %d: %s", id, at.N, at.Reason))
+		}
+	}
+	if len(said) == 0 {
+		return ""
+	}
+	if len(said) > 3 {
+		said = append(said[:3], fmt.Sprintf("%d more", len(said)-3))
+	}
+	return "; failed attempts: " + strings.Join(said, "; ")
 }
 
 func (d *drill) cpuIDs() []string {
