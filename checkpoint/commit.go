@@ -222,6 +222,7 @@ type Pending struct {
 	Marker Marker
 	dst    string
 	tmp    string
+	lock   *os.File // holds tmp's lock against SweepTemps (newTemp)
 	sync   func(string) error
 }
 
@@ -237,20 +238,24 @@ func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
-	tmp := filepath.Join(parent, ".tmp-"+filepath.Base(dst)+"-"+randSuffix())
-	if err := os.Mkdir(tmp, 0o755); err != nil {
+	tmp, lock, err := newTemp(parent, TempPrefix+filepath.Base(dst)+"-"+randSuffix())
+	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
 	mk, err := fill(ctx, tmp, files, dirs, 1, opt)
 	if err != nil {
 		os.RemoveAll(tmp)
+		closeLock(lock)
 		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
-	return &Pending{Marker: mk, dst: dst, tmp: tmp, sync: opt.Sync}, nil
+	return &Pending{Marker: mk, dst: dst, tmp: tmp, lock: lock, sync: opt.Sync}, nil
 }
 
 // Discard removes the prepared directory.
-func (p *Pending) Discard() { os.RemoveAll(p.tmp) }
+func (p *Pending) Discard() {
+	os.RemoveAll(p.tmp)
+	closeLock(p.lock)
+}
 
 // Publish makes the prepared directory visible as dst (see CommitDir).
 func (p *Pending) Publish(keepReplaced string) error {
@@ -258,6 +263,9 @@ func (p *Pending) Publish(keepReplaced string) error {
 	replaced, err := swapIn(p.tmp, dst)
 	if err != nil {
 		os.RemoveAll(p.tmp)
+	}
+	closeLock(p.lock)
+	if err != nil {
 		return fmt.Errorf("commit %s: %w", dst, err)
 	}
 	sync := syncDir

@@ -28,13 +28,18 @@ func TestCrashConsistency(t *testing.T) {
 	files := []string{testenv.RandomFile(t, src, "weights.bin", 3<<20), testenv.RandomFile(t, src, "optimizer.bin", 1<<20), testenv.RandomFile(t, src, "step", 16)}
 	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	verified := 0
-	killedMidway := 0
+	killedMidway, partial := 0, 0
 	for i := range 40 {
 		p := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
 		time.Sleep(time.Duration(rng.IntN(25000)) * time.Microsecond)
 		p.Signal(syscall.SIGKILL)
 		if code := p.Wait(t, 10*time.Second); code != 0 {
 			killedMidway++
+		}
+		// A commit killed after its first write leaves its temporary
+		// directory, which the next commit sweeps.
+		if len(tempDirs(dir)) > 0 {
+			partial++
 		}
 		reports, err := checkpoint.VerifyAll(dir)
 		if err != nil {
@@ -58,15 +63,16 @@ func TestCrashConsistency(t *testing.T) {
 			}
 		}
 	}
-	ents, _ := os.ReadDir(dir)
-	partial := 0
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".tmp-") {
-			partial++
-		}
-	}
 	if killedMidway < 5 || partial < 1 {
 		t.Fatalf("%d of 40 commits killed, %d left partial temp dirs; the test did not exercise crashes mid-commit", killedMidway, partial)
+	}
+	// The next commit, left to finish, sweeps what the killed ones left.
+	p := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
+	if code := p.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("commit after the kills: exit %d: %s", code, p.Output())
+	}
+	if left := tempDirs(dir); len(left) > 0 {
+		t.Errorf("temporary directories of killed commits left after the next commit: %v", left)
 	}
 	t.Logf("%d commits killed, %d of them mid-write, %d generations verified", killedMidway, partial, verified)
 }
@@ -208,11 +214,17 @@ func TestCommittedGenerationsSurvivePowerCuts(t *testing.T) {
 			checkAfterCut(t, round, dir, committed)
 			continue
 		}
-		before := tempDirs(dir)
+		before := map[string]bool{}
+		for _, name := range tempDirs(dir) {
+			before[name] = true
+		}
 		p := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
+	wait:
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !p.Exited(); time.Sleep(200 * time.Microsecond) {
-			if len(tempDirs(dir)) > len(before) {
-				break
+			for _, name := range tempDirs(dir) {
+				if !before[name] {
+					break wait
+				}
 			}
 		}
 		time.Sleep(time.Duration(rng.IntN(8000)) * time.Microsecond)
@@ -262,5 +274,38 @@ func checkAfterCut(t *testing.T, round int, dir string, committed map[string]boo
 		if !visible[path] {
 			t.Fatalf("round %d: %s was reported committed, and a power cut lost it (visible: %v)", round, path, visible)
 		}
+	}
+}
+
+// TestSweepRemovesOnlyDeadCommitsTemps: a commit in progress (prepared, not
+// yet published) keeps its temporary directory through a sweep, and
+// publishes; one no process holds any more is removed.
+func TestSweepRemovesOnlyDeadCommitsTemps(t *testing.T) {
+	out := t.TempDir()
+	src := t.TempDir()
+	testenv.RandomFile(t, src, "data", 4096)
+	p, err := checkpoint.Prepare(context.Background(), filepath.Join(out, "s1"), src, checkpoint.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := filepath.Join(out, checkpoint.TempPrefix+"s2-0123456789ab")
+	if err := os.MkdirAll(filepath.Join(dead, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := checkpoint.SweepTemps(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0] != filepath.Base(dead) {
+		t.Errorf("swept %v, want only %s", removed, filepath.Base(dead))
+	}
+	if err := p.Publish(""); err != nil {
+		t.Fatalf("publish after a sweep: %v", err)
+	}
+	if _, err := checkpoint.Verify(filepath.Join(out, "s1")); err != nil {
+		t.Fatal(err)
+	}
+	if left := tempDirs(out); len(left) > 0 {
+		t.Errorf("left: %v", left)
 	}
 }

@@ -14,8 +14,11 @@
 //     its checksum, and every file matches the list with nothing extra. A
 //     file's existence is never proof of success.
 //   - Every error path removes the temporary directory; a crash leaves only a
-//     ".tmp-" directory that no reader ever consumes and the next commit
-//     sweeps.
+//     ".tmp-" directory that no reader ever consumes. SweepTemps removes
+//     those of dead processes (a live commit's is flocked): the next
+//     generation commit in a checkpoint directory does, and for outputs the
+//     worker (once per output directory) and the coordinator (when a run
+//     completes).
 //   - A generation that fails verification is never consumed and never
 //     deleted: Quarantine moves it aside under "rejected/" with its reason.
 package checkpoint

@@ -70,6 +70,8 @@ func Commit(ctx context.Context, dir string, srcs []string, opt Options) (Genera
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Generation{}, fmt.Errorf("commit generation in %s: %w", dir, err)
 	}
+	// What commits that died here left (a checkpoint directory is small).
+	_, _ = SweepTemps(dir)
 	var files []entry
 	var dirs []string
 	for _, s := range srcs {
@@ -108,10 +110,11 @@ func Commit(ctx context.Context, dir string, srcs []string, opt Options) (Genera
 	if len(ns) > 0 {
 		n = ns[0] + 1
 	}
-	tmp := filepath.Join(dir, fmt.Sprintf(".tmp-%d-%s", n, randSuffix()))
-	if err := os.Mkdir(tmp, 0o755); err != nil {
+	tmp, lock, err := newTemp(dir, fmt.Sprintf("%s%d-%s", TempPrefix, n, randSuffix()))
+	if err != nil {
 		return Generation{}, fmt.Errorf("commit generation %d in %s: %w", n, dir, err)
 	}
+	defer closeLock(lock)
 	mk, err := fill(ctx, tmp, files, dirs, n, opt)
 	if err != nil {
 		os.RemoveAll(tmp)

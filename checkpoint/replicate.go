@@ -37,10 +37,11 @@ func Replicate(ctx context.Context, src, dst string) (Replica, error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return Replica{}, fmt.Errorf("replicate %s: %w", src, err)
 	}
-	tmp := filepath.Join(parent, ".tmp-"+filepath.Base(dst)+"-"+randSuffix())
-	if err := os.Mkdir(tmp, 0o755); err != nil {
+	tmp, lock, err := newTemp(parent, TempPrefix+filepath.Base(dst)+"-"+randSuffix())
+	if err != nil {
 		return Replica{}, fmt.Errorf("replicate %s: %w", src, err)
 	}
+	defer closeLock(lock)
 	fail := func(err error) (Replica, error) {
 		os.RemoveAll(tmp)
 		return Replica{}, fmt.Errorf("replicate %s to %s: %w", src, dst, err)

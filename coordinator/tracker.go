@@ -364,6 +364,13 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 	if len(bad) > 0 {
 		return fmt.Sprintf("%d output(s) failed verification at the destination", len(bad)), false
 	}
+	// Every shard is committed: what interrupted commits left beside the
+	// outputs (a worker killed mid-commit) goes now.
+	if removed, err := checkpoint.SweepTemps(out); err != nil {
+		t.c.log.Warn("sweep temporary directories", "run", ri.rec.Name, "output", out, "err", err)
+	} else if len(removed) > 0 {
+		t.c.log.Info("removed what interrupted commits left", "run", ri.rec.Name, "output", out, "dirs", removed)
+	}
 	return "every output verified at the destination", true
 }
 

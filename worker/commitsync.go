@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -38,6 +39,13 @@ func (w *Worker) outputSync(ctx context.Context, output string) func(string) err
 	s, ok := w.outSyncs[output]
 	w.mu.Unlock()
 	if !ok {
+		// First commit into output from this process: what commits of
+		// dead processes left there goes (checkpoint.SweepTemps).
+		if removed, err := checkpoint.SweepTemps(output); err != nil {
+			w.log.Warn("sweep temporary directories", "output", output, "err", err)
+		} else if len(removed) > 0 {
+			w.log.Info("removed what interrupted commits left", "output", output, "dirs", removed)
+		}
 		s = w.openOutputSync(ctx, output)
 		w.mu.Lock()
 		if prev, raced := w.outSyncs[output]; raced {

@@ -97,3 +97,42 @@ func TestRunSurvivesPowerCuts(t *testing.T) {
 	runs, _ := os.ReadFile(ran)
 	t.Logf("%d commands ran for %d shards over %d power cuts", strings.Count(string(runs), "\n"), n, cuts)
 }
+
+// TestInterruptedCommitsLeaveNothingBehind: a commit killed between its
+// first write and its rename leaves a temporary directory beside the
+// outputs. The worker removes those it finds when it first commits into
+// the output directory, and the coordinator those left since, when the
+// run completes; a user's output directory holds the outputs only.
+func TestInterruptedCommitsLeaveNothingBehind(t *testing.T) {
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 6, Command: []string{"sh", "-c", `sleep 0.3; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	out := filepath.Join(filepath.Dir(spec), "out")
+	before := filepath.Join(out, ".tmp-s0001-0123456789ab")
+	if err := os.MkdirAll(filepath.Join(before, "partial"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.Start(t, "run", "--data", t.TempDir(), "--slots", "1", spec)
+	// Once the worker has committed (and swept), another one appears, as
+	// from a second worker killed mid-commit.
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		_, err := os.Stat(filepath.Join(out, "s0000", "COMPLETE"))
+		return err == nil, "no output committed yet"
+	})
+	if _, err := os.Stat(before); err == nil {
+		t.Errorf("the worker committed without removing %s", before)
+	}
+	during := filepath.Join(out, ".tmp-s0004-ba9876543210")
+	if err := os.MkdirAll(filepath.Join(during, "partial"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, p.Output())
+	}
+	ents, _ := os.ReadDir(out)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if len(names) != 6 || strings.HasPrefix(names[0], ".") {
+		t.Errorf("output directory holds %v, want the 6 outputs only", names)
+	}
+}

@@ -1,0 +1,106 @@
+package checkpoint
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// TempPrefix begins the name of every temporary directory a commit makes
+// beside its destination.
+const TempPrefix = ".tmp-"
+
+// A commit's temporary directory is locked (flock on the directory) from
+// the moment it is made until it is renamed into place or removed, and
+// made under a shared lock of its parent, so that SweepTemps, which takes
+// the parent's lock exclusively, sees every live commit's directory
+// locked and removes only what a dead process left (flocks end with their
+// process, and with the host). Where the file system has no flock (some
+// NFS mounts), commits go unlocked and SweepTemps removes nothing.
+
+// newTemp makes parent/name locked against SweepTemps; close the returned
+// file (which holds the lock) once the directory is renamed or removed.
+func newTemp(parent, name string) (string, *os.File, error) {
+	tmp := filepath.Join(parent, name)
+	p, err := os.Open(parent)
+	if err != nil {
+		return "", nil, err
+	}
+	defer p.Close() // and with it the shared lock
+	shared := flock(p, unix.LOCK_SH) == nil
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return "", nil, err
+	}
+	if !shared {
+		return tmp, nil, nil
+	}
+	lock, err := os.Open(tmp)
+	if err != nil {
+		os.Remove(tmp)
+		return "", nil, err
+	}
+	if err := flock(lock, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		os.Remove(tmp)
+		return "", nil, err
+	}
+	return tmp, lock, nil
+}
+
+// SweepTemps removes the temporary directories under dir that commits of
+// processes no longer running left (a crash, SIGKILL, or power loss
+// between a commit's first write and its rename), and returns their
+// names. A live commit's directory is locked and stays.
+func SweepTemps(dir string) ([]string, error) {
+	p, err := os.Open(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer p.Close()
+	if err := flock(p, unix.LOCK_EX); err != nil {
+		return nil, nil // no flock here: nothing can be told stale
+	}
+	ents, err := p.ReadDir(-1)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), TempPrefix) {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		d, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		if flock(d, unix.LOCK_EX|unix.LOCK_NB) == nil {
+			if err := os.RemoveAll(path); err == nil {
+				removed = append(removed, e.Name())
+			}
+		}
+		d.Close()
+	}
+	return removed, nil
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := unix.Flock(int(f.Fd()), how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+func closeLock(f *os.File) {
+	if f != nil {
+		f.Close()
+	}
+}
