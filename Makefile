@@ -5,7 +5,7 @@ BIN     := bin/shardpool
 # packages serial so timing-sensitive lease tests are not starved on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m -p 1
 
-.PHONY: build demo test test-gpu gpu-bundle bench soak vet clean tools
+.PHONY: build demo test test-gpu gpu-bundle bench soak soak-powercut vet clean tools
 
 # The binary carries the NVML adapter (it loads libnvidia-ml at run time and
 # reports GPUs as unknown, never idle, where the library is missing).
@@ -50,6 +50,10 @@ gpu-bundle: build
 # bench/soak; -seed repeats a run's choices).
 soak: build
 	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB
+
+# The same with power cuts among the events (root, loop devices).
+soak-powercut: build
+	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB -powercut
 
 # Benchmarks print ratios against baselines measured in the same run.
 bench: build

@@ -6,6 +6,10 @@
 // what shardpool promises: the run is COMPLETE, every shard was recorded
 // validated exactly once (KV history), and every output verifies against
 // its marker with the run's fingerprint. It exits 1 on any violation.
+// With -powercut (root, loop devices) a fifth event cuts the host's power:
+// every process dies, and the disk holding the store and the workers'
+// state and the one holding the job and its outputs lose what was not
+// made durable (coordinator/drill/powercut); then all restart.
 //
 // It is a tool for hunting rare recovery bugs, not a test: the kills fall
 // at random moments, so a run explores different interleavings each time
@@ -29,6 +33,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator/drill/powercut"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -39,6 +44,7 @@ func main() {
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed; pass it to repeat a run's choices)")
 	keep := flag.Bool("keep", false, "keep the work directory also when every check passed")
 	memory := flag.String("memory", "", `declare this memory for the shards' class (e.g. "64MiB"): as root, each shard runs in cgroups of its own, and the soak checks that no dead worker's are left`)
+	cuts := flag.Bool("powercut", false, "also cut the power (as root, with loop devices): the state on one simulated disk, the job and its outputs on another, both losing what was not made durable (coordinator/drill/powercut)")
 	flag.Parse()
 	abs, err := filepath.Abs(*bin)
 	if err != nil {
@@ -49,9 +55,23 @@ func main() {
 		fail("%v", err)
 	}
 	fmt.Printf("soak: %d shards, %d events, seed %d, in %s\n", *n, *events, *seed, dir)
-	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}, memory: *memory}
+	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}, memory: *memory, state: dir, job: dir}
+	if *cuts {
+		if s.stateFS, err = powercut.New(filepath.Join(dir, "state-disk"), 1<<30); err != nil {
+			fail("power cuts: %v", err)
+		}
+		if s.jobFS, err = powercut.New(filepath.Join(dir, "job-disk"), 256<<20); err != nil {
+			s.stateFS.Close()
+			fail("power cuts: %v", err)
+		}
+		s.state, s.job = s.stateFS.Dir, s.jobFS.Dir
+	}
 	code := s.run(*n, *events)
 	s.stopAll()
+	if *cuts {
+		s.stateFS.Close()
+		s.jobFS.Close()
+	}
 	if code == 0 && *memory != "" {
 		code = s.checkCgroups()
 	}
@@ -63,10 +83,15 @@ func main() {
 
 type soak struct {
 	bin, dir, url, addr string
-	memory              string // the class's memory, when declared
-	rng                 *rand.Rand
-	procs               map[string]*exec.Cmd
-	start               time.Time
+	// state holds the coordinator's store and the workers' state and
+	// scratch, job the job and its outputs: dir, or with -powercut the
+	// two simulated disks.
+	state, job     string
+	stateFS, jobFS *powercut.FS
+	memory         string // the class's memory, when declared
+	rng            *rand.Rand
+	procs          map[string]*exec.Cmd
+	start          time.Time
 }
 
 func fail(format string, args ...any) {
@@ -93,8 +118,9 @@ func (s *soak) run(n, events int) int {
 	l.Close()
 	s.url = "nats://" + s.addr
 	spec := s.writeJob(n)
+	syscall.Sync() // the job is on its disk before any power cut
 	s.start = time.Now()
-	s.startProc("coordinator", "coordinator", "--data", filepath.Join(s.dir, "coord"), "--listen", s.addr, "--http", "", "--lease-ttl", "5s")
+	s.startCoordinator()
 	nc, err := nats.Connect(s.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		s.fail("connect: %v", err)
@@ -117,13 +143,17 @@ func (s *soak) run(n, events int) int {
 	for _, w := range []string{"w1", "w2"} {
 		s.startWorker(w)
 	}
+	kinds := 4
+	if s.stateFS != nil {
+		kinds = 5
+	}
 	for range events {
 		time.Sleep(time.Duration(500+s.rng.IntN(1500)) * time.Millisecond)
-		switch s.rng.IntN(4) {
+		switch s.rng.IntN(kinds) {
 		case 0:
 			s.signal("coordinator", syscall.SIGKILL)
 			time.Sleep(300 * time.Millisecond)
-			s.startProc("coordinator", "coordinator", "--data", filepath.Join(s.dir, "coord"), "--listen", s.addr, "--http", "", "--lease-ttl", "5s")
+			s.startCoordinator()
 		case 1:
 			s.signal("w1", syscall.SIGKILL)
 			s.startWorker("w1")
@@ -133,6 +163,8 @@ func (s *soak) run(n, events int) int {
 		case 3:
 			s.signal("w1", syscall.SIGTERM)
 			s.startWorker("w1")
+		case 4:
+			s.powerCut()
 		}
 	}
 	s.logf("events done; waiting for the verdict")
@@ -159,7 +191,7 @@ func (s *soak) run(n, events int) int {
 // writeJob writes n shards of a script that sleeps up to 0.4 s, counts its
 // runs in a side file and writes one output file.
 func (s *soak) writeJob(n int) string {
-	job := filepath.Join(s.dir, "job.sh")
+	job := filepath.Join(s.job, "job.sh")
 	script := "#!/bin/sh\necho \"$1\" >> \"$3\"\nsleep 0.$(( $$ % 5 ))\necho \"result of $1\" > \"$2/r.txt\"\n"
 	if err := os.WriteFile(job, []byte(script), 0o755); err != nil {
 		fail("%v", err)
@@ -168,10 +200,10 @@ func (s *soak) writeJob(n int) string {
 	for i := range n {
 		fmt.Fprintf(&man, "{\"id\":\"s%04d\"}\n", i)
 	}
-	if err := os.WriteFile(filepath.Join(s.dir, "manifest.jsonl"), []byte(man.String()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(s.job, "manifest.jsonl"), []byte(man.String()), 0o644); err != nil {
 		fail("%v", err)
 	}
-	spec := filepath.Join(s.dir, "shardpool.toml")
+	spec := filepath.Join(s.job, "shardpool.toml")
 	body := fmt.Sprintf("name = \"soak\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\nretries = 3\ncommand = [%q, \"{id}\", \"{out}\", %q]\n",
 		job, filepath.Join(s.dir, "ran.log"))
 	if s.memory != "" {
@@ -183,9 +215,34 @@ func (s *soak) writeJob(n int) string {
 	return spec
 }
 
+func (s *soak) startCoordinator() {
+	s.startProc("coordinator", "coordinator", "--data", filepath.Join(s.state, "coord"), "--listen", s.addr, "--http", "", "--lease-ttl", "5s")
+}
+
 func (s *soak) startWorker(name string) {
 	s.startProc(name, "worker", "--server", s.url, "--name", name, "--slots", "cpu=3", "--grace", "2s",
-		"--data", filepath.Join(s.dir, "state"), "--scratch", filepath.Join(s.dir, "scratch-"+name))
+		"--data", filepath.Join(s.state, "state"), "--scratch", filepath.Join(s.state, "scratch-"+name))
+}
+
+// powerCut is the whole host losing power: every process dies at once
+// (their commands with them), both disks lose what was not made durable,
+// and everything starts again.
+func (s *soak) powerCut() {
+	s.logf("power cut")
+	for _, name := range []string{"coordinator", "w1", "w2"} {
+		s.signal(name, syscall.SIGKILL)
+	}
+	// The commands die with their workers (parent-death signal).
+	time.Sleep(100 * time.Millisecond)
+	if err := s.stateFS.Cut(); err != nil {
+		s.fail("power cut: %v", err)
+	}
+	if err := s.jobFS.Cut(); err != nil {
+		s.fail("power cut: %v", err)
+	}
+	s.startCoordinator()
+	s.startWorker("w1")
+	s.startWorker("w2")
 }
 
 func (s *soak) startProc(name string, args ...string) {
@@ -253,7 +310,8 @@ func waitVerdict(js jetstream.JetStream, timeout time.Duration) (*stream.RunReco
 }
 
 // check reads every shard's KV history and output: validated exactly once
-// for the run's fingerprint, and an output that verifies with it.
+// for the run's fingerprint, an output that verifies with it, and nothing
+// of an interrupted commit left beside the outputs.
 func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 	ctx := context.Background()
 	kv, err := js.KeyValue(ctx, stream.BucketShards)
@@ -278,9 +336,18 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 		if len(validated) > 0 && len(validated[len(validated)-1].Attempts) > 1 {
 			reran++
 		}
-		mk, err := checkpoint.Verify(filepath.Join(s.dir, "out", id))
+		mk, err := checkpoint.Verify(filepath.Join(s.job, "out", id))
 		if err != nil || mk.Fingerprint != run.Fingerprint {
 			s.logf("VIOLATION: output of %s: %v (fingerprint %q, want %q)", id, err, mk.Fingerprint, run.Fingerprint)
+			bad++
+		}
+	}
+	// What interrupted commits left beside the outputs is gone once the
+	// run is COMPLETE (the coordinator sweeps it).
+	ents, _ := os.ReadDir(filepath.Join(s.job, "out"))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), checkpoint.TempPrefix) {
+			s.logf("VIOLATION: left in the output directory: %s", e.Name())
 			bad++
 		}
 	}
