@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // cgroups is how this host lets the worker give each shard a cgroup of its
@@ -504,14 +502,7 @@ func (c *shardCgroup) reset() bool {
 // -1 when unreadable.
 func (c *shardCgroup) keyed(file, key string) int64 {
 	b, err := c.ctl.read(filepath.Join(c.mem, file))
-	if err != nil {
-		return -1
-	}
-	n, found, err := probe.ParseKeyed(b, key)
-	if !found || err != nil {
-		return -1
-	}
-	return n
+	return keyedOf(b, err, key)
 }
 
 // close removes the kept cgroups (the worker is done with them).

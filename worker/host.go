@@ -22,6 +22,12 @@ func oomKills(procRoot string) int64 {
 // memory.oom_control), or -1 when the file or the key cannot be read.
 func keyedValue(path, key string) int64 {
 	b, err := os.ReadFile(path)
+	return keyedOf(b, err, key)
+}
+
+// keyedOf is the number after key in b, a "key value" file's content that
+// its read returned with err, or -1.
+func keyedOf(b []byte, err error, key string) int64 {
 	if err != nil {
 		return -1
 	}
