@@ -33,14 +33,14 @@ type outSync struct {
 // the previous one runs, in place of the four or five fsyncs each commit
 // makes on its own. It returns nil, and commits fsync file by file, where
 // the output is not on storage the probe calls local: syncfs is not relied
-// upon over NFS or FUSE. The answer is kept for the worker's life.
+// upon over NFS or FUSE. The answer is kept for the worker's life. The
+// first call for an output also removes what commits of dead processes
+// left there (checkpoint.SweepTemps): once per output and process.
 func (w *Worker) outputSync(ctx context.Context, output string) func(string) error {
 	w.mu.Lock()
 	s, ok := w.outSyncs[output]
 	w.mu.Unlock()
 	if !ok {
-		// First commit into output from this process: what commits of
-		// dead processes left there goes (checkpoint.SweepTemps).
 		if removed, err := checkpoint.SweepTemps(output); err != nil {
 			w.log.Warn("sweep temporary directories", "output", output, "err", err)
 		} else if len(removed) > 0 {
