@@ -227,7 +227,7 @@ func unfinished(ctx context.Context, b *stream.Buckets, r stream.RunRecord) ([]s
 	if err != nil {
 		return nil, fmt.Errorf("status %s: %w", r.Name, err)
 	}
-	defer w.Stop()
+	defer stream.StopWatch(w)
 	// The newest revision of each key: the first pass may deliver a key
 	// twice when it is rewritten as the pass goes by.
 	latest := map[string]jetstream.KeyValueEntry{}

@@ -69,12 +69,12 @@ func (t *tracker) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("tracker: watch shards: %w", err)
 	}
-	defer sw.Stop()
+	defer stream.StopWatch(sw)
 	rw, err := b.Runs.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("tracker: watch runs: %w", err)
 	}
-	defer rw.Stop()
+	defer stream.StopWatch(rw)
 	sub, err := t.c.nc.ChanSubscribe(stream.AdvisoryMaxDeliveries, t.adv)
 	if err != nil {
 		return fmt.Errorf("tracker: subscribe advisories: %w", err)
