@@ -249,7 +249,7 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 	if err != nil {
 		return nil, err
 	}
-	defer w.Stop()
+	defer stream.StopWatch(w)
 	p := newProgress(progress)
 	defer p.done()
 	check := time.NewTicker(time.Second)
