@@ -21,4 +21,8 @@ var (
 	ErrReload = errors.New("store reload needed after a write error")
 	// ErrNothingToRetry means a retry was asked for a run with no failed shards.
 	ErrNothingToRetry = errors.New("no failed shards to retry")
+	// ErrRetryNewGeneration means a retry of failed shards was asked with a
+	// spec whose fingerprint differs from the run's: it would start a new
+	// generation and run every shard again, not only the failed ones.
+	ErrRetryNewGeneration = errors.New("retry of failed shards asked with a changed job")
 )

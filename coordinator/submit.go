@@ -66,6 +66,23 @@ type SubmitResult struct {
 	// settings, measured peaks) that a resubmission of the same generation
 	// updated; they apply to attempts that start from now on.
 	Changed []string `json:"changed,omitempty"`
+	// Replaced is the fingerprint of the generation this submission
+	// replaced (the run existed with another fingerprint); Because says
+	// what changed, and ReplacedValidated how many shards that generation
+	// had validated: their outputs are made again under the new one.
+	Replaced          string   `json:"replaced_generation,omitempty"`
+	Because           []string `json:"generation_changes,omitempty"`
+	ReplacedValidated int      `json:"replaced_validated,omitempty"`
+}
+
+// describeChanges joins GenerationChanges for a message.
+func describeChanges(c []string) string {
+	if len(c) == 0 {
+		// Fingerprints of an older version of shardpool differ in what
+		// they hash, not in what the user wrote.
+		return "nothing the spec shows; the run was submitted by another version of shardpool"
+	}
+	return strings.Join(c, "; ")
 }
 
 // Submit publishes a validated run. It is idempotent: the same run again
@@ -128,8 +145,20 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		}
 		return res, nil
 	}
-	if opt.RetryFailed && (prev == nil || prev.Fingerprint != fp) {
-		// A new generation runs every shard anyway; nothing to add.
+	if prev != nil && prev.Fingerprint != fp {
+		res.Replaced, res.ReplacedValidated = prev.Fingerprint, prev.Counts.Validated
+		res.Because = stream.GenerationChanges(&prev.Spec, prev.ManifestSHA, spec, man.Hash)
+		if opt.RetryFailed {
+			// The user asked for the failed shards only; a new generation
+			// would run every shard again. Say so before anything changes.
+			return res, fmt.Errorf("%s: %w: run %s is generation %s (%d of %d shard(s) validated), and this spec is %s (changed: %s): "+
+				"it would run every shard again, not only the failed ones. To start the new generation, leave out --retry-failed; "+
+				"to retry only the failed shards, undo the change", spec.SpecPath, ErrRetryNewGeneration, spec.Name, prev.Fingerprint,
+				prev.Counts.Validated, prev.Counts.Total, fp, describeChanges(res.Because))
+		}
+	}
+	if opt.RetryFailed && prev == nil {
+		// A run not submitted before runs every shard anyway.
 		opt.RetryFailed = false
 	}
 	if prev == nil {

@@ -129,3 +129,64 @@ func TestResubmitRestoresLostMessages(t *testing.T) {
 		t.Fatalf("resubmit of the completed run: restored %d, want 0", res.Restored)
 	}
 }
+
+// TestRetryWithAChangedJobIsRefused: --retry-failed asks for the failed
+// shards only. With the job's script edited since the run was submitted,
+// the spec is a new generation that would run every shard again: the
+// retry is refused with what changed, and nothing is purged or published.
+// Submitted without the flag, the new generation starts and says what it
+// replaced and why.
+func TestRetryWithAChangedJobIsRefused(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	job := filepath.Join(dir, "job.sh")
+	os.WriteFile(job, []byte("#!/bin/sh\nexit 0\n"), 0o755)
+	os.WriteFile(filepath.Join(dir, "manifest.jsonl"), []byte("{\"id\":\"a\"}\n{\"id\":\"b\"}\n"), 0o644)
+	spec := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(spec, []byte("name = \"gen\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"./job.sh\"]\ncode_rev = \"x\"\n"), 0o644)
+	first := env.Submit(spec, coordinator.SubmitOptions{})
+	if first.Replaced != "" || first.Published != 2 {
+		t.Fatalf("first submission: got %+v, want 2 published and nothing replaced", first)
+	}
+	ctx := context.Background()
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	os.WriteFile(job, []byte("#!/bin/sh\necho fixed\nexit 0\n"), 0o755)
+	_, err = env.TrySubmit(spec, coordinator.SubmitOptions{RetryFailed: true})
+	if !errors.Is(err, coordinator.ErrRetryNewGeneration) {
+		t.Fatalf("retry with an edited job: got %v, want ErrRetryNewGeneration", err)
+	}
+	for _, want := range []string{spec, first.Fingerprint, "file ./job.sh", "leave out --retry-failed"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("refusal %q does not name %q", err, want)
+		}
+	}
+	after, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.Msgs != before.State.Msgs || after.State.LastSeq != before.State.LastSeq {
+		t.Fatalf("refused retry changed the queue: %d messages (last seq %d), want %d (%d)",
+			after.State.Msgs, after.State.LastSeq, before.State.Msgs, before.State.LastSeq)
+	}
+	rec, err := env.Run("gen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Fingerprint != first.Fingerprint {
+		t.Fatalf("refused retry changed the run: fingerprint %s, want %s", rec.Fingerprint, first.Fingerprint)
+	}
+
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	if res.Replaced != first.Fingerprint || res.Fingerprint == first.Fingerprint || res.Published != 2 ||
+		len(res.Because) != 1 || res.Because[0] != "file ./job.sh" {
+		t.Fatalf("new generation: got %+v, want generation %s replaced because of file ./job.sh, 2 published", res, first.Fingerprint)
+	}
+}

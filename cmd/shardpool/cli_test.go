@@ -572,3 +572,56 @@ func TestJobsGetTheBinaryUnderAnyName(t *testing.T) {
 		t.Fatalf("SHARDPOOL_BIN: %q, %v; want %s", got, err, renamed)
 	}
 }
+
+// TestEditedJobIsANewGenerationAndSaysSo: the natural next step after a
+// BLOCKED run is to fix the job script and retry the failed shards. An
+// edited script is a new generation, which would run every shard again:
+// `run --retry-failed` refuses (exit 1, naming the file) and changes
+// nothing; `run` without the flag starts the new generation and says what
+// it replaces, why, and that committed outputs are made again.
+func TestEditedJobIsANewGenerationAndSaysSo(t *testing.T) {
+	data, dir := t.TempDir(), t.TempDir()
+	job := filepath.Join(dir, "job.sh")
+	write := func(body string) {
+		if err := os.WriteFile(job, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`case "$1" in *bad*) exit 3;; esac; echo ok > "$2/r"`)
+	os.WriteFile(filepath.Join(dir, "manifest.jsonl"), []byte("{\"id\":\"good\"}\n{\"id\":\"bad\"}\n"), 0o644)
+	spec := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(spec, []byte("name = \"edit\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"./job.sh\", \"{id}\", \"{out}\"]\nretries = 0\ncode_rev = \"x\"\n"), 0o644)
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("first run: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	good := filepath.Join(dir, "out", "good", checkpoint.MarkerName)
+	before, err := checkpoint.ReadMarker(filepath.Dir(good))
+	if err != nil {
+		t.Fatalf("the good shard's output: %v", err)
+	}
+
+	write(`echo ok > "$2/r"`)
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", "--retry-failed", spec)
+	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "changed: file ./job.sh") ||
+		!strings.Contains(p.Output(), "leave out --retry-failed") {
+		t.Fatalf("retry with an edited job: exit %d, want 1 and the refusal naming the file\n%s", code, p.Output())
+	}
+	if mk, err := checkpoint.ReadMarker(filepath.Dir(good)); err != nil || mk.Fingerprint != before.Fingerprint {
+		t.Fatalf("the refused retry touched a committed output: %+v (%v)", mk, err)
+	}
+
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run of the new generation: exit %d, want 0\n%s", code, p.Output())
+	}
+	for _, want := range []string{"replaces " + before.Fingerprint + "; changed: file ./job.sh",
+		"every shard runs again: the 1 output(s) committed by generation " + before.Fingerprint + " are made again"} {
+		if !strings.Contains(p.Output(), want) {
+			t.Fatalf("new generation's run does not say %q:\n%s", want, p.Output())
+		}
+	}
+	if mk, err := checkpoint.ReadMarker(filepath.Dir(good)); err != nil || mk.Fingerprint == before.Fingerprint {
+		t.Fatalf("the good shard was not made again under the new generation: %+v (%v)", mk, err)
+	}
+}

@@ -66,10 +66,27 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return writeJSON(stdout, res)
 	}
 	fmt.Fprintf(stdout, "run %s\nfingerprint %s\nstate %s\npublished %d of %d shard(s)\n", res.Run, res.Fingerprint, res.State, res.Published, len(man.Shards))
+	printReplaced(stdout, res)
 	printRetried(stdout, res)
 	printChanged(stdout, res, retryCmd)
 	printRedone(stdout, res)
 	return nil
+}
+
+// printReplaced says that a submission started a new generation of an
+// existing run, what changed, and what that costs: every shard runs again.
+func printReplaced(w io.Writer, res coordinator.SubmitResult) {
+	if res.Replaced == "" {
+		return
+	}
+	what := "nothing the spec shows (submitted by another version of shardpool?)"
+	if len(res.Because) > 0 {
+		what = strings.Join(res.Because, "; ")
+	}
+	fmt.Fprintf(w, "new generation %s replaces %s; changed: %s\n", res.Fingerprint, res.Replaced, what)
+	if res.ReplacedValidated > 0 {
+		fmt.Fprintf(w, "every shard runs again: the %d output(s) committed by generation %s are made again\n", res.ReplacedValidated, res.Replaced)
+	}
 }
 
 // printRetried says how many failed shards a --retry-failed requeued.

@@ -91,7 +91,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), ClassCaps: caps, Reverify: true})
 	if err != nil {
 		coord.Close()
-		if errors.Is(err, coordinator.ErrNothingToRetry) {
+		if errors.Is(err, coordinator.ErrNothingToRetry) || errors.Is(err, coordinator.ErrRetryNewGeneration) {
 			return exitErr{code: exitFailure, msg: err.Error()}
 		}
 		return err
@@ -109,6 +109,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 		}
 	}
+	printReplaced(stdout, res)
 	printRetried(stdout, res)
 	printChanged(stdout, res, retry)
 	printRedone(stdout, res)
