@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,10 @@ type Options struct {
 	Binary bool
 	// Sync is the coordinator's sync mode. Default stream.SyncGroup.
 	Sync string
+	// ReportEvery is the workers' report period, which is also how often
+	// an auto-mode worker looks at the runs without being told. Default
+	// 500ms.
+	ReportEvery time.Duration
 	// HoldTracking starts the coordinator's server (Start) but not its
 	// Run (run tracking, advisories, HTTP) until Env.Track is called: what
 	// a coordinator between the two, or restarting, misses.
@@ -188,7 +193,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot, HostLedger: LedgerDir(e.t),
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
-		ReportEvery: 500 * time.Millisecond, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
+		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
 	if err != nil {
 		e.t.Fatalf("worker config: %v", err)
 	}

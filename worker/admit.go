@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -401,6 +403,28 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 		classes = append(classes, c)
 	}
 	return classes
+}
+
+// runChanged reports whether a run record's update can change what
+// refreshPeaks finds: a run not seen before, a new generation or settings
+// (measured peaks among them), a run completed or deleted. The tracker
+// rewrites records for their counters many times a second; those updates
+// change nothing here. seen holds the last signature of each run.
+func runChanged(seen map[string]string, e jetstream.KeyValueEntry) bool {
+	sig := "deleted"
+	if e.Operation() == jetstream.KeyValuePut {
+		var r stream.RunRecord
+		if err := stream.Decode(e.Value(), &r); err != nil {
+			sig = "undecodable"
+		} else {
+			sig = fmt.Sprintf("%s/%d/%v", r.Fingerprint, r.Settings, r.State == stream.RunComplete)
+		}
+	}
+	if seen[e.Key()] == sig {
+		return false
+	}
+	seen[e.Key()] = sig
+	return true
 }
 
 // liveShard is a running child: its process group and its class's peak;

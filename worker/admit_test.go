@@ -325,3 +325,22 @@ func TestAutoWorkerCountsAFixedWorkersShards(t *testing.T) {
 		t.Fatalf("the auto run completed before the fixed run's shards ended: %+v (%v)", st, err)
 	}
 }
+
+// TestAutoWorkerStartsANewRunAtOnce: an auto-mode worker learns of runs
+// and their classes from the runs bucket. On its report period alone, a
+// run submitted to an idle worker waited up to that period (5 s by
+// default) before its first shard; the worker watches the bucket, so the
+// run starts as it is submitted. The period here is a minute, which the
+// run would otherwise wait out.
+func TestAutoWorkerStartsANewRunAtOnce(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t), ReportEvery: time.Minute})
+	// Let the worker's first look at the (empty) runs bucket pass.
+	time.Sleep(500 * time.Millisecond)
+	spec := concurrencyJob(t, 2, "0", "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n")
+	start := time.Now()
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("run completed %s after its submission, want well under the worker's 1m report period", took.Round(time.Millisecond))
+	}
+}

@@ -391,6 +391,18 @@ func (w *Worker) Run(ctx context.Context) error {
 		g.Go(func() error {
 			t := time.NewTicker(w.cfg.ReportEvery)
 			defer t.Stop()
+			// A new run, generation or settings is seen as it is written:
+			// on the tick alone, a run submitted to an idle worker waited
+			// up to ReportEvery (5 s) before its first shard. The tick stays
+			// for a watch that could not be set up or has ended.
+			var news <-chan jetstream.KeyValueEntry
+			if rw, err := w.b.Runs.WatchAll(gctx, jetstream.UpdatesOnly()); err == nil {
+				defer stream.StopWatch(rw)
+				news = rw.Updates()
+			} else {
+				w.log.Warn("watch runs; new runs are seen every report period", "every", w.cfg.ReportEvery, "err", err)
+			}
+			seen := map[string]string{}
 			for {
 				for _, c := range w.refreshPeaks(gctx) {
 					if w.cfg.Auto && !served[c] {
@@ -398,10 +410,19 @@ func (w *Worker) Run(ctx context.Context) error {
 						g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), c, &shards) })
 					}
 				}
-				select {
-				case <-gctx.Done():
-					return nil
-				case <-t.C:
+				for again := false; !again; {
+					select {
+					case <-gctx.Done():
+						return nil
+					case <-t.C:
+						again = true
+					case e, ok := <-news:
+						if !ok {
+							news = nil
+							continue
+						}
+						again = e != nil && runChanged(seen, e)
+					}
 				}
 			}
 		})
