@@ -233,6 +233,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.hl = l
 		c.http = &http.Server{Handler: c.routes(), ReadHeaderTimeout: 5 * time.Second}
 	}
+	// The lock file also says where the store is served, for
+	// `shardpool status --data` (LiveIn).
+	if err := c.lock.Truncate(0); err == nil {
+		_, _ = c.lock.WriteAt([]byte(holderLine()+"url "+c.ClientURL()+"\n"), 0)
+	}
 	c.log.Info("coordinator ready", "url", c.ClientURL(), "data", c.cfg.DataDir, "sync", c.cfg.Sync)
 	return nil
 }
@@ -326,11 +331,17 @@ func lockData(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	for i := 0; errors.Is(err, unix.EWOULDBLOCK) && i < lockTries && sharedOnly(path); i++ {
+		// Someone looks (LiveIn's shared lock), nobody holds it.
+		time.Sleep(lockPause)
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			who := strings.TrimSpace(string(holder))
+			who := strings.ReplaceAll(strings.TrimSpace(string(holder)), "\n", ", ")
 			if who == "" {
 				who = "a process that has not written its name yet"
 			}
@@ -338,12 +349,16 @@ func lockData(dir string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	host, _ := os.Hostname()
-	info := fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
 	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(info), 0)
+		_, _ = f.WriteAt([]byte(holderLine()), 0)
 	}
 	return f, nil
+}
+
+// holderLine names this process in a store's lock file.
+func holderLine() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
 }
 
 // startSyncer opens the store for syncfs, makes what Setup wrote durable,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -625,3 +626,51 @@ func TestEditedJobIsANewGenerationAndSaysSo(t *testing.T) {
 		t.Fatalf("the good shard was not made again under the new generation: %+v (%v)", mk, err)
 	}
 }
+
+// TestStatusFindsTheRunFromItsData: a `shardpool run` serves its
+// coordinator on a port of its own choosing. `status --data DIR` finds it
+// while it runs, and reports the run's last verdict from its evidence
+// once it has ended; a run killed before any verdict is reported as such,
+// with its resume command.
+func TestStatusFindsTheRunFromItsData(t *testing.T) {
+	data := t.TempDir()
+	// Retries: the attempt the SIGKILL below cuts short counts.
+	slow := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 4, Retries: 2, Command: []string{"sleep", "1"}})
+	status := func(args ...string) (int, string) {
+		p := testenv.Start(t, append([]string{"status", "--data", data}, args...)...)
+		return p.Wait(t, 30*time.Second), p.Output()
+	}
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", slow)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		code, out := status("slow")
+		return code == 0 && strings.Contains(out, "RUNNING"), fmt.Sprintf("status --data of a live run: exit %d\n%s", code, out)
+	})
+	if code, out := status("--json"); code != 0 || !strings.Contains(out, `"name": "slow"`) {
+		t.Fatalf("status --data --json of a live run: exit %d, want 0 and the status document\n%s", code, out)
+	}
+	if code, out := status("--server", "nats://127.0.0.1:1"); code != 2 {
+		t.Fatalf("status with --data and --server: exit %d, want 2\n%s", code, out)
+	}
+	p.Signal(syscall.SIGKILL)
+	p.Wait(t, 10*time.Second)
+	code, out := status()
+	if code != 0 || !strings.Contains(out, "slow: no verdict recorded") || !strings.Contains(out, "resume with: shardpool run --data "+data) {
+		t.Fatalf("status --data of a killed run: exit %d, want 0, no verdict and the resume command\n%s", code, out)
+	}
+	if code, out := status("--json"); code != 1 || !strings.Contains(out, "final.json") {
+		t.Fatalf("status --data --json with no coordinator: exit %d, want 1 and where the verdicts are\n%s", code, out)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "4", slow)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("resumed run: exit %d\n%s", code, p.Output())
+	}
+	code, out = status("slow")
+	if code != 0 || !strings.Contains(out, "no coordinator serves") || !regexpMatch(`slow\s+COMPLETE\s+4\s+4\s+0`, out) {
+		t.Fatalf("status --data of a finished run: exit %d, want 0 and COMPLETE 4 of 4 from final.json\n%s", code, out)
+	}
+	if code, out := status("other"); code != 1 || !strings.Contains(out, "no evidence of run other") {
+		t.Fatalf("status --data of an unknown run: exit %d, want 1\n%s", code, out)
+	}
+}
+
+func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(s) }

@@ -132,8 +132,9 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("status", "shardpool status --server URL [--json] [RUN]", stderr)
+	fs := newFlags("status", "shardpool status [--server URL | --data DIR] [--json] [RUN]", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	data := fs.String("data", "", "state directory of a `shardpool run` or `shardpool coordinator`: ask the coordinator serving it now, or, when none does, report each run's last verdict from its evidence (instead of --server)")
 	asJSON := fs.Bool("json", false, "print the status document as JSON (see docs/status-json.md)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -147,7 +148,29 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) == 1 {
 		run = pos[0]
 	}
-	nc, js, err := connect(ctx, *server, "shardpool-status", 0, nil)
+	url := *server
+	if *data != "" {
+		if flagSet(fs, "server") {
+			return exitErr{code: exitUsage, msg: "status: give --server or --data, not both"}
+		}
+		dir, err := filepath.Abs(*data)
+		if err != nil {
+			return err
+		}
+		found, ok, err := serverFromData(dir, run)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			if *asJSON {
+				return exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s now, so there is no status document; each run's last verdict is in %s",
+					dir, filepath.Join(dir, "runs", "<run>", "final.json"))}
+			}
+			return printStopped(stdout, dir, run)
+		}
+		url = found
+	}
+	nc, js, err := connect(ctx, url, "shardpool-status", 0, nil)
 	if err != nil {
 		return err
 	}

@@ -75,7 +75,7 @@ func connect(ctx context.Context, url, name string, wait time.Duration, notice i
 			return nil, nil, fmt.Errorf("connect %s: %w", url, err)
 		}
 		if !time.Now().Add(pause).Before(deadline) {
-			why := "is `shardpool coordinator` running there? A `shardpool run` serves its coordinator only while it runs; a finished run's final.json is in DATA/runs/<run>/"
+			why := "is `shardpool coordinator` running there? A `shardpool run` serves its coordinator only while it runs; `shardpool status --data DATA` finds a live one, or reports each run's last verdict from DATA/runs/<run>/final.json"
 			if wait > 0 {
 				why = fmt.Sprintf("waited %s; %s", wait, why)
 			}

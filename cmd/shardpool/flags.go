@@ -162,3 +162,10 @@ func registerSync(fs *flag.FlagSet) *syncFlag {
 	fs.BoolFunc("no-sync", "same as --sync none", func(string) error { s = stream.SyncNone; return nil })
 	return &s
 }
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

@@ -31,7 +31,7 @@ Usage:
   shardpool coordinator --data DIR     the embedded JetStream coordinator (distributed form)
   shardpool worker --server URL        one worker per host
   shardpool submit --server URL SPEC   publish a run (idempotent)
-  shardpool status --server URL [RUN]  run and shard states, workers
+  shardpool status --server URL [RUN]  run and shard states, workers (--data DIR: of a run's state directory)
   shardpool ckpt commit|latest|verify|replicate  atomic checkpoint generations for jobs
   shardpool profile [--sweep] SPEC     measure the command on small, typical, largest and malformed inputs
   shardpool plan SPEC                  slots per class from measured or declared peaks and this host's budget
