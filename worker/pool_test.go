@@ -1194,3 +1194,26 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 		t.Fatalf("destination holds %q, want the published output kept", b)
 	}
 }
+
+// TestReportFollowsWhatTheWorkerDoes: status reads workers' reports. On
+// the report period alone (a minute here, 5 s by default) a report said
+// nothing ran while shards ran, and gave no reason for the ones waiting;
+// a worker now reports such a change within a second.
+func TestReportFollowsWhatTheWorkerDoes(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}, ReportEvery: time.Minute})
+	ctx := context.Background()
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(concurrencyJob(t, 2, "3", ""), coordinator.SubmitOptions{})
+	testenv.Eventually(t, 2500*time.Millisecond, func() (bool, string) {
+		rs, err := b.WorkerReports(ctx)
+		if err != nil || len(rs) != 1 {
+			return false, fmt.Sprintf("reports %+v (%v)", rs, err)
+		}
+		r := rs[0]
+		return r.Running["cpu"] == 1 && strings.Contains(r.Waiting["cpu"], "1 of 1 slots of class cpu in use"),
+			fmt.Sprintf("report: running %v, waiting %q; want 1 running and the other shard waiting for the slot", r.Running, r.Waiting)
+	})
+}

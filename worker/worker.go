@@ -144,6 +144,7 @@ type Worker struct {
 	fixedShare string
 	active     map[string]*running   // shards whose command runs, by key
 	waits      map[string]string     // per class: why the worker is not fetching
+	poke       chan struct{}         // reportSoon: a report ahead of the period
 	owning     map[string]bool       // shard keys with an attempt in flight here, from lease to settle (takeLease)
 	held       map[string]int        // per class: deliveries held for a store that takes no lease write
 	heldWhy    string                // the store's last refusal, while any is held
@@ -251,7 +252,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, held: map[string]int{}, owning: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), held: map[string]int{}, owning: map[string]bool{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
@@ -649,18 +650,44 @@ func (w *Worker) holdForStore(class string, err error) func() {
 func (w *Worker) setWait(class string, n int, why string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	old, waited := w.waits[class]
 	if n > 0 {
 		delete(w.waits, class)
-		return
+	} else {
+		w.waits[class] = why
 	}
-	w.waits[class] = why
+	// A reason that differs only in its figures is no news.
+	if waited != (n <= 0) || (n <= 0 && strings.Map(noDigits, old) != strings.Map(noDigits, why)) {
+		w.reportSoon()
+	}
+}
+
+func noDigits(r rune) rune {
+	if r >= '0' && r <= '9' {
+		return -1
+	}
+	return r
 }
 
 func (w *Worker) track(class string, d int) {
 	w.mu.Lock()
 	w.running[class] += d
 	w.mu.Unlock()
+	w.reportSoon()
 }
+
+// reportSoon asks for a report ahead of the period: what status shows of
+// this worker (running shards, why it waits) changed.
+func (w *Worker) reportSoon() {
+	select {
+	case w.poke <- struct{}{}:
+	default:
+	}
+}
+
+// reportGap is the least time between two reports: a worker whose shards
+// start and end hundreds of times a second writes at most this often.
+const reportGap = time.Second
 
 func (w *Worker) count(ok bool) {
 	w.mu.Lock()
@@ -725,21 +752,38 @@ func (w *Worker) headroom(ctx context.Context) map[string]stream.Resource {
 func (w *Worker) report(ctx context.Context) error {
 	t := time.NewTicker(w.cfg.ReportEvery)
 	defer t.Stop()
+	// Every period the report probes the host again; in between, a change
+	// of what this worker runs or waits for goes out with the last probe
+	// (status read a report up to a period old: "RUNNING -" while two
+	// shards ran, and no reason for the ones waiting).
+	full := true
+	var head map[string]stream.Resource
 	for {
 		r := w.snapshot()
-		r.Headroom = w.headroom(ctx)
-		w.refreshPeers(ctx)
-		r.Limits, r.Auto = w.limits, w.cfg.Auto
-		w.learnCoordinator(ctx, w.cfg.JetStream.Conn())
+		if full {
+			head = w.headroom(ctx)
+			w.refreshPeers(ctx)
+			w.learnCoordinator(ctx, w.cfg.JetStream.Conn())
+		}
+		r.Headroom, r.Limits, r.Auto = head, w.limits, w.cfg.Auto
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
 				w.log.Warn("worker report", "err", err)
 			}
 		}
+		wrote := time.Now()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			full = true
+		case <-w.poke:
+			full = false
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Until(wrote.Add(min(reportGap, w.cfg.ReportEvery)))):
+			}
 		}
 	}
 }
