@@ -674,3 +674,18 @@ func TestStatusFindsTheRunFromItsData(t *testing.T) {
 }
 
 func regexpMatch(re, s string) bool { return regexp.MustCompile(re).MatchString(s) }
+
+// TestStatusWithNoFlagsFindsARunningRun: `shardpool run job.toml` in one
+// terminal and `shardpool status` in another, no flags: nothing listens at
+// the default URL, so status asks the coordinator serving the default
+// state directory.
+func TestStatusWithNoFlagsFindsARunningRun(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	slow := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 2, Command: []string{"sleep", "3"}})
+	testenv.Start(t, "run", "--slots", "1", slow)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "status")
+		code := p.Wait(t, 30*time.Second)
+		return code == 0 && regexpMatch(`slow\s+RUNNING`, p.Output()), fmt.Sprintf("status with no flags: exit %d\n%s", code, p.Output())
+	})
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -171,6 +172,13 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		url = found
 	}
 	nc, js, err := connect(ctx, url, "shardpool-status", 0, nil)
+	if err != nil && *data == "" && !flagSet(fs, "server") && errors.Is(err, nats.ErrNoServers) {
+		// Nothing at the default URL: a `shardpool run` with the default
+		// state directory serves on a port of its own choosing.
+		if found, ok, ferr := serverFromData(worker.DefaultStateDir(), run); ferr == nil && ok {
+			nc, js, err = connect(ctx, found, "shardpool-status", 0, nil)
+		}
+	}
 	if err != nil {
 		return err
 	}
