@@ -109,8 +109,9 @@ func TestRunExitCodes(t *testing.T) {
 		return strings.Contains(p1.Output(), "RUNNING"), "first run not running yet: " + p1.Output()
 	})
 	p = testenv.Start(t, "run", "--data", data, slow)
-	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "in use by another coordinator") || !strings.Contains(p.Output(), "stores/slow") {
-		t.Fatalf("the same run twice: exit %d, want 1 naming the held store\n%s", code, p.Output())
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "in use by another coordinator") || !strings.Contains(p.Output(), "stores/slow") ||
+		!strings.Contains(p.Output(), "to follow it: shardpool status --data "+data+" slow") {
+		t.Fatalf("the same run twice: exit %d, want 1 naming the held store and how to follow the run\n%s", code, p.Output())
 	}
 	p = testenv.Start(t, "run", "--data", data, "--slots", "2", ok)
 	if code := p.Wait(t, 60*time.Second); code != 0 {

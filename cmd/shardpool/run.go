@@ -73,6 +73,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if err := coord.Start(ctx); err != nil {
+		if errors.Is(err, coordinator.ErrDataInUse) {
+			return fmt.Errorf("%w; to follow it: shardpool status --data %s %s", err, shellQuote(absData), spec.Name)
+		}
 		return err
 	}
 	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
