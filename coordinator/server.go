@@ -444,6 +444,9 @@ func (c *Coordinator) Conn() *nats.Conn { return c.nc }
 // DataDir is the absolute data directory.
 func (c *Coordinator) DataDir() string { return c.cfg.DataDir }
 
+// StoreDir is the JetStream store's directory.
+func (c *Coordinator) StoreDir() string { return c.cfg.StoreDir }
+
 // EvidenceDir is where a run's evidence lives.
 func (c *Coordinator) EvidenceDir(run string) string {
 	return filepath.Join(c.cfg.DataDir, "runs", run)

@@ -14,6 +14,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -36,6 +37,9 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 			LeaseTTL: *leaseTTL, ReloadOnWriteError: true, Logger: logger(stderr, *verbose, slog.LevelInfo)})
 		if err != nil {
 			return err
+		}
+		if pr, err := probe.New(probe.Config{}); err == nil {
+			warnNetworkStore(ctx, pr, c.StoreDir(), stderr)
 		}
 		if err := c.Start(ctx); err != nil {
 			return err

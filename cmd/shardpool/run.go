@@ -21,6 +21,7 @@ import (
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -71,6 +72,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		Sync: string(*syncMode), LeaseTTL: *leaseTTL, Logger: log})
 	if err != nil {
 		return err
+	}
+	if pr, err := probe.New(probe.Config{}); err == nil {
+		warnNetworkStore(ctx, pr, coord.StoreDir(), stderr)
 	}
 	if err := coord.Start(ctx); err != nil {
 		if errors.Is(err, coordinator.ErrDataInUse) {

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// magicStatFS answers statfs with the file system type of the fixture
+// mount that holds the path, as the kernel would.
+type magicStatFS map[string]int64
+
+func (m magicStatFS) Statfs(p string) (probe.Statfs, error) {
+	for point, magic := range m {
+		if strings.Contains(p, point) {
+			return probe.Statfs{Type: magic, Bsize: 4096, Blocks: 1 << 20, Bavail: 1 << 19, Files: 1 << 16, Ffree: 1 << 15}, nil
+		}
+	}
+	return probe.Statfs{Type: 0xEF53, Bsize: 4096, Blocks: 1 << 20, Bavail: 1 << 19}, nil
+}
+
+var _ probe.StatFS = magicStatFS(nil)
+
+// TestNetworkStoreIsWarnedAbout: a store under an NFS home directory (the
+// default state directory of a cluster user) gets a warning that names the
+// mount and says what to do; one on local disk gets none. The host is a
+// fixture whose mountinfo comes from a real machine with /home on NFSv4.
+func TestNetworkStoreIsWarnedAbout(t *testing.T) {
+	root, err := filepath.Abs("../../worker/probe/testdata/v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(probe.Config{Root: root, StatFS: magicStatFS{"/home": 0x6969, "/scratch": 0x58465342}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var b strings.Builder
+	warnNetworkStore(ctx, pr, "/home/alice/.local/state/shardpool/stores/r", &b)
+	for _, want := range []string{"the store /home/alice/.local/state/shardpool/stores/r is on network storage", "nfs4", "fs1:/export/home", "mounted at /home", "give --data a local disk"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("warning %q lacks %q", b.String(), want)
+		}
+	}
+	b.Reset()
+	warnNetworkStore(ctx, pr, "/scratch/alice/shardpool/stores/r", &b)
+	if b.Len() != 0 {
+		t.Fatalf("store on local xfs: got warning %q, want none", b.String())
+	}
+}
