@@ -44,6 +44,8 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	paths["scratch"] = *scratch
+	// Where stores and evidence go: a home directory on NFS is common.
+	paths["state"] = *data
 	var spec *stream.Spec
 	if *specPath != "" {
 		var err error

@@ -79,3 +79,27 @@ func TestPreflightNamesTheHostsWorkers(t *testing.T) {
 		return strings.Contains(p.Output(), "workers: 1 of this user's on this host") && want.MatchString(p.Output()), p.Output()
 	})
 }
+
+// TestPreflightProbesTheStateDirectory: stores and evidence go to the
+// state directory, often a home directory on NFS; preflight lists its
+// storage beside scratch's.
+func TestPreflightProbesTheStateDirectory(t *testing.T) {
+	data := t.TempDir()
+	p := testenv.Start(t, "preflight", "--json", "--data", data)
+	if code := p.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("preflight: exit %d\n%s", code, p.Output())
+	}
+	var s probe.Snapshot
+	if err := json.Unmarshal([]byte(p.Output()), &s); err != nil {
+		t.Fatalf("preflight --json: %v\n%s", err, p.Output())
+	}
+	for _, pi := range s.Storage {
+		if pi.Name == "state" {
+			if pi.Path != data || pi.Unknown != "" || pi.Locality == "" {
+				t.Fatalf("state directory probed as %+v, want %s with its type and locality", pi, data)
+			}
+			return
+		}
+	}
+	t.Fatalf("preflight storage %+v lacks the state directory %s", s.Storage, data)
+}
