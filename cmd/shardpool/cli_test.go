@@ -27,7 +27,7 @@ func TestRunExitCodes(t *testing.T) {
 	if code := p.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("run of a good job: exit %d, want 0\n%s", code, p.Output())
 	}
-	for _, want := range []string{"COMPLETE", "outputs:", "evidence: " + filepath.Join(data, "runs", "good")} {
+	for _, want := range []string{"COMPLETE", "outputs:", "evidence: " + filepath.Join(data, "runs", "good"), "shardpool status --data " + data + " good"} {
 		if !strings.Contains(p.Output(), want) {
 			t.Errorf("run output lacks %q:\n%s", want, p.Output())
 		}

@@ -121,6 +121,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	printChanged(stdout, res, retry)
 	printRedone(stdout, res)
 	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
+	fmt.Fprintf(stdout, "follow it from another terminal: shardpool status --data %s %s\n", shellQuote(absData), spec.Name)
 
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
 		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: log,
