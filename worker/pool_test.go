@@ -1198,7 +1198,7 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 // TestReportFollowsWhatTheWorkerDoes: status reads workers' reports. On
 // the report period alone (a minute here, 5 s by default) a report said
 // nothing ran while shards ran, and gave no reason for the ones waiting;
-// a worker now reports such a change within a second.
+// a worker now reports such a change within a second (the test allows 5 s on a loaded machine, still far below the period).
 func TestReportFollowsWhatTheWorkerDoes(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}, ReportEvery: time.Minute})
 	ctx := context.Background()
@@ -1207,7 +1207,7 @@ func TestReportFollowsWhatTheWorkerDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	env.Submit(concurrencyJob(t, 2, "3", ""), coordinator.SubmitOptions{})
-	testenv.Eventually(t, 2500*time.Millisecond, func() (bool, string) {
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
 		rs, err := b.WorkerReports(ctx)
 		if err != nil || len(rs) != 1 {
 			return false, fmt.Sprintf("reports %+v (%v)", rs, err)
