@@ -636,7 +636,7 @@ func TestEditedJobIsANewGenerationAndSaysSo(t *testing.T) {
 func TestStatusFindsTheRunFromItsData(t *testing.T) {
 	data := t.TempDir()
 	// Retries: the attempt the SIGKILL below cuts short counts.
-	slow := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 4, Retries: 2, Command: []string{"sleep", "1"}})
+	slow := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 4, Retries: 2, Command: []string{"sleep", "3"}})
 	status := func(args ...string) (int, string) {
 		p := testenv.Start(t, append([]string{"status", "--data", data}, args...)...)
 		return p.Wait(t, 30*time.Second), p.Output()
