@@ -49,6 +49,8 @@ type Options struct {
 	// an auto-mode worker looks at the runs without being told. Default
 	// 500ms.
 	ReportEvery time.Duration
+	// Recheck is the workers' Config.Recheck (default 1s).
+	Recheck time.Duration
 	// HoldTracking starts the coordinator's server (Start) but not its
 	// Run (run tracking, advisories, HTTP) until Env.Track is called: what
 	// a coordinator between the two, or restarting, misses.
@@ -193,7 +195,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot, HostLedger: LedgerDir(e.t),
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
-		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
+		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Recheck: e.opts.Recheck, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
 	if err != nil {
 		e.t.Fatalf("worker config: %v", err)
 	}

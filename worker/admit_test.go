@@ -344,3 +344,23 @@ func TestAutoWorkerStartsANewRunAtOnce(t *testing.T) {
 		t.Fatalf("run completed %s after its submission, want well under the worker's 1m report period", took.Round(time.Millisecond))
 	}
 }
+
+// TestWorkersTakeTurnsWithoutPolling: two auto-mode workers on one host
+// whose shards each take the whole budget (the fixture's 4 CPUs) take
+// turns. The worker whose turn comes learns that the other's shard ended
+// from the other's write to the host ledger. Polled alone, every turn
+// waited up to the recheck period (two runs of 40 shards of 50 ms each took
+// 10.7 s, against 5.3 s for one run of 80). The period here is a minute,
+// which no turn may wait out.
+func TestWorkersTakeTurnsWithoutPolling(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Workers: 2, Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t), Recheck: time.Minute})
+	spec := concurrencyJob(t, 8, "0.2", "[class.cpu]\ncpus = 4\nmemory = \"256MiB\"\n")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 40*time.Second, stream.RunComplete)
+	if ran := shardsPerWorker(t, env, 8); len(ran) != 2 {
+		t.Errorf("shards ran on %v; want both workers, taking turns", ran)
+	}
+	if maxSeen := maxConcurrent(t, spec, 8); maxSeen != 1 {
+		t.Errorf("concurrent shards that each take the whole budget: got %d, want 1", maxSeen)
+	}
+}

@@ -51,6 +51,11 @@ type Config struct {
 	FetchWait time.Duration
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
+	// Recheck is how often a class held back by admission looks again
+	// when nothing wakes it (a shard of its own ending, or another
+	// worker's write to the host ledger, do). Default 1s; while the
+	// budget is shared and the ledger cannot be watched, at most 100ms.
+	Recheck time.Duration
 	// HostLedger is the directory of the host ledger through which the
 	// workers of this user on this host share its budget
 	// (ledger.go). Default DefaultLedgerDir().
@@ -139,6 +144,8 @@ type Worker struct {
 	gpuRes   map[string]string // GPU UUID -> shard key holding it
 	ledger   *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
 	sharing  atomic.Bool       // the last admission decision saw other active workers in the ledger
+	// ledgerWatched: writes to the host ledger wake waiting fetch loops (watchLedger)
+	ledgerWatched atomic.Bool
 	// fixedShare is the budget a worker with fixed slots writes its holds
 	// under (auto workers take theirs from each decision's look).
 	fixedShare string
@@ -219,6 +226,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.ReportEvery <= 0 {
 		cfg.ReportEvery = 5 * time.Second
+	}
+	if cfg.Recheck <= 0 {
+		cfg.Recheck = time.Second
 	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
@@ -353,6 +363,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.report(gctx) })
 	g.Go(func() error { return w.watchPressure(gctx) })
+	if w.ledger != nil && w.cfg.Auto {
+		w.ledgerWatched.Store(true)
+		g.Go(func() error {
+			// Only while others share the budget: alone, the wake-ups
+			// would be this worker's own writes, an admission decision
+			// each for nothing (6-10% more CPU for short shards).
+			if err := watchLedger(gctx, w.ledger.path, func() {
+				if w.sharing.Load() {
+					w.wakeAll()
+				}
+			}); err != nil {
+				w.ledgerWatched.Store(false)
+				w.log.Warn("other workers' shards ending are noticed by polling", "every", sharedRecheck, "err", err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		// Peers on this host that died: reap what their commands left and
 		// hand their shards back, at a third of the TTL so that a dead
@@ -482,11 +509,12 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				lastWhy = why
 			}
 			// While the host's budget is shared, another worker's shard
-			// may end at any moment and nothing here hears of it: look
-			// again soon.
-			every := time.Second
-			if w.sharing.Load() {
-				every = sharedRecheck
+			// may end at any moment: its write to the host ledger wakes
+			// this loop (watchLedger), or, where that cannot be watched,
+			// the loop looks again soon.
+			every := w.cfg.Recheck
+			if w.sharing.Load() && !w.ledgerWatched.Load() {
+				every = min(every, sharedRecheck)
 			}
 			recheck.Reset(every)
 			select {
