@@ -49,7 +49,7 @@ func serverFromData(dir, run string) (url string, ok bool, err error) {
 		return "", false, nil
 	}
 	if pick.URL == "" {
-		return "", false, fmt.Errorf("the coordinator of %s (%s) is starting; try again in a moment", liveName(*pick), pick.Holder)
+		return "", false, fmt.Errorf("the coordinator of %s (%s) has not written where it listens: it is starting (try again in a moment), or it is an older shardpool (give --server with the URL it printed)", liveName(*pick), pick.Holder)
 	}
 	return pick.URL, true, nil
 }
