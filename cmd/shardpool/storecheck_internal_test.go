@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -52,29 +49,5 @@ func TestNetworkStoreIsWarnedAbout(t *testing.T) {
 	warnNetworkStore(ctx, pr, "/scratch/alice/shardpool/stores/r", &b)
 	if b.Len() != 0 {
 		t.Fatalf("store on local xfs: got warning %q, want none", b.String())
-	}
-}
-
-// TestStatusDataWithAHolderThatGaveNoURL: a store held by a coordinator
-// that has not written its URL (starting, or an older shardpool) is named
-// with both possibilities, not taken for a stopped run.
-func TestStatusDataWithAHolderThatGaveNoURL(t *testing.T) {
-	dir := t.TempDir()
-	store := filepath.Join(dir, "stores", "r")
-	if err := os.MkdirAll(store, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(filepath.Join(store, "coordinator.lock"), os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	f.WriteString("pid 1 on h since 2026-11-01T00:00:00Z\n")
-	_, ok, err := serverFromData(dir, "r")
-	if ok || err == nil || !strings.Contains(err.Error(), "has not written where it listens") || !strings.Contains(err.Error(), "pid 1 on h") {
-		t.Fatalf("held store without a URL: got ok %v, %v; want an error naming the holder", ok, err)
 	}
 }
