@@ -2,7 +2,6 @@ package coordinator_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/testenv"
 )
 
 // TestLiveInListsServingCoordinators: a run's coordinator (store
@@ -61,17 +61,7 @@ func TestLiveInListsServingCoordinators(t *testing.T) {
 func TestStartWaitsOutALookAtItsLock(t *testing.T) {
 	dir := t.TempDir()
 	store := filepath.Join(dir, "stores", "r")
-	if err := os.MkdirAll(store, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(filepath.Join(store, "coordinator.lock"), os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.LockStore(t, dir, "r", unix.LOCK_SH, "")
 	time.AfterFunc(50*time.Millisecond, func() { unix.Flock(int(f.Fd()), unix.LOCK_UN) })
 	c, err := coordinator.New(coordinator.Config{DataDir: dir, StoreDir: store, Listen: "127.0.0.1:0"})
 	if err != nil {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
 )
 
 // TestStatusNamesRunningShardsOfSilentWorkers: a running shard whose owner
@@ -85,19 +84,7 @@ func TestStatusSaysTheStoreIsFull(t *testing.T) {
 // with both possibilities, not taken for a stopped run.
 func TestStatusDataWithAHolderThatGaveNoURL(t *testing.T) {
 	dir := t.TempDir()
-	store := filepath.Join(dir, "stores", "r")
-	if err := os.MkdirAll(store, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(filepath.Join(store, "coordinator.lock"), os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	f.WriteString("pid 1 on h since 2026-11-01T00:00:00Z\n")
+	testenv.LockStore(t, dir, "r", unix.LOCK_EX, "pid 1 on h since 2026-11-01T00:00:00Z\n")
 	_, ok, err := serverFromData(dir, "r")
 	if ok || err == nil || !strings.Contains(err.Error(), "has not written where it listens") || !strings.Contains(err.Error(), "pid 1 on h") {
 		t.Fatalf("held store without a URL: got ok %v, %v; want an error naming the holder", ok, err)
