@@ -31,6 +31,23 @@ type Status struct {
 	// ("name: why"), when listing every run: one damaged record must not
 	// hide the others.
 	Unreadable []string `json:"unreadable,omitempty"`
+	// From is "evidence" in a document that no coordinator answered
+	// (`shardpool status --data` of a state directory none serves): each
+	// run is its last verdict from final.json, and Workers is empty.
+	From string `json:"from,omitempty"`
+	// NoVerdict lists, in such a document, the runs that ended without a
+	// verdict (killed or interrupted before COMPLETE or BLOCKED).
+	NoVerdict []RunEvidence `json:"no_verdict,omitempty"`
+}
+
+// RunEvidence is a run known only by its evidence folder.
+type RunEvidence struct {
+	Name     string `json:"name"`
+	Evidence string `json:"evidence"`
+	// Why there is no verdict: none was written, or final.json is unreadable.
+	Why string `json:"why"`
+	// Resume is the command that resumes the run (resume.txt).
+	Resume string `json:"resume,omitempty"`
 }
 
 // RunStatus is one run in Status.

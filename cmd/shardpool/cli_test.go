@@ -658,8 +658,11 @@ func TestStatusFindsTheRunFromItsData(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "slow: no verdict recorded") || !strings.Contains(out, "resume with: shardpool run --data "+data) {
 		t.Fatalf("status --data of a killed run: exit %d, want 0, no verdict and the resume command\n%s", code, out)
 	}
-	if code, out := status("--json"); code != 1 || !strings.Contains(out, "final.json") {
-		t.Fatalf("status --data --json with no coordinator: exit %d, want 1 and where the verdicts are\n%s", code, out)
+	code, out = status("--json")
+	var doc coordinator.Status
+	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil || doc.From != "evidence" || len(doc.NoVerdict) != 1 ||
+		doc.NoVerdict[0].Name != "slow" || !strings.Contains(doc.NoVerdict[0].Resume, "shardpool run --data "+data) {
+		t.Fatalf("status --data --json of a killed run: exit %d (%v), want 0 and a document from evidence naming the run without a verdict and its resume command\n%s", code, err, out)
 	}
 	p = testenv.Start(t, "run", "--data", data, "--slots", "4", slow)
 	if code := p.Wait(t, 60*time.Second); code != 0 {
@@ -668,6 +671,12 @@ func TestStatusFindsTheRunFromItsData(t *testing.T) {
 	code, out = status("slow")
 	if code != 0 || !strings.Contains(out, "no coordinator serves") || !regexpMatch(`slow\s+COMPLETE\s+4\s+4\s+0`, out) {
 		t.Fatalf("status --data of a finished run: exit %d, want 0 and COMPLETE 4 of 4 from final.json\n%s", code, out)
+	}
+	code, out = status("slow", "--json")
+	doc = coordinator.Status{}
+	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil || len(doc.Runs) != 1 || doc.Runs[0].State != stream.RunComplete ||
+		doc.Runs[0].Counts.Validated != 4 || len(doc.NoVerdict) != 0 {
+		t.Fatalf("status --data --json of a finished run: exit %d (%v), want run slow COMPLETE with 4 validated\n%s", code, err, out)
 	}
 	if code, out := status("other"); code != 1 || !strings.Contains(out, "no evidence of run other") {
 		t.Fatalf("status --data of an unknown run: exit %d, want 1\n%s", code, out)

@@ -163,11 +163,15 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 		if !ok {
-			if *asJSON {
-				return exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s now, so there is no status document; each run's last verdict is in %s",
-					dir, filepath.Join(dir, "runs", "<run>", "final.json"))}
+			st, err := fromEvidence(dir, run)
+			if err != nil {
+				return err
 			}
-			return printStopped(stdout, dir, run)
+			if *asJSON {
+				return writeJSON(stdout, st)
+			}
+			printStopped(stdout, dir, st)
+			return nil
 		}
 		url = found
 	}

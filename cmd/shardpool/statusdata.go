@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
@@ -68,15 +69,16 @@ func orStarting(url string) string {
 	return url
 }
 
-// printStopped says what the evidence under dir records for runs that no
-// coordinator serves now: each run's last verdict (final.json) and how to
-// resume it. With run empty, every run in dir is listed.
-func printStopped(w io.Writer, dir, run string) error {
+// fromEvidence is the status document of a state directory that no
+// coordinator serves: each run's last verdict (final.json) and, for runs
+// that ended without one, how to resume them. With run empty, every run
+// in dir.
+func fromEvidence(dir, run string) (*coordinator.Status, error) {
 	runs := []string{run}
 	if run == "" {
 		entries, err := os.ReadDir(filepath.Join(dir, "runs"))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
+			return nil, err
 		}
 		runs = runs[:0]
 		for _, e := range entries {
@@ -85,15 +87,13 @@ func printStopped(w io.Writer, dir, run string) error {
 			}
 		}
 		if len(runs) == 0 {
-			return exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no run's evidence (is it the --data of a run?)", dir)}
+			return nil, exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no run's evidence (is it the --data of a run?)", dir)}
 		}
 	} else if _, err := os.Stat(filepath.Join(dir, "runs", run)); err != nil {
-		return exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no evidence of run %s (%s)", dir, run, filepath.Join(dir, "runs", run))}
+		return nil, exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no evidence of run %s (%s)", dir, run, filepath.Join(dir, "runs", run))}
 	}
-	fmt.Fprintf(w, "no coordinator serves %s now; from the evidence of each run:\n", dir)
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATE\tTOTAL\tVALIDATED\tFAILED\tRECORDED\tFINGERPRINT")
-	var notes []string
+	st := &coordinator.Status{V: coordinator.StatusVersion, Time: time.Now().UTC(), From: "evidence",
+		Runs: []coordinator.RunStatus{}, Workers: []stream.WorkerReport{}}
 	for _, name := range runs {
 		evidence := filepath.Join(dir, "runs", name)
 		var f coordinator.Final
@@ -101,33 +101,51 @@ func printStopped(w io.Writer, dir, run string) error {
 		if err == nil {
 			err = json.Unmarshal(b, &f)
 		}
-		resume, _ := os.ReadFile(filepath.Join(evidence, "resume.txt"))
-		again := strings.TrimSpace(string(resume))
 		if err != nil {
 			// Interrupted, killed, or still before its first verdict.
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\n", name)
 			why := "no verdict recorded: interrupted or killed before it ended"
 			if !errors.Is(err, os.ErrNotExist) {
 				why = fmt.Sprintf("final.json unreadable: %v", err)
 			}
-			notes = append(notes, fmt.Sprintf("%s: %s", name, why))
-			if again != "" {
-				notes = append(notes, fmt.Sprintf("%s: resume with: %s", name, again))
-			}
+			resume, _ := os.ReadFile(filepath.Join(evidence, "resume.txt"))
+			st.NoVerdict = append(st.NoVerdict, coordinator.RunEvidence{Name: name, Evidence: evidence, Why: why, Resume: strings.TrimSpace(string(resume))})
 			continue
 		}
-		c := f.Counts
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", name, f.State, c.Total, c.Validated, c.Failed, f.Written.Local().Format("2006-01-02 15:04:05"), f.Fingerprint)
-		if f.Reason != "" {
-			notes = append(notes, fmt.Sprintf("%s: %s", name, f.Reason))
+		rs := coordinator.RunStatus{Name: name, State: f.State, Fingerprint: f.Fingerprint, Counts: f.Counts, Reason: f.Reason,
+			Evidence: evidence, Output: f.Output, Updated: f.Written}
+		if f.State != stream.RunComplete {
+			rs.Resume = f.Resume
 		}
-		if f.State != stream.RunComplete && f.Resume != "" {
-			notes = append(notes, fmt.Sprintf("%s: resume with: %s", name, f.Resume))
+		st.Runs = append(st.Runs, rs)
+	}
+	return st, nil
+}
+
+// printStopped prints fromEvidence's document.
+func printStopped(w io.Writer, dir string, st *coordinator.Status) {
+	fmt.Fprintf(w, "no coordinator serves %s now; from the evidence of each run:\n", dir)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tSTATE\tTOTAL\tVALIDATED\tFAILED\tRECORDED\tFINGERPRINT")
+	var notes []string
+	for _, r := range st.Runs {
+		c := r.Counts
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", r.Name, r.State, c.Total, c.Validated, c.Failed, r.Updated.Local().Format("2006-01-02 15:04:05"), r.Fingerprint)
+		if r.Reason != "" {
+			notes = append(notes, fmt.Sprintf("%s: %s", r.Name, r.Reason))
+		}
+		if r.Resume != "" {
+			notes = append(notes, fmt.Sprintf("%s: resume with: %s", r.Name, r.Resume))
+		}
+	}
+	for _, n := range st.NoVerdict {
+		fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\n", n.Name)
+		notes = append(notes, fmt.Sprintf("%s: %s", n.Name, n.Why))
+		if n.Resume != "" {
+			notes = append(notes, fmt.Sprintf("%s: resume with: %s", n.Name, n.Resume))
 		}
 	}
 	tw.Flush()
 	for _, n := range notes {
 		fmt.Fprintln(w, n)
 	}
-	return nil
 }
