@@ -3,6 +3,7 @@ package coordinator
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -76,7 +77,7 @@ func lockHeld(path string) (bool, string, error) {
 		return false, "", err
 	}
 	defer f.Close()
-	data, _ := os.ReadFile(path)
+	data, _ := io.ReadAll(f)
 	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
 	if errors.Is(err, unix.EWOULDBLOCK) {
 		return true, string(data), nil
@@ -98,14 +99,6 @@ const (
 // sharedOnly reports whether the lock file at path is held by shared
 // locks alone (someone looking), not by a coordinator.
 func sharedOnly(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) != nil {
-		return false
-	}
-	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return true
+	held, _, err := lockHeld(path)
+	return err == nil && !held
 }

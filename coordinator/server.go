@@ -154,7 +154,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	if err := os.MkdirAll(c.cfg.StoreDir, 0o755); err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
-	lock, err := lockData(c.cfg.StoreDir)
+	lock, holder, err := lockData(c.cfg.StoreDir)
 	if err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
@@ -233,11 +233,9 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.hl = l
 		c.http = &http.Server{Handler: c.routes(), ReadHeaderTimeout: 5 * time.Second}
 	}
-	// The lock file also says where the store is served, for
+	// Below the holder line, the lock file says where the store is served, for
 	// `shardpool status --data` (LiveIn).
-	if err := c.lock.Truncate(0); err == nil {
-		_, _ = c.lock.WriteAt([]byte(holderLine()+"url "+c.ClientURL()+"\n"), 0)
-	}
+	_, _ = c.lock.WriteAt([]byte("url "+c.ClientURL()+"\n"), int64(len(holder)))
 	c.log.Info("coordinator ready", "url", c.ClientURL(), "data", c.cfg.DataDir, "sync", c.cfg.Sync)
 	return nil
 }
@@ -325,11 +323,11 @@ const lockName = "coordinator.lock"
 // directory, and two servers on one store corrupt it and run every shard
 // twice. The kernel drops the lock when the process dies, however it dies.
 // The file names the holder for the error the next one gets.
-func lockData(dir string) (*os.File, error) {
+func lockData(dir string) (*os.File, string, error) {
 	path := filepath.Join(dir, lockName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	for i := 0; errors.Is(err, unix.EWOULDBLOCK) && i < lockTries && sharedOnly(path); i++ {
@@ -345,20 +343,16 @@ func lockData(dir string) (*os.File, error) {
 			if who == "" {
 				who = "a process that has not written its name yet"
 			}
-			return nil, fmt.Errorf("%w: the store %s is held by %s; stop it, or give this one another --data", ErrDataInUse, dir, who)
+			return nil, "", fmt.Errorf("%w: the store %s is held by %s; stop it, or give this one another --data", ErrDataInUse, dir, who)
 		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, "", fmt.Errorf("lock %s: %w", path, err)
 	}
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(holderLine()), 0)
-	}
-	return f, nil
-}
-
-// holderLine names this process in a store's lock file.
-func holderLine() string {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
+	holder := fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(holder), 0)
+	}
+	return f, holder, nil
 }
 
 // startSyncer opens the store for syncfs, makes what Setup wrote durable,
