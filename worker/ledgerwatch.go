@@ -47,9 +47,6 @@ func (w *Worker) wakeAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, g := range w.gates {
-		select {
-		case g.wake <- struct{}{}:
-		default:
-		}
+		g.wakeUp()
 	}
 }

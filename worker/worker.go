@@ -651,6 +651,11 @@ func (g *gate) done(n int) {
 	g.mu.Lock()
 	g.inflight -= n
 	g.mu.Unlock()
+	g.wakeUp()
+}
+
+// wakeUp makes the class's fetch loop, when it waits, look again.
+func (g *gate) wakeUp() {
 	select {
 	case g.wake <- struct{}{}:
 	default:
@@ -684,17 +689,22 @@ func (w *Worker) setWait(class string, n int, why string) {
 	} else {
 		w.waits[class] = why
 	}
-	// A reason that differs only in its figures is no news.
-	if waited != (n <= 0) || (n <= 0 && strings.Map(noDigits, old) != strings.Map(noDigits, why)) {
+	if waited != (n <= 0) || (n <= 0 && !SameReason(old, why)) {
 		w.reportSoon()
 	}
 }
 
-func noDigits(r rune) rune {
-	if r >= '0' && r <= '9' {
-		return -1
+// SameReason reports whether two reasons to wait differ only in their
+// figures ("4 of 4 slots in use", "probed 12ms ago"): no news for a
+// report or a progress line.
+func SameReason(a, b string) bool {
+	noDigits := func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return -1
+		}
+		return r
 	}
-	return r
+	return strings.Map(noDigits, a) == strings.Map(noDigits, b)
 }
 
 func (w *Worker) track(class string, d int) {

@@ -288,7 +288,7 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 			// worker's own words: another run holding the host, memory,
 			// a fleet cap), once per reason, not only the counts.
 			if last.Pending > 0 && last.Running == 0 && !lastAt.IsZero() && time.Since(lastAt) >= stallAfter {
-				if w := waitingReason(ctx, js, run); w != "" && digitless(w) != digitless(stalled) {
+				if w := waitingReason(ctx, js, run); w != "" && !worker.SameReason(w, stalled) {
 					p.note("waiting: " + w)
 					stalled = w
 				}
@@ -334,17 +334,6 @@ func waitingReason(ctx context.Context, js jetstream.JetStream, run string) stri
 		return ""
 	}
 	return strings.Join(st.Runs[0].Waiting, "; ")
-}
-
-// digitless is s without its digits: a reason is the same reason when
-// only its numbers moved ("probed 12ms ago").
-func digitless(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= '0' && r <= '9' {
-			return -1
-		}
-		return r
-	}, s)
 }
 
 // progress draws a bar on a terminal and plain lines elsewhere.
