@@ -75,8 +75,9 @@ type SubmitResult struct {
 	ReplacedValidated int      `json:"replaced_validated,omitempty"`
 }
 
-// describeChanges joins GenerationChanges for a message.
-func describeChanges(c []string) string {
+// DescribeChanges joins GenerationChanges (SubmitResult.Because) for a
+// message.
+func DescribeChanges(c []string) string {
 	if len(c) == 0 {
 		// Fingerprints of an older version of shardpool differ in what
 		// they hash, not in what the user wrote.
@@ -154,7 +155,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			return res, fmt.Errorf("%s: %w: run %s is generation %s (%d of %d shard(s) validated), and this spec is %s (changed: %s): "+
 				"it would run every shard again, not only the failed ones. To start the new generation, leave out --retry-failed; "+
 				"to retry only the failed shards, undo the change", spec.SpecPath, ErrRetryNewGeneration, spec.Name, prev.Fingerprint,
-				prev.Counts.Validated, prev.Counts.Total, fp, describeChanges(res.Because))
+				prev.Counts.Validated, prev.Counts.Total, fp, DescribeChanges(res.Because))
 		}
 	}
 	if opt.RetryFailed && prev == nil {

@@ -80,11 +80,7 @@ func printReplaced(w io.Writer, res coordinator.SubmitResult) {
 	if res.Replaced == "" {
 		return
 	}
-	what := "nothing the spec shows (submitted by another version of shardpool?)"
-	if len(res.Because) > 0 {
-		what = strings.Join(res.Because, "; ")
-	}
-	fmt.Fprintf(w, "new generation %s replaces %s; changed: %s\n", res.Fingerprint, res.Replaced, what)
+	fmt.Fprintf(w, "new generation %s replaces %s; changed: %s\n", res.Fingerprint, res.Replaced, coordinator.DescribeChanges(res.Because))
 	if res.ReplacedValidated > 0 {
 		fmt.Fprintf(w, "every shard runs again: the %d output(s) committed by generation %s are made again\n", res.ReplacedValidated, res.Replaced)
 	}

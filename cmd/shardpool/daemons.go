@@ -14,7 +14,6 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
-	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -38,9 +37,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return err
 		}
-		if pr, err := probe.New(probe.Config{}); err == nil {
-			warnNetworkStore(ctx, pr, c.StoreDir(), stderr)
-		}
+		checkStore(ctx, c.StoreDir(), stderr)
 		if err := c.Start(ctx); err != nil {
 			return err
 		}

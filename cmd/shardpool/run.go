@@ -21,7 +21,6 @@ import (
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
-	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -73,9 +72,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if pr, err := probe.New(probe.Config{}); err == nil {
-		warnNetworkStore(ctx, pr, coord.StoreDir(), stderr)
-	}
+	checkStore(ctx, coord.StoreDir(), stderr)
 	if err := coord.Start(ctx); err != nil {
 		if errors.Is(err, coordinator.ErrDataInUse) {
 			return fmt.Errorf("%w; to follow it: shardpool status --data %s %s", err, shellQuote(absData), spec.Name)

@@ -8,6 +8,14 @@ import (
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
+// checkStore warns (warnNetworkStore) about a store on network storage,
+// as the host's own probe sees it.
+func checkStore(ctx context.Context, store string, w io.Writer) {
+	if pr, err := probe.New(probe.Config{}); err == nil {
+		warnNetworkStore(ctx, pr, store, w)
+	}
+}
+
 // warnNetworkStore says so when a coordinator's store directory is on
 // network storage. JetStream's file store there is slow (every barrier a
 // round trip to the server), the lock that keeps a second coordinator off
