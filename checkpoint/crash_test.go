@@ -95,11 +95,8 @@ func TestDiskFullLeavesPreviousGeneration(t *testing.T) {
 	if err != nil || g.N != 1 {
 		t.Fatalf("latest after a failed commit: gen %d, %v; want gen 1", g.N, err)
 	}
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".tmp-") {
-			t.Fatalf("temp dir %s left on the full disk", e.Name())
-		}
+	if left := tempDirs(dir); len(left) > 0 {
+		t.Fatalf("temp dir %s left on the full disk", left[0])
 	}
 	// CommitDir on a full disk: nothing at the destination.
 	dst := filepath.Join(dir, "out")
@@ -248,7 +245,7 @@ func tempDirs(dir string) []string {
 	var names []string
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".tmp-") {
+		if strings.HasPrefix(e.Name(), checkpoint.TempPrefix) {
 			names = append(names, e.Name())
 		}
 	}

@@ -58,10 +58,12 @@ func GenerationChanges(old *Spec, oldManifest string, cur *Spec, curManifest str
 		out = append(out, "manifest content")
 	}
 	for _, k := range changedKeys(old.Files, cur.Files, func(a, b string) bool { return a == b }) {
-		switch _, was := old.Files[k]; {
+		_, was := old.Files[k]
+		_, is := cur.Files[k]
+		switch {
 		case !was:
 			out = append(out, "file "+k+" (now read)")
-		case cur.Files[k] == "":
+		case !is:
 			out = append(out, "file "+k+" (no longer read)")
 		default:
 			out = append(out, "file "+k)
