@@ -33,10 +33,12 @@ type Status struct {
 	Unreadable []string `json:"unreadable,omitempty"`
 	// From is "evidence" in a document that no coordinator answered
 	// (`shardpool status --data` of a state directory none serves): each
-	// run is its last verdict from final.json, and Workers is empty.
+	// run is its last verdict from final.json (or progress.json, when that
+	// holds a newer one), and Workers is empty.
 	From string `json:"from,omitempty"`
 	// NoVerdict lists, in such a document, the runs that ended without a
-	// verdict (killed or interrupted before COMPLETE or BLOCKED).
+	// verdict (killed or interrupted before COMPLETE or BLOCKED), or whose
+	// last verdict is older than their last submission.
 	NoVerdict []RunEvidence `json:"no_verdict,omitempty"`
 }
 
@@ -48,6 +50,17 @@ type RunEvidence struct {
 	Why string `json:"why"`
 	// Resume is the command that resumes the run (resume.txt).
 	Resume string `json:"resume,omitempty"`
+	// From progress.json, where the run wrote one (absent otherwise): its
+	// state, generation and counts when last recorded, at Recorded. The
+	// run's coordinator rewrote it at most a second apart while counts
+	// changed, and on stopping.
+	State       string         `json:"state,omitempty"`
+	Fingerprint string         `json:"fingerprint,omitempty"`
+	Counts      *stream.Counts `json:"counts,omitempty"`
+	Recorded    time.Time      `json:"recorded,omitzero"`
+	// Previous is the older verdict final.json holds, when the run was
+	// submitted again after it (a new generation, or a retry).
+	Previous *RunStatus `json:"previous,omitempty"`
 }
 
 // RunStatus is one run in Status.

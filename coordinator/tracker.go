@@ -43,6 +43,13 @@ type runInfo struct {
 	retried    bool
 	verifiedFP string
 	evidence   string // state the evidence was last written for
+	// progress is what progress.json last said, progressStage its
+	// generation and state, written at progressAt; progressFailed is set
+	// while writing it fails.
+	progress       string
+	progressStage  string
+	progressAt     time.Time
+	progressFailed bool
 }
 
 // tracker keeps run state from shard records. Only its loop goroutine
@@ -54,6 +61,8 @@ type tracker struct {
 	// exhausted holds messages that ran out of deliveries and whose shard
 	// could not be recorded failed yet (stream sequence -> deliveries).
 	exhausted map[uint64]int
+	// seen is the last shard record revision applied.
+	seen uint64
 }
 
 func newTracker(c *Coordinator) *tracker {
@@ -65,12 +74,16 @@ const replayWait = 10 * time.Second
 
 func (t *tracker) run(ctx context.Context) error {
 	b := t.c.b
-	sw, err := b.Shards.WatchAll(ctx)
+	// The watches outlive ctx by the moment catchUp needs on stopping
+	// (nats.go ends a watch when its context ends); StopWatch ends them.
+	wctx, endWatches := context.WithCancel(context.WithoutCancel(ctx))
+	defer endWatches()
+	sw, err := b.Shards.WatchAll(wctx)
 	if err != nil {
 		return fmt.Errorf("tracker: watch shards: %w", err)
 	}
 	defer stream.StopWatch(sw)
-	rw, err := b.Runs.WatchAll(ctx)
+	rw, err := b.Runs.WatchAll(wctx)
 	if err != nil {
 		return fmt.Errorf("tracker: watch runs: %w", err)
 	}
@@ -99,7 +112,14 @@ func (t *tracker) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			flush(context.Background())
+			if runsReplayed && shardsReplayed {
+				t.catchUp(sw, time.Second)
+				t.flush(context.Background())
+				// What the run looked like when its coordinator stopped.
+				for _, ri := range t.runs {
+					t.maybeProgress(ri, true)
+				}
+			}
 			return ctx.Err()
 		case e, ok := <-rw.Updates():
 			if !ok {
@@ -157,6 +177,40 @@ func (t *tracker) run(ctx context.Context) error {
 	}
 }
 
+// catchUp applies the shard records that were stored before it was
+// called and that the watch has not delivered yet, waiting at most wait:
+// a stopping `run` stops its worker first, and what the tracker then
+// writes (the run record, progress.json) must count the worker's last
+// records.
+func (t *tracker) catchUp(sw jetstream.KeyWatcher, wait time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	st, err := t.c.b.Shards.Status(ctx)
+	if err != nil {
+		return
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return
+	}
+	last := bs.StreamInfo().State.LastSeq
+	for t.seen < last {
+		select {
+		case <-ctx.Done():
+			t.c.log.Warn("tracker: stopping before the shard records' watch caught up", "stored", last)
+			return
+		case e, ok := <-sw.Updates():
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue
+			}
+			t.onShard(e)
+		}
+	}
+}
+
 func (t *tracker) info(run string) *runInfo {
 	ri := t.runs[run]
 	if ri == nil {
@@ -194,6 +248,7 @@ func (t *tracker) onRun(e jetstream.KeyValueEntry) {
 // onShard applies one shard record; it reports whether every shard of the
 // record's run is now validated or failed.
 func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
+	t.seen = max(t.seen, e.Revision())
 	run, id, ok := strings.Cut(e.Key(), ".")
 	if !ok {
 		return false
@@ -546,35 +601,44 @@ func (t *tracker) sweepExhausted(ctx context.Context) {
 
 func (t *tracker) flush(ctx context.Context) {
 	for name, ri := range t.runs {
-		if !ri.dirty || !ri.known {
+		if !ri.known {
 			continue
 		}
-		state, counts, reason := t.derive(ctx, ri)
-		classes := ri.classCounts()
-		if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) && !ri.retried {
-			ri.dirty = false
-			t.maybeEvidence(ri)
-			continue
+		if ri.dirty {
+			t.flushRun(ctx, name, ri)
 		}
-		r := ri.rec
-		r.State, r.Counts, r.ClassCounts, r.Reason, r.Updated = state, counts, classes, reason, time.Now().UTC()
-		r.Evidence = t.c.EvidenceDir(name)
-		data, err := stream.Encode(&r)
-		if err != nil {
-			continue
-		}
-		rev, err := t.c.b.Runs.Update(ctx, name, data, ri.rev)
-		if err != nil {
-			// Submit wrote in between: its update arrives through the watch
-			// and the next flush retries from it.
-			continue
-		}
-		if r.State != ri.rec.State {
-			t.c.log.Info("run state", "run", name, "state", r.State, "reason", r.Reason)
-		}
-		ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
-		t.maybeEvidence(ri)
+		t.maybeProgress(ri, false)
 	}
+}
+
+// flushRun writes the run record of a run whose shards changed, when its
+// state, counts or reason did.
+func (t *tracker) flushRun(ctx context.Context, name string, ri *runInfo) {
+	state, counts, reason := t.derive(ctx, ri)
+	classes := ri.classCounts()
+	if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) && !ri.retried {
+		ri.dirty = false
+		t.maybeEvidence(ri)
+		return
+	}
+	r := ri.rec
+	r.State, r.Counts, r.ClassCounts, r.Reason, r.Updated = state, counts, classes, reason, time.Now().UTC()
+	r.Evidence = t.c.EvidenceDir(name)
+	data, err := stream.Encode(&r)
+	if err != nil {
+		return
+	}
+	rev, err := t.c.b.Runs.Update(ctx, name, data, ri.rev)
+	if err != nil {
+		// Submit wrote in between: its update arrives through the watch
+		// and the next flush retries from it.
+		return
+	}
+	if r.State != ri.rec.State {
+		t.c.log.Info("run state", "run", name, "state", r.State, "reason", r.Reason)
+	}
+	ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
+	t.maybeEvidence(ri)
 }
 
 func (t *tracker) writeResume(ri *runInfo, cmd string) {
@@ -586,6 +650,104 @@ func (t *tracker) writeResume(ri *runInfo, cmd string) {
 		_ = checkpoint.WriteFile(filepath.Join(dir, "resume.txt"), []byte(cmd+"\n"))
 	}
 }
+
+// progressEvery bounds how often a run's progress.json is rewritten while
+// only its counts change; a new state or generation is written at once.
+const progressEvery = time.Second
+
+// Progress is progress.json in a run's evidence folder: the run as its
+// coordinator last judged it. It is rewritten when the run's state or
+// generation changes, at most once every progressEvery while only its
+// counts change, and when the coordinator stops; so for a run that
+// stopped before a verdict (interrupted, or killed at most a second
+// after its last change) it tells where the run stood, and for one
+// resubmitted after a verdict, that final.json's verdict is older.
+type Progress struct {
+	V           int                      `json:"v"`
+	Run         string                   `json:"run"`
+	Fingerprint string                   `json:"fingerprint"`
+	State       string                   `json:"state"`
+	Reason      string                   `json:"reason,omitempty"`
+	Counts      stream.Counts            `json:"counts"`
+	ClassCounts map[string]stream.Counts `json:"class_counts,omitempty"`
+	Resume      string                   `json:"resume,omitempty"`
+	Output      string                   `json:"output"`
+	Written     time.Time                `json:"written"`
+}
+
+// ProgressVersion is Progress.V.
+const ProgressVersion = 1
+
+// maybeProgress rewrites the run's progress.json when what it says
+// changed: at once for a new state or generation (or with force), else at
+// most every progressEvery.
+func (t *tracker) maybeProgress(ri *runInfo, force bool) {
+	r := &ri.rec
+	if r.Name == "" {
+		return
+	}
+	sig := fmt.Sprintf("%s %s %+v %s", r.Fingerprint, r.State, r.Counts, r.Reason)
+	if sig == ri.progress {
+		return
+	}
+	stage := r.Fingerprint + " " + r.State
+	dir := t.c.EvidenceDir(r.Name)
+	if ri.progress == "" {
+		// First look since the coordinator started: a file that already
+		// says this (a restart of a finished run) is left as it is.
+		if p, err := ReadProgress(dir); err == nil && p != nil && p.Fingerprint == r.Fingerprint && p.State == r.State && p.Counts == r.Counts && p.Reason == r.Reason {
+			ri.progress, ri.progressStage, ri.progressAt = sig, stage, time.Now()
+			return
+		}
+	}
+	if !force && stage == ri.progressStage && time.Since(ri.progressAt) < progressEvery {
+		return // the next flush writes it
+	}
+	p := Progress{V: ProgressVersion, Run: r.Name, Fingerprint: r.Fingerprint, State: r.State, Reason: r.Reason,
+		Counts: r.Counts, ClassCounts: r.ClassCounts, Resume: r.Resume, Output: r.Spec.Output, Written: time.Now().UTC()}
+	if r.State == stream.RunBlocked {
+		p.Resume = retryCommand(*r)
+	}
+	b, _ := json.MarshalIndent(p, "", "  ")
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = checkpoint.WriteFile(filepath.Join(dir, ProgressName), append(b, '\n'))
+	}
+	ri.progressAt = time.Now()
+	if err != nil {
+		// Tried again a progressEvery later; said once, not every time.
+		if !ri.progressFailed {
+			t.c.log.Warn("write progress.json", "run", r.Name, "err", err)
+		}
+		ri.progressFailed = true
+		return
+	}
+	ri.progress, ri.progressStage, ri.progressFailed = sig, stage, false
+}
+
+// ReadProgress reads the progress.json of the evidence folder dir; it
+// returns nil and no error when there is none.
+func ReadProgress(dir string) (*Progress, error) {
+	b, err := os.ReadFile(filepath.Join(dir, ProgressName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var p Progress
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ProgressName), err)
+	}
+	return &p, nil
+}
+
+// ProgressName and FinalName are a run's progress and verdict files in
+// its evidence folder.
+const (
+	ProgressName = "progress.json"
+	FinalName    = "final.json"
+)
 
 // Final is final.json: what a run ended with.
 type Final struct {
@@ -639,7 +801,7 @@ func (t *tracker) maybeEvidence(ri *runInfo) {
 		return
 	}
 	b, _ := json.MarshalIndent(f, "", "  ")
-	if err := checkpoint.WriteFile(filepath.Join(dir, "final.json"), append(b, '\n')); err != nil {
+	if err := checkpoint.WriteFile(filepath.Join(dir, FinalName), append(b, '\n')); err != nil {
 		t.c.log.Error("write final.json", "run", ri.rec.Name, "err", err)
 	}
 	t.writeResume(ri, f.Resume)

@@ -652,18 +652,20 @@ func TestStatusFindsTheRunFromItsData(t *testing.T) {
 	if code, out := status("--server", "nats://127.0.0.1:1"); code != 2 {
 		t.Fatalf("status with --data and --server: exit %d, want 2\n%s", code, out)
 	}
-	p.Signal(syscall.SIGKILL)
-	p.Wait(t, 10*time.Second)
+	killRunning(t, p, data, "slow")
 	code, out := status()
-	if code != 0 || !strings.Contains(out, "slow: no verdict recorded") || !strings.Contains(out, "resume with: shardpool run --data "+data) {
-		t.Fatalf("status --data of a killed run: exit %d, want 0, no verdict and the resume command\n%s", code, out)
+	if code != 0 || !strings.Contains(out, "slow: no verdict recorded: stopped while RUNNING") || !regexpMatch(`slow\s+stopped\s+4\s+0\s+0\s`, out) ||
+		!strings.Contains(out, "resume with: shardpool run --data "+data) {
+		t.Fatalf("status --data of a killed run: exit %d, want 0, no verdict, its last counts (stopped, 4 shards, none validated) and the resume command\n%s", code, out)
 	}
 	code, out = status("--json")
 	var doc coordinator.Status
 	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil || doc.From != "evidence" || len(doc.NoVerdict) != 1 ||
-		doc.NoVerdict[0].Name != "slow" || !strings.Contains(doc.NoVerdict[0].Resume, "shardpool run --data "+data) {
-		t.Fatalf("status --data --json of a killed run: exit %d (%v), want 0 and a document from evidence naming the run without a verdict and its resume command\n%s", code, err, out)
+		doc.NoVerdict[0].Name != "slow" || !strings.Contains(doc.NoVerdict[0].Resume, "shardpool run --data "+data) ||
+		doc.NoVerdict[0].State != stream.RunRunning || doc.NoVerdict[0].Counts == nil || doc.NoVerdict[0].Counts.Total != 4 {
+		t.Fatalf("status --data --json of a killed run: exit %d (%v), want 0 and a document from evidence naming the run without a verdict, its state and counts when last recorded and its resume command\n%s", code, err, out)
 	}
+	first := doc.NoVerdict[0].Fingerprint
 	p = testenv.Start(t, "run", "--data", data, "--slots", "4", slow)
 	if code := p.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("resumed run: exit %d\n%s", code, p.Output())
@@ -680,6 +682,69 @@ func TestStatusFindsTheRunFromItsData(t *testing.T) {
 	}
 	if code, out := status("other"); code != 1 || !strings.Contains(out, "no evidence of run other") {
 		t.Fatalf("status --data of an unknown run: exit %d, want 1\n%s", code, out)
+	}
+
+	// A new generation of the finished run, killed: its final.json is the
+	// old generation's COMPLETE, which must not be reported as the run's.
+	edited := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 4, Retries: 2, Command: []string{"sleep", "2"}})
+	p = testenv.Start(t, "run", "--data", data, "--slots", "1", edited)
+	killRunning(t, p, data, "slow")
+	code, out = status("slow")
+	if code != 0 || regexpMatch(`slow\s+COMPLETE`, out) || !regexpMatch(`slow\s+stopped\s+4\s`, out) ||
+		!strings.Contains(out, "final.json holds the verdict of generation "+first+", which this one replaced: COMPLETE 4/4") {
+		t.Fatalf("status --data of a killed new generation: exit %d, want 0, the run stopped and the older verdict named as another generation's\n%s", code, out)
+	}
+	code, out = status("slow", "--json")
+	doc = coordinator.Status{}
+	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil || len(doc.Runs) != 0 || len(doc.NoVerdict) != 1 ||
+		doc.NoVerdict[0].Previous == nil || doc.NoVerdict[0].Previous.State != stream.RunComplete ||
+		doc.NoVerdict[0].Previous.Fingerprint != first || doc.NoVerdict[0].Fingerprint == first {
+		t.Fatalf("status --data --json of a killed new generation: exit %d (%v), want no verdict, and the previous one of generation %s\n%s", code, err, first, out)
+	}
+}
+
+// killRunning SIGKILLs the `run` p once its coordinator has recorded run
+// `name` RUNNING in the run's progress.json.
+func killRunning(t *testing.T, p *testenv.Proc, data, name string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		pr, err := coordinator.ReadProgress(filepath.Join(data, "runs", name))
+		return err == nil && pr != nil && pr.State == stream.RunRunning, fmt.Sprintf("progress.json of %s: %+v, %v", name, pr, err)
+	})
+	p.Signal(syscall.SIGKILL)
+	p.Wait(t, 10*time.Second)
+}
+
+// TestInterruptedRunTellsWhereItStood: a `run` stopped with SIGINT leaves
+// in progress.json the counts of what its worker finished before it
+// stopped, and `status --data` reports them: as many validated as there
+// are committed outputs, none running.
+func TestInterruptedRunTellsWhereItStood(t *testing.T) {
+	data := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "brief", Shards: 40, Command: []string{"sleep", "0.1"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	evidence := filepath.Join(data, "runs", "brief")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		pr, err := coordinator.ReadProgress(evidence)
+		return err == nil && pr != nil && pr.Counts.Validated >= 4, fmt.Sprintf("progress.json: %+v, %v", pr, err)
+	})
+	p.Signal(syscall.SIGINT)
+	if code := p.Wait(t, 30*time.Second); code != 130 {
+		t.Fatalf("interrupted run: exit %d, want 130\n%s", code, p.Output())
+	}
+	markers, err := filepath.Glob(filepath.Join(filepath.Dir(spec), "out", "*", checkpoint.MarkerName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := testenv.Start(t, "status", "--data", data, "--json", "brief")
+	code := st.Wait(t, 30*time.Second)
+	var doc coordinator.Status
+	if err := json.Unmarshal([]byte(st.Output()), &doc); code != 0 || err != nil || len(doc.NoVerdict) != 1 || doc.NoVerdict[0].Counts == nil {
+		t.Fatalf("status --data --json of an interrupted run: exit %d (%v), want its last counts\n%s", code, err, st.Output())
+	}
+	c := doc.NoVerdict[0].Counts
+	if c.Validated != len(markers) || c.Running != 0 || c.Validated+c.Pending != 40 || len(markers) == 40 {
+		t.Fatalf("interrupted run: recorded %+v with %d committed outputs, want as many validated as outputs, none running, some pending", *c, len(markers))
 	}
 }
 

@@ -95,30 +95,80 @@ func fromEvidence(dir, run string) (*coordinator.Status, error) {
 	st := &coordinator.Status{V: coordinator.StatusVersion, Time: time.Now().UTC(), From: "evidence",
 		Runs: []coordinator.RunStatus{}, Workers: []stream.WorkerReport{}}
 	for _, name := range runs {
-		evidence := filepath.Join(dir, "runs", name)
-		var f coordinator.Final
-		b, err := os.ReadFile(filepath.Join(evidence, "final.json"))
-		if err == nil {
-			err = json.Unmarshal(b, &f)
+		verdict, noVerdict := runFromEvidence(filepath.Join(dir, "runs", name), name)
+		if verdict != nil {
+			st.Runs = append(st.Runs, *verdict)
+		} else {
+			st.NoVerdict = append(st.NoVerdict, *noVerdict)
 		}
-		if err != nil {
-			// Interrupted, killed, or still before its first verdict.
-			why := "no verdict recorded: interrupted or killed before it ended"
-			if !errors.Is(err, os.ErrNotExist) {
-				why = fmt.Sprintf("final.json unreadable: %v", err)
-			}
-			resume, _ := os.ReadFile(filepath.Join(evidence, "resume.txt"))
-			st.NoVerdict = append(st.NoVerdict, coordinator.RunEvidence{Name: name, Evidence: evidence, Why: why, Resume: strings.TrimSpace(string(resume))})
-			continue
-		}
-		rs := coordinator.RunStatus{Name: name, State: f.State, Fingerprint: f.Fingerprint, Counts: f.Counts, Reason: f.Reason,
-			Evidence: evidence, Output: f.Output, Updated: f.Written}
-		if f.State != stream.RunComplete {
-			rs.Resume = f.Resume
-		}
-		st.Runs = append(st.Runs, rs)
 	}
 	return st, nil
+}
+
+// runFromEvidence reads one run's evidence folder: its verdict, or why
+// it has none. A verdict is the newer of final.json and progress.json (the
+// coordinator writes the first, then the second); progress.json that is
+// newer and holds no verdict means the run was submitted again after the
+// verdict, or before any, and stopped before the next: reporting
+// final.json then would tell of another generation or an earlier round.
+func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinator.RunEvidence) {
+	var final *coordinator.Final
+	b, ferr := os.ReadFile(filepath.Join(evidence, coordinator.FinalName))
+	if ferr == nil {
+		final = &coordinator.Final{}
+		if ferr = json.Unmarshal(b, final); ferr != nil {
+			final = nil
+		}
+	}
+	// An unreadable progress.json is passed over: final.json, written
+	// apart from it, still says what it says.
+	progress, _ := coordinator.ReadProgress(evidence)
+	if progress != nil && final != nil && !progress.Written.After(final.Written) {
+		progress = nil // written with the verdict, or older than it
+	}
+	if progress != nil && (progress.State == stream.RunComplete || progress.State == stream.RunBlocked) {
+		// A verdict whose final.json was not written (or not yet).
+		rs := coordinator.RunStatus{Name: name, State: progress.State, Fingerprint: progress.Fingerprint, Counts: progress.Counts,
+			Reason: progress.Reason, Evidence: evidence, Output: progress.Output, Updated: progress.Written}
+		if progress.State != stream.RunComplete {
+			rs.Resume = progress.Resume
+		}
+		return &rs, nil
+	}
+	if progress == nil && final != nil {
+		rs := verdictOf(name, evidence, final)
+		return &rs, nil
+	}
+	resume, _ := os.ReadFile(filepath.Join(evidence, "resume.txt"))
+	ev := &coordinator.RunEvidence{Name: name, Evidence: evidence, Resume: strings.TrimSpace(string(resume))}
+	switch {
+	case progress != nil:
+		counts := progress.Counts
+		ev.State, ev.Fingerprint, ev.Counts, ev.Recorded = progress.State, progress.Fingerprint, &counts, progress.Written
+		ev.Why = fmt.Sprintf("no verdict recorded: stopped while %s (interrupted or killed); its counts as recorded %s", progress.State,
+			progress.Written.Local().Format("2006-01-02 15:04:05"))
+		if final != nil {
+			prev := verdictOf(name, evidence, final)
+			ev.Previous = &prev
+		}
+	case ferr != nil && !errors.Is(ferr, os.ErrNotExist):
+		ev.Why = fmt.Sprintf("final.json unreadable: %v", ferr)
+	default:
+		// Interrupted, killed, or still before its first verdict, by a
+		// shardpool that wrote no progress.json.
+		ev.Why = "no verdict recorded: interrupted or killed before it ended"
+	}
+	return nil, ev
+}
+
+// verdictOf is the status of a run from its final.json.
+func verdictOf(name, evidence string, f *coordinator.Final) coordinator.RunStatus {
+	rs := coordinator.RunStatus{Name: name, State: f.State, Fingerprint: f.Fingerprint, Counts: f.Counts, Reason: f.Reason,
+		Evidence: evidence, Output: f.Output, Updated: f.Written}
+	if f.State != stream.RunComplete {
+		rs.Resume = f.Resume
+	}
+	return rs
 }
 
 // printStopped prints fromEvidence's document.
@@ -138,8 +188,21 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 		}
 	}
 	for _, n := range st.NoVerdict {
-		fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\n", n.Name)
+		if n.Counts != nil {
+			c := n.Counts
+			fmt.Fprintf(tw, "%s\tstopped\t%d\t%d\t%d\t%s\t%s\n", n.Name, c.Total, c.Validated, c.Failed, n.Recorded.Local().Format("2006-01-02 15:04:05"), n.Fingerprint)
+		} else {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\n", n.Name)
+		}
 		notes = append(notes, fmt.Sprintf("%s: %s", n.Name, n.Why))
+		if p := n.Previous; p != nil {
+			what := "an earlier verdict of this generation"
+			if p.Fingerprint != n.Fingerprint {
+				what = "the verdict of generation " + p.Fingerprint + ", which this one replaced"
+			}
+			notes = append(notes, fmt.Sprintf("%s: final.json holds %s: %s %d/%d validated, %d failed (%s)", n.Name, what,
+				p.State, p.Counts.Validated, p.Counts.Total, p.Counts.Failed, p.Updated.Local().Format("2006-01-02 15:04:05")))
+		}
 		if n.Resume != "" {
 			notes = append(notes, fmt.Sprintf("%s: resume with: %s", n.Name, n.Resume))
 		}
