@@ -71,7 +71,12 @@ var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
 func LoadManifest(spec *Spec) (*Manifest, error) {
 	f, err := os.Open(spec.Manifest)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidManifest, err)
+		// Named where it is set: the spec's line that gives the path.
+		if spec.SpecPath == "" {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidManifest, err)
+		}
+		loc := spec.At("", "manifest")
+		return nil, fmt.Errorf("%s: field \"manifest\": %w: %v", loc, ErrInvalidManifest, err)
 	}
 	defer f.Close()
 	h := xxhash.New()

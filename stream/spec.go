@@ -421,6 +421,20 @@ func checkArgv(argv []string) error {
 	return nil
 }
 
+// At names where the spec sets key of table ("" for the top level):
+// "path:line", or the path alone when that line cannot be found (the file
+// changed or is unreadable since it was loaded).
+func (s *Spec) At(table, key string) string {
+	src, err := os.ReadFile(s.SpecPath)
+	if err != nil {
+		return s.SpecPath
+	}
+	if n := lineOf(bytes.TrimPrefix(src, utf8BOM), table, key); n > 0 {
+		return fmt.Sprintf("%s:%d", s.SpecPath, n)
+	}
+	return s.SpecPath
+}
+
 // lineOf finds the 1-based line that sets key inside table ("" for the top
 // level), or 0. It is a reader for error messages, not a TOML parser.
 func lineOf(src []byte, table, key string) int {

@@ -344,6 +344,13 @@ func TestManifestReportsEveryInvalidLine(t *testing.T) {
 		t.Fatalf("got %d lines after the first, want 20 (one per invalid line):\n%s", n, msg)
 	}
 
+	// No manifest at all: named at the spec's line that gives its path.
+	os.Remove(filepath.Join(dir, "m.jsonl"))
+	_, err = LoadManifest(spec)
+	if !errors.Is(err, ErrInvalidManifest) || !strings.HasPrefix(err.Error(), specPath+`:2: field "manifest": `) || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("missing manifest: got %v, want ErrInvalidManifest at %s:2, field \"manifest\"", err, specPath)
+	}
+
 	// One bad line: just its error, no summary.
 	write([]string{`{"id":"a","inputs":["ok"]}`, `{"id":"a","inputs":["ok"]}`})
 	_, err = LoadManifest(spec)

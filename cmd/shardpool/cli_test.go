@@ -347,6 +347,11 @@ func TestBadInputNamesFileLineFieldAndPublishesNothing(t *testing.T) {
 		{"bad run name", func(t *testing.T) string {
 			return testenv.WriteJob(t, testenv.Job{Name: "Bad Name", Shards: 1, Command: cmd})
 		}, []string{"shardpool.toml:1", `field "name"`}},
+		{"missing manifest", func(t *testing.T) string {
+			p := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: cmd})
+			os.Remove(filepath.Join(filepath.Dir(p), "manifest.jsonl"))
+			return p
+		}, []string{"shardpool.toml:2", `field "manifest"`, "no such file"}},
 		{"{input} with two inputs", func(t *testing.T) string {
 			return testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"cat", "{input}"}, Line: func(i int, in string) string {
 				return `{"id":"a","inputs":["` + in + `","` + in + `"]}`
@@ -375,6 +380,44 @@ func TestBadInputNamesFileLineFieldAndPublishesNothing(t *testing.T) {
 	info, _ := s.Info(context.Background())
 	if info.State.Msgs != 0 {
 		t.Fatalf("stream holds %d messages after only bad submissions, want 0", info.State.Msgs)
+	}
+}
+
+// TestRunRefusesACommandItCannotFind: `run` checks on its own host that
+// the command is there before it queues anything: a name not on PATH, a
+// relative path that is missing, a file that is not executable. Each is
+// exit 1 naming the spec's line and field, and no run is started.
+func TestRunRefusesACommandItCannotFind(t *testing.T) {
+	cases := []struct {
+		name    string
+		command []string
+		setup   func(dir string)
+		want    string
+	}{
+		{"not on PATH", []string{"no-such-program-here", "{input}"}, nil, "no-such-program-here is not an executable on this host's PATH"},
+		{"missing relative path", []string{"./job.sh", "{input}"}, nil, "job.sh: not found"},
+		{"not executable", []string{"./job.sh", "{input}"}, func(dir string) {
+			os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\n"), 0o644)
+		}, "job.sh: not an executable file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := testenv.WriteJob(t, testenv.Job{Name: "cmd", Shards: 1, Command: tc.command})
+			if tc.setup != nil {
+				tc.setup(filepath.Dir(spec))
+			}
+			data := t.TempDir()
+			p := testenv.Start(t, "run", "--data", data, spec)
+			if code := p.Wait(t, 30*time.Second); code != 1 {
+				t.Fatalf("exit %d, want 1\n%s", code, p.Output())
+			}
+			if out := p.Output(); !strings.Contains(out, "shardpool.toml:4: field \"command\"") || !strings.Contains(out, tc.want) {
+				t.Fatalf("output lacks the spec's line 4, field \"command\" and %q:\n%s", tc.want, out)
+			}
+			if _, err := os.Stat(filepath.Join(data, "runs", "cmd")); !os.IsNotExist(err) {
+				t.Fatalf("a run was started (its evidence folder: %v)", err)
+			}
+		})
 	}
 }
 

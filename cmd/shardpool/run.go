@@ -201,7 +201,7 @@ func checkCommands(spec *stream.Spec) error {
 		prog := f.argv[0]
 		if !strings.Contains(prog, "/") {
 			if _, err := exec.LookPath(prog); err != nil {
-				return fmt.Errorf("%s: field %q: %s is not an executable on this host's PATH", spec.SpecPath, f.field, prog)
+				return fmt.Errorf("%s: field %q: %s is not an executable on this host's PATH", spec.At("", f.field), f.field, prog)
 			}
 			continue
 		}
@@ -215,7 +215,7 @@ func checkCommands(spec *stream.Spec) error {
 			if err == nil {
 				why = "not an executable file"
 			}
-			return fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", spec.SpecPath, f.field, path, why)
+			return fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", spec.At("", f.field), f.field, path, why)
 		}
 	}
 	return nil
