@@ -91,6 +91,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		return
 	}
 	a.run = run
+	w.notePreflight(m, &run.Spec)
 	// The first delivery of round 0 usually has no record yet: skip the
 	// read and let the Create in runAttempt find out (and settle afresh if
 	// a record exists after all).

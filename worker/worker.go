@@ -174,9 +174,13 @@ type Worker struct {
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}
 	stageOnce  sync.Once
-	stager     *staging.Stager
-	stageErr   error
-	started    time.Time
+	// preflighted holds the runs whose preflight snapshot this worker
+	// wrote (or is writing) to their evidence; bg waits for the writes.
+	preflighted map[string]bool
+	bg          sync.WaitGroup
+	stager      *staging.Stager
+	stageErr    error
+	started     time.Time
 }
 
 // New validates cfg; it does no I/O.
@@ -262,7 +266,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), held: map[string]int{}, owning: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
@@ -457,6 +461,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	err = g.Wait()
 	shards.Wait()
+	w.bg.Wait()
 	w.finalReport()
 	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 		return nil

@@ -807,3 +807,40 @@ func TestStatusWithNoFlagsFindsARunningRun(t *testing.T) {
 		return code == 0 && regexpMatch(`slow\s+RUNNING`, p.Output()), fmt.Sprintf("status with no flags: exit %d\n%s", code, p.Output())
 	})
 }
+
+// TestRunLeavesItsHostsPreflightInTheEvidence: the worker of a run writes
+// the host's whole preflight snapshot, the run's storage probed, to
+// runs/<run>/preflight/<host>-<time>.json (DESIGN.md, "Evidence").
+func TestRunLeavesItsHostsPreflightInTheEvidence(t *testing.T) {
+	data := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "pf", Shards: 2, Command: []string{"true"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, p.Output())
+	}
+	files, _ := filepath.Glob(filepath.Join(data, "runs", "pf", "preflight", "*.json"))
+	if len(files) != 1 {
+		t.Fatalf("preflight snapshots in the evidence: %v, want one", files)
+	}
+	host, _ := os.Hostname()
+	if !strings.HasPrefix(filepath.Base(files[0]), host+"-") {
+		t.Fatalf("snapshot %s is not named after the host %s", files[0], host)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap probe.Snapshot
+	if err := json.Unmarshal(b, &snap); err != nil {
+		t.Fatalf("%s: %v", files[0], err)
+	}
+	probed := map[string]string{}
+	for _, s := range snap.Storage {
+		probed[s.Name] = s.Path
+	}
+	out := filepath.Join(filepath.Dir(spec), "out")
+	if snap.Hostname != host || snap.UsersSec <= 0 || probed["output"] != out || probed["inputs"] != filepath.Join(filepath.Dir(spec), "in") ||
+		probed["state"] != data || probed["scratch"] == "" {
+		t.Fatalf("snapshot of %s: users scanned %.3fs, storage %v; want this host, other users' load, and the run's output, inputs, state and scratch", snap.Hostname, snap.UsersSec, probed)
+	}
+}

@@ -58,16 +58,7 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			paths["inputs"] = filepath.Dir(man.Shards[0].Inputs[0])
 		}
 	}
-	for name, p := range paths {
-		// Probe the nearest existing ancestor of a path that does not exist yet.
-		for p != "/" {
-			if _, err := os.Stat(p); err == nil {
-				break
-			}
-			p = filepath.Dir(p)
-		}
-		paths[name] = p
-	}
+	probe.Existing(paths)
 	pr, err := probe.New(probe.Config{Users: true, PolicyPath: *pol})
 	if err != nil {
 		return err

@@ -183,3 +183,26 @@ func (p *Prober) procDir() string { return path.Join(p.cfg.ProcRoot, p.cfg.PID) 
 
 // real reports whether the probe looks at this very process on this host.
 func (p *Prober) real() bool { return p.cfg.Root == "/" && p.cfg.PID == "self" }
+
+// Full is a prober like p that also scans other users' load: the whole
+// snapshot, as `shardpool preflight` takes it, for evidence.
+func (p *Prober) Full() *Prober {
+	cfg := p.cfg
+	cfg.Users = true
+	return &Prober{cfg: cfg}
+}
+
+// Existing replaces each path that does not exist (yet: an output
+// directory before the first commit) with its nearest existing ancestor,
+// whose storage it will be on.
+func Existing(paths map[string]string) {
+	for name, p := range paths {
+		for p != "/" && p != "." {
+			if _, err := os.Stat(p); err == nil {
+				break
+			}
+			p = filepath.Dir(p)
+		}
+		paths[name] = p
+	}
+}
