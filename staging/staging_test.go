@@ -92,9 +92,7 @@ func TestCorruptCopyIsRefetchedAndCorruptSourceFails(t *testing.T) {
 	}
 	st.Release()
 	// Damage the staged copy: the next stage detects it and copies again.
-	f, _ := os.OpenFile(st.Paths[0], os.O_WRONLY, 0)
-	f.WriteAt([]byte{0xff, 0xfe}, 100)
-	f.Close()
+	flipByte(t, st.Paths[0], 100)
 	st, err = s.Stage(context.Background(), files, 0)
 	if err != nil || st.Stats.Copied != files[0].Size || st.Stats.Reused != 0 {
 		t.Fatalf("after damaging the copy: %+v %v, want a fresh copy", st.Stats, err)
@@ -272,11 +270,27 @@ func TestUnchangedCopyIsNotReadAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, _ := os.OpenFile(st.Paths[0], os.O_WRONLY, 0)
-	f.WriteAt([]byte{0xff}, 5)
-	f.Close()
+	flipByte(t, st.Paths[0], 5)
 	st.Release()
 	if got := stage(); got.Copied != files[0].Size || got.Reused != 0 {
 		t.Fatalf("after a write to the copy: %+v, want it fetched again", got)
+	}
+}
+
+// flipByte changes the byte at off in path for sure: test files are
+// random, so writing a fixed value would leave it as it was once in 256.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{^b[0]}, off); err != nil {
+		t.Fatal(err)
 	}
 }
