@@ -43,11 +43,10 @@ type runInfo struct {
 	retried    bool
 	verifiedFP string
 	evidence   string // state the evidence was last written for
-	// progress is what progress.json last said, progressStage its
-	// generation and state, written at progressAt; progressFailed is set
-	// while writing it fails.
-	progress       string
-	progressStage  string
+	// progress is what progress.json last said (zero before the first
+	// look), written at progressAt; progressFailed is set while writing
+	// it fails.
+	progress       progressKey
 	progressAt     time.Time
 	progressFailed bool
 }
@@ -678,6 +677,12 @@ type Progress struct {
 // ProgressVersion is Progress.V.
 const ProgressVersion = 1
 
+// progressKey is what decides whether progress.json needs rewriting.
+type progressKey struct {
+	fp, state, reason string
+	counts            stream.Counts
+}
+
 // maybeProgress rewrites the run's progress.json when what it says
 // changed: at once for a new state or generation (or with force), else at
 // most every progressEvery.
@@ -686,21 +691,23 @@ func (t *tracker) maybeProgress(ri *runInfo, force bool) {
 	if r.Name == "" {
 		return
 	}
-	sig := fmt.Sprintf("%s %s %+v %s", r.Fingerprint, r.State, r.Counts, r.Reason)
-	if sig == ri.progress {
+	key := progressKey{fp: r.Fingerprint, state: r.State, reason: r.Reason, counts: r.Counts}
+	if key == ri.progress {
 		return
 	}
-	stage := r.Fingerprint + " " + r.State
 	dir := t.c.EvidenceDir(r.Name)
-	if ri.progress == "" {
+	if ri.progress == (progressKey{}) {
 		// First look since the coordinator started: a file that already
 		// says this (a restart of a finished run) is left as it is.
-		if p, err := ReadProgress(dir); err == nil && p != nil && p.Fingerprint == r.Fingerprint && p.State == r.State && p.Counts == r.Counts && p.Reason == r.Reason {
-			ri.progress, ri.progressStage, ri.progressAt = sig, stage, time.Now()
+		if p, err := ReadProgress(dir); err == nil && p != nil && key == (progressKey{fp: p.Fingerprint, state: p.State, reason: p.Reason, counts: p.Counts}) {
+			ri.progress, ri.progressAt = key, time.Now()
 			return
 		}
 	}
-	if !force && stage == ri.progressStage && time.Since(ri.progressAt) < progressEvery {
+	// A new stage goes out at once, unless the last write failed: then
+	// it is tried again a progressEvery later, as counts are.
+	sameStage := key.fp == ri.progress.fp && key.state == ri.progress.state
+	if !force && (sameStage || ri.progressFailed) && time.Since(ri.progressAt) < progressEvery {
 		return // the next flush writes it
 	}
 	p := Progress{V: ProgressVersion, Run: r.Name, Fingerprint: r.Fingerprint, State: r.State, Reason: r.Reason,
@@ -715,14 +722,14 @@ func (t *tracker) maybeProgress(ri *runInfo, force bool) {
 	}
 	ri.progressAt = time.Now()
 	if err != nil {
-		// Tried again a progressEvery later; said once, not every time.
+		// Said once, not at every try.
 		if !ri.progressFailed {
 			t.c.log.Warn("write progress.json", "run", r.Name, "err", err)
 		}
 		ri.progressFailed = true
 		return
 	}
-	ri.progress, ri.progressStage, ri.progressFailed = sig, stage, false
+	ri.progress, ri.progressFailed = key, false
 }
 
 // ReadProgress reads the progress.json of the evidence folder dir; it
