@@ -3,6 +3,8 @@ package coordinator_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -49,4 +51,29 @@ func TestProgressCountsTheLastRecordsBeforeAStop(t *testing.T) {
 	if p.Counts.Running != n || p.State != stream.RunRunning || p.Fingerprint != res.Fingerprint {
 		t.Fatalf("progress.json after the stop: %s with %+v, want RUNNING with all %d shards running", p.State, p.Counts, n)
 	}
+}
+
+// TestProgressIsWrittenOnceItCanBe: a progress.json the coordinator cannot
+// write (here a directory stands at its path) is tried again, and written
+// once the obstacle is gone, without a change of the run to prompt it.
+func TestProgressIsWrittenOnceItCanBe(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	spec := testenv.WriteJob(t, testenv.Job{Name: "p", Shards: 3, Command: []string{"true"}})
+	block := filepath.Join(env.Coord.EvidenceDir("p"), coordinator.ProgressName)
+	if err := os.MkdirAll(filepath.Join(block, "in-the-way"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("p", 10*time.Second, stream.RunQueued)
+	time.Sleep(500 * time.Millisecond) // a few of the tracker's flushes
+	if _, err := coordinator.ReadProgress(env.Coord.EvidenceDir("p")); err == nil {
+		t.Fatalf("progress.json read although a directory stands at its path")
+	}
+	if err := os.RemoveAll(block); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		p, err := coordinator.ReadProgress(env.Coord.EvidenceDir("p"))
+		return err == nil && p != nil && p.State == stream.RunQueued && p.Counts.Total == 3, fmt.Sprintf("progress.json: %+v, %v", p, err)
+	})
 }
