@@ -40,15 +40,18 @@ type manifest struct {
 // xxhash64 of the list's canonical JSON in both, so one content has one
 // checksum whichever format committed it.
 type Marker struct {
-	V           int       `json:"v"`
-	Generation  int64     `json:"generation"`
-	Manifest    string    `json:"manifest_xxh64"`
-	Owner       string    `json:"owner,omitempty"`
-	Fingerprint string    `json:"fingerprint,omitempty"`
-	Time        time.Time `json:"time"`
-	Files       int       `json:"files"`
-	Bytes       int64     `json:"bytes"`
-	Contents    []File    `json:"contents,omitempty"`
+	V           int    `json:"v"`
+	Generation  int64  `json:"generation"`
+	Manifest    string `json:"manifest_xxh64"`
+	Owner       string `json:"owner,omitempty"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	// Run names the shardpool run whose shard this output is (absent in
+	// markers written before 2026-12-01, and in job checkpoints).
+	Run      string    `json:"run,omitempty"`
+	Time     time.Time `json:"time"`
+	Files    int       `json:"files"`
+	Bytes    int64     `json:"bytes"`
+	Contents []File    `json:"contents,omitempty"`
 }
 
 // manifestBytes is the canonical JSON of a file list: the bytes whose
@@ -66,9 +69,10 @@ func listChecksum(files []File) string {
 
 // Options describe one commit.
 type Options struct {
-	// Owner and Fingerprint are recorded in the marker.
+	// Owner, Fingerprint and Run are recorded in the marker.
 	Owner       string
 	Fingerprint string
+	Run         string
 	// Move lets the commit rename source files instead of copying them when
 	// source and destination share a filesystem; the source is consumed.
 	Move bool

@@ -13,4 +13,7 @@ var (
 	ErrNameTaken = errors.New("worker name taken")
 	// ErrStaleGeneration means a message belongs to a run generation that was replaced.
 	ErrStaleGeneration = errors.New("message of a replaced run generation")
+	// ErrOtherRunsOutput means a shard's destination holds the committed
+	// output of another run, which the shard's commit would replace.
+	ErrOtherRunsOutput = errors.New("the destination holds another run's output")
 )

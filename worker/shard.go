@@ -42,6 +42,9 @@ type attemptState struct {
 	// held is the delivery as the worker's journal holds it, from its
 	// fetch until it is settled.
 	held *heldShard
+	// found is the marker at the shard's destination when that is a
+	// committed output of another fingerprint (alreadyDone).
+	found *checkpoint.Marker
 	// free gives the attempt's slot back (idempotent); it is called once
 	// the command has exited, when the worker has room to conclude aside.
 	free func()
@@ -264,6 +267,12 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		w.settleDurably(ctx, a, func() error { return msg.DoubleAck(ctx) })
 		return true
 	}
+	if a.found != nil {
+		if err := otherRunsOutput(filepath.Join(a.run.Spec.Output, m.ID), m.Run, a.found); err != nil {
+			w.failAtOnce(ctx, a, class, err)
+			return true
+		}
+	}
 	if a.rec.State == stream.ShardFailed && a.rec.Fingerprint == m.Fingerprint && a.rec.Retry >= m.Retry && len(a.rec.Attempts) > 0 {
 		w.admission(m.Run, m.ID, class, "discard", "shard already recorded failed in this retry round")
 		_ = msg.Term()
@@ -280,6 +289,36 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		return true
 	}
 	return false
+}
+
+// otherRunsOutput refuses to replace the output mk at dst when another
+// run (by name) committed it: two runs given one output directory and
+// shard IDs in common would otherwise replace each other's results in
+// turn, without a word. A new generation of the same run replaces its
+// outputs as before; so does a run whose marker names no run (written
+// before markers did).
+func otherRunsOutput(dst, run string, mk *checkpoint.Marker) error {
+	if mk.Run == "" || mk.Run == run {
+		return nil
+	}
+	return fmt.Errorf("%w: %s holds the output of run %s (fingerprint %s, committed %s), which run %s would replace: give run %s an output directory of its own, or remove %s to let it",
+		ErrOtherRunsOutput, dst, mk.Run, mk.Fingerprint, mk.Time.UTC().Format(time.RFC3339), run, run, dst)
+}
+
+// failAtOnce records the shard failed for a reason no retry can change,
+// without running it, and terminates its message: the run ends BLOCKED
+// with the reason and the command that retries it once it is dealt with.
+func (w *Worker) failAtOnce(ctx context.Context, a *attemptState, class string, why error) {
+	m := &a.m
+	w.closeLost(a)
+	payload := a.m
+	if err := w.finish(ctx, a, stream.ShardFailed, why.Error(), &payload); err != nil {
+		w.keepUnrecorded(a, class, err)
+		return
+	}
+	w.admission(m.Run, m.ID, class, "failed", why.Error())
+	w.settleDurably(ctx, a, func() error { return a.msg.TermWithReason("failed: " + ErrOtherRunsOutput.Error()) })
+	w.count(false)
 }
 
 func (w *Worker) freshRecord(m *stream.ShardMsg) stream.ShardRecord {
@@ -315,6 +354,9 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 	// look suffices. An output without one is read in full.
 	validated := a.rec.State == stream.ShardValidated
 	mk, err := checkpoint.VerifyCommitted(dst, a.m.Fingerprint, !validated)
+	if err != nil && mk.Fingerprint != "" && mk.Fingerprint != a.m.Fingerprint {
+		a.found = &mk
+	}
 	if err != nil || validated {
 		return err == nil
 	}
@@ -784,6 +826,12 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			w.admission(m.Run, m.ID, class, "abandon", "lease lost before commit; output discarded")
 			return
 		}
+		if errors.Is(err, ErrOtherRunsOutput) {
+			at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
+			w.failAtOnce(ctx, a, class, err)
+			w.release(l)
+			return
+		}
 		if errors.Is(err, errCommitLost) {
 			w.recordDiscarded(ctx, a, err)
 			w.admission(m.Run, m.ID, class, "discard", "output discarded: "+err.Error())
@@ -856,11 +904,11 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, owner stream.Owner, start time.Time) error {
 	spec := &a.run.Spec
 	dst := filepath.Join(spec.Output, a.m.ID)
-	if err := foreignDestination(dst); err != nil {
+	if err := foreignDestination(dst, a.m.Run, a.m.Fingerprint); err != nil {
 		return err
 	}
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
-		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Move: true,
+		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Move: true,
 		Sync: w.outputSync(ctx, spec.Output)})
 	if err != nil {
 		return err
@@ -901,8 +949,10 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 // a directory is not a shardpool output but something of the user's (an
 // output directory shared with the inputs, and a shard named like one of
 // its folders). It is left alone, not moved aside. An empty directory
-// there is removed: there is nothing in it to keep.
-func foreignDestination(dst string) error {
+// there is removed: there is nothing in it to keep. It also refuses one
+// whose marker is another run's, of another fingerprint (otherRunsOutput):
+// committed there since the shard started.
+func foreignDestination(dst, run, fp string) error {
 	const fix = "move it away, or give the output directory or the shard another name"
 	if info, err := os.Lstat(dst); err != nil {
 		return nil // absent (or unreadable: the commit says why)
@@ -911,7 +961,12 @@ func foreignDestination(dst string) error {
 	}
 	// A marker makes it an output, sound or damaged: the commit judges it.
 	// Only without one is the directory read, and then rarely in full.
-	if _, err := os.Lstat(filepath.Join(dst, checkpoint.MarkerName)); !errors.Is(err, fs.ErrNotExist) {
+	if mk, err := checkpoint.ReadMarker(dst); err == nil {
+		if mk.Fingerprint == fp {
+			return nil
+		}
+		return otherRunsOutput(dst, run, &mk)
+	} else if !errors.Is(err, checkpoint.ErrIncomplete) {
 		return nil
 	}
 	entries, err := os.ReadDir(dst)

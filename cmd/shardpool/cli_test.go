@@ -844,3 +844,62 @@ func TestRunLeavesItsHostsPreflightInTheEvidence(t *testing.T) {
 		t.Fatalf("snapshot of %s: users scanned %.3fs, storage %v; want this host, other users' load, and the run's output, inputs, state and scratch", snap.Hostname, snap.UsersSec, probed)
 	}
 }
+
+// TestAnotherRunsOutputsAreNotReplaced: a second run given the first's
+// output directory, with shard IDs in common and another command, does
+// not replace the first run's outputs: those shards fail at once (no
+// attempt, no retry) naming the other run, and the run is BLOCKED with
+// the retry command. Once the user removes them, the retry completes.
+func TestAnotherRunsOutputsAreNotReplaced(t *testing.T) {
+	data := t.TempDir()
+	a := testenv.WriteJob(t, testenv.Job{Name: "ra", Shards: 3, Retries: 2, Command: []string{"cp", "{input}", "{out}/copy"}})
+	out := filepath.Join(filepath.Dir(a), "out")
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", a)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run ra: exit %d\n%s", code, p.Output())
+	}
+	before, err := os.ReadFile(filepath.Join(out, "s0001", "copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Run rb: the same manifest and output, another command.
+	b := filepath.Join(filepath.Dir(a), "b.toml")
+	spec, _ := os.ReadFile(a)
+	spec = []byte(strings.Replace(strings.Replace(string(spec), `name = "ra"`, `name = "rb"`, 1), `"cp"`, `"cat"`, 1))
+	spec = []byte(strings.Replace(string(spec), `"{out}/copy"`, `"{input}"`, 1))
+	if err := os.WriteFile(b, spec, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", b)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("run rb over run ra's outputs: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	if out := p.Output(); !strings.Contains(out, "holds the output of run ra") || !strings.Contains(out, "--retry-failed") {
+		t.Fatalf("run rb: output lacks the other run's name and the retry command\n%s", out)
+	}
+	after, err := os.ReadFile(filepath.Join(out, "s0001", "copy"))
+	if err != nil || string(after) != string(before) {
+		t.Fatalf("run ra's output after run rb: %q, %v; want it as ra left it", after, err)
+	}
+	var final coordinator.Final
+	fb, err := os.ReadFile(filepath.Join(data, "runs", "rb", coordinator.FinalName))
+	if err == nil {
+		err = json.Unmarshal(fb, &final)
+	}
+	if err != nil || len(final.Shards) != 3 {
+		t.Fatalf("run rb's final.json: %v, %d shards", err, len(final.Shards))
+	}
+	for _, sh := range final.Shards {
+		if sh.State != stream.ShardFailed || sh.Attempts != 0 {
+			t.Fatalf("rb's shard %s: %s after %d attempt(s), want failed without running", sh.ID, sh.State, sh.Attempts)
+		}
+	}
+	// The user hands the directory over: the failed shards then run.
+	for _, id := range []string{"s0000", "s0001", "s0002"} {
+		os.RemoveAll(filepath.Join(out, id))
+	}
+	p = testenv.Start(t, "run", "--data", data, "--retry-failed", b)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run rb --retry-failed after the outputs were removed: exit %d\n%s", code, p.Output())
+	}
+}
