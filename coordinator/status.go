@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // StatusVersion is the "v" of the status document; fields are only added
@@ -132,6 +133,10 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	}
 	st.Workers = append(st.Workers, workers...)
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Name < st.Workers[j].Name })
+	boot, pidns := stream.BootID("/proc"), stream.PIDNamespace()
+	for i := range st.Workers {
+		st.Workers[i].Gone = goneHere(st.Workers[i], boot, pidns)
+	}
 	caps := fleetState(ctx, js)
 	for i := range st.Runs {
 		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
@@ -221,6 +226,9 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]capStat
 		slots, busy := 0, 0
 		var whys []string
 		for _, w := range workers {
+			if w.Gone != "" {
+				continue // its report outlives it by up to the bucket's TTL
+			}
 			slots += w.Slots[class]
 			busy += w.Running[class]
 			if why, ok := w.Waiting[class]; ok {
@@ -322,4 +330,20 @@ func anyAuto(workers []stream.WorkerReport) bool {
 		}
 	}
 	return false
+}
+
+// goneHere says why the worker of report r is proven gone, when it ran on
+// this host (this boot and pid namespace, given as boot and pidns) and no
+// live process has its pid; "" when it lives or nothing can be proven
+// from here. A worker killed with SIGKILL leaves its report in the
+// workers bucket until the bucket's TTL: without this, status showed it
+// running its shards for that long.
+func goneHere(r stream.WorkerReport, boot, pidns string) string {
+	if !stream.KnownBootID(boot) || r.BootID != boot || pidns == "" || r.PIDNS != pidns {
+		return ""
+	}
+	if probe.PIDAlive("/proc", r.PID) {
+		return ""
+	}
+	return fmt.Sprintf("pid %d is not running on %s, where it reported", r.PID, r.Host)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -166,5 +168,61 @@ func TestStatusNamesShardsWithoutAMessage(t *testing.T) {
 	env.Submit(spec, coordinator.SubmitOptions{})
 	if w := lines(); strings.Contains(w, "no message in the queue") {
 		t.Fatalf("after the resubmission restored the messages, status says:\n%s", w)
+	}
+}
+
+// TestStatusSaysAWorkerOfThisHostIsGone: the report of a worker of this
+// host whose process is gone (killed with SIGKILL: its report stays until
+// the bucket's TTL) is marked gone, and its stale "slots in use" no longer
+// explains why shards wait; a live worker of this host, and one of
+// another boot, whose pid proves nothing here, are not marked.
+func TestStatusSaysAWorkerOfThisHostIsGone(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	env.Submit(testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"true"}}), coordinator.SubmitOptions{})
+	env.WaitState("t", 10*time.Second, stream.RunQueued)
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	boot, pidns := stream.BootID("/proc"), stream.PIDNamespace()
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []stream.WorkerReport{
+		{Name: "dead", Host: host, BootID: boot, PIDNS: pidns, PID: exited.Process.Pid},
+		{Name: "live", Host: host, BootID: boot, PIDNS: pidns, PID: os.Getpid()},
+		{Name: "far", Host: "elsewhere", BootID: "another-boot", PIDNS: pidns, PID: exited.Process.Pid},
+	} {
+		r.Slots, r.Running = map[string]int{stream.DefaultClass: 1}, map[string]int{stream.DefaultClass: 1}
+		r.Waiting = map[string]string{stream.DefaultClass: "all 1 slot(s) of " + r.Name + " in use"}
+		r.Reported = time.Now().UTC()
+		data, err := stream.Encode(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Workers.Put(ctx, r.Name, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The run's counts per class, which say that shards wait, come with
+	// the tracker's first look at the run.
+	var st *coordinator.Status
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, err = coordinator.ReadStatus(ctx, env.JS, "t")
+		return err == nil && len(st.Runs) == 1 && len(st.Runs[0].Waiting) > 0, fmt.Sprintf("status: %v, %+v", err, st)
+	})
+	gone := map[string]string{}
+	for _, w := range st.Workers {
+		gone[w.Name] = w.Gone
+	}
+	if gone["dead"] == "" || gone["live"] != "" || gone["far"] != "" {
+		t.Fatalf("gone: %q; want only the worker whose pid exited on this host marked", gone)
+	}
+	waiting := strings.Join(st.Runs[0].Waiting, "\n")
+	if strings.Contains(waiting, "of dead in use") || !strings.Contains(waiting, "of live in use") {
+		t.Fatalf("why shards wait: %q; want the live workers' reasons, not the gone one's", waiting)
 	}
 }

@@ -251,6 +251,10 @@ type WorkerReport struct {
 	// cache (checksum-size-name keys, most recently used first, at most
 	// StagedAdvertised), for other workers' locality decisions.
 	Staged []string `json:"staged,omitempty"`
+	// Gone is set by whoever reads the report, never by the worker: why
+	// its process is proven gone (on the reader's own host: same boot and
+	// pid namespace, pid not running) while its report has not expired.
+	Gone string `json:"gone,omitempty"`
 }
 
 // StagedAdvertised bounds the staged inputs a worker report lists.

@@ -1,12 +1,9 @@
 package worker
 
 import (
-	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
-	"syscall"
 	"time"
 
 	"github.com/shardpool/shardpool/worker/probe"
@@ -56,23 +53,9 @@ func (w *Worker) oomBaseline() int64 {
 	return w.oomN
 }
 
-// pidAlive reports whether pid is a running process on this host. A
-// zombie is not: it is dead, only not yet reaped (a worker killed under a
-// parent that does not reap, such as a container's pid 1 or a shell that
-// started it in the background, stays one indefinitely).
-func pidAlive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	if err := syscall.Kill(pid, 0); err != nil && err != syscall.EPERM {
-		return false
-	}
-	st, err := readProcStat("/proc", pid)
-	if err != nil {
-		return !errors.Is(err, fs.ErrNotExist) // unreadable: alive, as far as anyone can prove
-	}
-	return st.State != 'Z'
-}
+// pidAlive reports whether pid is a running process on this host
+// (probe.PIDAlive: a zombie is not).
+func pidAlive(pid int) bool { return probe.PIDAlive("/proc", pid) }
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 

@@ -222,9 +222,14 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			}
 			detail := s.Reason
 			if s.Owner != nil {
-				detail = fmt.Sprintf("attempt %d on %s (%s pid %d) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.Host, s.Owner.PID, detail)
-				if s.State == stream.ShardRunning && !reporting(st.Workers, s.Owner) {
-					detail += "; that worker is not reporting: the shard is redelivered once its lease expires, or at once when a worker with its state directory starts on its host"
+				detail = strings.TrimSpace(fmt.Sprintf("attempt %d on %s (%s pid %d) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.Host, s.Owner.PID, detail))
+				if s.State == stream.ShardRunning {
+					switch wk := reportOf(st.Workers, s.Owner); {
+					case wk == nil:
+						detail += "; that worker is not reporting: the shard is redelivered once its lease expires, or at once when a worker with its state directory starts on its host"
+					case wk.Gone != "":
+						detail += "; that worker is gone (" + wk.Gone + "): the shard is redelivered once its lease expires, or sooner when a worker of its host with its state directory takes it back"
+					}
 				}
 			}
 			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))
@@ -251,13 +256,20 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 				slots = "auto, caps " + slots
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, slots, classMap(wk.Running), wk.Done, wk.Failed, wk.Reported.Format("15:04:05"), headroom(wk.Headroom))
+		reported := wk.Reported.Format("15:04:05")
+		if wk.Gone != "" {
+			reported += " GONE"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, slots, classMap(wk.Running), wk.Done, wk.Failed, reported, headroom(wk.Headroom))
 	}
 	if len(st.Workers) == 0 {
 		fmt.Fprintln(tw, "(no live workers)")
 	}
 	tw.Flush()
 	for _, wk := range st.Workers {
+		if wk.Gone != "" {
+			fmt.Fprintf(w, "%s: gone: %s; its report stays until the workers bucket's TTL\n", wk.Name, wk.Gone)
+		}
 		if wk.Limits != "" {
 			fmt.Fprintf(w, "%s: per-shard limits %s\n", wk.Name, wk.Limits)
 		}
@@ -268,15 +280,15 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 // them all.
 const maxShardLines = 50
 
-// reporting says whether the worker process that owns a shard is among
-// the live worker reports (same name, host and pid).
-func reporting(workers []stream.WorkerReport, o *stream.Owner) bool {
-	for _, wk := range workers {
-		if wk.Name == o.Worker && wk.Host == o.Host && wk.PID == o.PID {
-			return true
+// reportOf is the report of the worker process that owns a shard (same
+// name, host and pid), or nil when none reports.
+func reportOf(workers []stream.WorkerReport, o *stream.Owner) *stream.WorkerReport {
+	for i := range workers {
+		if wk := &workers[i]; wk.Name == o.Worker && wk.Host == o.Host && wk.PID == o.PID {
+			return wk
 		}
 	}
-	return false
+	return nil
 }
 
 func classMap(m map[string]int) string {

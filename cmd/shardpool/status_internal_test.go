@@ -23,23 +23,32 @@ func TestStatusNamesRunningShardsOfSilentWorkers(t *testing.T) {
 			Shards: []stream.ShardRecord{
 				{ID: "a", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w1", Host: "h1", PID: 41, Attempt: 1}},
 				{ID: "b", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w2", Host: "h2", PID: 42, Attempt: 2}},
+				{ID: "c", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w3", Host: "h2", PID: 43, Attempt: 1}},
 			}}},
-		// w1 restarted under a new pid: the old process is gone.
-		Workers: []stream.WorkerReport{{Name: "w1", Host: "h1", PID: 99, Reported: now}, {Name: "w2", Host: "h2", PID: 42, Reported: now}},
+		// w1 restarted under a new pid: the old process is gone. w3's
+		// report outlives its process (proven gone by the reader).
+		Workers: []stream.WorkerReport{{Name: "w1", Host: "h1", PID: 99, Reported: now}, {Name: "w2", Host: "h2", PID: 42, Reported: now},
+			{Name: "w3", Host: "h2", PID: 43, Reported: now, Gone: "pid 43 is not running on h2, where it reported"}},
 	}
 	var b strings.Builder
 	printStatus(&b, st)
 	lines := map[string]string{}
 	for _, l := range strings.Split(b.String(), "\n") {
-		if f := strings.Fields(l); len(f) > 1 && (f[0] == "a" || f[0] == "b") {
+		if f := strings.Fields(l); len(f) > 1 && (f[0] == "a" || f[0] == "b" || f[0] == "c" || f[0] == "w3") {
 			lines[f[0]] = l
 		}
 	}
 	if !strings.Contains(lines["a"], "not reporting") || !strings.Contains(lines["a"], "lease expires") {
 		t.Errorf("shard of a gone worker process: got %q, want it named not reporting", lines["a"])
 	}
-	if lines["b"] == "" || strings.Contains(lines["b"], "not reporting") {
+	if lines["b"] == "" || strings.Contains(lines["b"], "not reporting") || strings.Contains(lines["b"], "gone") {
 		t.Errorf("shard of a reporting worker: got %q, want its owner without the note", lines["b"])
+	}
+	if !strings.Contains(lines["c"], "that worker is gone (pid 43 is not running on h2") {
+		t.Errorf("shard of a worker proven gone: got %q, want it named gone with why", lines["c"])
+	}
+	if !strings.Contains(lines["w3"], "GONE") {
+		t.Errorf("worker proven gone: got %q, want GONE beside its last report", lines["w3"])
 	}
 }
 

@@ -319,3 +319,26 @@ func usersLoad(before, after map[int]procSample, seconds float64) []UserLoad {
 	sort.Slice(out, func(i, j int) bool { return out[i].RSS > out[j].RSS })
 	return out
 }
+
+// PIDAlive reports whether pid is a running process of procRoot's host. A
+// zombie is not: it is dead, only not yet reaped (a worker killed under a
+// parent that does not reap, such as a container's pid 1 or a shell that
+// started it in the background, stays one indefinitely). A process whose
+// stat cannot be read for another reason counts as alive: nothing proves
+// it gone.
+func PIDAlive(procRoot string, pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if procRoot == "/proc" {
+		if err := syscall.Kill(pid, 0); err != nil && err != syscall.EPERM {
+			return false
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return !errors.Is(err, fs.ErrNotExist)
+	}
+	st, ok := ParseStat(b)
+	return !ok || st.State != 'Z'
+}
