@@ -22,6 +22,7 @@ import (
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
 )
 
 func TestMain(m *testing.M) {
@@ -686,13 +687,13 @@ func TestPlaceholdersAndEnvironment(t *testing.T) {
 			return fmt.Sprintf(`{"id":"p%d","inputs":[%q,%q],"params":{"lr":"0.1"}}`, i, in, in)
 		},
 		Command: []string{"sh", "-c", `printf '%s\n' "$@" > "$SHARDPOOL_OUT/args"; env | sort > "$SHARDPOOL_OUT/env"`, "sh", "{id}", "{inputs}", "--ckpt={ckpt}", "{attempt}", "{print $1}"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	out := filepath.Join(filepath.Dir(spec), "out", "p0")
 	args, _ := os.ReadFile(filepath.Join(out, "args"))
 	lines := strings.Split(strings.TrimSpace(string(args)), "\n")
 	in := filepath.Join(filepath.Dir(spec), "in", "s0000.txt")
-	want := []string{"p0", in, in, "--ckpt=" + filepath.Join(filepath.Dir(spec), "out", ".shardpool", "ckpt", "p0"), "1", "{print $1}"}
+	want := []string{"p0", in, in, "--ckpt=" + worker.CkptDir(filepath.Join(filepath.Dir(spec), "out"), "t", res.Fingerprint, "p0"), "1", "{print $1}"}
 	if strings.Join(lines, "|") != strings.Join(want, "|") {
 		t.Fatalf("argv: got %q, want %q", lines, want)
 	}
@@ -1216,4 +1217,42 @@ func TestReportFollowsWhatTheWorkerDoes(t *testing.T) {
 		return r.Running["cpu"] == 1 && strings.Contains(r.Waiting["cpu"], "1 of 1 slots of class cpu in use"),
 			fmt.Sprintf("report: running %v, waiting %q; want 1 running and the other shard waiting for the slot", r.Running, r.Waiting)
 	})
+}
+
+// TestNewGenerationStartsItsCheckpointsAfresh: an edited job (a new
+// fingerprint) does not resume from what the old generation checkpointed
+// in {ckpt}: its shards start afresh, and once one commits, the old
+// generation's checkpoints of that shard are removed. Before, a training
+// job edited after it finished resumed from its final checkpoint and
+// committed the old model as the new generation's output.
+func TestNewGenerationStartsItsCheckpointsAfresh(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Extra: "[env]\nTAG = \"g1\"\n",
+		Command: []string{"sh", "-c", `ck=$SHARDPOOL_CKPT_DIR; if [ -f "$ck/state" ]; then cp "$ck/state" "$SHARDPOOL_OUT/from"; else echo "fresh $TAG" > "$SHARDPOOL_OUT/from"; fi; mkdir -p "$ck" && echo "$TAG" > "$ck/state"`}})
+	out := filepath.Join(filepath.Dir(spec), "out")
+	first := env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	b, _ := os.ReadFile(filepath.Join(out, "s0000", "from"))
+	if string(b) != "fresh g1\n" {
+		t.Fatalf("first generation's output: %q, want it fresh", b)
+	}
+	edited, _ := os.ReadFile(spec)
+	if err := os.WriteFile(spec, []byte(strings.Replace(string(edited), `TAG = "g1"`, `TAG = "g2"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	second := env.Submit(spec, coordinator.SubmitOptions{})
+	if second.Fingerprint == first.Fingerprint {
+		t.Fatalf("the edited env kept fingerprint %s", first.Fingerprint)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	b, _ = os.ReadFile(filepath.Join(out, "s0000", "from"))
+	if string(b) != "fresh g2\n" {
+		t.Fatalf("second generation's output: %q, want it fresh, not resumed from the first generation's checkpoint", b)
+	}
+	if _, err := os.Stat(worker.CkptDir(out, "t", first.Fingerprint, "s0000")); !os.IsNotExist(err) {
+		t.Fatalf("the first generation's checkpoints of s0000 after the second committed it: %v, want them removed", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(worker.CkptDir(out, "t", second.Fingerprint, "s0000"), "state")); string(b) != "g2\n" {
+		t.Fatalf("the second generation's checkpoint: %q, want g2", b)
+	}
 }

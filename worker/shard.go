@@ -27,8 +27,39 @@ const (
 )
 
 // CkptDir is the shard's checkpoint directory ({ckpt}): under the durable
-// output so that it survives attempts and hosts.
-func CkptDir(output, id string) string { return filepath.Join(output, MetaDir, "ckpt", id) }
+// output so that it survives attempts and hosts, and one per run and
+// generation, so that an edited job (a new fingerprint) starts afresh
+// instead of resuming from what the old code checkpointed, and another
+// run given the same output directory never resumes from this one's.
+func CkptDir(output, run, fp, id string) string {
+	return filepath.Join(output, MetaDir, "ckpt", run, fp, id)
+}
+
+// dropOlderCkpts removes the shard's checkpoint directories of the run's
+// other generations once this generation committed the shard: no
+// generation but the run's current one can run it again, and checkpoints
+// of a training job can be large. Only the run's own are touched.
+func (w *Worker) dropOlderCkpts(output, run, fp, id string) {
+	runDir := filepath.Join(output, MetaDir, "ckpt", run)
+	gens, err := os.ReadDir(runDir)
+	if err != nil {
+		return
+	}
+	for _, g := range gens {
+		if !g.IsDir() || g.Name() == fp {
+			continue
+		}
+		old := filepath.Join(runDir, g.Name(), id)
+		if _, err := os.Lstat(old); err != nil {
+			continue
+		}
+		if err := os.RemoveAll(old); err != nil {
+			w.log.Warn("remove an older generation's checkpoints", "dir", old, "err", err)
+			continue
+		}
+		_ = os.Remove(filepath.Join(runDir, g.Name())) // once empty
+	}
+}
 
 // attemptState carries one attempt through its steps.
 type attemptState struct {
@@ -480,7 +511,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		defer w.scratch.put(m.Run, base)
 	}
 	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: base + ".out", Scratch: base + ".tmp",
-		Ckpt: CkptDir(spec.Output, m.ID), Attempt: a.attempt}
+		Ckpt: CkptDir(spec.Output, m.Run, m.Fingerprint, m.ID), Attempt: a.attempt}
 	if res.outcome == "" && spec.StageFor(class) {
 		// A shutdown stops the copy at once (it resumes from its verified
 		// chunks next time) instead of waiting for a large input.
@@ -941,6 +972,10 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	if err := w.finish(ctx, a, stream.ShardValidated, "", nil); err != nil {
 		return fmt.Errorf("%w: output committed, record not written: %v", errCoordinator, err)
 	}
+	// Not only where the command names {ckpt}: a job may use
+	// $SHARDPOOL_CKPT_DIR. Where no run checkpoints, this is one failed
+	// open.
+	w.dropOlderCkpts(spec.Output, a.m.Run, a.m.Fingerprint, a.m.ID)
 	return nil
 }
 

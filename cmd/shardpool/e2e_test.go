@@ -18,6 +18,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
 )
 
 // cluster is a coordinator process and a client connection to it.
@@ -473,7 +474,11 @@ func TestWorkerSIGTERMDrainsAndExitsZero(t *testing.T) {
 	if rec.State != stream.ShardPending || rec.Attempts[0].Outcome != stream.OutcomeInterrupted {
 		t.Fatalf("after drain: got %s %+v, want pending with an interrupted attempt", rec.State, rec.Attempts)
 	}
-	if _, err := os.Stat(filepath.Join(filepath.Dir(spec), "out", ".shardpool", "ckpt", "s0000", "term")); err != nil {
+	run, err := testenv.ReadRun(context.Background(), c.js, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(worker.CkptDir(filepath.Join(filepath.Dir(spec), "out"), "t", run.Fingerprint, "s0000"), "term")); err != nil {
 		t.Fatalf("child did not get SIGTERM to checkpoint: %v", err)
 	}
 	// Nak'd at once: a new worker finishes them without waiting for a lease.

@@ -283,7 +283,15 @@ func (d *drill) failedVerification(ctx context.Context, id string) bool {
 	return false
 }
 
-func checkpointDir(out, id string) string { return filepath.Join(out, ".shardpool", "ckpt", id) }
+// checkpointDir is the shard's {ckpt} (worker.CkptDir): the drill's run
+// has one generation, so the one directory under the run's.
+func checkpointDir(out, id string) string {
+	dirs, _ := filepath.Glob(filepath.Join(out, ".shardpool", "ckpt", runName, "*", id))
+	if len(dirs) == 1 {
+		return dirs[0]
+	}
+	return filepath.Join(out, ".shardpool", "ckpt", runName, "none", id)
+}
 
 func (d *drill) fixture() error {
 	job := filepath.Join(d.dir, "job")
