@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -32,8 +33,10 @@ type result struct {
 	cpuSeconds float64
 	readBytes  int64
 	writeBytes int64
-	// logged: the command wrote output, so its log file exists.
+	// logged: the command wrote output, so its log file exists; log is
+	// its path (the one asked for, or a free name beside it: createLog).
 	logged bool
+	log    string
 }
 
 // stopCause says why the worker ended a child early.
@@ -206,7 +209,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	if err != nil {
 		out.abort()
 		out.note(fmt.Sprintf("shardpool: cannot start %q: %v\n", argv[0], err))
-		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err), logged: true}
+		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err), logged: true, log: out.path}
 	}
 	out.started()
 	pgid := cmd.Process.Pid
@@ -263,6 +266,9 @@ wait:
 	w.journal.ended(pgid)
 	r := result{duration: time.Since(start)}
 	r.logged = out.close()
+	if r.logged {
+		r.log = out.path
+	}
 	ps := cmd.ProcessState
 	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
 		// wait4's usage covers the child and the descendants it waited for.
@@ -389,7 +395,7 @@ func (l *lazyLog) copy() {
 			opened = true
 			// On error the copy goes on draining, so the child never
 			// blocks on a full pipe; its output is lost.
-			l.f, _ = os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+			l.f, l.path, _ = createLog(l.path)
 		}
 		if n > 0 {
 			l.remember(buf[:n])
@@ -532,14 +538,36 @@ func (l *lazyLog) abort() {
 	l.w.Close()
 }
 
-// note appends a message of shardpool's own to the log (creating it).
+// note writes a message of shardpool's own as the log of a child that
+// never started (creating it).
 func (l *lazyLog) note(msg string) {
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, path, err := createLog(l.path)
 	if err != nil {
 		return
 	}
+	l.path = path
 	f.WriteString(msg)
 	f.Close()
+}
+
+// createLog creates a new log file at path, or, when that name is taken,
+// at a free one beside it (a.1.log, a.1-2.log, a.1-3.log...): a log never
+// replaces another. A new generation's deliveries count from 1 again, and
+// so do a shard's when its message is published again (a lost one): their
+// logs took the names of the earlier attempts', and replaced them.
+func createLog(path string) (*os.File, string, error) {
+	ext := filepath.Ext(path)
+	base := strings.TrimSuffix(path, ext)
+	for k := 1; ; k++ {
+		p := path
+		if k > 1 {
+			p = fmt.Sprintf("%s-%d%s", base, k, ext)
+		}
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil || !errors.Is(err, fs.ErrExist) || k == 1000 {
+			return f, p, err
+		}
+	}
 }
 
 // selfPeakRSS is this process's own peak RSS: what the kernel adds to the

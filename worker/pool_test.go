@@ -137,6 +137,25 @@ func TestAttemptLogHoldsOutput(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(filepath.Dir(r.Attempts[0].Log), "s0000.1.log")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("silent shard's log: got %v, want none", err)
 	}
+
+	// A new generation's deliveries count from 1 again: its attempt log
+	// takes a free name beside the first generation's, which stays.
+	edited, _ := os.ReadFile(spec)
+	if err := os.WriteFile(spec, []byte(strings.Replace(string(edited), "to stdout", "now to stdout", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if b, _ := os.ReadFile(r.Attempts[0].Log); string(b) != "to stdout s0001\nto stderr s0001\n" {
+		t.Fatalf("the first generation's log after the second ran: %q, want it kept", b)
+	}
+	r2, err := env.Shard("t", "s0001")
+	if err != nil || len(r2.Attempts) != 1 || filepath.Base(r2.Attempts[0].Log) != "s0001.1-2.log" {
+		t.Fatalf("second generation's record: %+v (%v), want one attempt logged to s0001.1-2.log", r2.Attempts, err)
+	}
+	if b, _ := os.ReadFile(r2.Attempts[0].Log); string(b) != "now to stdout s0001\nto stderr s0001\n" {
+		t.Fatalf("the second generation's log: %q, want its own output", b)
+	}
 }
 
 func TestResubmitIsNoOpAndChangeIsNewGeneration(t *testing.T) {

@@ -310,6 +310,8 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	if timeout == 0 {
 		timeout = 10 * time.Minute
 	}
+	// A profile's sample log replaces the previous profile's.
+	_ = os.Remove(s.Log)
 	res := w.execute(argv, env, spec.Dir, s.Log, timeout, nil, nil, nil, onStart, cg, nil)
 	if !res.logged {
 		s.Log = "" // the sample printed nothing

@@ -661,7 +661,11 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
 		vargv, err := stream.Expand(spec.Validator, v)
 		if err == nil {
-			vr := w.execute(vargv, env, spec.Dir, logPath+".validator", spec.TimeoutFor(a.m.Class), stop, nil, lost, nil, nil, a.held)
+			vlog := logPath
+			if res.log != "" {
+				vlog = res.log // beside the attempt's log as it was named
+			}
+			vr := w.execute(vargv, env, spec.Dir, vlog+".validator", spec.TimeoutFor(a.m.Class), stop, nil, lost, nil, nil, a.held)
 			if vr.outcome != stream.OutcomeOK {
 				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
 			}
@@ -833,6 +837,8 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	at.Outcome, at.Reason = res.outcome, res.reason
 	if !res.logged {
 		at.Log = "" // the command printed nothing: no log file
+	} else if res.log != "" {
+		at.Log = res.log
 	}
 
 	if res.outcome == stream.OutcomeLeaseLost {
