@@ -490,7 +490,10 @@ func (t *tracker) revokeCommit(ctx context.Context, run, id, reason string) {
 			return
 		}
 		var r stream.CommitRecord
-		if stream.Decode(e.Value(), &r) != nil {
+		if stream.Decode(e.Value(), &r) != nil || r.State == stream.CommitRevoked {
+			// Already revoked: a second verification pass that ran before
+			// the shard's failed record reached the tracker (a busy host)
+			// found the same damaged output.
 			return
 		}
 		r.State, r.Reason, r.Time = stream.CommitRevoked, reason, time.Now().UTC()
