@@ -348,7 +348,11 @@ func (w *Worker) failAtOnce(ctx context.Context, a *attemptState, class string, 
 		return
 	}
 	w.admission(m.Run, m.ID, class, "failed", why.Error())
-	w.settleDurably(ctx, a, func() error { return a.msg.TermWithReason("failed: " + ErrOtherRunsOutput.Error()) })
+	reason := "failed: " + why.Error()
+	if len(reason) > 200 { // the record has it whole
+		reason = strings.ToValidUTF8(reason[:200], "")
+	}
+	w.settleDurably(ctx, a, func() error { return a.msg.TermWithReason(reason) })
 	w.count(false)
 }
 
