@@ -86,8 +86,11 @@ type ProfileReport struct {
 	Knee      int                  `json:"knee,omitempty"`
 	SweepStop string               `json:"sweep_stop,omitempty"`
 	Classes   map[string]plan.Peak `json:"classes"`
-	Limits    string               `json:"limits"`
-	Error     string               `json:"error,omitempty"`
+	// Job is plan.JobFingerprint of the spec measured: plans use these
+	// peaks only for the same job.
+	Job    string `json:"job_fingerprint"`
+	Limits string `json:"limits"`
+	Error  string `json:"error,omitempty"`
 }
 
 // Sustained is several shards in a row after a warm-up.
@@ -133,7 +136,7 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 	w.enforce = w.cgroups.mode != ""
 	defer w.cgroups.close()
 	spec, man := cfg.Spec, cfg.Manifest
-	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Limits: w.limits}
+	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Job: plan.JobFingerprint(spec), Limits: w.limits}
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
 		return rep, err
 	}

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker"
@@ -63,6 +64,9 @@ func TestProfileMeasuresPeaksAndSweeps(t *testing.T) {
 	}
 	if len(rep.Sweep) == 0 || rep.Knee < 1 || rep.SweepStop == "" {
 		t.Fatalf("sweep: %+v knee %d (%s)", rep.Sweep, rep.Knee, rep.SweepStop)
+	}
+	if rep.Job == "" || rep.Job != plan.JobFingerprint(spec) {
+		t.Fatalf("profile's job fingerprint %q, want the spec's %q", rep.Job, plan.JobFingerprint(spec))
 	}
 }
 

@@ -51,6 +51,9 @@ func printPlan(w io.Writer, p *plan.Plan) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "limits: %s\n", p.Enforced)
+	if p.ProfileUnused != "" {
+		fmt.Fprintln(w, p.ProfileUnused)
+	}
 	if p.Blocked != "" {
 		fmt.Fprintf(w, "BLOCKED: %s\n", p.Blocked)
 	}

@@ -113,6 +113,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 		}
 	}
+	if pl.ProfileUnused != "" {
+		fmt.Fprintln(stdout, pl.ProfileUnused)
+	}
 	printReplaced(stdout, res)
 	printRetried(stdout, res)
 	printChanged(stdout, res, retry)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -15,6 +16,29 @@ import (
 // Profile is the part of profile.json the plan reads: measured peaks per class.
 type Profile struct {
 	Classes map[string]Peak `json:"classes"`
+	// Job is the JobFingerprint of the spec it measured.
+	Job string `json:"job_fingerprint"`
+}
+
+// JobFingerprint identifies the job a profile measured: the run's
+// fingerprint inputs but the manifest (command, env, classes, validator,
+// code_rev, the files the command names), without the outlier classes
+// SplitOutliers adds (a profile sees the spec before the split, a run
+// after it). A measurement holds for any manifest of the same job, and
+// for no other job: an edited job may need more memory than its old
+// version's peak.
+func JobFingerprint(spec *stream.Spec) string {
+	s := *spec
+	s.Classes = map[string]stream.Class{}
+	for name, c := range spec.Classes {
+		if base, ok := strings.CutSuffix(name, OutlierSuffix); ok {
+			if bc, has := spec.Classes[base]; has && reflect.DeepEqual(bc, c) {
+				continue // a copy of its class, as SplitOutliers makes
+			}
+		}
+		s.Classes[name] = c
+	}
+	return stream.Fingerprint(&s, "")
 }
 
 // LoadProfile reads profile.json; a missing file is no profile.
@@ -58,6 +82,8 @@ type Plan struct {
 	Classes  []ClassPlan `json:"classes"`
 	Blocked  string      `json:"blocked,omitempty"`
 	Enforced string      `json:"limits"`
+	// ProfileUnused says why profile.json's peaks were not used.
+	ProfileUnused string `json:"profile_unused,omitempty"`
 }
 
 // OutlierFactor: a shard costing more than this times its class's median
@@ -69,6 +95,14 @@ const OutlierFactor = 4
 // the run, naming a shard and the resource, since waiting cannot fix it.
 func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, prof *Profile, limits string) *Plan {
 	p := &Plan{Run: spec.Name, Host: host, Budget: b, Hard: hard, Enforced: limits}
+	if prof != nil && prof.Job != JobFingerprint(spec) {
+		why := "it measured another version of this job: its command, env, classes, validator, code_rev or a file the command names changed since"
+		if prof.Job == "" {
+			why = "it does not say which version of the job it measured (written before 2026-12-01)"
+		}
+		p.ProfileUnused = fmt.Sprintf("profile.json is not used: %s; run `shardpool profile %s` again", why, spec.SpecPath)
+		prof = nil
+	}
 	by := map[string][]stream.Shard{}
 	for _, sh := range man.Shards {
 		by[sh.Class] = append(by[sh.Class], sh)

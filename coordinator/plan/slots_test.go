@@ -129,3 +129,43 @@ func TestEnforcedLimitsNameClassesWithoutDeclaredMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestProfileOfAnotherJobIsNotUsed: a plan uses profile.json's measured
+// peaks only for the job it measured (JobFingerprint, which a manifest
+// and the outlier split leave as it is); for an edited job, or a profile
+// that does not say, the declared peak stands and the plan says why.
+func TestProfileOfAnotherJobIsNotUsed(t *testing.T) {
+	gib := int64(1 << 30)
+	spec := &stream.Spec{SpecPath: "/job/shardpool.toml", Command: []string{"./job.sh"}, Files: map[string]string{"./job.sh": "0123"},
+		Classes: map[string]stream.Class{"cpu": {CPUs: 1, Memory: gib}}}
+	man := &stream.Manifest{}
+	for i, c := range []int64{10, 12, 9, 11, 5000, 10, 13} {
+		man.Shards = append(man.Shards, stream.Shard{ID: string(rune('a' + i)), Class: "cpu", Cost: c})
+	}
+	measured := &Profile{Job: JobFingerprint(spec), Classes: map[string]Peak{"cpu": {CPU: 1000, Memory: 100 << 20}}}
+	SplitOutliers(spec, man)
+	if JobFingerprint(spec) != measured.Job {
+		t.Fatalf("the outlier split changed the job fingerprint")
+	}
+	b := Budget{"cpu": probe.Known(8000, ""), "memory": probe.Known(8*gib, ""), "gpus": probe.Known(0, ""), "vram": probe.Known(0, "")}
+	memoryOf := func(p *Plan) int64 {
+		for _, c := range p.Classes {
+			if c.Class == "cpu" {
+				return c.Peak.Memory
+			}
+		}
+		return -1
+	}
+	if p := Make(spec, man, "h", b, b, measured, "watched"); memoryOf(p) != 100<<20 || p.ProfileUnused != "" {
+		t.Fatalf("same job: peak %d, unused %q; want the measured 100 MiB", memoryOf(p), p.ProfileUnused)
+	}
+	edited := *spec
+	edited.Files = map[string]string{"./job.sh": "4567"}
+	if p := Make(&edited, man, "h", b, b, measured, "watched"); memoryOf(p) != gib || !strings.Contains(p.ProfileUnused, "another version of this job") {
+		t.Fatalf("edited job: peak %d, unused %q; want the declared 1 GiB and why", memoryOf(p), p.ProfileUnused)
+	}
+	old := &Profile{Classes: measured.Classes}
+	if p := Make(spec, man, "h", b, b, old, "watched"); memoryOf(p) != gib || !strings.Contains(p.ProfileUnused, "does not say which version") {
+		t.Fatalf("profile without a job fingerprint: peak %d, unused %q; want the declared 1 GiB and why", memoryOf(p), p.ProfileUnused)
+	}
+}
