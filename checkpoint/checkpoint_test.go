@@ -268,3 +268,27 @@ func TestFormatOneStillVerifies(t *testing.T) {
 		t.Fatalf("format 1 with an edited MANIFEST: got %v, want ErrCorrupt", err)
 	}
 }
+
+// TestVerifyCommittedJudgesAnotherGenerationByItsMarker: an output of
+// another fingerprint is refused from its marker alone, which is returned
+// (it says whose output it is), without reading its files: a new
+// generation of a job with large outputs read every byte of each old one
+// before redoing it. Here a damaged file proves they were not read (a full
+// check would report the damage, not the fingerprint); the same output
+// checked for its own fingerprint reports the damage.
+func TestVerifyCommittedJudgesAnotherGenerationByItsMarker(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "s")
+	if _, err := CommitDir(context.Background(), dst, writeTree(t, map[string]string{"big": "0123456789"}), Options{Fingerprint: "old", Run: "r"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(dst, "big"), 3); err != nil {
+		t.Fatal(err)
+	}
+	mk, err := VerifyCommitted(dst, "new", true)
+	if err == nil || !strings.Contains(err.Error(), "output carries fingerprint old") || mk.Fingerprint != "old" || mk.Run != "r" {
+		t.Fatalf("another generation's output: %+v, %v; want its marker and the fingerprint named", mk, err)
+	}
+	if _, err := VerifyCommitted(dst, "old", true); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("its own generation's damaged output: %v, want ErrCorrupt", err)
+	}
+}

@@ -73,11 +73,18 @@ func VerifyQuick(dir string) (Marker, error) { return verify(dir, false) }
 // and requires that it was committed for run fingerprint fp: an output of
 // another generation is not this run's result.
 func VerifyCommitted(dir, fp string, full bool) (Marker, error) {
-	mk, err := verify(dir, full)
-	if err == nil && mk.Fingerprint != fp {
-		err = fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
+	mk, err := ReadMarker(dir)
+	if err != nil {
+		return Marker{}, err
 	}
-	return mk, err
+	if mk.Fingerprint != fp {
+		// Another generation's output: not this run's result however sound
+		// it is, so its files are not read (a new generation of a job with
+		// large outputs read every byte of each old one before redoing it).
+		// The marker is returned: it says whose output it is.
+		return mk, fmt.Errorf("output carries fingerprint %s", mk.Fingerprint)
+	}
+	return verifyMarker(dir, mk, full)
 }
 
 func verify(dir string, full bool) (Marker, error) {
@@ -85,6 +92,11 @@ func verify(dir string, full bool) (Marker, error) {
 	if err != nil {
 		return Marker{}, err
 	}
+	return verifyMarker(dir, mk, full)
+}
+
+// verifyMarker checks dir's files against its marker mk.
+func verifyMarker(dir string, mk Marker, full bool) (Marker, error) {
 	list, err := contents(dir, mk)
 	if err != nil {
 		return Marker{}, fmt.Errorf("verify %s: %w", dir, err)
