@@ -185,11 +185,8 @@ func unqueued(ctx context.Context, js jetstream.JetStream, r RunStatus) string {
 // of its unfinished shards too.
 func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shards bool) (RunStatus, error) {
 	rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
-		Resume: r.Resume, Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
+		Resume: resumeCommand(r), Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
 		ClassCounts: r.ClassCounts}
-	if r.State == stream.RunBlocked {
-		rs.Resume = retryCommand(r)
-	}
 	if shards {
 		var err error
 		if rs.Shards, err = unfinished(ctx, b, r); err != nil {

@@ -105,7 +105,7 @@ func (t *tracker) run(ctx context.Context) error {
 	var swept time.Time // the first tick sweeps: advisories sent before the subscription are lost
 	flush := func(ctx context.Context) {
 		if runsReplayed && shardsReplayed {
-			t.flush(ctx)
+			t.flush(ctx, false)
 		}
 	}
 	for {
@@ -113,11 +113,8 @@ func (t *tracker) run(ctx context.Context) error {
 		case <-ctx.Done():
 			if runsReplayed && shardsReplayed {
 				t.catchUp(sw, time.Second)
-				t.flush(context.Background())
 				// What the run looked like when its coordinator stopped.
-				for _, ri := range t.runs {
-					t.maybeProgress(ri, true)
-				}
+				t.flush(context.Background(), true)
 			}
 			return ctx.Err()
 		case e, ok := <-rw.Updates():
@@ -361,6 +358,15 @@ func (ri *runInfo) failedIDs(max int) string {
 	return strings.Join(parts, ", ")
 }
 
+// resumeCommand is what continues the run: for a BLOCKED run the command
+// that retries its failed shards, else the one that resumes it.
+func resumeCommand(r stream.RunRecord) string {
+	if r.State == stream.RunBlocked {
+		return retryCommand(r)
+	}
+	return r.Resume
+}
+
 func retryCommand(r stream.RunRecord) string {
 	if r.RetryCmd != "" {
 		return r.RetryCmd
@@ -601,7 +607,9 @@ func (t *tracker) sweepExhausted(ctx context.Context) {
 	}
 }
 
-func (t *tracker) flush(ctx context.Context) {
+// flush writes the run records whose shards changed, and progress.json
+// where due (at once, with final: the coordinator stops).
+func (t *tracker) flush(ctx context.Context, final bool) {
 	for name, ri := range t.runs {
 		if !ri.known {
 			continue
@@ -609,7 +617,7 @@ func (t *tracker) flush(ctx context.Context) {
 		if ri.dirty {
 			t.flushRun(ctx, name, ri)
 		}
-		t.maybeProgress(ri, false)
+		t.maybeProgress(ri, final)
 	}
 }
 
@@ -665,16 +673,29 @@ const progressEvery = time.Second
 // after its last change) it tells where the run stood, and for one
 // resubmitted after a verdict, that final.json's verdict is older.
 type Progress struct {
-	V           int                      `json:"v"`
-	Run         string                   `json:"run"`
-	Fingerprint string                   `json:"fingerprint"`
-	State       string                   `json:"state"`
-	Reason      string                   `json:"reason,omitempty"`
-	Counts      stream.Counts            `json:"counts"`
+	V int `json:"v"`
+	RunSummary
 	ClassCounts map[string]stream.Counts `json:"class_counts,omitempty"`
-	Resume      string                   `json:"resume,omitempty"`
-	Output      string                   `json:"output"`
-	Written     time.Time                `json:"written"`
+}
+
+// RunSummary is what final.json and progress.json both say of a run.
+type RunSummary struct {
+	Run         string        `json:"run"`
+	Fingerprint string        `json:"fingerprint"`
+	State       string        `json:"state"`
+	Reason      string        `json:"reason,omitempty"`
+	Counts      stream.Counts `json:"counts"`
+	// Resume is the command that resumes the run, or, BLOCKED, the one
+	// that retries its failed shards (resumeCommand).
+	Resume  string    `json:"resume"`
+	Output  string    `json:"output"`
+	Written time.Time `json:"written"`
+}
+
+// summaryOf is the run record's summary, written now.
+func summaryOf(r *stream.RunRecord) RunSummary {
+	return RunSummary{Run: r.Name, Fingerprint: r.Fingerprint, State: r.State, Reason: r.Reason, Counts: r.Counts,
+		Resume: resumeCommand(*r), Output: r.Spec.Output, Written: time.Now().UTC()}
 }
 
 // ProgressVersion is Progress.V.
@@ -713,16 +734,7 @@ func (t *tracker) maybeProgress(ri *runInfo, force bool) {
 	if !force && (sameStage || ri.progressFailed) && time.Since(ri.progressAt) < progressEvery {
 		return // the next flush writes it
 	}
-	p := Progress{V: ProgressVersion, Run: r.Name, Fingerprint: r.Fingerprint, State: r.State, Reason: r.Reason,
-		Counts: r.Counts, ClassCounts: r.ClassCounts, Resume: r.Resume, Output: r.Spec.Output, Written: time.Now().UTC()}
-	if r.State == stream.RunBlocked {
-		p.Resume = retryCommand(*r)
-	}
-	b, _ := json.MarshalIndent(p, "", "  ")
-	err := os.MkdirAll(dir, 0o755)
-	if err == nil {
-		err = checkpoint.WriteFile(filepath.Join(dir, ProgressName), append(b, '\n'))
-	}
+	err := writeEvidence(dir, ProgressName, Progress{V: ProgressVersion, RunSummary: summaryOf(r), ClassCounts: r.ClassCounts})
 	ri.progressAt = time.Now()
 	if err != nil {
 		// Said once, not at every try.
@@ -737,19 +749,39 @@ func (t *tracker) maybeProgress(ri *runInfo, force bool) {
 
 // ReadProgress reads the progress.json of the evidence folder dir; it
 // returns nil and no error when there is none.
-func ReadProgress(dir string) (*Progress, error) {
-	b, err := os.ReadFile(filepath.Join(dir, ProgressName))
+func ReadProgress(dir string) (*Progress, error) { return readEvidence[Progress](dir, ProgressName) }
+
+// ReadFinal reads the final.json of the evidence folder dir; it returns
+// nil and no error when there is none.
+func ReadFinal(dir string) (*Final, error) { return readEvidence[Final](dir, FinalName) }
+
+func readEvidence[T any](dir, name string) (*T, error) {
+	path := filepath.Join(dir, name)
+	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var p Progress
-	if err := json.Unmarshal(b, &p); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ProgressName), err)
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return &p, nil
+	return &v, nil
+}
+
+// writeEvidence writes v as JSON to the file name of the evidence folder
+// dir, durably.
+func writeEvidence(dir, name string, v any) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return checkpoint.WriteFile(filepath.Join(dir, name), append(b, '\n'))
 }
 
 // ProgressName and FinalName are a run's progress and verdict files in
@@ -761,15 +793,8 @@ const (
 
 // Final is final.json: what a run ended with.
 type Final struct {
-	Run         string        `json:"run"`
-	Fingerprint string        `json:"fingerprint"`
-	State       string        `json:"state"`
-	Reason      string        `json:"reason,omitempty"`
-	Counts      stream.Counts `json:"counts"`
-	Resume      string        `json:"resume"`
-	Output      string        `json:"output"`
-	Shards      []FinalShard  `json:"shards"`
-	Written     time.Time     `json:"written"`
+	RunSummary
+	Shards []FinalShard `json:"shards"`
 }
 
 // FinalShard is one shard in final.json.
@@ -789,11 +814,7 @@ func (t *tracker) maybeEvidence(ri *runInfo) {
 		return
 	}
 	ri.evidence = st + ri.rec.Reason
-	f := Final{Run: ri.rec.Name, Fingerprint: ri.rec.Fingerprint, State: st, Reason: ri.rec.Reason, Counts: ri.rec.Counts,
-		Resume: ri.rec.Resume, Output: ri.rec.Spec.Output, Written: time.Now().UTC()}
-	if st == stream.RunBlocked {
-		f.Resume = retryCommand(ri.rec)
-	}
+	f := Final{RunSummary: summaryOf(&ri.rec)}
 	for id, si := range ri.shards {
 		if si.fp != ri.rec.Fingerprint {
 			continue
@@ -805,13 +826,7 @@ func (t *tracker) maybeEvidence(ri *runInfo) {
 		f.Shards = append(f.Shards, fs)
 	}
 	sort.Slice(f.Shards, func(i, j int) bool { return f.Shards[i].ID < f.Shards[j].ID })
-	dir := t.c.EvidenceDir(ri.rec.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.c.log.Error("write evidence", "run", ri.rec.Name, "err", err)
-		return
-	}
-	b, _ := json.MarshalIndent(f, "", "  ")
-	if err := checkpoint.WriteFile(filepath.Join(dir, FinalName), append(b, '\n')); err != nil {
+	if err := writeEvidence(t.c.EvidenceDir(ri.rec.Name), FinalName, f); err != nil {
 		t.c.log.Error("write final.json", "run", ri.rec.Name, "err", err)
 	}
 	t.writeResume(ri, f.Resume)

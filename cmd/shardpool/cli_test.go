@@ -881,13 +881,9 @@ func TestAnotherRunsOutputsAreNotReplaced(t *testing.T) {
 	if err != nil || string(after) != string(before) {
 		t.Fatalf("run ra's output after run rb: %q, %v; want it as ra left it", after, err)
 	}
-	var final coordinator.Final
-	fb, err := os.ReadFile(filepath.Join(data, "runs", "rb", coordinator.FinalName))
-	if err == nil {
-		err = json.Unmarshal(fb, &final)
-	}
-	if err != nil || len(final.Shards) != 3 {
-		t.Fatalf("run rb's final.json: %v, %d shards", err, len(final.Shards))
+	final, err := coordinator.ReadFinal(filepath.Join(data, "runs", "rb"))
+	if err != nil || final == nil || len(final.Shards) != 3 {
+		t.Fatalf("run rb's final.json: %+v, %v; want 3 shards", final, err)
 	}
 	for _, sh := range final.Shards {
 		if sh.State != stream.ShardFailed || sh.Attempts != 0 {

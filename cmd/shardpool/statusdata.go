@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -112,14 +111,7 @@ func fromEvidence(dir, run string) (*coordinator.Status, error) {
 // verdict, or before any, and stopped before the next: reporting
 // final.json then would tell of another generation or an earlier round.
 func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinator.RunEvidence) {
-	var final *coordinator.Final
-	b, ferr := os.ReadFile(filepath.Join(evidence, coordinator.FinalName))
-	if ferr == nil {
-		final = &coordinator.Final{}
-		if ferr = json.Unmarshal(b, final); ferr != nil {
-			final = nil
-		}
-	}
+	final, ferr := coordinator.ReadFinal(evidence)
 	// An unreadable progress.json is passed over: final.json, written
 	// apart from it, still says what it says.
 	progress, _ := coordinator.ReadProgress(evidence)
@@ -128,15 +120,11 @@ func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinato
 	}
 	if progress != nil && (progress.State == stream.RunComplete || progress.State == stream.RunBlocked) {
 		// A verdict whose final.json was not written (or not yet).
-		rs := coordinator.RunStatus{Name: name, State: progress.State, Fingerprint: progress.Fingerprint, Counts: progress.Counts,
-			Reason: progress.Reason, Evidence: evidence, Output: progress.Output, Updated: progress.Written}
-		if progress.State != stream.RunComplete {
-			rs.Resume = progress.Resume
-		}
+		rs := verdictOf(name, evidence, progress.RunSummary)
 		return &rs, nil
 	}
 	if progress == nil && final != nil {
-		rs := verdictOf(name, evidence, final)
+		rs := verdictOf(name, evidence, final.RunSummary)
 		return &rs, nil
 	}
 	resume, _ := os.ReadFile(filepath.Join(evidence, "resume.txt"))
@@ -148,10 +136,10 @@ func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinato
 		ev.Why = fmt.Sprintf("no verdict recorded: stopped while %s (interrupted or killed); its counts as recorded %s", progress.State,
 			progress.Written.Local().Format("2006-01-02 15:04:05"))
 		if final != nil {
-			prev := verdictOf(name, evidence, final)
+			prev := verdictOf(name, evidence, final.RunSummary)
 			ev.Previous = &prev
 		}
-	case ferr != nil && !errors.Is(ferr, os.ErrNotExist):
+	case ferr != nil:
 		ev.Why = fmt.Sprintf("final.json unreadable: %v", ferr)
 	default:
 		// Interrupted, killed, or still before its first verdict, by a
@@ -161,8 +149,8 @@ func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinato
 	return nil, ev
 }
 
-// verdictOf is the status of a run from its final.json.
-func verdictOf(name, evidence string, f *coordinator.Final) coordinator.RunStatus {
+// verdictOf is the status of a run from its final.json or progress.json.
+func verdictOf(name, evidence string, f coordinator.RunSummary) coordinator.RunStatus {
 	rs := coordinator.RunStatus{Name: name, State: f.State, Fingerprint: f.Fingerprint, Counts: f.Counts, Reason: f.Reason,
 		Evidence: evidence, Output: f.Output, Updated: f.Written}
 	if f.State != stream.RunComplete {
