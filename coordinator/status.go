@@ -336,10 +336,7 @@ func anyAuto(workers []stream.WorkerReport) bool {
 // workers bucket until the bucket's TTL: without this, status showed it
 // running its shards for that long.
 func goneHere(r stream.WorkerReport, boot, pidns string) string {
-	if !stream.KnownBootID(boot) || r.BootID != boot || pidns == "" || r.PIDNS != pidns {
-		return ""
-	}
-	if probe.PIDAlive("/proc", r.PID) {
+	if !stream.SamePIDSpace(boot, pidns, r.BootID, r.PIDNS) || probe.PIDAlive("/proc", r.PID) {
 		return ""
 	}
 	return fmt.Sprintf("pid %d is not running on %s, where it reported", r.PID, r.Host)

@@ -106,6 +106,14 @@ func PIDNamespace() string {
 // on the same boot, so nothing about one can be proven on the other.
 func KnownBootID(id string) bool { return id != "" && id != "unknown" }
 
+// SamePIDSpace reports whether a pid recorded under bootID and pidNS names
+// a process that this one (of boot hereBoot, pid namespace herePIDNS) can
+// judge: the same boot, known, and the same pid namespace. Only then can
+// a pid not running prove its process gone.
+func SamePIDSpace(hereBoot, herePIDNS, bootID, pidNS string) bool {
+	return KnownBootID(hereBoot) && bootID == hereBoot && herePIDNS != "" && pidNS == herePIDNS
+}
+
 // Barrier asks the coordinator on nc to make every write acknowledged so
 // far durable. Use it through a Group so that concurrent callers share
 // requests.

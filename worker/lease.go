@@ -96,7 +96,7 @@ func (w *Worker) disown(key string) {
 // on a host share its name and boot ID). Owners on other hosts are never
 // proven gone here; their leases end by TTL.
 func (w *Worker) ownerGone(o stream.Owner) bool {
-	if !stream.KnownBootID(w.boot) || o.BootID != w.boot || o.Host != w.host || w.pidns == "" || o.PIDNS != w.pidns {
+	if o.Host != w.host || !stream.SamePIDSpace(w.boot, w.pidns, o.BootID, o.PIDNS) {
 		return false
 	}
 	if o.PID == w.pid && o.Worker == w.cfg.Name {
