@@ -379,24 +379,11 @@ func readJournal(path string) (deadJournal, error) {
 
 // processStart is pid's start time in clock ticks since boot, or -1.
 func processStart(procRoot string, pid int) int64 {
-	st, err := readProcStat(procRoot, pid)
+	st, err := probe.ReadStat(procRoot, pid)
 	if err != nil {
 		return -1
 	}
 	return st.Start
-}
-
-// readProcStat reads and parses procRoot/<pid>/stat.
-func readProcStat(procRoot string, pid int) (probe.Stat, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return probe.Stat{}, err
-	}
-	st, ok := probe.ParseStat(b)
-	if !ok {
-		return probe.Stat{}, fmt.Errorf("%s/%d/stat does not parse", procRoot, pid)
-	}
-	return st, nil
 }
 
 // reapOrphans kills what dead workers of this boot left running, hands

@@ -335,10 +335,22 @@ func PIDAlive(procRoot string, pid int) bool {
 			return false
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	st, err := ReadStat(procRoot, pid)
 	if err != nil {
 		return !errors.Is(err, fs.ErrNotExist)
 	}
+	return st.State != 'Z'
+}
+
+// ReadStat reads and parses procRoot/<pid>/stat.
+func ReadStat(procRoot string, pid int) (Stat, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return Stat{}, err
+	}
 	st, ok := ParseStat(b)
-	return !ok || st.State != 'Z'
+	if !ok {
+		return Stat{}, fmt.Errorf("%s/%d/stat does not parse", procRoot, pid)
+	}
+	return st, nil
 }
