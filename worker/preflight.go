@@ -57,7 +57,15 @@ func (w *Worker) writePreflight(run string, paths map[string]string) (string, er
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(w.evidenceDir(run), "preflight")
+	return SavePreflight(w.evidenceDir(run), snap, w.cfg.Name)
+}
+
+// SavePreflight writes snap to the run evidence folder evidence as
+// preflight/<host>-<time>.json (DESIGN.md, "Evidence"): what `shardpool
+// preflight --spec` and each worker of the run leave. A name already
+// taken (two snapshots of one host in one second) gets "-<who>" added.
+func SavePreflight(evidence string, snap *probe.Snapshot, who string) (string, error) {
+	dir := filepath.Join(evidence, "preflight")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -65,10 +73,10 @@ func (w *Worker) writePreflight(run string, paths map[string]string) (string, er
 	if err != nil {
 		return "", err
 	}
-	file := filepath.Join(dir, fmt.Sprintf("%s-%s.json", snap.Hostname, snap.Time.Format("20060102T150405Z")))
+	base := filepath.Join(dir, fmt.Sprintf("%s-%s", snap.Hostname, snap.Time.Format("20060102T150405Z")))
+	file := base + ".json"
 	if _, err := os.Stat(file); err == nil {
-		// Two workers of one host that started the run in one second.
-		file = filepath.Join(dir, fmt.Sprintf("%s-%s-%s.json", snap.Hostname, snap.Time.Format("20060102T150405Z"), w.cfg.Name))
+		file = base + "-" + who + ".json"
 	}
 	return file, checkpoint.WriteFile(file, append(b, '\n'))
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -11,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -68,13 +66,8 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if spec != nil {
-		dir := filepath.Join(*data, "runs", spec.Name, "preflight")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		b, _ := json.MarshalIndent(snap, "", "  ")
-		file := filepath.Join(dir, fmt.Sprintf("%s-%s.json", snap.Hostname, snap.Time.Format("20060102T150405Z")))
-		if err := checkpoint.WriteFile(file, append(b, '\n')); err != nil {
+		file, err := worker.SavePreflight(filepath.Join(*data, "runs", spec.Name), snap, "preflight")
+		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "preflight written to %s\n", file)
