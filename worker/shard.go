@@ -50,10 +50,7 @@ func (w *Worker) dropOlderCkpts(output, run, fp, id string) {
 			continue
 		}
 		old := filepath.Join(runDir, g.Name(), id)
-		if _, err := os.Lstat(old); err != nil {
-			continue
-		}
-		if err := os.RemoveAll(old); err != nil {
+		if err := os.RemoveAll(old); err != nil { // nil when absent
 			w.log.Warn("remove an older generation's checkpoints", "dir", old, "err", err)
 			continue
 		}
