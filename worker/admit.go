@@ -25,6 +25,9 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	if crit, why := w.isCritical(); crit {
 		return 0, fmt.Sprintf("class %s: host under critical memory pressure (%s): not fetching", class, why)
 	}
+	if err := w.scratchUsable(); err != nil {
+		return 0, fmt.Sprintf("class %s: %v: not fetching; looking again every %s", class, err, scratchRecheck)
+	}
 	if !w.cfg.Auto {
 		slots := w.cfg.Slots[class]
 		w.publishFixed(class, max(slots-inflight, 0))

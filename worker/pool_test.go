@@ -1275,3 +1275,84 @@ func TestNewGenerationStartsItsCheckpointsAfresh(t *testing.T) {
 		t.Fatalf("the second generation's checkpoint: %q, want g2", b)
 	}
 }
+
+// TestFullScratchHoldsTheWorkerNotTheShards: a scratch directory that
+// fails (here a tmpfs with no inode left, as a full /tmp) is the host's
+// fault, not the shard's. Before, every shard the worker took failed
+// with "scratch: ..." and spent its retries, and the run ended BLOCKED;
+// now the attempt is handed back uncharged, the worker fetches nothing
+// while its scratch fails, and once there is room again the run
+// completes.
+func TestFullScratchHoldsTheWorkerNotTheShards(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	scratch := filepath.Join(env.Data, "scratch", "w1")
+	testenv.SmallTmpfs(t, scratch, "1m,nr_inodes=16")
+	env.StartWorker("w1", map[string]int{"cpu": 1})
+	// Wait for the worker to be up (its start checks the scratch
+	// directory), then use up the inodes.
+	ctx := context.Background()
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		rs, _ := b.WorkerReports(ctx)
+		return len(rs) == 1, fmt.Sprintf("reports %+v, want the worker's", rs)
+	})
+	var filler []string
+	for i := 0; ; i++ {
+		p := filepath.Join(scratch, fmt.Sprintf("filler-%d", i))
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("filling the scratch tmpfs: %v", err)
+			}
+			break
+		}
+		filler = append(filler, p)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0, Command: []string{"sh", "-c", `echo ok > "$1/r"`, "sh", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	// One shard is taken and handed back; the worker then fetches no more.
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		rs, _ := b.WorkerReports(ctx)
+		if len(rs) != 1 {
+			return false, fmt.Sprintf("reports %+v", rs)
+		}
+		return strings.Contains(rs[0].Waiting["cpu"], "not usable"), fmt.Sprintf("waiting %q, want the scratch directory named as why", rs[0].Waiting)
+	})
+	time.Sleep(2 * time.Second)
+	tried := 0
+	for i := range 3 {
+		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State == stream.ShardFailed {
+			t.Fatalf("shard %s failed on the worker's scratch: %+v", rec.ID, rec.Attempts)
+		}
+		for _, at := range rec.Attempts {
+			tried++
+			if at.Outcome != stream.OutcomeInterrupted || !strings.Contains(at.Reason, scratch) {
+				t.Fatalf("shard %s attempt %+v, want it interrupted, naming %s", rec.ID, at, scratch)
+			}
+		}
+	}
+	if tried != 1 {
+		t.Fatalf("%d attempts while the scratch was full, want 1 (then no fetch)", tried)
+	}
+	if r, _ := env.Run("t"); r.State == stream.RunBlocked {
+		t.Fatalf("run BLOCKED on a full scratch: %s", r.Reason)
+	}
+	for _, p := range filler {
+		os.Remove(p)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	for i := range 3 {
+		if b, err := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", fmt.Sprintf("s%04d", i), "r")); err != nil || string(b) != "ok\n" {
+			t.Fatalf("output of s%04d: %q, %v", i, b, err)
+		}
+	}
+}

@@ -2,12 +2,15 @@ package worker
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 )
 
 // scratchPool hands out the {out} and {scratch} directory pairs of
@@ -147,5 +150,94 @@ func emptyDir(dir string) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// DefaultScratch is a worker's scratch directory when none is given:
+// $TMPDIR/shardpool-<name>-<uid>. The uid keeps the users of one host
+// apart: without it the first user's directory was another's, who could
+// not write in it (every shard failed) or, had it been open, could have
+// read and changed the first user's work.
+func DefaultScratch(name string) string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-%s-%d", name, os.Getuid()))
+}
+
+// CheckScratch makes dir where it is missing (0700) and proves it usable
+// by creating and removing a file in it. With own, the directory must also
+// be this user's and not a symlink: the default one lives in a shared
+// /tmp, where another user could have made it first. A directory given
+// by the user may belong to someone else (a group's scratch space): there
+// being able to write is enough.
+func CheckScratch(dir string, own bool) error {
+	const fix = "pass --scratch DIR for a local directory of your own"
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("scratch directory %s: %w; %s", dir, err, fix)
+	}
+	if own {
+		info, err := os.Lstat(dir)
+		if err != nil {
+			return fmt.Errorf("scratch directory %s: %w; %s", dir, err, fix)
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		switch {
+		case info.Mode()&os.ModeSymlink != 0:
+			return fmt.Errorf("scratch directory %s is a symbolic link, not a directory (in a shared /tmp, anyone's): remove it, or %s", dir, fix)
+		case !info.IsDir():
+			return fmt.Errorf("scratch directory %s is not a directory: remove it, or %s", dir, fix)
+		case ok && int(st.Uid) != os.Getuid():
+			return fmt.Errorf("scratch directory %s belongs to uid %d, not to this user (uid %d): remove it, or %s", dir, st.Uid, os.Getuid(), fix)
+		}
+	}
+	f, err := os.CreateTemp(dir, ".shardpool-check-*")
+	if err != nil {
+		return fmt.Errorf("scratch directory %s is not usable: %w; %s", dir, err, fix)
+	}
+	name := f.Name()
+	f.Close()
+	if err := os.Remove(name); err != nil {
+		return fmt.Errorf("scratch directory %s is not usable: %w; %s", dir, err, fix)
+	}
+	return nil
+}
+
+// scratchRecheck is how often a worker whose scratch directory failed
+// looks at it again, fetching nothing meanwhile.
+const scratchRecheck = 5 * time.Second
+
+// scratchFault notes that the scratch directory failed an attempt: not the
+// shard's failure but the host's, so the worker fetches nothing until the
+// directory works again (scratchUsable), instead of spending every
+// shard's retries on a full or removed /tmp. dir is the directory that
+// failed (the run's, under the scratch directory): the recheck tries it.
+func (w *Worker) scratchFault(err error, dir string) {
+	w.scratchMu.Lock()
+	first := w.scratchErr == nil
+	w.scratchErr, w.scratchAt, w.scratchDir = err, time.Now(), dir
+	w.scratchMu.Unlock()
+	if first {
+		w.log.Warn("scratch directory unusable: fetching nothing until it works again", "scratch", w.cfg.Scratch, "err", err)
+		w.reportSoon()
+	}
+}
+
+// scratchUsable is nil while the scratch directory works; after a fault,
+// the fault, looked at again (CheckScratch) at most every scratchRecheck.
+func (w *Worker) scratchUsable() error {
+	w.scratchMu.Lock()
+	defer w.scratchMu.Unlock()
+	if w.scratchErr == nil || time.Since(w.scratchAt) < scratchRecheck {
+		return w.scratchErr
+	}
+	err := CheckScratch(w.cfg.Scratch, w.defaultScratch)
+	if err == nil && w.scratchDir != "" {
+		err = CheckScratch(w.scratchDir, false)
+	}
+	if err != nil {
+		w.scratchErr, w.scratchAt = err, time.Now()
+		return err
+	}
+	w.log.Warn("scratch directory usable again", "scratch", w.cfg.Scratch)
+	w.scratchErr = nil
+	w.reportSoon()
 	return nil
 }

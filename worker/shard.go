@@ -503,14 +503,21 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		_ = a.msg.NakWithDelay(w.backoff(1))
 		return
 	}
-	var res result
 	base, err := w.scratch.take(m.Run)
 	if err != nil {
-		res = result{outcome: stream.OutcomeStart, reason: "scratch: " + err.Error()}
-		base = filepath.Join(w.cfg.Scratch, m.Run, "unavailable")
-	} else {
-		defer w.scratch.put(m.Run, base)
+		// The host's fault, not the shard's: the attempt is not charged,
+		// the message comes back (to another worker, or to this one once
+		// its scratch works), and this worker fetches nothing meanwhile.
+		err = fmt.Errorf("scratch directory %s is not usable: %w", w.cfg.Scratch, err)
+		w.scratchFault(err, filepath.Join(w.cfg.Scratch, m.Run))
+		at := &a.rec.Attempts[len(a.rec.Attempts)-1]
+		at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
+		reason := fmt.Sprintf("%v; not the shard's failure: requeued, redelivery in %s", err, scratchRecheck)
+		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { _ = a.msg.NakWithDelay(scratchRecheck) })
+		return
 	}
+	defer w.scratch.put(m.Run, base)
+	var res result
 	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: base + ".out", Scratch: base + ".tmp",
 		Ckpt: CkptDir(spec.Output, m.Run, m.Fingerprint, m.ID), Attempt: a.attempt}
 	if res.outcome == "" && spec.StageFor(class) {

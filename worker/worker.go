@@ -37,7 +37,7 @@ type Config struct {
 	// and checks live headroom before each fetch.
 	Auto bool
 	// Scratch is local scratch space for {out} and {scratch}. Default:
-	// $TMPDIR/shardpool-<name>.
+	// DefaultScratch(Name), $TMPDIR/shardpool-<name>-<uid>.
 	Scratch string
 	// StateDir is where the worker writes evidence (attempt logs,
 	// admission.log) under runs/<run>/. Default: $XDG_STATE_HOME/shardpool.
@@ -149,18 +149,25 @@ type Worker struct {
 	// fixedShare is the budget a worker with fixed slots writes its holds
 	// under (auto workers take theirs from each decision's look).
 	fixedShare string
-	active     map[string]*running   // shards whose command runs, by key
-	waits      map[string]string     // per class: why the worker is not fetching
-	poke       chan struct{}         // reportSoon: a report ahead of the period
-	owning     map[string]bool       // shard keys with an attempt in flight here, from lease to settle (takeLease)
-	held       map[string]int        // per class: deliveries held for a store that takes no lease write
-	heldWhy    string                // the store's last refusal, while any is held
-	peers      []stream.WorkerReport // other live workers, for locality
-	critical   string                // why memory is critical now, or ""
-	enforce    bool                  // per-shard cgroups can be made here
-	cgroups    *cgroups
-	limits     string
-	hostLogF   *os.File
+	active     map[string]*running // shards whose command runs, by key
+	waits      map[string]string   // per class: why the worker is not fetching
+	poke       chan struct{}       // reportSoon: a report ahead of the period
+	owning     map[string]bool     // shard keys with an attempt in flight here, from lease to settle (takeLease)
+	held       map[string]int      // per class: deliveries held for a store that takes no lease write
+	heldWhy    string              // the store's last refusal, while any is held
+
+	defaultScratch bool // cfg.Scratch was not given: it must be this user's own
+	scratchMu      sync.Mutex
+	scratchErr     error     // why the scratch directory failed an attempt; nil while it works
+	scratchAt      time.Time // when scratchErr was last confirmed
+	scratchDir     string    // the directory that failed
+
+	peers    []stream.WorkerReport // other live workers, for locality
+	critical string                // why memory is critical now, or ""
+	enforce  bool                  // per-shard cgroups can be made here
+	cgroups  *cgroups
+	limits   string
+	hostLogF *os.File
 
 	scratch *scratchPool              // {out} and {scratch} directories of attempts
 	durable *stream.Group             // shared sync barriers at the coordinator
@@ -205,8 +212,9 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("%w: Slots: class %s has %d slots", ErrConfig, c, n)
 		}
 	}
-	if cfg.Scratch == "" {
-		cfg.Scratch = filepath.Join(os.TempDir(), "shardpool-"+cfg.Name)
+	defaultScratch := cfg.Scratch == ""
+	if defaultScratch {
+		cfg.Scratch = DefaultScratch(cfg.Name)
 	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir()
@@ -265,7 +273,7 @@ func New(cfg Config) (*Worker, error) {
 		}
 		cfg.Probe = p
 	}
-	return &Worker{cfg: cfg, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
+	return &Worker{cfg: cfg, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
 		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
@@ -280,7 +288,7 @@ func DefaultStateDir() string {
 	if h, err := os.UserHomeDir(); err == nil {
 		return filepath.Join(h, ".local", "state", "shardpool")
 	}
-	return filepath.Join(os.TempDir(), "shardpool-state")
+	return filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-state-%d", os.Getuid()))
 }
 
 // Run serves until ctx ends, then drains: it stops fetching, gives running
@@ -310,8 +318,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.checkName(ctx); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(w.cfg.Scratch, 0o755); err != nil {
-		return fmt.Errorf("worker %s: scratch: %w", w.cfg.Name, err)
+	if err := CheckScratch(w.cfg.Scratch, w.defaultScratch); err != nil {
+		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
 	}
 	defer w.closeLogs()
 	nc := w.cfg.JetStream.Conn()

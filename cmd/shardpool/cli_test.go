@@ -17,6 +17,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -897,5 +898,49 @@ func TestAnotherRunsOutputsAreNotReplaced(t *testing.T) {
 	p = testenv.Start(t, "run", "--data", data, "--retry-failed", b)
 	if code := p.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("run rb --retry-failed after the outputs were removed: exit %d\n%s", code, p.Output())
+	}
+}
+
+// TestRunRefusesAScratchItCannotUse: a scratch directory the worker cannot
+// use is named before anything is queued, with the way out. Before, a
+// user whose default scratch (in a shared /tmp) another user had made
+// first saw every shard fail on "permission denied" after its retries.
+func TestRunRefusesAScratchItCannotUse(t *testing.T) {
+	tmp := t.TempDir()
+	file := filepath.Join(tmp, "file")
+	os.WriteFile(file, nil, 0o644)
+	theirs := worker.DefaultScratch(worker.DefaultName()) // under TMPDIR, set below for the child
+	theirs = filepath.Join(tmp, filepath.Base(theirs))
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"given, a file", []string{"--scratch", file}, file},
+		{"the default, another user's", nil, theirs + " belongs to uid 65534"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.args == nil {
+				testenv.RequireRoot(t)
+				os.Mkdir(theirs, 0o777)
+				if err := os.Chown(theirs, 65534, 65534); err != nil {
+					t.Fatal(err)
+				}
+				t.Setenv("TMPDIR", tmp)
+			}
+			spec := testenv.WriteJob(t, testenv.Job{Name: "scr", Shards: 1, Command: []string{"true"}})
+			data := t.TempDir()
+			p := testenv.Start(t, append(append([]string{"run", "--data", data}, tc.args...), spec)...)
+			if code := p.Wait(t, 30*time.Second); code != 1 {
+				t.Fatalf("exit %d, want 1\n%s", code, p.Output())
+			}
+			if out := p.Output(); !strings.Contains(out, tc.want) || !strings.Contains(out, "--scratch DIR") {
+				t.Fatalf("output lacks %q and the way out (--scratch DIR):\n%s", tc.want, out)
+			}
+			if _, err := os.Stat(filepath.Join(data, "runs", "scr")); !os.IsNotExist(err) {
+				t.Fatalf("a run was started (its evidence folder: %v)", err)
+			}
+		})
 	}
 }

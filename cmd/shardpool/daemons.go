@@ -105,7 +105,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
 	slots := &slotsFlag{auto: true}
 	fs.Var(slots, "slots", "auto (from this host's budget and each class's peak; serves every class of the active runs) or CLASS=N,...")
-	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>)")
+	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>-<uid>)")
 	name := fs.String("name", worker.DefaultName(), "worker name (unique per worker)")
 	data := fs.String("data", worker.DefaultStateDir(), "where this worker writes evidence (runs/<run>/)")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")

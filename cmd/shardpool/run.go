@@ -34,7 +34,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	retryFailed := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	syncMode := registerSync(fs)
-	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>)")
+	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>-<uid>)")
 	quiet := fs.Bool("quiet", false, "no progress display")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
@@ -48,6 +48,16 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if err := checkOutputDir(spec); err != nil {
+		return err
+	}
+	// A scratch directory the worker cannot use would fail the run only
+	// once it is queued: say so now.
+	if *scratch == "" {
+		err = worker.CheckScratch(worker.DefaultScratch(worker.DefaultName()), true)
+	} else {
+		err = worker.CheckScratch(*scratch, false)
+	}
+	if err != nil {
 		return err
 	}
 	absData, err := filepath.Abs(*data)

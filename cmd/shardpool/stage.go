@@ -60,7 +60,7 @@ type StageReport struct {
 
 func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("stage", "shardpool stage [--scratch DIR] [--stage-bwlimit SIZE] [--stage-concurrency N] [--json] SPEC", stderr)
-	scratch := fs.String("scratch", filepath.Join(os.TempDir(), "shardpool-"+worker.DefaultName(), "stage"), "local scratch to stage into (the worker's default)")
+	scratch := fs.String("scratch", filepath.Join(worker.DefaultScratch(worker.DefaultName()), "stage"), "local scratch to stage into (the worker's default)")
 	data := fs.String("data", worker.DefaultStateDir(), "state directory: input checksum cache and evidence")
 	asJSON := fs.Bool("json", false, "print staging.json")
 	var sf stagingFlags
