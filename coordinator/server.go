@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -151,6 +152,18 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
+	// nats-server logs a port in use and never listens: say so now,
+	// instead of after ReadyTimeout as "no listener".
+	if port != server.RANDOM_PORT {
+		if err := portFree(c.cfg.Listen, "--listen"); err != nil {
+			return err
+		}
+	}
+	if c.cfg.HTTP != "" {
+		if err := portFree(c.cfg.HTTP, "--http"); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(c.cfg.StoreDir, 0o755); err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
@@ -182,7 +195,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.Close()
 		return fmt.Errorf("start coordinator: %w", err)
 	}
-	srv.SetLoggerV2(natsLogger{l: c.log.With("component", "nats"), onWriteErr: c.noteWriteError}, false, false, false)
+	srv.SetLoggerV2(natsLogger{l: c.cfg.Logger.With("component", "nats"), onWriteErr: c.noteWriteError}, false, false, false)
 	srv.Start()
 	c.srv = srv
 	if !srv.ReadyForConnections(c.cfg.ReadyTimeout) {
@@ -311,6 +324,20 @@ func (c *Coordinator) Close() {
 		c.lock.Close() // releases the flock
 		c.lock = nil
 	}
+}
+
+// portFree binds addr and lets it go: an address in use (another
+// coordinator's, or another program's) is named with the flag that
+// changes it.
+func portFree(addr, flag string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("start coordinator: %w: %s is in use (another coordinator, or another program): pass %s HOST:PORT, port 0 for any free one", ErrConfig, addr, flag)
+		}
+		return fmt.Errorf("start coordinator: %w: %s: %v", ErrConfig, flag, err)
+	}
+	return l.Close()
 }
 
 // lockName is the lock file in a coordinator's store directory (beside

@@ -95,6 +95,39 @@ func TestDataDirIsLocked(t *testing.T) {
 	third.Close()
 }
 
+// TestPortInUseIsNamedAtOnce: a second coordinator on a port in use (two
+// users each starting `shardpool coordinator` with its default --listen)
+// waited 30 s and said "jetstream not ready: no listener"; nats-server
+// had logged the bind error and never listened. Now Start refuses at
+// once, naming the address and the flag that changes it; the store is
+// not touched.
+func TestPortInUseIsNamedAtOnce(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	busy := strings.TrimPrefix(env.URL, "nats://")
+	for _, tc := range []struct{ listen, http, flag string }{
+		{busy, "", "--listen"},
+		{"127.0.0.1:0", busy, "--http"},
+	} {
+		dir := t.TempDir()
+		c, err := coordinator.New(coordinator.Config{DataDir: dir, Listen: tc.listen, HTTP: tc.http})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err = c.Start(context.Background())
+		c.Close()
+		if err == nil || !strings.Contains(err.Error(), busy+" is in use") || !strings.Contains(err.Error(), tc.flag) {
+			t.Fatalf("coordinator on %s (http %q): got %v, want the address in use and %s named", tc.listen, tc.http, err, tc.flag)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("refused after %s, want at once", d)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("the refused coordinator left %v in its data directory", ents)
+		}
+	}
+}
+
 // TestResubmitRestoresLostMessages: a store that lost the queued messages
 // of unfinished shards (as nats-server rebuilding a stream after a full
 // disk was seen to) leaves them pending with nothing to deliver them.
