@@ -230,6 +230,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	}
 	cause := stopNone
 	var kill <-chan time.Time
+	hurry := w.hurry
 	var waitErr error
 	terminate := func(c stopCause) {
 		if cause != stopNone {
@@ -257,6 +258,11 @@ wait:
 			leaseLost = nil
 			terminate(stopLeaseLost)
 		case <-kill:
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			kill = nil
+		case <-hurry:
+			hurry = nil
+			terminate(stopShutdown)
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			kill = nil
 		}

@@ -152,9 +152,11 @@ type Worker struct {
 	active     map[string]*running // shards whose command runs, by key
 	waits      map[string]string   // per class: why the worker is not fetching
 	poke       chan struct{}       // reportSoon: a report ahead of the period
-	owning     map[string]bool     // shard keys with an attempt in flight here, from lease to settle (takeLease)
-	held       map[string]int      // per class: deliveries held for a store that takes no lease write
-	heldWhy    string              // the store's last refusal, while any is held
+	hurry      chan struct{}       // closed by Hurry: no grace left for children
+	hurryOnce  sync.Once
+	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
+	held       map[string]int  // per class: deliveries held for a store that takes no lease write
+	heldWhy    string          // the store's last refusal, while any is held
 
 	defaultScratch bool // cfg.Scratch was not given: it must be this user's own
 	scratchMu      sync.Mutex
@@ -274,11 +276,29 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
 const barrierTimeout = 10 * time.Second
+
+// Hurry cuts a drain short (a second Ctrl-C): children still running get
+// SIGKILL now instead of at the end of their grace period. Their attempts
+// are recorded interrupted, as in any drain, and the messages handed
+// back.
+func (w *Worker) Hurry() { w.hurryOnce.Do(func() { close(w.hurry) }) }
+
+// Running is the number of shards holding a slot now: from their delivery
+// to the end of their command.
+func (w *Worker) Running() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, k := range w.running {
+		n += k
+	}
+	return n
+}
 
 // DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
 func DefaultStateDir() string {

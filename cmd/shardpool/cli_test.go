@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -789,6 +790,50 @@ func TestInterruptedRunTellsWhereItStood(t *testing.T) {
 	c := doc.NoVerdict[0].Counts
 	if c.Validated != len(markers) || c.Running != 0 || c.Validated+c.Pending != 40 || len(markers) == 40 {
 		t.Fatalf("interrupted run: recorded %+v with %d committed outputs, want as many validated as outputs, none running, some pending", *c, len(markers))
+	}
+}
+
+// TestSecondInterruptEndsTheDrainAtOnce: an interrupted run drains (its
+// children get SIGTERM and --grace to end). Before, it printed nothing
+// until the grace was over, and a second Ctrl-C did nothing; with a child
+// that ignores SIGTERM that was the whole grace period of silence. Now
+// the first interrupt says what happens and how to cut it short, and the
+// second kills the children at once. The killed attempt is not charged:
+// with retries = 0, the resumed run completes.
+func TestSecondInterruptEndsTheDrainAtOnce(t *testing.T) {
+	data, dir := t.TempDir(), t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "stubborn", Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `if [ -f "$1/ran" ]; then echo ok > "$2/r"; exit 0; fi; echo $$ > "$1/ran"; trap "" TERM; sleep 60`, "sh", dir, "{out}"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", "--grace", "60s", spec)
+	ran := filepath.Join(dir, "ran")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		_, err := os.Stat(ran)
+		return err == nil, "the shard has not started"
+	})
+	p.SignalMain(syscall.SIGINT)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		out := p.Output()
+		return strings.Contains(out, "stopping: 1 running shard(s) get SIGTERM and 1m0s to end") && strings.Contains(out, "interrupt again to kill them now"),
+			"no word of the drain after the first interrupt:\n" + out
+	})
+	start := time.Now()
+	p.SignalMain(syscall.SIGINT)
+	if code := p.Wait(t, 30*time.Second); code != 130 {
+		t.Fatalf("exit %d, want 130\n%s", code, p.Output())
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the second interrupt took %s to end the run, want it at once", d)
+	}
+	b, _ := os.ReadFile(ran)
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err != nil || syscall.Kill(pid, 0) == nil {
+		t.Fatalf("the shard's process %q (%v) outlived the run", b, err)
+	}
+	if !strings.Contains(p.Output(), "stopping now") {
+		t.Fatalf("output lacks the second interrupt's line:\n%s", p.Output())
+	}
+	again := testenv.Start(t, "run", "--data", data, "--slots", "1", spec)
+	if code := again.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("resume: exit %d, want 0 (the killed attempt not charged)\n%s", code, again.Output())
 	}
 }
 

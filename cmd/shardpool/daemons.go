@@ -127,5 +127,15 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.String(), *server)
+	ran := make(chan struct{})
+	defer close(ran)
+	go func() {
+		select {
+		case <-ctx.Done():
+			defer announceDrain(stderr, w, *grace)()
+			<-ran
+		case <-ran:
+		}
+	}()
 	return w.Run(ctx)
 }

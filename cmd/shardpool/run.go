@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -159,6 +161,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		since = submitted
 	}
 	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull)
+	if ctx.Err() != nil {
+		defer announceDrain(stderr, wk, *grace)()
+	}
 	stopWorker() // the worker drains: SIGTERM to children, grace, Nak
 	<-workerDone // its last records and Naks need the coordinator
 	stopCoord()
@@ -184,6 +189,34 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED: " + final.Reason}
 	}
 	return nil
+}
+
+// announceDrain says what an interrupted worker does before it exits,
+// which can take the whole grace period, and lets a second SIGINT or
+// SIGTERM cut it short (worker.Hurry). Before, a Ctrl-C showed nothing for
+// up to --grace, and a second one did nothing. The returned func stops
+// listening.
+func announceDrain(stderr io.Writer, wk *worker.Worker, grace time.Duration) func() {
+	if n := wk.Running(); n > 0 {
+		fmt.Fprintf(stderr, "stopping: %d running shard(s) get SIGTERM and %s to end, then SIGKILL; their attempts are not counted (interrupt again to kill them now)\n", n, grace)
+	} else {
+		fmt.Fprintln(stderr, "stopping")
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-sig:
+			fmt.Fprintln(stderr, "stopping now: SIGKILL to the running shards")
+			wk.Hurry()
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(sig)
+		close(done)
+	}
 }
 
 // checkOutputDir makes the output directory: a `run` commits every shard
