@@ -27,6 +27,9 @@ type Live struct {
 	URL string `json:"url,omitempty"`
 	// Holder is its lock file's first line ("pid N on HOST since T").
 	Holder string `json:"holder"`
+	// TokenFile holds the token its clients present; empty where the
+	// store has none.
+	TokenFile string `json:"token_file,omitempty"`
 }
 
 // LiveIn lists the coordinators that hold a store under the state
@@ -60,6 +63,9 @@ func LiveIn(dir string) ([]Live, error) {
 			} else if u, ok := strings.CutPrefix(line, "url "); ok {
 				l.URL = u
 			}
+		}
+		if _, err := os.Stat(filepath.Join(l.Store, TokenName)); err == nil {
+			l.TokenFile = filepath.Join(l.Store, TokenName)
 		}
 		out = append(out, l)
 	}

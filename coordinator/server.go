@@ -55,20 +55,25 @@ type Config struct {
 	// a new Coordinator on the same data. Without it the store stays full
 	// until the process restarts.
 	ReloadOnWriteError bool
+	// Auth makes every client but the coordinator's own present a token:
+	// the one in StoreDir/token (TokenName), made at the first start and
+	// kept. Off, any client that reaches Listen is taken (tests).
+	Auth bool
 	// Logger receives structured logs; default discards.
 	Logger *slog.Logger
 }
 
 // Coordinator is an embedded JetStream server plus run tracking.
 type Coordinator struct {
-	cfg  Config
-	log  *slog.Logger
-	srv  *server.Server
-	nc   *nats.Conn
-	js   jetstream.JetStream
-	http *http.Server
-	hl   net.Listener
-	b    *stream.Buckets
+	cfg   Config
+	log   *slog.Logger
+	srv   *server.Server
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	token string // clients present it (Config.Auth); "" when none is asked
+	http  *http.Server
+	hl    net.Listener
+	b     *stream.Buckets
 
 	// store is the open JetStream store directory; syncer makes the whole
 	// file system under it durable (syncfs) for barrier requests.
@@ -172,6 +177,12 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	c.lock = lock
+	if c.cfg.Auth {
+		if c.token, err = loadOrCreateToken(filepath.Join(c.cfg.StoreDir, TokenName)); err != nil {
+			c.Close()
+			return fmt.Errorf("start coordinator: %w", err)
+		}
+	}
 	maxStore, err := storeLimit(c.cfg.StoreDir)
 	if err != nil {
 		c.Close()
@@ -188,6 +199,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		MaxPayload:         8 << 20,
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  maxStore,
+		Authorization:      c.token, // "" with Auth off: no authorization
 	}
 	c.opts = opts.Clone() // NewServer adjusts what it is given
 	srv, err := server.NewServer(opts)
@@ -206,7 +218,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.Close()
 		return err
 	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Name("shardpool-coordinator"), nats.MaxReconnects(-1))
+	copts := []nats.Option{nats.InProcessServer(srv), nats.Name("shardpool-coordinator"), nats.MaxReconnects(-1)}
+	if c.token != "" {
+		copts = append(copts, nats.Token(c.token))
+	}
+	nc, err := nats.Connect("", copts...)
 	if err != nil {
 		c.Close()
 		return fmt.Errorf("start coordinator: connect in-process: %w", err)

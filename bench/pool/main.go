@@ -32,6 +32,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
 )
 
 func main() {
@@ -291,10 +293,11 @@ func distributed(bin, dir, spec, name string, j int) (time.Duration, int64, int6
 	defer coord.Process.Kill()
 	time.Sleep(1500 * time.Millisecond)
 	start := time.Now()
-	if out, err := exec.Command(bin, "submit", "--server", url, spec).CombinedOutput(); err != nil {
+	token := filepath.Join(dir, name, "jetstream", coordinator.TokenName)
+	if out, err := exec.Command(bin, "submit", "--server", url, "--token-file", token, spec).CombinedOutput(); err != nil {
 		return 0, 0, 0, fmt.Errorf("submit: %v %s", err, out)
 	}
-	wk := exec.Command(bin, "worker", "--server", url, "--slots", fmt.Sprintf("cpu=%d", j), "--name", "bench",
+	wk := exec.Command(bin, "worker", "--server", url, "--token-file", token, "--slots", fmt.Sprintf("cpu=%d", j), "--name", "bench",
 		"--data", filepath.Join(dir, name+"-wdata"), "--scratch", filepath.Join(dir, name+"-wscratch"))
 	if err := wk.Start(); err != nil {
 		return 0, 0, 0, err

@@ -33,6 +33,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/drill/powercut"
 	"github.com/shardpool/shardpool/stream"
 )
@@ -121,7 +122,10 @@ func (s *soak) run(n, events int) int {
 	syscall.Sync() // the job is on its disk before any power cut
 	s.start = time.Now()
 	s.startCoordinator()
-	nc, err := nats.Connect(s.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	nc, err := nats.Connect(s.url, nats.TokenHandler(func() string {
+		tok, _ := coordinator.ReadToken(s.tokenFile())
+		return tok
+	}), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		s.fail("connect: %v", err)
 	}
@@ -136,7 +140,7 @@ func (s *soak) run(n, events int) int {
 	if err != nil {
 		s.fail("coordinator not ready: %v", err)
 	}
-	sub := exec.Command(s.bin, "submit", "--server", s.url, spec)
+	sub := exec.Command(s.bin, "submit", "--server", s.url, "--token-file", s.tokenFile(), spec)
 	if out, err := sub.CombinedOutput(); err != nil {
 		s.fail("submit: %v\n%s", err, out)
 	}
@@ -219,8 +223,14 @@ func (s *soak) startCoordinator() {
 	s.startProc("coordinator", "coordinator", "--data", filepath.Join(s.state, "coord"), "--listen", s.addr, "--http", "", "--lease-ttl", "5s")
 }
 
+// tokenFile holds the coordinator's token (in its store), which every
+// client presents.
+func (s *soak) tokenFile() string {
+	return filepath.Join(s.state, "coord", "jetstream", coordinator.TokenName)
+}
+
 func (s *soak) startWorker(name string) {
-	s.startProc(name, "worker", "--server", s.url, "--name", name, "--slots", "cpu=3", "--grace", "2s",
+	s.startProc(name, "worker", "--server", s.url, "--token-file", s.tokenFile(), "--name", name, "--slots", "cpu=3", "--grace", "2s",
 		"--data", filepath.Join(s.state, "state"), "--scratch", filepath.Join(s.state, "scratch-"+name))
 }
 

@@ -433,10 +433,9 @@ func appendTo(t *testing.T, path, text string) {
 	f.WriteString(text)
 }
 
-// TestNatsCLIAgreesWithStatus runs the stock nats CLI (natscli v0.5.0)
-// against a live coordinator and compares what it reads with shardpool
-// status --json.
-func TestNatsCLIAgreesWithStatus(t *testing.T) {
+// natsCLI is the stock nats CLI's path (`make tools` installs it).
+func natsCLI(t *testing.T) string {
+	t.Helper()
 	natsBin, err := exec.LookPath("nats")
 	if err != nil {
 		if gp, e := exec.Command("go", "env", "GOPATH").Output(); e == nil {
@@ -449,6 +448,14 @@ func TestNatsCLIAgreesWithStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the nats CLI is not installed; run: go install github.com/nats-io/natscli/nats@v0.5.0")
 	}
+	return natsBin
+}
+
+// TestNatsCLIAgreesWithStatus runs the stock nats CLI (natscli v0.5.0)
+// against a live coordinator and compares what it reads with shardpool
+// status --json.
+func TestNatsCLIAgreesWithStatus(t *testing.T) {
+	natsBin := natsCLI(t)
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Command: []string{"cp", "{input}", "{out}/"}})
 	env.Submit(spec, coordinator.SubmitOptions{})

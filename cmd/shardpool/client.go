@@ -27,6 +27,7 @@ import (
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--json] SPEC", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	token := registerToken(fs)
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	spec, man, err := parseSpec(fs, args)
@@ -34,7 +35,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	plan.SplitOutliers(spec, man)
-	nc, js, err := connect(ctx, *server, "shardpool-submit", 0, nil)
+	nc, js, err := connect(ctx, *server, *token, "shardpool-submit", 0, nil)
 	if err != nil {
 		return err
 	}
@@ -46,8 +47,14 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	} else if why != "" {
 		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED before queuing: " + why}
 	}
-	resume := fmt.Sprintf("shardpool submit --server %s %s", shellQuote(*server), shellQuote(spec.SpecPath))
-	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", shellQuote(*server), shellQuote(spec.SpecPath))
+	// The commands go to resume.txt and the run record: never the token
+	// itself, only where it is.
+	at := shellQuote(redactURL(*server))
+	if *token != "" {
+		at += " --token-file " + shellQuote(absPath(*token))
+	}
+	resume := fmt.Sprintf("shardpool submit --server %s %s", at, shellQuote(spec.SpecPath))
+	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", at, shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()
 	if err != nil {
 		return err
@@ -131,6 +138,7 @@ func writeJSON(w io.Writer, v any) error {
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", "shardpool status [--server URL | --data DIR] [--json] [RUN]", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	token := registerToken(fs)
 	data := fs.String("data", "", "state directory of a `shardpool run` or `shardpool coordinator`: ask the coordinator serving it now, or, when none does, report each run's last verdict from its evidence (instead of --server)")
 	asJSON := fs.Bool("json", false, "print the status document as JSON (see docs/status-json.md)")
 	pos, err := parse(fs, args)
@@ -154,7 +162,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		found, ok, err := serverFromData(dir, run)
+		found, tf, ok, err := serverFromData(dir, run)
 		if err != nil {
 			return err
 		}
@@ -170,13 +178,19 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return nil
 		}
 		url = found
+		if !flagSet(fs, "token-file") {
+			*token = tf
+		}
 	}
-	nc, js, err := connect(ctx, url, "shardpool-status", 0, nil)
+	nc, js, err := connect(ctx, url, *token, "shardpool-status", 0, nil)
 	if err != nil && *data == "" && !flagSet(fs, "server") && errors.Is(err, nats.ErrNoServers) {
 		// Nothing at the default URL: a `shardpool run` with the default
 		// state directory serves on a port of its own choosing.
-		if found, ok, ferr := serverFromData(worker.DefaultStateDir(), run); ferr == nil && ok {
-			nc, js, err = connect(ctx, found, "shardpool-status", 0, nil)
+		if found, tf, ok, ferr := serverFromData(worker.DefaultStateDir(), run); ferr == nil && ok {
+			if flagSet(fs, "token-file") {
+				tf = *token
+			}
+			nc, js, err = connect(ctx, found, tf, "shardpool-status", 0, nil)
 		}
 	}
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,9 +47,17 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
+// token is the file holding the coordinator's token, which every client
+// presents.
+func (c *cluster) token() string { return filepath.Join(c.data, "jetstream", coordinator.TokenName) }
+
 // connect gives the test its own connection to the coordinator.
 func (c *cluster) connect() {
-	nc, err := nats.Connect(c.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	tok, err := coordinator.ReadToken(c.token())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	nc, err := nats.Connect(c.url, nats.Token(tok), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -65,13 +74,13 @@ func (c *cluster) startCoordinator(leaseTTL string) {
 }
 
 func (c *cluster) worker(name string, extra ...string) *testenv.Proc {
-	args := append([]string{"worker", "--server", c.url, "--name", name, "--data", filepath.Join(c.data, "w-"+name),
+	args := append([]string{"worker", "--server", c.url, "--token-file", c.token(), "--name", name, "--data", filepath.Join(c.data, "w-"+name),
 		"--scratch", filepath.Join(c.data, "scratch-"+name), "--grace", "2s"}, extra...)
 	return testenv.Start(c.t, args...)
 }
 
 func (c *cluster) submit(spec string, extra ...string) string {
-	p := testenv.Start(c.t, append(append([]string{"submit", "--server", c.url}, extra...), spec)...)
+	p := testenv.Start(c.t, append(append([]string{"submit", "--server", c.url, "--token-file", c.token()}, extra...), spec)...)
 	if code := p.Wait(c.t, 30*time.Second); code != 0 {
 		c.t.Fatalf("submit exit %d:\n%s", code, p.Output())
 	}
@@ -331,7 +340,7 @@ func TestWorkerInAnotherPIDNamespaceIsNotTakenForDead(t *testing.T) {
 	runs := filepath.Join(t.TempDir(), "runs")
 	c.submit(testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 2, Command: []string{"sh", "-c",
 		`echo "$2" >> "$1"; sleep 3; cp "$3" "$4/"`, "sh", runs, "{id}", "{input}", "{out}"}}))
-	testenv.StartCmd(t, "unshare", "--pid", "--fork", "--mount-proc", testenv.Binary(t), "worker", "--server", c.url,
+	testenv.StartCmd(t, "unshare", "--pid", "--fork", "--mount-proc", testenv.Binary(t), "worker", "--server", c.url, "--token-file", c.token(),
 		"--name", "w1", "--data", state, "--scratch", filepath.Join(c.data, "scratch-w1"), "--slots", "cpu=3")
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(runs)
@@ -582,4 +591,99 @@ func hostname(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// TestOnlyClientsWithTheTokenAreTaken: a coordinator took any client that
+// reached its port, so on a shared host any other user could rewrite a
+// run's command in the runs bucket and have this user's workers execute
+// it. `shardpool coordinator` and `shardpool run` now ask every client for
+// the token in their store (0600). Without it, or with another, a client
+// is refused with the way to the file; the stock nats CLI gets in with
+// the token in NATS_URL, as the coordinator prints; `status --data` finds
+// the token itself.
+func TestOnlyClientsWithTheTokenAreTaken(t *testing.T) {
+	c := startCluster(t, "30s")
+	if fi, err := os.Stat(c.token()); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file %s: %v (%v), want mode 0600", c.token(), fi, err)
+	}
+	if !strings.Contains(c.coord.Output(), "--token-file "+c.token()) {
+		t.Fatalf("the coordinator does not say where its token is:\n%s", c.coord.Output())
+	}
+	if nc, err := nats.Connect(c.url); err == nil {
+		nc.Close()
+		t.Fatal("a connection without the token was taken")
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Name: "tok", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	other := filepath.Join(t.TempDir(), "other")
+	os.WriteFile(other, []byte("0123456789abcdef\n"), 0o600)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "pass --token-file FILE"},
+		{[]string{"--token-file", other}, "the token in " + other + " is not this coordinator's"},
+	} {
+		p := testenv.Start(t, append(append([]string{"submit", "--server", c.url}, tc.args...), spec)...)
+		if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "refused this connection") || !strings.Contains(p.Output(), tc.want) {
+			t.Fatalf("submit %v: exit %d, want 1, refused, and %q\n%s", tc.args, code, tc.want, p.Output())
+		}
+	}
+	if _, err := c.js.KeyValue(context.Background(), stream.BucketRuns); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := testenv.ReadRun(context.Background(), c.js, "tok"); err == nil {
+		t.Fatalf("a refused submit published run %+v", r)
+	}
+	out := c.submit(spec) // with the token
+	if !strings.Contains(out, "published 2 of 2") {
+		t.Fatalf("submit with the token:\n%s", out)
+	}
+	nats := natsCLI(t)
+	tok, _ := coordinator.ReadToken(c.token())
+	cmd := exec.Command(nats, "stream", "info", stream.StreamShards, "--json")
+	cmd.Env = append(os.Environ(), "NATS_URL=nats://"+tok+"@"+c.addr)
+	if b, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(b), `"messages": 2`) {
+		t.Fatalf("nats CLI with the token in NATS_URL: %v\n%s", err, b)
+	}
+	if b, err := exec.Command(nats, "-s", c.url, "stream", "info", stream.StreamShards).CombinedOutput(); err == nil || !strings.Contains(strings.ToLower(string(b)), "authorization") {
+		t.Fatalf("nats CLI without the token: %v, want refused\n%s", err, b)
+	}
+	st := testenv.Start(t, "status", "--data", c.data, "tok")
+	if code := st.Wait(t, 30*time.Second); code != 0 || !regexpMatch(`tok\s+QUEUED`, st.Output()) {
+		t.Fatalf("status --data of a coordinator with a token: exit %d\n%s", code, st.Output())
+	}
+}
+
+// TestRunAsksForItsToken: the listener of a `shardpool run` (loopback, a
+// port anyone on the host can find) takes only clients with the token it
+// keeps beside its store, and says where that is.
+func TestRunAsksForItsToken(t *testing.T) {
+	data := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "held", Shards: 1, Command: []string{"sleep", "30"}})
+	p := testenv.Start(t, "run", "--data", data, spec)
+	re := regexp.MustCompile(`nats: (nats://\S+), token in (\S+)`)
+	var m []string
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		m = re.FindStringSubmatch(p.Output())
+		return m != nil, "run has not printed its URL and token file:\n" + p.Output()
+	})
+	if want := filepath.Join(data, "stores", "held", coordinator.TokenName); m[2] != want {
+		t.Fatalf("token file %s, want %s", m[2], want)
+	}
+	if nc, err := nats.Connect(m[1]); err == nil {
+		nc.Close()
+		t.Fatalf("run's listener took a connection without the token")
+	}
+	tok, err := coordinator.ReadToken(m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(m[1], nats.Token(tok))
+	if err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	nc.Close()
+	if strings.Contains(p.Output(), tok) {
+		t.Fatalf("run printed its token:\n%s", p.Output())
+	}
 }

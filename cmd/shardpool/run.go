@@ -80,7 +80,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// One store per run (DIR/stores/<run>): runs of other names can share
 	// the state directory at the same time; the same run twice cannot.
 	coord, err := coordinator.New(coordinator.Config{DataDir: absData, StoreDir: filepath.Join(absData, "stores", spec.Name), Listen: *listen, HTTP: *httpAddr,
-		Sync: string(*syncMode), LeaseTTL: *leaseTTL, Logger: log})
+		Sync: string(*syncMode), LeaseTTL: *leaseTTL, Auth: true, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -132,7 +132,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	printRetried(stdout, res)
 	printChanged(stdout, res, retry)
 	printRedone(stdout, res)
-	fmt.Fprintf(stdout, "nats: %s  (nats stream info %s -s %s)\n", coord.ClientURL(), stream.StreamShards, coord.ClientURL())
+	// The token stays out of what is printed (a terminal's scrollback,
+	// a CI log), and out of argv, where every user of the host sees it.
+	fmt.Fprintf(stdout, "nats: %s, token in %s  (NATS_URL=nats://$(cat %s)@%s nats stream info %s)\n", coord.ClientURL(), coord.TokenFile(),
+		shellQuote(coord.TokenFile()), strings.TrimPrefix(coord.ClientURL(), "nats://"), stream.StreamShards)
 	fmt.Fprintf(stdout, "follow it from another terminal: shardpool status --data %s %s\n", shellQuote(absData), spec.Name)
 
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,

@@ -94,7 +94,7 @@ func TestStatusSaysTheStoreIsFull(t *testing.T) {
 func TestStatusDataWithAHolderThatGaveNoURL(t *testing.T) {
 	dir := t.TempDir()
 	testenv.LockStore(t, dir, "r", unix.LOCK_EX, "pid 1 on h since 2026-11-01T00:00:00Z\n")
-	_, ok, err := serverFromData(dir, "r")
+	_, _, ok, err := serverFromData(dir, "r")
 	if ok || err == nil || !strings.Contains(err.Error(), "has not written where it listens") || !strings.Contains(err.Error(), "pid 1 on h") {
 		t.Fatalf("held store without a URL: got ok %v, %v; want an error naming the holder", ok, err)
 	}

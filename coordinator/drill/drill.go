@@ -141,7 +141,7 @@ func (d *drill) run(ctx context.Context) (err error) {
 	if err := d.startCoordinator(ctx); err != nil {
 		return err
 	}
-	d.nc, err = nats.Connect(d.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	d.nc, err = nats.Connect(d.url, nats.TokenHandler(d.token), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return err
 	}
@@ -152,9 +152,9 @@ func (d *drill) run(ctx context.Context) (err error) {
 		}
 	}()
 	d.js, _ = jetstream.New(d.nc)
-	retry := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", d.url, d.spec.SpecPath)
+	retry := fmt.Sprintf("shardpool submit --server %s --token-file %s --retry-failed %s", d.url, d.tokenFile(), d.spec.SpecPath)
 	if _, err := coordinator.Submit(ctx, d.js, d.spec, d.man, coordinator.SubmitOptions{Retry: retry,
-		Resume: fmt.Sprintf("shardpool submit --server %s %s", d.url, d.spec.SpecPath)}); err != nil {
+		Resume: fmt.Sprintf("shardpool submit --server %s --token-file %s %s", d.url, d.tokenFile(), d.spec.SpecPath)}); err != nil {
 		return fmt.Errorf("submit: %w", err)
 	}
 	d.say("submitted %d shards (%d cpu, 1 big); starting worker w1 (cpu=2)", len(d.man.Shards), cpuN)
@@ -363,6 +363,18 @@ func (d *drill) startCoordinator(ctx context.Context) error {
 	})
 }
 
+// tokenFile holds the drill coordinator's token (coordinator.TokenName in
+// its store), which its workers and the drill's own connection present.
+func (d *drill) tokenFile() string {
+	return filepath.Join(d.dir, "coord", "jetstream", coordinator.TokenName)
+}
+
+// token reads it at each (re)connection.
+func (d *drill) token() string {
+	tok, _ := coordinator.ReadToken(d.tokenFile())
+	return tok
+}
+
 func (d *drill) logFile(name string) *os.File {
 	f, err := os.OpenFile(filepath.Join(d.dir, name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
@@ -372,7 +384,7 @@ func (d *drill) logFile(name string) *os.File {
 }
 
 func (d *drill) startWorker(name, slots string) *exec.Cmd {
-	cmd := exec.Command(d.cfg.Binary, "worker", "--server", d.url, "--name", name, "--slots", slots,
+	cmd := exec.Command(d.cfg.Binary, "worker", "--server", d.url, "--token-file", d.tokenFile(), "--name", name, "--slots", slots,
 		"--data", filepath.Join(d.dir, "workers"), "--scratch", filepath.Join(d.dir, "scratch-"+name), "--grace", "1s")
 	cmd.Stdout, cmd.Stderr = d.logFile("worker-"+name), d.logFile("worker-"+name)
 	if err := cmd.Start(); err != nil {

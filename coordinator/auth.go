@@ -1,0 +1,85 @@
+package coordinator
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// TokenName is the file in a coordinator's store directory that holds the
+// token its clients must present when Config.Auth is set. Without one,
+// any user of the host (or of the network, for a coordinator listening
+// beyond loopback) could connect, rewrite a run's command in the runs
+// bucket and have this user's workers execute it.
+const TokenName = "token"
+
+// loadOrCreateToken reads the token at path, or writes a new random one
+// there, readable by this user alone. The token stays the same across
+// restarts on the same store: workers that hold it reconnect.
+func loadOrCreateToken(path string) (string, error) {
+	tok, err := ReadToken(path)
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		return tok, err
+	}
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	tok = hex.EncodeToString(b)
+	f, err := os.CreateTemp(filepath.Dir(path), ".token-*") // 0600
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.WriteString(tok + "\n"); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return "", err
+	}
+	// Durable before any client is given it: a power cut must not bring
+	// the coordinator back with another token than its workers hold.
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		err = d.Sync()
+		d.Close()
+		if err != nil {
+			return "", err
+		}
+	}
+	return tok, nil
+}
+
+// ReadToken reads a coordinator's token file (its first line).
+func ReadToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	tok, _, _ := strings.Cut(string(b), "\n")
+	tok = strings.TrimSpace(tok)
+	if tok == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	return tok, nil
+}
+
+// TokenFile is the file clients read the token from, or "" when the
+// coordinator takes clients without one (Config.Auth unset).
+func (c *Coordinator) TokenFile() string {
+	if !c.cfg.Auth {
+		return ""
+	}
+	return filepath.Join(c.cfg.StoreDir, TokenName)
+}
