@@ -183,9 +183,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	nc, js, err := connect(ctx, url, *token, "shardpool-status", 0, nil)
-	if err != nil && *data == "" && !flagSet(fs, "server") && errors.Is(err, nats.ErrNoServers) {
-		// Nothing at the default URL: a `shardpool run` with the default
-		// state directory serves on a port of its own choosing.
+	if err != nil && *data == "" && !flagSet(fs, "server") && (errors.Is(err, nats.ErrNoServers) || isAuthError(err)) {
+		// Nothing at the default URL (or another user's coordinator, which
+		// refuses this one): a `shardpool run` with the default state
+		// directory serves on a port of its own choosing.
 		if found, tf, ok, ferr := serverFromData(worker.DefaultStateDir(), run); ferr == nil && ok {
 			if flagSet(fs, "token-file") {
 				tf = *token
