@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
@@ -858,6 +861,32 @@ func TestStatusWithNoFlagsFindsARunningRun(t *testing.T) {
 		p := testenv.Start(t, "status")
 		code := p.Wait(t, 30*time.Second)
 		return code == 0 && regexpMatch(`slow\s+RUNNING`, p.Output()), fmt.Sprintf("status with no flags: exit %d\n%s", code, p.Output())
+	})
+}
+
+// TestStatusWithNoFlagsLooksPastAnotherUsersCoordinator: with a
+// coordinator of someone else at the default URL (it asks for a token this
+// user does not have), `shardpool status` with no flags still finds this
+// user's `shardpool run` instead of failing on the refusal.
+func TestStatusWithNoFlagsLooksPastAnotherUsersCoordinator(t *testing.T) {
+	theirs, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: strings.TrimPrefix(nats.DefaultURL, "nats://"), Auth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := theirs.Start(context.Background()); err != nil {
+		if errors.Is(err, coordinator.ErrConfig) && strings.Contains(err.Error(), "in use") {
+			t.Skipf("the default URL's port is taken on this host: %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer theirs.Close()
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	slow := testenv.WriteJob(t, testenv.Job{Name: "mine", Shards: 1, Command: []string{"sleep", "5"}})
+	testenv.Start(t, "run", slow)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "status")
+		code := p.Wait(t, 30*time.Second)
+		return code == 0 && regexpMatch(`mine\s+RUNNING`, p.Output()), fmt.Sprintf("status with no flags: exit %d\n%s", code, p.Output())
 	})
 }
 
