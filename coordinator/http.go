@@ -1,8 +1,10 @@
 package coordinator
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -21,7 +23,28 @@ func (c *Coordinator) routes() http.Handler {
 	return mux
 }
 
+// authorized lets a status request through when the coordinator asks no
+// token (Config.Auth off) or the request carries it as a bearer token. A
+// run's status names its paths, inputs and the last line each failed
+// shard printed: not for every user who can reach the port. /healthz
+// stays open for schedulers and probes.
+func (c *Coordinator) authorized(w http.ResponseWriter, r *http.Request) bool {
+	if c.token == "" {
+		return true
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(c.token)) == 1 {
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="shardpool"`)
+	http.Error(w, fmt.Sprintf("send the coordinator's token: Authorization: Bearer <the token in %s>", c.TokenFile()), http.StatusUnauthorized)
+	return false
+}
+
 func (c *Coordinator) serveStatus(w http.ResponseWriter, r *http.Request) {
+	if !c.authorized(w, r) {
+		return
+	}
 	run := strings.TrimSpace(r.PathValue("run"))
 	st, err := ReadStatus(r.Context(), c.js, run)
 	if errors.Is(err, ErrRunNotFound) {

@@ -306,8 +306,14 @@ func distributed(bin, dir, spec, name string, j int) (time.Duration, int64, int6
 	defer cancel()
 	// Poll GET /status (the same document as status --json): starting a
 	// status process ten times a second would take CPU from the run.
+	tok, err := coordinator.ReadToken(token)
+	if err != nil {
+		return 0, 0, 0, err
+	}
 	for ctx.Err() == nil {
-		if resp, err := http.Get("http://" + httpAddr + "/status"); err == nil {
+		req, _ := http.NewRequest("GET", "http://"+httpAddr+"/status", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
 			var st struct {
 				Runs []struct{ State string } `json:"runs"`
 			}
