@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/shardpool/shardpool/coordinator"
-	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 )
 
@@ -32,14 +31,7 @@ func TestHTTPStatusAsksForTheToken(t *testing.T) {
 	go func() { done <- c.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	path := testenv.WriteJob(t, testenv.Job{Name: "web", Shards: 2, Command: []string{"true"}})
-	spec, err := stream.LoadSpec(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	man, err := stream.LoadManifest(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, man := testenv.LoadJob(t, path)
 	if _, err := coordinator.Submit(ctx, c.JetStream(), spec, man, coordinator.SubmitOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -261,14 +261,7 @@ func (e *Env) Submit(path string, opt coordinator.SubmitOptions) coordinator.Sub
 // do not load) and returns what coordinator.Submit returns, error included.
 func (e *Env) TrySubmit(path string, opt coordinator.SubmitOptions) (coordinator.SubmitResult, error) {
 	e.t.Helper()
-	spec, err := stream.LoadSpec(path)
-	if err != nil {
-		e.t.Fatalf("load spec: %v", err)
-	}
-	man, err := stream.LoadManifest(spec)
-	if err != nil {
-		e.t.Fatalf("load manifest: %v", err)
-	}
+	spec, man := LoadJob(e.t, path)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return coordinator.Submit(ctx, e.JS, spec, man, opt)

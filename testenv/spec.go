@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/shardpool/shardpool/stream"
 )
 
 // Job describes a run spec and manifest to write for a test.
@@ -80,4 +82,18 @@ func RandomFile(t testing.TB, dir, name string, size int) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// LoadJob parses the spec at path and its manifest, failing t on an error.
+func LoadJob(t testing.TB, path string) (*stream.Spec, *stream.Manifest) {
+	t.Helper()
+	spec, err := stream.LoadSpec(path)
+	if err != nil {
+		t.Fatalf("load spec: %v", err)
+	}
+	man, err := stream.LoadManifest(spec)
+	if err != nil {
+		t.Fatalf("load manifest: %v", err)
+	}
+	return spec, man
 }

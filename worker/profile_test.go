@@ -23,15 +23,7 @@ func profileJob(t *testing.T, command []string, extra string) (*stream.Spec, *st
 		Line: func(i int, in string) string {
 			return fmt.Sprintf(`{"id":"p%d","inputs":[%q],"cost":%d,"params":{"mib":"%d"}}`, i, in, (i+1)*10, (i+1)*10)
 		}})
-	spec, err := stream.LoadSpec(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	man, err := stream.LoadManifest(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return spec, man
+	return testenv.LoadJob(t, path)
 }
 
 func runProfile(t *testing.T, spec *stream.Spec, man *stream.Manifest, sweep bool) (*worker.ProfileReport, error) {
