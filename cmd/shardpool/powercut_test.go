@@ -30,7 +30,11 @@ func TestRunSurvivesPowerCuts(t *testing.T) {
 	state, disk := testenv.NewPowerCutFS(t, 512<<20), testenv.NewPowerCutFS(t, 128<<20)
 	const n = 60
 	ran := filepath.Join(t.TempDir(), "ran") // outside: survives the cuts
-	job := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 2, InputSize: 4096,
+	// An attempt whose worker dies is charged (docs/decisions.md,
+	// "Attempts"): a shard running at each of the (up to 4) cuts has lost
+	// 4 attempts, and must still have one left. With retries = 2 one such
+	// shard failed, correctly, in one of the nine runs of a session.
+	job := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 4, InputSize: 4096,
 		Command: []string{"sh", "-c", `echo "$1" >> "$4"; sleep 0.2; cp "$2" "$3/"; echo done > "$3/status"`, "sh", "{id}", "{input}", "{out}", ran}})
 	// The job's files go onto the file system whose power is cut, made
 	// durable before anything runs.
