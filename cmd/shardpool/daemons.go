@@ -162,6 +162,11 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseNone(fs, args); err != nil {
 		return err
 	}
+	// Before waiting for a coordinator: a scratch directory this worker
+	// cannot use is the user's to fix now.
+	if err := checkScratch(*scratch, *name); err != nil {
+		return fmt.Errorf("worker %s: %w", *name, err)
+	}
 	nc, js, err := connect(ctx, *server, *token, "shardpool-worker-"+*name, *connectWait, stderr)
 	if err != nil {
 		return err
@@ -219,4 +224,16 @@ func absPath(p string) string {
 		return a
 	}
 	return p
+}
+
+// checkScratch checks the scratch directory a worker named name will use:
+// the one given, or its default (worker.CheckScratch).
+func checkScratch(scratch, name string) error {
+	if scratch != "" {
+		return worker.CheckScratch(scratch, false)
+	}
+	if !stream.ValidWorkerName(name) {
+		return exitErr{code: exitUsage, msg: fmt.Sprintf("--name %q must match [A-Za-z0-9_-]{1,64}", name)}
+	}
+	return worker.CheckScratch(worker.DefaultScratch(name), true)
 }

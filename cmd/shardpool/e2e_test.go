@@ -687,3 +687,22 @@ func TestRunAsksForItsToken(t *testing.T) {
 		t.Fatalf("run printed its token:\n%s", p.Output())
 	}
 }
+
+// TestWorkerChecksItsScratchBeforeWaiting: a worker whose scratch
+// directory it cannot use says so at once, before waiting up to
+// --connect-wait for its coordinator (and before printing that it
+// serves).
+func TestWorkerChecksItsScratchBeforeWaiting(t *testing.T) {
+	c := newCluster(t)
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o644)
+	start := time.Now()
+	p := c.worker("w1", "--slots", "cpu=1", "--scratch", file, "--connect-wait", "60s")
+	code := p.Wait(t, 30*time.Second)
+	if out := p.Output(); code != 1 || !strings.Contains(out, "worker w1: scratch directory "+file) || strings.Contains(out, "waiting up to") {
+		t.Fatalf("exit %d, want 1 naming the scratch directory, without waiting for the coordinator\n%s", code, out)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %s, want at once", d)
+	}
+}

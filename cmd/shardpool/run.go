@@ -54,12 +54,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	// A scratch directory the worker cannot use would fail the run only
 	// once it is queued: say so now.
-	if *scratch == "" {
-		err = worker.CheckScratch(worker.DefaultScratch(worker.DefaultName()), true)
-	} else {
-		err = worker.CheckScratch(*scratch, false)
-	}
-	if err != nil {
+	if err := checkScratch(*scratch, worker.DefaultName()); err != nil {
 		return err
 	}
 	absData, err := filepath.Abs(*data)
