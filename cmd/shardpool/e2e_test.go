@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -660,7 +661,7 @@ func TestOnlyClientsWithTheTokenAreTaken(t *testing.T) {
 func TestRunAsksForItsToken(t *testing.T) {
 	data := t.TempDir()
 	spec := testenv.WriteJob(t, testenv.Job{Name: "held", Shards: 1, Command: []string{"sleep", "30"}})
-	p := testenv.Start(t, "run", "--data", data, spec)
+	p := testenv.Start(t, "run", "--data", data, "--http", "127.0.0.1:0", spec)
 	re := regexp.MustCompile(`nats: (nats://\S+), token in (\S+)`)
 	var m []string
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
@@ -685,6 +686,28 @@ func TestRunAsksForItsToken(t *testing.T) {
 	nc.Close()
 	if strings.Contains(p.Output(), tok) {
 		t.Fatalf("run printed its token:\n%s", p.Output())
+	}
+	// GET /status, at the address run prints, asks for the same token.
+	sm := regexp.MustCompile(`status: (http://\S+/status)`).FindStringSubmatch(p.Output())
+	if sm == nil {
+		t.Fatalf("run --http printed no status URL:\n%s", p.Output())
+	}
+	for _, tc := range []struct {
+		token string
+		want  int
+	}{{"", http.StatusUnauthorized}, {tok, http.StatusOK}} {
+		req, _ := http.NewRequest("GET", sm[1], nil)
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Fatalf("GET %s (token given: %v): %d, want %d", sm[1], tc.token != "", resp.StatusCode, tc.want)
+		}
 	}
 }
 

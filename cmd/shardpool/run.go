@@ -131,6 +131,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// a CI log), and out of argv, where every user of the host sees it.
 	fmt.Fprintf(stdout, "nats: %s, token in %s  (NATS_URL=nats://$(cat %s)@%s nats stream info %s)\n", coord.ClientURL(), coord.TokenFile(),
 		shellQuote(coord.TokenFile()), strings.TrimPrefix(coord.ClientURL(), "nats://"), stream.StreamShards)
+	if a := coord.HTTPAddr(); a != "" {
+		fmt.Fprintf(stdout, "status: http://%s/status  (curl -H \"Authorization: Bearer $(cat %s)\" http://%s/status)\n", a, shellQuote(coord.TokenFile()), a)
+	}
 	fmt.Fprintf(stdout, "follow it from another terminal: shardpool status --data %s %s\n", shellQuote(absData), spec.Name)
 
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
