@@ -24,13 +24,13 @@ func syncDir(dir string) error {
 
 // writeFileNoSync writes b to path (a new file) and closes it; the caller
 // makes it durable.
-func writeFileNoSync(path string, b []byte) error { return writeNew(path, b, false) }
+func writeFileNoSync(path string, b []byte) error { return writeNew(path, b, false, 0o644) }
 
 // writeFileSync writes b to path (a new file), fsyncs and closes it.
-func writeFileSync(path string, b []byte) error { return writeNew(path, b, true) }
+func writeFileSync(path string, b []byte) error { return writeNew(path, b, true, 0o644) }
 
-func writeNew(path string, b []byte, sync bool) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+func writeNew(path string, b []byte, sync bool, perm os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return err
 	}
@@ -53,10 +53,14 @@ func writeNew(path string, b []byte, sync bool) error {
 // WriteFile replaces path with data durably: a temp file in the same
 // directory, write, fsync, close, rename, fsync the directory. The temp file
 // is removed on every error path.
-func WriteFile(path string, data []byte) error {
+func WriteFile(path string, data []byte) error { return WriteFilePerm(path, data, 0o644) }
+
+// WriteFilePerm is WriteFile with the new file's permissions (before the
+// umask): 0600 for what only its user may read.
+func WriteFilePerm(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp := filepath.Join(dir, ".tmp-"+filepath.Base(path)+"-"+randSuffix())
-	if err := writeFileSync(tmp, data); err != nil {
+	if err := writeNew(tmp, data, true, perm); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", path, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/shardpool/shardpool/checkpoint"
 )
 
 // TokenName is the file in a coordinator's store directory that holds the
@@ -30,33 +32,10 @@ func loadOrCreateToken(path string) (string, error) {
 		return "", err
 	}
 	tok = hex.EncodeToString(b)
-	f, err := os.CreateTemp(filepath.Dir(path), ".token-*") // 0600
-	if err != nil {
-		return "", err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.WriteString(tok + "\n"); err != nil {
-		f.Close()
-		return "", err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return "", err
-	}
-	if err := f.Close(); err != nil {
-		return "", err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return "", err
-	}
 	// Durable before any client is given it: a power cut must not bring
 	// the coordinator back with another token than its workers hold.
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		err = d.Sync()
-		d.Close()
-		if err != nil {
-			return "", err
-		}
+	if err := checkpoint.WriteFilePerm(path, []byte(tok+"\n"), 0o600); err != nil {
+		return "", err
 	}
 	return tok, nil
 }
