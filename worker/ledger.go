@@ -150,16 +150,9 @@ func DefaultLedgerDir() string {
 // openLedger opens (creating) the ledger in dir and writes this worker's
 // empty record in a free slot: the slot of a dead worker, or a new one.
 func openLedger(dir, procRoot string, me ledgerRec) (*hostLedger, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if why, err := ownDir(dir); err != nil {
 		return nil, fmt.Errorf("host ledger: %w", err)
-	}
-	// In a shared temporary directory, another user could have made the
-	// directory or a link in its place.
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return nil, fmt.Errorf("host ledger: %w", err)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || (ok && int(st.Uid) != os.Getuid()) {
+	} else if why != "" {
 		return nil, fmt.Errorf("host ledger: %s is not a directory of this user", dir)
 	}
 	path := filepath.Join(dir, "ledger")

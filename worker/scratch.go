@@ -170,23 +170,14 @@ func DefaultScratch(name string) string {
 // being able to write is enough.
 func CheckScratch(dir string, own bool) error {
 	const fix = "pass --scratch DIR for a local directory of your own"
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("scratch directory %s: %w; %s", dir, err, fix)
-	}
-	if own {
-		info, err := os.Lstat(dir)
-		if err != nil {
+	if !own {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("scratch directory %s: %w; %s", dir, err, fix)
 		}
-		st, ok := info.Sys().(*syscall.Stat_t)
-		switch {
-		case info.Mode()&os.ModeSymlink != 0:
-			return fmt.Errorf("scratch directory %s is a symbolic link, not a directory (in a shared /tmp, anyone's): remove it, or %s", dir, fix)
-		case !info.IsDir():
-			return fmt.Errorf("scratch directory %s is not a directory: remove it, or %s", dir, fix)
-		case ok && int(st.Uid) != os.Getuid():
-			return fmt.Errorf("scratch directory %s belongs to uid %d, not to this user (uid %d): remove it, or %s", dir, st.Uid, os.Getuid(), fix)
-		}
+	} else if why, err := ownDir(dir); err != nil {
+		return fmt.Errorf("scratch directory %s: %w; %s", dir, err, fix)
+	} else if why != "" {
+		return fmt.Errorf("scratch directory %s %s: remove it, or %s", dir, why, fix)
 	}
 	f, err := os.CreateTemp(dir, ".shardpool-check-*")
 	if err != nil {
@@ -198,6 +189,30 @@ func CheckScratch(dir string, own bool) error {
 		return fmt.Errorf("scratch directory %s is not usable: %w; %s", dir, err, fix)
 	}
 	return nil
+}
+
+// ownDir makes dir (0700) where it is missing and says what keeps it from
+// being a directory of this user alone: "" when nothing. In a shared
+// temporary directory another user could have made it first, or a link in
+// its place. err is a failure to make or look at it.
+func ownDir(dir string) (why string, err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	info, err := os.Lstat(dir)
+	if err != nil {
+		return "", err
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	switch {
+	case info.Mode()&os.ModeSymlink != 0:
+		return "is a symbolic link, not a directory (in a shared /tmp, anyone's)", nil
+	case !info.IsDir():
+		return "is not a directory", nil
+	case ok && int(st.Uid) != os.Getuid():
+		return fmt.Sprintf("belongs to uid %d, not to this user (uid %d)", st.Uid, os.Getuid()), nil
+	}
+	return "", nil
 }
 
 // scratchRecheck is how often a worker whose scratch directory failed
