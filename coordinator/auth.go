@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/shardpool/shardpool/checkpoint"
 )
@@ -52,6 +53,23 @@ func ReadToken(path string) (string, error) {
 		return "", fmt.Errorf("token file %s is empty", path)
 	}
 	return tok, nil
+}
+
+// TokenReader is a nats.TokenHandler for a client: it reads the token
+// file at every (re)connection, so that a coordinator restarted with a new
+// token (its file lost to a power cut before it was durable) is followed,
+// and keeps the last token read while the file cannot be.
+func TokenReader(path string) func() string {
+	var mu sync.Mutex
+	last := ""
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if tok, err := ReadToken(path); err == nil {
+			last = tok
+		}
+		return last
+	}
 }
 
 // TokenFile is the file clients read the token from, or "" when the

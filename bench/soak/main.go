@@ -122,10 +122,7 @@ func (s *soak) run(n, events int) int {
 	syscall.Sync() // the job is on its disk before any power cut
 	s.start = time.Now()
 	s.startCoordinator()
-	nc, err := nats.Connect(s.url, nats.TokenHandler(func() string {
-		tok, _ := coordinator.ReadToken(s.tokenFile())
-		return tok
-	}), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	nc, err := nats.Connect(s.url, nats.TokenHandler(coordinator.TokenReader(s.tokenFile())), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		s.fail("connect: %v", err)
 	}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -75,19 +74,7 @@ func connect(ctx context.Context, url, tokenFile, name string, wait time.Duratio
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond),
 		nats.Timeout(5 * time.Second), nats.RetryOnFailedConnect(false)}
 	if tokenFile != "" {
-		// Read at every (re)connection: a coordinator restarted after
-		// losing its token file (a power cut before it was durable) has
-		// a new one, and workers on its host take it up.
-		var mu sync.Mutex
-		last := ""
-		opts = append(opts, nats.TokenHandler(func() string {
-			mu.Lock()
-			defer mu.Unlock()
-			if tok, err := coordinator.ReadToken(tokenFile); err == nil {
-				last = tok
-			}
-			return last
-		}))
+		opts = append(opts, nats.TokenHandler(coordinator.TokenReader(tokenFile)))
 	}
 	var nc *nats.Conn
 	for {

@@ -141,7 +141,7 @@ func (d *drill) run(ctx context.Context) (err error) {
 	if err := d.startCoordinator(ctx); err != nil {
 		return err
 	}
-	d.nc, err = nats.Connect(d.url, nats.TokenHandler(d.token), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	d.nc, err = nats.Connect(d.url, nats.TokenHandler(coordinator.TokenReader(d.tokenFile())), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return err
 	}
@@ -367,12 +367,6 @@ func (d *drill) startCoordinator(ctx context.Context) error {
 // its store), which its workers and the drill's own connection present.
 func (d *drill) tokenFile() string {
 	return filepath.Join(d.dir, "coord", "jetstream", coordinator.TokenName)
-}
-
-// token reads it at each (re)connection.
-func (d *drill) token() string {
-	tok, _ := coordinator.ReadToken(d.tokenFile())
-	return tok
 }
 
 func (d *drill) logFile(name string) *os.File {
