@@ -44,7 +44,7 @@ func FromProbe(b probe.Budget) Budget {
 // HardFromProbe takes a probe budget's capacity lines: what a host could
 // give one shard if nothing else ran.
 func HardFromProbe(b probe.Budget) Budget {
-	return Budget{"cpu": b.CPU.Effective, "memory": b.Hard.Memory.Effective, "gpus": b.Hard.GPUs.Effective, "vram": b.Hard.VRAM.Effective}
+	return Budget{"cpu": b.Hard.CPU.Effective, "memory": b.Hard.Memory.Effective, "gpus": b.Hard.GPUs.Effective, "vram": b.Hard.VRAM.Effective}
 }
 
 // Slots is the answer for one class on one host.

@@ -18,7 +18,8 @@ type Line struct {
 }
 
 // Budget is the effective budget per resource. CPU is in millicores.
-// Hard is capacity rather than headroom (MemTotal instead of MemAvailable,
+// Hard is capacity rather than headroom (the CPUs whether others use them
+// or not, MemTotal instead of MemAvailable,
 // every healthy GPU whether busy or not, the largest device's memory): a
 // shard beyond Hard can never run here, while one beyond the budget may run
 // once other work ends.
@@ -28,6 +29,7 @@ type Budget struct {
 	GPUs   Line `json:"gpus"`
 	VRAM   Line `json:"vram"`
 	Hard   struct {
+		CPU    Line `json:"cpu_millicores"`
 		Memory Line `json:"memory"`
 		GPUs   Line `json:"gpus"`
 		VRAM   Line `json:"vram_per_shard"`
@@ -76,6 +78,10 @@ func (p *Prober) budget(s *Snapshot) Budget {
 	}
 	pol := s.Policy
 	cpu = append(cpu, Limit{"policy", pol.CPUs})
+	b.Hard.CPU = line(pol.ReserveCPU, cpu...)
+	if o := s.Host.OthersCPU; o != nil && !allocated(s) {
+		cpu = append(cpu, othersLimit(s.Host.OnlineCPUs, *o))
+	}
 	mem = append(mem, Limit{"policy", pol.Memory})
 	gpus = append(gpus, Limit{"policy", pol.GPUs})
 	vram = append(vram, Limit{"policy", pol.VRAM})
@@ -99,6 +105,39 @@ func (p *Prober) budget(s *Snapshot) Budget {
 	b.Hard.GPUs = line(0, append([]Limit{{"healthy GPUs", healthy}}, gpus[1:]...)...)
 	b.Hard.VRAM = line(pol.ReserveVRAM, Limit{"largest GPU", largest}, Limit{"policy", pol.VRAM})
 	return b
+}
+
+// allocated reports whether a cpuset, a CPU quota or a Slurm allocation
+// gives fewer CPUs than the host has: CPUs set aside for this work, or
+// shared by quota with whoever else the allocation holds, where the host's
+// other users do not come into it.
+func allocated(s *Snapshot) bool {
+	online := s.Host.OnlineCPUs
+	if !online.IsKnown() {
+		return false
+	}
+	for _, v := range []Value{times1000(s.Cgroups.Cpuset), s.Cgroups.CPUQuota} {
+		if v.IsKnown() && v.N < online.N*1000 {
+			return true
+		}
+	}
+	return s.Slurm != nil && s.Slurm.CPUs.IsKnown() && s.Slurm.CPUs.N < online.N
+}
+
+// othersLimit is the host's CPUs less what others use, counted in whole
+// CPUs (to the nearest): the kernel's threads, daemons and an idle
+// editor, a few tenths of a CPU, leave every CPU to shardpool, while a
+// CPU-bound process of another user takes one.
+func othersLimit(online, others Value) Limit {
+	if others.IsUnknown() {
+		return Limit{ScopeOthers, Unknown(others.Source, "CPU use of others: %s", others.Unknown)}
+	}
+	if !online.IsKnown() {
+		return Limit{ScopeOthers, online}
+	}
+	counted := (others.N + 500) / 1000
+	scope := fmt.Sprintf("%s: %d online less %.2f in use, counted as %d", ScopeOthers, online.N, float64(others.N)/1000, counted)
+	return Limit{scope, Known(max(online.N-counted, 0)*1000, others.Source)}
 }
 
 func scoped(what, at string) string {

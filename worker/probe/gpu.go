@@ -157,8 +157,12 @@ func sumMem(ps []GPUProcess) int64 {
 	return n
 }
 
-func (p *Prober) uidOf(pid int) int {
-	b, err := p.read(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(pid), "status"))
+func (p *Prober) uidOf(pid int) int { return p.uidIn(filepath.Join(p.cfg.ProcRoot, strconv.Itoa(pid))) }
+
+// uidIn is the real uid in the status file of a /proc/<pid> directory, or
+// -1.
+func (p *Prober) uidIn(dir string) int {
+	b, err := p.read(filepath.Join(dir, "status"))
 	if err != nil {
 		return -1
 	}

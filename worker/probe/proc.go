@@ -97,6 +97,10 @@ type Host struct {
 	Affinity     Value  `json:"affinity_cpus"`
 	AffinityList string `json:"affinity_list,omitempty"`
 	OOMKills     Value  `json:"oom_kills"`
+	// OthersCPU is the CPU, in millicores, that everything but this
+	// user's processes used of late (Config.CPUUse); absent when not
+	// measured.
+	OthersCPU *Value `json:"others_cpu_millicores,omitempty"`
 }
 
 func (p *Prober) host() Host {
@@ -265,6 +269,7 @@ func (p *Prober) sampleProcs() (map[int]procSample, error) {
 type Stat struct {
 	PGrp     int   // process group
 	Ticks    int64 // utime + stime, in clock ticks
+	Reaped   int64 // cutime + cstime: children waited for, in clock ticks
 	RSSPages int64 // resident set, in pages
 	Start    int64 // start time, in clock ticks since boot
 	State    byte  // R, S, D, Z (zombie: dead, not yet reaped), ...
@@ -272,8 +277,8 @@ type Stat struct {
 
 // ParseStat reads a /proc/<pid>/stat line. The fields are counted after
 // the parenthesised command name, which may itself hold spaces and
-// parentheses: state, pgrp, utime, stime, starttime and rss are the 3rd,
-// 5th, 14th, 15th, 22nd and 24th fields overall.
+// parentheses: state, pgrp, utime, stime, cutime, cstime, starttime and
+// rss are the 3rd, 5th, 14th to 17th, 22nd and 24th fields overall.
 func ParseStat(b []byte) (Stat, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
@@ -288,10 +293,12 @@ func ParseStat(b []byte) (Stat, bool) {
 	k, err3 := strconv.ParseInt(f[12], 10, 64)
 	rss, err4 := strconv.ParseInt(f[21], 10, 64)
 	start, err5 := strconv.ParseInt(f[19], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil {
+	cu, err6 := strconv.ParseInt(f[13], 10, 64)
+	cs, err7 := strconv.ParseInt(f[14], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil {
 		return Stat{}, false
 	}
-	return Stat{PGrp: pgrp, Ticks: u + k, RSSPages: rss, Start: start, State: f[0][0]}, true
+	return Stat{PGrp: pgrp, Ticks: u + k, Reaped: cu + cs, RSSPages: rss, Start: start, State: f[0][0]}, true
 }
 
 // clockTicks is USER_HZ, 100 on every Linux shardpool supports.

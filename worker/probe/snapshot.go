@@ -32,6 +32,11 @@ type Config struct {
 	// Users turns on the per-user load scan (the full snapshot); the
 	// worker's periodic report leaves it off.
 	Users bool
+	// CPUUse measures the CPU others use on the host (a CPUMeter); the
+	// CPU budget is then also bounded by the CPUs they leave, where no
+	// allocation of its own bounds it. Nil: not measured, as for a
+	// one-off look (plan, preflight), which has no window to average over.
+	CPUUse CPUUse
 }
 
 // Prober takes snapshots.
@@ -115,6 +120,10 @@ func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapsh
 		s.Errors = append(s.Errors, err.Error())
 	}
 	s.Host = p.host()
+	if p.cfg.CPUUse != nil {
+		o := p.cfg.CPUUse.Others()
+		s.Host.OthersCPU = &o
+	}
 	s.Cgroups = p.cgroups(mounts)
 	s.PSI = p.hostPSI()
 	s.GPUs = p.gpus(ctx, pol)
