@@ -100,6 +100,16 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		gpuFree, total = withoutGPUs(gpuFree, total, o.GPUs)
 		budget["gpus"] = probe.Known(int64(total), "usable GPUs and those held by this worker")
 	}
+	if l := snap.Budget.CPU; strings.HasPrefix(l.Binding, probe.ScopeOthers) && l.Effective.IsKnown() && peak.CPU > l.Effective.N {
+		// Others keep the CPUs busy: one shard still runs, sharing them
+		// as any process does, so that a run does not wait on another
+		// user's for as long as theirs lasts. One for this user, not for
+		// each of its workers: the others' holds in the ledger count
+		// against it.
+		if hard := snap.Budget.Hard.CPU.Effective; hard.IsKnown() && peak.CPU <= hard.N {
+			budget["cpu"] = probe.Known(peak.CPU, l.Binding+"; one shard still runs")
+		}
+	}
 	shared := plan.Peak{CPU: o.CPU, Memory: o.Memory, GPUs: o.GPUPending}
 	slots := plan.Compute(budget, shared, peak, gpu)
 	slots, _ = plan.Unmeasured(slots, peak)

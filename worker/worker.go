@@ -84,8 +84,13 @@ type Config struct {
 	// 0 means no fleet-wide bound. Set the same on every worker.
 	StageFleet int
 	// Probe measures the host for the worker's reports. Default: the real
-	// host (probe.New with zero Config).
+	// host (probe.New with zero Config), and in Auto mode with a
+	// probe.CPUMeter over OthersWindow, so that the CPUs other users'
+	// processes keep busy are not admitted into.
 	Probe *probe.Prober
+	// OthersWindow is what the CPU use of others is averaged over for the
+	// default Probe in Auto mode. Default 10s.
+	OthersWindow time.Duration
 	// Binary is the shardpool binary exported to jobs as SHARDPOOL_BIN.
 	// Default: this executable when it is shardpool.
 	Binary string
@@ -117,6 +122,10 @@ type Worker struct {
 	b     *stream.Buckets
 	ttl   time.Duration
 	env   map[string]string
+
+	// meter is the default Probe's measure of others' CPU use (Auto
+	// mode), started with Run; nil otherwise.
+	meter *probe.CPUMeter
 
 	// viewMu guards admitView, the look at the host that admission decisions
 	// share for a moment (admit.go); it is taken before mu, never inside.
@@ -268,14 +277,26 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.CriticalFor <= 0 {
 		cfg.CriticalFor = 3
 	}
+	if cfg.OthersWindow <= 0 {
+		cfg.OthersWindow = 10 * time.Second
+	}
+	var meter *probe.CPUMeter
 	if cfg.Probe == nil {
-		p, err := probe.New(probe.Config{})
+		var pc probe.Config
+		if cfg.Auto {
+			m, err := probe.NewCPUMeter(probe.CPUMeterConfig{Every: cfg.OthersWindow / 5, Window: cfg.OthersWindow})
+			if err != nil {
+				return nil, fmt.Errorf("%w: OthersWindow: %v", ErrConfig, err)
+			}
+			pc.CPUUse, meter = m, m
+		}
+		p, err := probe.New(pc)
 		if err != nil {
 			return nil, fmt.Errorf("%w: Probe: %v", ErrConfig, err)
 		}
 		cfg.Probe = p
 	}
-	return &Worker{cfg: cfg, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
+	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
 		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
@@ -316,6 +337,9 @@ func DefaultStateDir() string {
 // finish, and returns nil once every goroutine it started has exited.
 func (w *Worker) Run(ctx context.Context) error {
 	w.started = time.Now().UTC()
+	if w.meter != nil {
+		w.meter.Start()
+	}
 	w.host, _ = os.Hostname()
 	w.boot, w.pidns = stream.BootID(w.cfg.ProcRoot), stream.PIDNamespace()
 	w.pid = os.Getpid()
@@ -815,7 +839,7 @@ func (w *Worker) headroom(ctx context.Context) map[string]stream.Resource {
 		"cpu_millicores": conv(snap.Budget.CPU), "memory": conv(snap.Budget.Memory),
 		"gpus": conv(snap.Budget.GPUs), "vram": conv(snap.Budget.VRAM),
 		// Capacity, for judging whether a shard can ever run on this host.
-		"memory_hard": conv(snap.Budget.Hard.Memory), "gpus_hard": conv(snap.Budget.Hard.GPUs), "vram_hard": conv(snap.Budget.Hard.VRAM),
+		"cpu_hard": conv(snap.Budget.Hard.CPU), "memory_hard": conv(snap.Budget.Hard.Memory), "gpus_hard": conv(snap.Budget.Hard.GPUs), "vram_hard": conv(snap.Budget.Hard.VRAM),
 		"memory_available": {Value: snap.Host.MemAvailable.N, Unknown: snap.Host.MemAvailable.Unknown, Source: "MemAvailable"},
 	}
 }

@@ -367,8 +367,12 @@ func fleetCheck(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, 
 	var workers []plan.Worker
 	for _, w := range st.Workers {
 		h := plan.Budget{}
-		for res, key := range map[string]string{"cpu": "cpu_millicores", "memory": "memory_hard", "gpus": "gpus_hard", "vram": "vram_hard"} {
+		for res, key := range map[string]string{"cpu": "cpu_hard", "memory": "memory_hard", "gpus": "gpus_hard", "vram": "vram_hard"} {
 			r, ok := w.Headroom[key]
+			if !ok && res == "cpu" {
+				// Workers before cpu_hard: their CPU budget was capacity.
+				r, ok = w.Headroom["cpu_millicores"]
+			}
 			if !ok {
 				continue
 			}

@@ -57,7 +57,13 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 	probe.Existing(paths)
-	pr, err := probe.New(probe.Config{Users: true, PolicyPath: *pol})
+	// Others' CPU use over a second, as a worker's budget counts it (over
+	// ten seconds there): preflight is one look, not a window.
+	meter, err := probe.NewCPUMeter(probe.CPUMeterConfig{Least: time.Second})
+	if err != nil {
+		return err
+	}
+	pr, err := probe.New(probe.Config{Users: true, PolicyPath: *pol, CPUUse: meter})
 	if err != nil {
 		return err
 	}
@@ -136,6 +142,9 @@ func printSnapshot(w io.Writer, s *probe.Snapshot) {
 	fmt.Fprintf(w, "host %s  boot %s  %s  snapshot took %.1f ms\n\n", s.Hostname, s.BootID, s.Time.Format(time.RFC3339), s.Seconds*1000)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "CPU\tonline %s, affinity %s (%s), cgroup cpuset %s, quota %s\n", show(s.Host.OnlineCPUs, false), show(s.Host.Affinity, false), s.Host.AffinityList, show(s.Cgroups.Cpuset, false), showCPU(s.Cgroups.CPUQuota))
+	if o := s.Host.OthersCPU; o != nil {
+		fmt.Fprintf(tw, "others\t%s in use by other users' processes, daemons and the kernel (%s)\n", showCPU(*o), o.Source)
+	}
 	fmt.Fprintf(tw, "load\t%s %s %s (1/5/15 min)\n", ratio(s.Host.Load1), ratio(s.Host.Load5), ratio(s.Host.Load15))
 	fmt.Fprintf(tw, "memory\ttotal %s, available %s, swap %s used of %s, host OOM kills %s\n", show(s.Host.MemTotal, true), show(s.Host.MemAvailable, true), show(s.Host.SwapUsed, true), show(s.Host.SwapTotal, true), show(s.Host.OOMKills, false))
 	fmt.Fprintf(tw, "cgroups\t%s; memory cgroup %s: limit %s (binds at %s), working set %s, OOM kills %s\n", s.Cgroups.Version, s.Cgroups.MemoryPath, show(s.Cgroups.MemoryLimit, true), orDash(s.Cgroups.MemoryBinds), show(s.Cgroups.WorkingSet, true), show(s.Cgroups.OOMKills, false))

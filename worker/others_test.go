@@ -1,0 +1,103 @@
+package worker_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// TestOtherUsersCPUIsNotAdmittedInto: another user (uid 65534) keeps
+// every CPU of this host busy. An auto-mode worker of one-CPU shards
+// then runs one shard at a time, not one per CPU, and says why in
+// admission.log; once the other user stops, it runs one per CPU again.
+// Before, the CPU budget was the host's CPUs whatever else ran on them.
+func TestOtherUsersCPUIsNotAdmittedInto(t *testing.T) {
+	testenv.RequireRoot(t)
+	meter, err := probe.NewCPUMeter(probe.CPUMeterConfig{Every: 300 * time.Millisecond, Window: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(probe.Config{GPUs: noGPUs{}, PolicyPath: "/nonexistent", CPUUse: meter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := pr.Snapshot(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus := snap.Host.OnlineCPUs.N
+	if hard := snap.Budget.Hard.CPU; cpus < 2 || hard.Effective.N != cpus*1000 {
+		// A host with one CPU, or whose CPUs are bound by a cgroup or an
+		// allocation (where others' use is not subtracted), cannot show it.
+		t.Fatalf("this test needs a host of 2 or more CPUs bound by nothing but the host: %d online, budget %+v bound by %s", cpus, hard.Effective, hard.Binding)
+	}
+
+	burners := make([]*exec.Cmd, cpus)
+	for i := range burners {
+		c := exec.Command("sh", "-c", "while :; do :; done")
+		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, Setpgid: true}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		burners[i] = c
+	}
+	stop := func() {
+		for _, c := range burners {
+			if c.Process != nil {
+				c.Process.Kill()
+				c.Wait()
+			}
+		}
+	}
+	t.Cleanup(stop)
+	testenv.Eventually(t, 15*time.Second, func() (bool, string) {
+		o := meter.Others()
+		return o.IsKnown() && o.N >= cpus*1000-500, "others' use: " + o.Source + " " + o.Unknown
+	})
+
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
+	const class = "[class.cpu]\ncpus = 1\nmemory = \"16MiB\"\n"
+	busy := namedConcurrencyJob(t, "busy", 4, "0.5", class)
+	env.Submit(busy, coordinator.SubmitOptions{})
+	env.WaitState("busy", 60*time.Second, stream.RunComplete)
+	log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	if got := maxConcurrent(t, busy, 4); got != 1 {
+		t.Fatalf("while another user keeps the %d CPUs busy: %d shards at once, want 1\n%s", cpus, got, log)
+	}
+	for _, want := range []string{probe.ScopeOthers, "online less", "one shard still runs"} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("admission.log does not say %q:\n%s", want, log)
+		}
+	}
+
+	stop()
+	testenv.Eventually(t, 15*time.Second, func() (bool, string) {
+		o := meter.Others()
+		return o.IsKnown() && o.N < 500, "others' use: " + o.Source
+	})
+	free := namedConcurrencyJob(t, "free", 2*int(cpus), "1", class)
+	env.Submit(free, coordinator.SubmitOptions{})
+	env.WaitState("free", 60*time.Second, stream.RunComplete)
+	if got := maxConcurrent(t, free, 2*int(cpus)); got < 2 {
+		log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+		t.Fatalf("after the other user stopped: at most %d shard(s) at once, want up to %d\n%s", got, cpus, log)
+	}
+}
+
+// namedConcurrencyJob is concurrencyJob with a run name of its own.
+func namedConcurrencyJob(t *testing.T, name string, shards int, sleep, extra string) string {
+	t.Helper()
+	dir := t.TempDir()
+	return testenv.WriteJob(t, testenv.Job{Name: name, Shards: shards, Retries: 0, Extra: extra,
+		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep "$4" && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}", sleep}})
+}
