@@ -30,6 +30,9 @@ type Live struct {
 	// TokenFile holds the token its clients present; empty where the
 	// store has none.
 	TokenFile string `json:"token_file,omitempty"`
+	// CAFile is the certificate authority clients pin where it serves
+	// TLS; empty where it does not.
+	CAFile string `json:"ca_file,omitempty"`
 }
 
 // LiveIn lists the coordinators that hold a store under the state
@@ -62,6 +65,8 @@ func LiveIn(dir string) ([]Live, error) {
 				l.Holder = line
 			} else if u, ok := strings.CutPrefix(line, "url "); ok {
 				l.URL = u
+			} else if line == "tls" {
+				l.CAFile = filepath.Join(l.Store, CAName)
 			}
 		}
 		if _, err := os.Stat(filepath.Join(l.Store, TokenName)); err == nil {

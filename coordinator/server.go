@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +60,13 @@ type Config struct {
 	// the one in StoreDir/token (TokenName), made at the first start and
 	// kept. Off, any client that reaches Listen is taken (tests).
 	Auth bool
+	// TLS serves Listen and HTTP over TLS, with a certificate issued by
+	// the store's own certificate authority: StoreDir/ca.pem (CAName),
+	// which clients pin, made at the first start and kept with its key
+	// (readable by this user alone). The coordinator's own connection is
+	// in-process and does not use it. Off, traffic (the token with it)
+	// crosses the network in the clear.
+	TLS bool
 	// Logger receives structured logs; default discards.
 	Logger *slog.Logger
 }
@@ -183,6 +191,14 @@ func (c *Coordinator) Start(ctx context.Context) error {
 			return fmt.Errorf("start coordinator: %w", err)
 		}
 	}
+	var tlsCfg *tls.Config
+	if c.cfg.TLS {
+		httpHost, _, _ := net.SplitHostPort(c.cfg.HTTP)
+		if tlsCfg, err = serverTLS(c.cfg.StoreDir, host, httpHost); err != nil {
+			c.Close()
+			return fmt.Errorf("start coordinator: %w", err)
+		}
+	}
 	maxStore, err := storeLimit(c.cfg.StoreDir)
 	if err != nil {
 		c.Close()
@@ -200,6 +216,8 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		JetStreamMaxMemory: 256 << 20,
 		JetStreamMaxStore:  maxStore,
 		Authorization:      c.token, // "" with Auth off: no authorization
+		TLSConfig:          tlsCfg,  // nil with TLS off
+		TLSTimeout:         5,
 	}
 	c.opts = opts.Clone() // NewServer adjusts what it is given
 	srv, err := server.NewServer(opts)
@@ -259,12 +277,19 @@ func (c *Coordinator) Start(ctx context.Context) error {
 			c.Close()
 			return fmt.Errorf("start coordinator: http listen: %w", err)
 		}
+		if tlsCfg != nil {
+			l = tls.NewListener(l, tlsCfg)
+		}
 		c.hl = l
 		c.http = &http.Server{Handler: c.routes(), ReadHeaderTimeout: 5 * time.Second}
 	}
 	// Below the holder line, the lock file says where the store is served, for
 	// `shardpool status --data` (LiveIn).
-	_, _ = c.lock.WriteAt([]byte("url "+c.ClientURL()+"\n"), int64(len(holder)))
+	where := "url " + c.ClientURL() + "\n"
+	if c.cfg.TLS {
+		where += "tls\n"
+	}
+	_, _ = c.lock.WriteAt([]byte(where), int64(len(holder)))
 	c.log.Info("coordinator ready", "url", c.ClientURL(), "data", c.cfg.DataDir, "sync", c.cfg.Sync)
 	return nil
 }
@@ -470,6 +495,19 @@ func (c *Coordinator) HTTPAddr() string {
 		return ""
 	}
 	return c.hl.Addr().String()
+}
+
+// StatusURL is the URL of GET /status (https with Config.TLS), or "" when
+// no HTTP listener was asked for.
+func (c *Coordinator) StatusURL() string {
+	if c.hl == nil {
+		return ""
+	}
+	scheme := "http"
+	if c.cfg.TLS {
+		scheme = "https"
+	}
+	return scheme + "://" + c.hl.Addr().String() + "/status"
 }
 
 // JetStream is the coordinator's in-process JetStream client.
