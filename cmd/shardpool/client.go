@@ -27,7 +27,7 @@ import (
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--json] SPEC", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
-	token := registerToken(fs)
+	acc := registerAccess(fs)
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	spec, man, err := parseSpec(fs, args)
@@ -35,7 +35,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	plan.SplitOutliers(spec, man)
-	nc, js, err := connect(ctx, *server, *token, "shardpool-submit", 0, nil)
+	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-submit", 0, nil)
 	if err != nil {
 		return err
 	}
@@ -49,10 +49,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// The commands go to resume.txt and the run record: never the token
 	// itself, only where it is.
-	at := shellQuote(redactURL(*server))
-	if *token != "" {
-		at += " --token-file " + shellQuote(absPath(*token))
-	}
+	at := shellQuote(redactURL(*server)) + acc.get().flags()
 	resume := fmt.Sprintf("shardpool submit --server %s %s", at, shellQuote(spec.SpecPath))
 	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", at, shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()
@@ -138,7 +135,7 @@ func writeJSON(w io.Writer, v any) error {
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", "shardpool status [--server URL | --data DIR] [--json] [RUN]", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
-	token := registerToken(fs)
+	acc := registerAccess(fs)
 	data := fs.String("data", "", "state directory of a `shardpool run` or `shardpool coordinator`: ask the coordinator serving it now, or, when none does, report each run's last verdict from its evidence (instead of --server)")
 	asJSON := fs.Bool("json", false, "print the status document as JSON (see docs/status-json.md)")
 	pos, err := parse(fs, args)
@@ -178,20 +175,16 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return nil
 		}
 		url = found
-		if !flagSet(fs, "token-file") {
-			*token = tf
-		}
+		acc.fill(fs, tf)
 	}
-	nc, js, err := connect(ctx, url, *token, "shardpool-status", 0, nil)
-	if err != nil && *data == "" && !flagSet(fs, "server") && (errors.Is(err, nats.ErrNoServers) || isAuthError(err)) {
+	nc, js, err := connect(ctx, url, acc.get(), "shardpool-status", 0, nil)
+	if err != nil && *data == "" && !flagSet(fs, "server") && (errors.Is(err, nats.ErrNoServers) || isAuthError(err) || errors.Is(err, errNeedsTLS)) {
 		// Nothing at the default URL (or another user's coordinator, which
 		// refuses this one): a `shardpool run` with the default state
 		// directory serves on a port of its own choosing.
 		if found, tf, ok, ferr := serverFromData(worker.DefaultStateDir(), run); ferr == nil && ok {
-			if flagSet(fs, "token-file") {
-				tf = *token
-			}
-			nc, js, err = connect(ctx, found, tf, "shardpool-status", 0, nil)
+			acc.fill(fs, tf)
+			nc, js, err = connect(ctx, found, acc.get(), "shardpool-status", 0, nil)
 		}
 	}
 	if err != nil {

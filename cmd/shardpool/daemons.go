@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +30,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status listener (empty to disable)")
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	syncMode := registerSync(fs)
+	tlsMode := registerTLS(fs)
 	verbose := fs.Bool("v", false, "debug logs")
 	if err := parseNone(fs, args); err != nil {
 		return err
@@ -36,9 +39,13 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errUsage
 	}
+	useTLS, err := tlsOn(*tlsMode, *listen, *httpAddr)
+	if err != nil {
+		return err
+	}
 	for {
 		c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, Sync: string(*syncMode),
-			LeaseTTL: *leaseTTL, ReloadOnWriteError: true, Auth: true, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+			LeaseTTL: *leaseTTL, ReloadOnWriteError: true, Auth: true, TLS: useTLS, Logger: logger(stderr, *verbose, slog.LevelInfo)})
 		if err != nil {
 			return err
 		}
@@ -47,12 +54,11 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 			return err
 		}
 		fmt.Fprintf(stdout, "coordinator ready: nats %s", c.ClientURL())
-		if a := c.HTTPAddr(); a != "" {
-			fmt.Fprintf(stdout, ", status http://%s/status", a)
+		if u := c.StatusURL(); u != "" {
+			fmt.Fprintf(stdout, ", status %s", u)
 		}
 		fmt.Fprintf(stdout, ", data %s\n", c.DataDir())
-		fmt.Fprintf(stdout, "clients present the token in %s: workers, submit and status with --token-file %s; the nats CLI with NATS_URL=nats://$(cat %s)@HOST:PORT\n",
-			c.TokenFile(), shellQuote(c.TokenFile()), shellQuote(c.TokenFile()))
+		printAccess(stdout, c)
 		err = c.Run(ctx)
 		if !errors.Is(err, coordinator.ErrReload) {
 			return err
@@ -63,22 +69,53 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 }
 
+// printAccess says which files clients need, and how the nats CLI and
+// curl use them; the token itself is never printed.
+func printAccess(w io.Writer, c *coordinator.Coordinator) {
+	tf := shellQuote(c.TokenFile())
+	if c.CAFile() == "" {
+		fmt.Fprintf(w, "clients present the token in %s: workers, submit and status with --token-file %s; the nats CLI with NATS_URL=nats://$(cat %s)@HOST:PORT\n",
+			c.TokenFile(), tf, tf)
+		return
+	}
+	ca := shellQuote(c.CAFile())
+	fmt.Fprintf(w, "TLS: clients pin the certificate authority in %s and present the token in %s (copy both to the workers' hosts): workers, submit and status with --token-file %s --tls-ca %s; the nats CLI with NATS_URL=nats://$(cat %s)@HOST:PORT nats --tlsca %s\n",
+		c.CAFile(), c.TokenFile(), tf, ca, tf, ca)
+}
+
 // connect opens a connection to the coordinator at url. With wait > 0 a
 // coordinator that does not answer yet is tried again until wait has
 // passed (a worker started by a scheduler beside its coordinator), saying
 // so once on notice; once connected, a connection outlives coordinator
 // restarts.
-func connect(ctx context.Context, url, tokenFile, name string, wait time.Duration, notice io.Writer) (*nats.Conn, jetstream.JetStream, error) {
+func connect(ctx context.Context, url string, acc access, name string, wait time.Duration, notice io.Writer) (*nats.Conn, jetstream.JetStream, error) {
 	deadline := time.Now().Add(wait)
 	pause := 250 * time.Millisecond
+	tokenFile := acc.token
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond),
 		nats.Timeout(5 * time.Second), nats.RetryOnFailedConnect(false)}
 	if tokenFile != "" {
 		opts = append(opts, nats.TokenHandler(coordinator.TokenReader(tokenFile)))
 	}
+	if acc.ca != "" {
+		// TLS is required, not only taken when offered: a client that
+		// pins a certificate would otherwise send its token to whatever
+		// answers in the clear.
+		tc, err := coordinator.ClientTLS(acc.ca)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
 	var nc *nats.Conn
 	for {
-		var missing error
+		var missing, caMissing error
+		if acc.ca != "" {
+			// Waited for as the token is.
+			if _, err := os.Stat(acc.ca); errors.Is(err, os.ErrNotExist) {
+				caMissing = err
+			}
+		}
 		if tokenFile != "" {
 			// A coordinator started at the same time (by a scheduler)
 			// writes its token when it starts: while nothing answers, a
@@ -104,7 +141,17 @@ func connect(ctx context.Context, url, tokenFile, name string, wait time.Duratio
 			}
 			return nil, nil, fmt.Errorf("the coordinator at %s refused this connection (%w): %s", redactURL(url), err, why)
 		}
-		if !errors.Is(err, nats.ErrNoServers) {
+		switch {
+		case caMissing != nil && !errors.Is(err, nats.ErrNoServers):
+			return nil, nil, fmt.Errorf("the coordinator at %s answers, and --tls-ca %s is missing (%v): copy its ca.pem there (DATA/jetstream/ca.pem of its --data)", redactURL(url), acc.ca, caMissing)
+		case acc.ca == "" && isCertError(err):
+			return nil, nil, fmt.Errorf("%w at %s (%v): pass --tls-ca FILE (or set SHARDPOOL_TLS_CA): its certificate authority, DATA/jetstream/ca.pem of a coordinator's --data, DATA/stores/<run>/ca.pem of a `shardpool run`, copied with the token",
+				errNeedsTLS, redactURL(url), err)
+		case acc.ca != "" && isCertError(err):
+			return nil, nil, fmt.Errorf("the coordinator at %s is not the one whose certificate authority is %s (%v): is it another coordinator, or was its store made anew? Copy its ca.pem again", redactURL(url), acc.ca, err)
+		case errors.Is(err, nats.ErrSecureConnWanted):
+			return nil, nil, fmt.Errorf("the coordinator at %s does not serve TLS, and --tls-ca %s asks for it: start the coordinator with --tls on, or leave --tls-ca out where traffic stays on a trusted network", redactURL(url), acc.ca)
+		case !errors.Is(err, nats.ErrNoServers):
 			return nil, nil, fmt.Errorf("connect %s: %w", redactURL(url), err)
 		}
 		if !time.Now().Add(pause).Before(deadline) {
@@ -141,7 +188,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	name := fs.String("name", worker.DefaultName(), "worker name (unique per worker)")
 	data := fs.String("data", worker.DefaultStateDir(), "where this worker writes evidence (runs/<run>/)")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
-	token := registerToken(fs)
+	acc := registerAccess(fs)
 	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet (0: fail at once)")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
@@ -154,7 +201,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := checkScratch(*scratch, *name); err != nil {
 		return fmt.Errorf("worker %s: %w", *name, err)
 	}
-	nc, js, err := connect(ctx, *server, *token, "shardpool-worker-"+*name, *connectWait, stderr)
+	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-worker-"+*name, *connectWait, stderr)
 	if err != nil {
 		return err
 	}
@@ -178,11 +225,81 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return w.Run(ctx)
 }
 
-// registerToken adds --token-file: where a client reads the coordinator's
-// token.
-func registerToken(fs *flag.FlagSet) *string {
-	return fs.String("token-file", os.Getenv("SHARDPOOL_TOKEN_FILE"),
-		"file holding the coordinator's token: DATA/jetstream/token of `shardpool coordinator --data DATA`, DATA/stores/<run>/token of a `shardpool run` (default $SHARDPOOL_TOKEN_FILE; a URL nats://TOKEN@HOST:PORT carries one too)")
+// access is what a client shows and checks: the file of the
+// coordinator's token, and of its certificate authority where it serves
+// TLS.
+type access struct{ token, ca string }
+
+// flags are the command-line flags that name a's files, for the commands
+// written to resume.txt: never the token itself, only where it is.
+func (a access) flags() string {
+	out := ""
+	if a.token != "" {
+		out += " --token-file " + shellQuote(absPath(a.token))
+	}
+	if a.ca != "" {
+		out += " --tls-ca " + shellQuote(absPath(a.ca))
+	}
+	return out
+}
+
+// accessFlags are a client's --token-file and --tls-ca.
+type accessFlags struct {
+	fs        *flag.FlagSet
+	token, ca *string
+}
+
+// registerAccess adds --token-file and --tls-ca.
+func registerAccess(fs *flag.FlagSet) *accessFlags {
+	return &accessFlags{fs: fs,
+		token: fs.String("token-file", os.Getenv("SHARDPOOL_TOKEN_FILE"),
+			"file holding the coordinator's token: DATA/jetstream/token of `shardpool coordinator --data DATA`, DATA/stores/<run>/token of a `shardpool run` (default $SHARDPOOL_TOKEN_FILE; a URL nats://TOKEN@HOST:PORT carries one too)"),
+		ca: fs.String("tls-ca", os.Getenv("SHARDPOOL_TLS_CA"),
+			"certificate authority of a coordinator that serves TLS (`--tls`): DATA/jetstream/ca.pem of its --data, copied with the token (default $SHARDPOOL_TLS_CA)"),
+	}
+}
+
+func (f *accessFlags) get() access { return access{token: *f.token, ca: *f.ca} }
+
+// fill takes the files of a coordinator found in a state directory for
+// those not given on the command line.
+func (f *accessFlags) fill(fs *flag.FlagSet, found access) {
+	if !flagSet(fs, "token-file") {
+		*f.token = found.token
+	}
+	if !flagSet(fs, "tls-ca") {
+		*f.ca = found.ca
+	}
+}
+
+// registerTLS adds --tls to a command that starts a coordinator.
+func registerTLS(fs *flag.FlagSet) *string {
+	return fs.String("tls", "auto", "serve the NATS and HTTP listeners over TLS: on, off, or auto (on unless both listen on loopback only); clients pin DATA's ca.pem with --tls-ca")
+}
+
+// tlsOn decides --tls for the listen and http addresses.
+func tlsOn(mode, listen, httpAddr string) (bool, error) {
+	switch mode {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	case "auto", "":
+		return !coordinator.IsLoopback(listen) || (httpAddr != "" && !coordinator.IsLoopback(httpAddr)), nil
+	}
+	return false, exitErr{code: exitUsage, msg: fmt.Sprintf("--tls %q: want on, off or auto", mode)}
+}
+
+// errNeedsTLS: the coordinator serves TLS and the client has no
+// certificate authority to check it with.
+var errNeedsTLS = errors.New("the coordinator serves TLS")
+
+// isCertError reports a TLS certificate that did not verify.
+func isCertError(err error) bool {
+	var ua x509.UnknownAuthorityError
+	var cv *tls.CertificateVerificationError
+	return errors.As(err, &ua) || errors.As(err, &cv) || strings.Contains(err.Error(), "x509:") ||
+		strings.Contains(err.Error(), "not issued by the authority")
 }
 
 // isAuthError reports a server's refusal of a connection's credentials.
@@ -203,6 +320,14 @@ func redactURL(raw string) string {
 		out = append(out, one)
 	}
 	return strings.Join(out, ",")
+}
+
+// urlHost is the host:port of a nats:// or tls:// URL.
+func urlHost(raw string) string {
+	if u, err := neturl.Parse(raw); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return raw
 }
 
 // absPath is p made absolute, or p where that fails.

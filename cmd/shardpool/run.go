@@ -32,6 +32,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Var(slots, "slots", "auto (from the host's budget and each class's declared or measured peak), N for every class, or CLASS=N,...")
 	listen := fs.String("listen", "127.0.0.1:0", "NATS listener for the nats CLI and extra workers (port 0: any free port)")
 	httpAddr := fs.String("http", "", "serve GET /status on this host:port")
+	tlsMode := registerTLS(fs)
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	retryFailed := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
@@ -74,8 +75,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	log := logger(stderr, *verbose, slog.LevelWarn)
 	// One store per run (DIR/stores/<run>): runs of other names can share
 	// the state directory at the same time; the same run twice cannot.
+	useTLS, err := tlsOn(*tlsMode, *listen, *httpAddr)
+	if err != nil {
+		return err
+	}
 	coord, err := coordinator.New(coordinator.Config{DataDir: absData, StoreDir: filepath.Join(absData, "stores", spec.Name), Listen: *listen, HTTP: *httpAddr,
-		Sync: string(*syncMode), LeaseTTL: *leaseTTL, Auth: true, Logger: log})
+		Sync: string(*syncMode), LeaseTTL: *leaseTTL, Auth: true, TLS: useTLS, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -129,10 +134,15 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	printRedone(stdout, res)
 	// The token stays out of what is printed (a terminal's scrollback,
 	// a CI log), and out of argv, where every user of the host sees it.
-	fmt.Fprintf(stdout, "nats: %s, token in %s  (NATS_URL=nats://$(cat %s)@%s nats stream info %s)\n", coord.ClientURL(), coord.TokenFile(),
-		shellQuote(coord.TokenFile()), strings.TrimPrefix(coord.ClientURL(), "nats://"), stream.StreamShards)
-	if a := coord.HTTPAddr(); a != "" {
-		fmt.Fprintf(stdout, "status: http://%s/status  (curl -H \"Authorization: Bearer $(cat %s)\" http://%s/status)\n", a, shellQuote(coord.TokenFile()), a)
+	tlsca, cacert := "", ""
+	if ca := coord.CAFile(); ca != "" {
+		tlsca, cacert = " --tlsca "+shellQuote(ca), " --cacert "+shellQuote(ca)
+		fmt.Fprintf(stdout, "TLS: certificate authority in %s (workers elsewhere: --token-file %s --tls-ca %s)\n", ca, shellQuote(coord.TokenFile()), shellQuote(ca))
+	}
+	fmt.Fprintf(stdout, "nats: %s, token in %s  (NATS_URL=nats://$(cat %s)@%s nats%s stream info %s)\n", coord.ClientURL(), coord.TokenFile(),
+		shellQuote(coord.TokenFile()), urlHost(coord.ClientURL()), tlsca, stream.StreamShards)
+	if u := coord.StatusURL(); u != "" {
+		fmt.Fprintf(stdout, "status: %s  (curl%s -H \"Authorization: Bearer $(cat %s)\" %s)\n", u, cacert, shellQuote(coord.TokenFile()), u)
 	}
 	fmt.Fprintf(stdout, "follow it from another terminal: shardpool status --data %s %s\n", shellQuote(absData), spec.Name)
 

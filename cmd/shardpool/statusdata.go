@@ -18,10 +18,10 @@ import (
 // (for run, when named): the client URL of a `shardpool run` or
 // `shardpool coordinator` that holds a store there now. ok is false when
 // none does; the caller then reports what the evidence says.
-func serverFromData(dir, run string) (url, tokenFile string, ok bool, err error) {
+func serverFromData(dir, run string) (url string, acc access, ok bool, err error) {
 	lives, err := coordinator.LiveIn(dir)
 	if err != nil {
-		return "", "", false, err
+		return "", access{}, false, err
 	}
 	var pick *coordinator.Live
 	switch {
@@ -42,16 +42,16 @@ func serverFromData(dir, run string) (url, tokenFile string, ok bool, err error)
 		for _, l := range lives {
 			names = append(names, fmt.Sprintf("%s at %s", liveName(l), orStarting(l.URL)))
 		}
-		return "", "", false, exitErr{code: exitUsage, msg: fmt.Sprintf("%d coordinators serve %s: %s; name a run (shardpool status --data %s RUN) or give --server",
+		return "", access{}, false, exitErr{code: exitUsage, msg: fmt.Sprintf("%d coordinators serve %s: %s; name a run (shardpool status --data %s RUN) or give --server",
 			len(lives), dir, strings.Join(names, ", "), shellQuote(dir))}
 	}
 	if pick == nil {
-		return "", "", false, nil
+		return "", access{}, false, nil
 	}
 	if pick.URL == "" {
-		return "", "", false, fmt.Errorf("the coordinator of %s (%s) has not written where it listens: it is starting (try again in a moment), or it is an older shardpool (give --server with the URL it printed)", liveName(*pick), pick.Holder)
+		return "", access{}, false, fmt.Errorf("the coordinator of %s (%s) has not written where it listens: it is starting (try again in a moment), or it is an older shardpool (give --server with the URL it printed)", liveName(*pick), pick.Holder)
 	}
-	return pick.URL, pick.TokenFile, true, nil
+	return pick.URL, access{token: pick.TokenFile, ca: pick.CAFile}, true, nil
 }
 
 func liveName(l coordinator.Live) string {

@@ -1,0 +1,86 @@
+package main_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// TestTLSCoordinatorAndItsClients: a coordinator that workers on other
+// hosts reach sent every byte in the clear, the token with it: anyone on
+// the path could take the token and then run commands as this user.
+// `shardpool coordinator --tls on` (the default for a listener beyond
+// loopback) serves TLS with its store's own certificate authority and says
+// which files clients need. A client without the authority is told to
+// pass --tls-ca; with it, a worker (started first, waiting for the
+// coordinator and its files) and a submit run a job to COMPLETE;
+// resume.txt names the file; `status --data` finds it; the stock nats CLI
+// gets in with --tlsca. A client given --tls-ca for a coordinator without
+// TLS is told so instead of sending its token in the clear.
+func TestTLSCoordinatorAndItsClients(t *testing.T) {
+	c := newCluster(t)
+	ca := filepath.Join(c.data, "jetstream", coordinator.CAName)
+	// A worker started before its coordinator (by a scheduler) waits for
+	// the authority's file as it waits for the token.
+	w := c.worker("w1", "--slots", "cpu=2", "--tls-ca", ca, "--connect-wait", "60s")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(w.Output(), "waiting up to"), "worker output: " + w.Output()
+	})
+	c.coord = testenv.Start(t, "coordinator", "--data", c.data, "--listen", c.addr, "--http", "", "--tls", "on")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(c.coord.Output(), "coordinator ready"), "coordinator output: " + c.coord.Output()
+	})
+	if out := c.coord.Output(); !strings.Contains(out, "--tls-ca "+ca) || !strings.Contains(out, "tls://") {
+		t.Fatalf("the coordinator does not say it serves TLS and where its authority is:\n%s", out)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Name: "sealed", Shards: 4, Command: []string{"cp", "{input}", "{out}/"}})
+
+	p := testenv.Start(t, "submit", "--server", c.url, "--token-file", c.token(), spec)
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "pass --tls-ca FILE") {
+		t.Fatalf("submit without the authority: exit %d, want 1 and the way to it\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "submit", "--server", c.url, "--token-file", c.token(), "--tls-ca", ca, spec)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "published 4 of 4") {
+		t.Fatalf("submit with the authority: exit %d\n%s", code, p.Output())
+	}
+	if b, err := os.ReadFile(filepath.Join(c.data, "runs", "sealed", "resume.txt")); err != nil || !strings.Contains(string(b), "--tls-ca "+ca) {
+		t.Fatalf("resume.txt does not name the authority: %v\n%s", err, b)
+	}
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		st := testenv.Start(t, "status", "--data", c.data, "sealed")
+		code := st.Wait(t, 30*time.Second)
+		return code == 0 && regexpMatch(`sealed\s+COMPLETE\s+4`, st.Output()), "status --data:\n" + st.Output()
+	})
+
+	natsBin := natsCLI(t)
+	tok, err := coordinator.ReadToken(c.token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "NATS_URL=nats://"+tok+"@"+c.addr)
+	cmd := exec.Command(natsBin, "--tlsca", ca, "stream", "info", stream.StreamShards, "--json")
+	cmd.Env = env
+	if b, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(b), `"name": "SHARDS"`) {
+		t.Fatalf("nats CLI with --tlsca: %v\n%s", err, b)
+	}
+	cmd = exec.Command(natsBin, "stream", "info", stream.StreamShards)
+	cmd.Env = env
+	if b, err := cmd.CombinedOutput(); err == nil {
+		t.Fatalf("nats CLI without the authority got in:\n%s", b)
+	}
+
+	// --tls-ca for a coordinator that serves no TLS: refused, not sent in
+	// the clear.
+	plain := startCluster(t, "30s")
+	p = testenv.Start(t, "status", "--server", plain.url, "--token-file", plain.token(), "--tls-ca", ca)
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "does not serve TLS") {
+		t.Fatalf("status --tls-ca against a coordinator without TLS: exit %d\n%s", code, p.Output())
+	}
+}
