@@ -19,17 +19,8 @@ import (
 // without: a run's status names its paths, inputs and the last line each
 // failed shard printed. /healthz stays open.
 func TestHTTPStatusAsksForTheToken(t *testing.T) {
-	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Auth: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	c, _ := runCoordinator(t, coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Auth: true})
+	ctx := context.Background()
 	path := testenv.WriteJob(t, testenv.Job{Name: "web", Shards: 2, Command: []string{"true"}})
 	spec, man := testenv.LoadJob(t, path)
 	if _, err := coordinator.Submit(ctx, c.JetStream(), spec, man, coordinator.SubmitOptions{}); err != nil {

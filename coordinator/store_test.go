@@ -20,10 +20,12 @@ import (
 )
 
 // ran is a coordinator's Run in its goroutine: done closes when Run has
-// returned, with its error in err.
+// returned, with its error in err; stop ends it (and waits), as the end
+// of the test does.
 type ran struct {
 	done chan struct{}
 	err  error
+	stop func()
 }
 
 // runCoordinator starts a coordinator with cfg and runs it until it
@@ -41,7 +43,8 @@ func runCoordinator(t *testing.T, cfg coordinator.Config) (*coordinator.Coordina
 	}
 	r := &ran{done: make(chan struct{})}
 	go func() { r.err = c.Run(ctx); close(r.done) }()
-	t.Cleanup(func() { cancel(); <-r.done })
+	r.stop = func() { cancel(); <-r.done }
+	t.Cleanup(r.stop)
 	return c, r
 }
 

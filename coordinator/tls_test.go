@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,20 +19,8 @@ import (
 // func stops it.
 func startTLS(t *testing.T, data string) (*coordinator.Coordinator, func()) {
 	t.Helper()
-	c, err := coordinator.New(coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Auth: true, TLS: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return c, stop
+	c, r := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Auth: true, TLS: true})
+	return c, r.stop
 }
 
 // TestTLSListenersPinTheStoresAuthority: with Config.TLS the NATS and HTTP

@@ -6,11 +6,9 @@ import (
 	"math"
 	"os"
 	"path"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -241,38 +239,14 @@ func (p *Prober) hostBusy() (int64, error) {
 }
 
 // uidTicks sums the CPU ticks, their own and their reaped children's, of
-// the processes of uid. On the real /proc the uid is the owner of the
-// process's directory; fixture trees carry it in status.
+// the processes of uid. A process that exits between the listing and
+// the read is left out: its parent has its ticks, or will once it reaps.
 func (p *Prober) uidTicks(uid int) (int64, error) {
-	dir := p.hostPath(p.cfg.ProcRoot)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
-	}
 	var sum int64
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if p.cfg.Root == "/" {
-			info, err := e.Info()
-			if err != nil {
-				continue // exited
-			}
-			if st, ok := info.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != uid {
-				continue
-			}
-		} else if p.uidOf(pid) != uid {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
-		if err != nil {
-			continue // exited between readdir and read: its parent has it now
-		}
-		if st, ok := ParseStat(b); ok {
+	err := p.eachProc(func(u int) bool { return u == uid }, func(_, _ int, st Stat, ok bool) {
+		if ok {
 			sum += st.Ticks + st.Reaped
 		}
-	}
-	return sum, nil
+	})
+	return sum, err
 }

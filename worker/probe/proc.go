@@ -226,43 +226,62 @@ type procSample struct {
 	ticks int64
 }
 
-// sampleProcs reads uid, RSS and CPU ticks of every process from
-// /proc/<pid>/stat. On the real /proc the uid is the owner of the
-// process's directory (its effective uid); fixture trees cannot carry
-// ownership, so there the Uid line of status is read instead.
+// sampleProcs reads uid, RSS and CPU ticks of every process.
 func (p *Prober) sampleProcs() (map[int]procSample, error) {
-	dir := p.hostPath(p.cfg.ProcRoot)
-	ents, err := os.ReadDir(dir)
+	page := int64(os.Getpagesize())
+	out := map[int]procSample{}
+	err := p.eachProc(nil, func(pid, uid int, st Stat, ok bool) {
+		s := procSample{uid: uid}
+		if ok {
+			s.ticks, s.rss = st.Ticks, st.RSSPages*page
+		}
+		out[pid] = s
+	})
 	if err != nil {
 		return nil, err
 	}
-	page := int64(os.Getpagesize())
-	out := make(map[int]procSample, len(ents))
+	return out, nil
+}
+
+// eachProc calls fn with the uid and /proc/<pid>/stat of every process
+// whose uid want takes (every process with want nil); ok is false for a
+// stat that does not parse. On the real /proc the uid is the owner of the
+// process's directory (its effective uid), known before its stat is read;
+// fixture trees cannot carry ownership, so there the Uid line of status
+// is read instead (-1 where it cannot be). A process that exits between
+// the listing and the read is left out.
+func (p *Prober) eachProc(want func(uid int) bool, fn func(pid, uid int, st Stat, ok bool)) error {
+	dir := p.hostPath(p.cfg.ProcRoot)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
-		if err != nil {
-			continue // exited between readdir and read
-		}
-		s := procSample{uid: -1}
-		if st, ok := ParseStat(b); ok {
-			s.ticks, s.rss = st.Ticks, st.RSSPages*page
-		}
+		uid := -1
 		if p.cfg.Root == "/" {
 			if info, err := e.Info(); err == nil {
 				if st, ok := info.Sys().(*syscall.Stat_t); ok {
-					s.uid = int(st.Uid)
+					uid = int(st.Uid)
 				}
 			}
 		} else {
-			s.uid = p.uidOf(pid)
+			uid = p.uidOf(pid)
 		}
-		out[pid] = s
+		if want != nil && !want(uid) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		st, ok := ParseStat(b)
+		fn(pid, uid, st, ok)
 	}
-	return out, nil
+	return nil
 }
 
 // Stat is what shardpool reads from /proc/<pid>/stat.
