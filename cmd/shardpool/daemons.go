@@ -145,7 +145,13 @@ func connect(ctx context.Context, url string, acc access, name string, wait time
 		case caMissing != nil && !errors.Is(err, nats.ErrNoServers):
 			return nil, nil, fmt.Errorf("the coordinator at %s answers, and --tls-ca %s is missing (%v): copy its ca.pem there (DATA/jetstream/ca.pem of its --data)", redactURL(url), acc.ca, caMissing)
 		case acc.ca == "" && isCertError(err):
-			return nil, nil, fmt.Errorf("%w at %s (%v): pass --tls-ca FILE (or set SHARDPOOL_TLS_CA): its certificate authority, DATA/jetstream/ca.pem of a coordinator's --data, DATA/stores/<run>/ca.pem of a `shardpool run`, copied with the token",
+			// The coordinator asks for TLS (nothing was sent yet): its
+			// authority beside the token, where the token was copied
+			// with it, is the one to pin.
+			if beside := filepath.Join(filepath.Dir(tokenFile), coordinator.CAName); tokenFile != "" && fileExists(beside) {
+				return connect(ctx, url, access{token: tokenFile, ca: beside}, name, time.Until(deadline), notice)
+			}
+			return nil, nil, fmt.Errorf("%w at %s (%v): pass --tls-ca FILE (or set SHARDPOOL_TLS_CA), or keep it as ca.pem beside the token file: its certificate authority, DATA/jetstream/ca.pem of a coordinator's --data, DATA/stores/<run>/ca.pem of a `shardpool run`, copied with the token",
 				errNeedsTLS, redactURL(url), err)
 		case acc.ca != "" && isCertError(err):
 			return nil, nil, fmt.Errorf("the coordinator at %s is not the one whose certificate authority is %s (%v): is it another coordinator, or was its store made anew? Copy its ca.pem again", redactURL(url), acc.ca, err)
@@ -320,6 +326,11 @@ func redactURL(raw string) string {
 		out = append(out, one)
 	}
 	return strings.Join(out, ",")
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // urlHost is the host:port of a nats:// or tls:// URL.

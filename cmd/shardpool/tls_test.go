@@ -23,7 +23,9 @@ import (
 // coordinator and its files) and a submit run a job to COMPLETE;
 // resume.txt names the file; `status --data` finds it; the stock nats CLI
 // gets in with --tlsca. A client given --tls-ca for a coordinator without
-// TLS is told so instead of sending its token in the clear.
+// TLS is told so instead of sending its token in the clear. A client
+// whose token file has ca.pem beside it pins that one when the
+// coordinator asks for TLS.
 func TestTLSCoordinatorAndItsClients(t *testing.T) {
 	c := newCluster(t)
 	ca := filepath.Join(c.data, "jetstream", coordinator.CAName)
@@ -42,13 +44,29 @@ func TestTLSCoordinatorAndItsClients(t *testing.T) {
 	}
 	spec := testenv.WriteJob(t, testenv.Job{Name: "sealed", Shards: 4, Command: []string{"cp", "{input}", "{out}/"}})
 
-	p := testenv.Start(t, "submit", "--server", c.url, "--token-file", c.token(), spec)
+	// The token copied alone: the client is told where the authority is.
+	alone := filepath.Join(t.TempDir(), coordinator.TokenName)
+	b, err := os.ReadFile(c.token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(alone, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.Start(t, "submit", "--server", c.url, "--token-file", alone, spec)
 	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "pass --tls-ca FILE") {
 		t.Fatalf("submit without the authority: exit %d, want 1 and the way to it\n%s", code, p.Output())
 	}
-	p = testenv.Start(t, "submit", "--server", c.url, "--token-file", c.token(), "--tls-ca", ca, spec)
+	p = testenv.Start(t, "submit", "--server", c.url, "--token-file", alone, "--tls-ca", ca, spec)
 	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "published 4 of 4") {
 		t.Fatalf("submit with the authority: exit %d\n%s", code, p.Output())
+	}
+	// The token with ca.pem beside it (a copy of both, or the store
+	// itself): the authority is found there once the coordinator asks for
+	// TLS.
+	p = testenv.Start(t, "submit", "--server", c.url, "--token-file", c.token(), spec)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "published 0 of 4") {
+		t.Fatalf("submit with ca.pem beside the token: exit %d\n%s", code, p.Output())
 	}
 	if b, err := os.ReadFile(filepath.Join(c.data, "runs", "sealed", "resume.txt")); err != nil || !strings.Contains(string(b), "--tls-ca "+ca) {
 		t.Fatalf("resume.txt does not name the authority: %v\n%s", err, b)
