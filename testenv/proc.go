@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,42 +22,58 @@ var (
 	buildErr  error
 )
 
-// Binary builds cmd/shardpool once per test process and returns its path.
-// The binary goes to one fixed path per user in the temp directory,
-// replaced atomically, so test runs do not leave copies behind and
-// concurrent test processes never see a half-written file.
+// Binary builds cmd/shardpool once per test process and returns its path:
+// shardpool-testbin-<uid>/p<pid>/shardpool in the temp directory, the
+// process's own. (One fixed path per user was shared by every test
+// process: a suite run in a clean clone then ran a binary another
+// checkout's tests had just built, of other code.) Directories of test
+// processes that are gone are removed here, so runs do not leave copies
+// behind for long.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Dir(filepath.Dir(file))
-		dir := filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-testbin-%d", os.Getuid()))
+		base := filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-testbin-%d", os.Getuid()))
+		removeGoneBinaries(base)
+		dir := filepath.Join(base, fmt.Sprintf("p%d", os.Getpid()))
 		if buildErr = os.MkdirAll(dir, 0o755); buildErr != nil {
 			return
 		}
-		tmp, err := os.CreateTemp(dir, ".build-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		tmp.Close()
-		cmd := exec.Command("go", "build", "-o", tmp.Name(), "./cmd/shardpool")
+		buildPath = filepath.Join(dir, "shardpool")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/shardpool")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			os.Remove(tmp.Name())
+			os.RemoveAll(dir)
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-			return
-		}
-		buildPath = filepath.Join(dir, "shardpool")
-		if err := os.Rename(tmp.Name(), buildPath); err != nil {
-			os.Remove(tmp.Name())
-			buildErr = err
 		}
 	})
 	if buildErr != nil {
 		t.Fatalf("build shardpool: %v", buildErr)
 	}
 	return buildPath
+}
+
+// removeGoneBinaries removes the binaries of test processes that no
+// longer run (base/p<pid>), and what the fixed path of earlier versions
+// left (base/shardpool, base/.build-*) once it is an hour old.
+func removeGoneBinaries(base string) {
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if pid, err := strconv.Atoi(strings.TrimPrefix(name, "p")); err == nil && strings.HasPrefix(name, "p") {
+			if syscall.Kill(pid, 0) == syscall.ESRCH {
+				os.RemoveAll(filepath.Join(base, name))
+			}
+			continue
+		}
+		if info, err := e.Info(); err == nil && (name == "shardpool" || strings.HasPrefix(name, ".build-")) && time.Since(info.ModTime()) > time.Hour {
+			os.Remove(filepath.Join(base, name))
+		}
+	}
 }
 
 // Proc is a shardpool process started by a test.
