@@ -24,7 +24,7 @@ import (
 )
 
 func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("coordinator", "shardpool coordinator --data DIR [--listen HOST:PORT] [--http HOST:PORT]", stderr)
+	fs := newFlags("coordinator", "shardpool coordinator --data DIR [--listen HOST:PORT] [--http HOST:PORT] [--tls on|off|auto]", stderr)
 	data := fs.String("data", "", "state directory: JetStream store and evidence (required)")
 	listen := fs.String("listen", "127.0.0.1:4222", "NATS listener for workers and the nats CLI")
 	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status listener (empty to disable)")
