@@ -152,15 +152,23 @@ func TestStoreWriteErrorIsReloaded(t *testing.T) {
 // TestStoreLimitIsRaisedWhenSpaceIsFreed: the store's limit is set from the
 // free space at start. A store that reached it while another user's file
 // filled the disk takes writes again, without a restart, once that file is
-// gone: the coordinator raises the limit.
+// gone: the coordinator raises the limit. The raise is an options reload
+// of nats-server, which must keep the listener's TLS (`coordinator
+// --listen 0.0.0.0:...` serves TLS by default): so with TLS too.
 func TestStoreLimitIsRaisedWhenSpaceIsFreed(t *testing.T) {
+	for _, tls := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tls), func(t *testing.T) { storeLimitIsRaised(t, tls) })
+	}
+}
+
+func storeLimitIsRaised(t *testing.T, tls bool) {
 	data := filepath.Join(t.TempDir(), "data")
 	testenv.SmallTmpfs(t, data, "32m")
 	filler := filepath.Join(data, "filler")
 	if err := os.WriteFile(filler, make([]byte, 24<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond})
+	c, _ := runCoordinator(t, coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond, TLS: tls, Auth: tls})
 	kv, err := c.JetStream().KeyValue(context.Background(), stream.BucketRuns)
 	if err != nil {
 		t.Fatal(err)
@@ -191,5 +199,18 @@ func TestStoreLimitIsRaisedWhenSpaceIsFreed(t *testing.T) {
 	})
 	if err := put("after"); err != nil {
 		t.Fatalf("a write after the limit was raised: %v (the first refusal: %v)", err, refused)
+	}
+	if tls {
+		// A client over the network still gets in, over TLS.
+		pinned, err := coordinator.ClientTLS(c.CAFile())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, _ := coordinator.ReadToken(c.TokenFile())
+		nc, err := nats.Connect(c.ClientURL(), nats.Token(tok), nats.Secure(pinned))
+		if err != nil {
+			t.Fatalf("a TLS client after the limit was raised: %v", err)
+		}
+		nc.Close()
 	}
 }
