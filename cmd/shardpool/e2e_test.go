@@ -206,9 +206,12 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 		}
 		return true, ""
 	})
-	if left, _ := filepath.Glob(filepath.Join(w1Scratch, "t", fmt.Sprintf("p%d-*", w1.Cmd.Process.Pid))); len(left) > 0 {
-		t.Errorf("the killed worker's scratch pairs are still there: %v", left)
-	}
+	// The pairs go after the groups are killed (and the dead worker's
+	// shards handed back): a moment later, not at once.
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		left, _ := filepath.Glob(filepath.Join(w1Scratch, "t", fmt.Sprintf("p%d-*", w1.Cmd.Process.Pid)))
+		return len(left) == 0, fmt.Sprintf("the killed worker's scratch pairs are still there: %v", left)
+	})
 	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
 	if strings.Count(string(log), "decision=reap ") != 2 {
 		t.Errorf("w2's admission.log does not record two reaped groups:\n%s", log)
