@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -61,4 +62,32 @@ func SmallTmpfs(t testing.TB, dir, size string) {
 		t.Fatalf("mount tmpfs at %s: %v %s", dir, err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+}
+
+// BurnCPUs starts n busy loops (`sh -c 'while :; do :; done'`) as uid and
+// gid 65534, another user of the host, and returns a func that kills
+// them (also called at cleanup). The caller needs root (RequireRoot).
+func BurnCPUs(t testing.TB, n int) func() {
+	t.Helper()
+	var burners []*exec.Cmd
+	stop := func() {
+		for _, c := range burners {
+			if c.Process != nil {
+				c.Process.Kill()
+				c.Wait()
+			}
+		}
+		burners = nil
+	}
+	for range n {
+		c := exec.Command("sh", "-c", "while :; do :; done")
+		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, Setpgid: true}
+		if err := c.Start(); err != nil {
+			stop()
+			t.Fatalf("start a busy loop as uid 65534: %v", err)
+		}
+		burners = append(burners, c)
+	}
+	t.Cleanup(stop)
+	return stop
 }

@@ -3,10 +3,8 @@ package worker_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -42,24 +40,7 @@ func TestOtherUsersCPUIsNotAdmittedInto(t *testing.T) {
 		t.Fatalf("this test needs a host of 2 or more CPUs bound by nothing but the host: %d online, budget %+v bound by %s", cpus, hard.Effective, hard.Binding)
 	}
 
-	burners := make([]*exec.Cmd, cpus)
-	for i := range burners {
-		c := exec.Command("sh", "-c", "while :; do :; done")
-		c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, Setpgid: true}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		burners[i] = c
-	}
-	stop := func() {
-		for _, c := range burners {
-			if c.Process != nil {
-				c.Process.Kill()
-				c.Wait()
-			}
-		}
-	}
-	t.Cleanup(stop)
+	stop := testenv.BurnCPUs(t, int(cpus))
 	testenv.Eventually(t, 15*time.Second, func() (bool, string) {
 		o := meter.Others()
 		return o.IsKnown() && o.N >= cpus*1000-500, "others' use: " + o.Source + " " + o.Unknown
