@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // RequireRoot skips t when not root, except under CI (CI=true), where the
@@ -62,6 +65,27 @@ func SmallTmpfs(t testing.TB, dir, size string) {
 		t.Fatalf("mount tmpfs at %s: %v %s", dir, err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+}
+
+// FreeCPUs is the number of this host's CPUs, for a test of how others'
+// use of them is counted: it fails t on a host with one CPU, or whose CPUs
+// a cgroup or an allocation bounds (others' use is not subtracted there),
+// which cannot show it.
+func FreeCPUs(t testing.TB) int {
+	t.Helper()
+	pr, err := probe.New(probe.Config{PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := pr.Snapshot(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus := snap.Host.OnlineCPUs.N
+	if hard := snap.Budget.Hard.CPU; cpus < 2 || hard.Effective.N != cpus*1000 {
+		t.Fatalf("this test needs a host of 2 or more CPUs bound by nothing but the host: %d online, budget %+v bound by %s", cpus, hard.Effective, hard.Binding)
+	}
+	return int(cpus)
 }
 
 // BurnCPUs starts n busy loops (`sh -c 'while :; do :; done'`) as uid and
