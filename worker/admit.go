@@ -100,16 +100,20 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		gpuFree, total = withoutGPUs(gpuFree, total, o.GPUs)
 		budget["gpus"] = probe.Known(int64(total), "usable GPUs and those held by this worker")
 	}
-	if l := snap.Budget.CPU; strings.HasPrefix(l.Binding, probe.ScopeOthers) && l.Effective.IsKnown() && peak.CPU > l.Effective.N {
+	var limit *othersLimit
+	if l := snap.Budget.CPU; strings.HasPrefix(l.Binding, probe.ScopeOthers) && l.Effective.IsKnown() {
+		limit = &othersLimit{text: l.Binding, millicores: l.Effective.N}
 		// Others keep the CPUs busy: one shard still runs, sharing them
 		// as any process does, so that a run does not wait on another
 		// user's for as long as theirs lasts. One for this user, not for
 		// each of its workers: the others' holds in the ledger count
 		// against it.
-		if hard := snap.Budget.Hard.CPU.Effective; hard.IsKnown() && peak.CPU <= hard.N {
-			budget["cpu"] = probe.Known(peak.CPU, l.Binding+"; one shard still runs")
+		if hard := snap.Budget.Hard.CPU.Effective; peak.CPU > l.Effective.N && hard.IsKnown() && peak.CPU <= hard.N {
+			limit.text += "; one shard still runs"
+			budget["cpu"] = probe.Known(peak.CPU, limit.text)
 		}
 	}
+	w.othersLimit.Store(limit)
 	shared := plan.Peak{CPU: o.CPU, Memory: o.Memory, GPUs: o.GPUPending}
 	slots := plan.Compute(budget, shared, peak, gpu)
 	slots, _ = plan.Unmeasured(slots, peak)
@@ -209,6 +213,23 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		hold.want(peak)
 	}
 	return k, detail, k < free, hold
+}
+
+// othersLimit is the CPU limit that others' use of the host set.
+type othersLimit struct {
+	text       string // the limit with its numbers, as admission.log gives it
+	millicores int64  // the CPUs it leaves: changes only when the limit does
+}
+
+// OthersLimit says what others' use of the host's CPUs limited this
+// worker's last admission decision to ("" when another limit bound it,
+// or the worker has fixed slots), for a display; key changes only when
+// the limit does, not as the use measured moves.
+func (w *Worker) OthersLimit() (text string, key int64) {
+	if l := w.othersLimit.Load(); l != nil {
+		return l.text, l.millicores
+	}
+	return "", 0
 }
 
 // fairSlots is how many shards of class this worker may have in flight

@@ -153,6 +153,9 @@ type Worker struct {
 	gpuRes   map[string]string // GPU UUID -> shard key holding it
 	ledger   *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
 	sharing  atomic.Bool       // the last admission decision saw other active workers in the ledger
+	// othersLimit is what others' use of the host's CPUs limited the last
+	// admission decision to; nil when another limit bound it (OthersLimit).
+	othersLimit atomic.Pointer[othersLimit]
 	// ledgerWatched: writes to the host ledger wake waiting fetch loops (watchLedger)
 	ledgerWatched atomic.Bool
 	// fixedShare is the budget a worker with fixed slots writes its holds

@@ -10,9 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -25,7 +23,6 @@ import (
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
-	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -149,9 +146,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintf(stdout, "follow it from another terminal: shardpool status --data %s %s\n", shellQuote(absData), spec.Name)
 
-	var others othersCPU
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
-		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: log, OnEvent: others.event,
+		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: log,
 		// One worker in the coordinator's process: short pull requests cost
 		// nothing here and let it drain at once when the run completes (a
 		// pull request in flight ends at its expiry, so that no message is
@@ -175,7 +171,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 {
 		since = submitted
 	}
-	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull, others.get)
+	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull, wk.OthersLimit)
 	if ctx.Err() != nil {
 		defer announceDrain(stderr, wk, *grace)()
 	}
@@ -307,7 +303,7 @@ const storeFullFor = 5 * time.Second
 // verdict last updated before since. full, when set, says why the
 // coordinator's store refuses writes; a store full for storeFullFor ends
 // the wait with errStoreFull.
-func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time.Time, progress io.Writer, full, cpuLimit func() string) (*stream.RunRecord, error) {
+func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time.Time, progress io.Writer, full func() string, cpuLimit func() (string, int64)) (*stream.RunRecord, error) {
 	kv, err := js.KeyValue(ctx, stream.BucketRuns)
 	if err != nil {
 		return nil, err
@@ -324,8 +320,8 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 	var fullSince time.Time
 	var last stream.Counts
 	var lastAt time.Time
-	stalled := "" // the reason last printed for pending shards that do not run
-	limited := "" // the CPU limit others' use sets, as last printed
+	stalled := ""                       // the reason last printed for pending shards that do not run
+	limited, limitedKey := "", int64(0) // the CPU limit others' use sets, as last printed
 	for {
 		select {
 		case <-ctx.Done():
@@ -347,15 +343,14 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 			// back to the whole host: said when it starts and ends, not
 			// as the measured use moves.
 			if cpuLimit != nil {
-				if now := cpuLimit(); othersKey(now) != othersKey(limited) {
-					switch {
-					case now != "":
-						p.note("cpu: " + now)
-					case limited != "":
-						p.note("cpu: others' use of this host's CPUs no longer limits the shards at once")
-					}
-					limited = now
+				now, key := cpuLimit()
+				switch {
+				case now != "" && (limited == "" || key != limitedKey):
+					p.note("cpu: " + now)
+				case now == "" && limited != "":
+					p.note("cpu: others' use of this host's CPUs no longer limits the shards at once")
 				}
+				limited, limitedKey = now, key
 			}
 			// Shards pending and none running for a while: say why (the
 			// worker's own words: another run holding the host, memory,
@@ -394,43 +389,6 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 		}
 	}
 }
-
-// othersCPU follows the run's admissions for the CPU limit that others'
-// use of the host sets (docs/admission.md, "Other users' CPU").
-type othersCPU struct {
-	mu   sync.Mutex
-	text string // the limit as the last admission gave it; "" when another binds
-}
-
-// event takes an admission's budget: "... budget from host CPUs not in
-// use by others: 2 online less 1.92 in use, counted as 2; one shard still
-// runs)) ...".
-func (o *othersCPU) event(e worker.Event) {
-	_, from, ok := strings.Cut(e.Detail, "budget from ")
-	if !ok {
-		return
-	}
-	text := ""
-	if strings.HasPrefix(from, probe.ScopeOthers) {
-		text, _, _ = strings.Cut(from, ")")
-		text = strings.TrimSuffix(text, " minus reserve 0")
-	}
-	o.mu.Lock()
-	o.text = text
-	o.mu.Unlock()
-}
-
-func (o *othersCPU) get() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.text
-}
-
-var inUse = regexp.MustCompile(`less [0-9.]+ in use`)
-
-// othersKey is a limit without the use measured: the same limit at 1.92
-// and 1.90 CPUs in use is not news.
-func othersKey(s string) string { return inUse.ReplaceAllString(s, "") }
 
 // stallAfter is how long shards may be pending with none running before
 // run says why.
