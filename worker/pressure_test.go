@@ -36,11 +36,15 @@ func TestMemoryHogTriggersPressureResponse(t *testing.T) {
 	}
 	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 2}, Probe: pr, Grace: time.Second})
 	marks := t.TempDir()
-	// Shards run long enough to be preempted; a preempted one leaves a mark
-	// from its SIGTERM handler (where a real job would checkpoint).
+	// Shards run until the test releases them, so that two still run
+	// however long the hog takes to fill and the worker to count its
+	// critical checks (a fixed sleep raced a slow CI host: both shards ended
+	// first, and with none running there was nothing to preempt). A
+	// preempted one leaves a mark from its SIGTERM handler (where a real job
+	// would checkpoint) and, run again, ends at once.
 	// No retries: a preemption is the host's doing and spends no attempt.
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0,
-		Command: []string{"sh", "-c", `trap 'touch "$1/$2.term"; exit 143' TERM; [ -e "$1/$2.term" ] && exit 0; sleep 8 & wait`, "sh", marks, "{id}"}})
+		Command: []string{"sh", "-c", `trap 'touch "$1/$2.term"; exit 143' TERM; [ -e "$1/$2.term" ] && exit 0; while [ ! -e "$1/release" ]; do sleep 0.2 & wait; done`, "sh", marks, "{id}"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		r, _ := env.Run("t")
@@ -71,8 +75,11 @@ func TestMemoryHogTriggersPressureResponse(t *testing.T) {
 			t.Errorf("admission.log lacks %q", want)
 		}
 	}
-	// Release the pressure: the hog goes, the preempted shards finish.
+	// Release the pressure: the hog goes, the shards are let finish.
 	killHog()
+	if err := os.WriteFile(filepath.Join(marks, "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	env.WaitState("t", 60*time.Second, stream.RunComplete)
 	preempted := 0
 	for _, id := range []string{"s0000", "s0001", "s0002"} {
