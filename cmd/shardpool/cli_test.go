@@ -180,8 +180,11 @@ func waitForDecisions(t *testing.T, log, decision string, n int) {
 // coordinator had stopped.
 func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	data := t.TempDir()
+	// The first run's shards wait for a gate the test opens only after the
+	// interrupt, so that it finds them running however slow the host.
+	gate := filepath.Join(t.TempDir(), "gate")
 	spec := testenv.WriteJob(t, testenv.Job{Name: "intr", Shards: 4,
-		Command: []string{"sh", "-c", `sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+		Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.1; done; sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate}})
 	log := filepath.Join(data, "runs", "intr", "admission.log")
 	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
 	waitForDecisions(t, log, "admit", 2)
@@ -192,6 +195,9 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	b, _ := os.ReadFile(log)
 	if !strings.Contains(string(b), "decision=requeue worker shutting down") {
 		t.Fatalf("no shard was requeued by the interrupt; admission log:\n%s", b)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	start := time.Now()
 	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
