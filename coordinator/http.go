@@ -13,6 +13,7 @@ func (c *Coordinator) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", c.serveStatus)
 	mux.HandleFunc("GET /status/{run}", c.serveStatus)
+	mux.HandleFunc("GET /metrics", c.serveMetrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if hs := c.srv.Healthz(nil); hs == nil || hs.Status != "ok" {
 			http.Error(w, "jetstream not healthy", http.StatusServiceUnavailable)

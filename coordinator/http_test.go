@@ -17,7 +17,7 @@ import (
 // (the one `status --json` prints) to a client with the coordinator's
 // token as a bearer token, and 401 with the way to the token to one
 // without: a run's status names its paths, inputs and the last line each
-// failed shard printed. /healthz stays open.
+// failed shard printed. /metrics asks for it too; /healthz stays open.
 func TestHTTPStatusAsksForTheToken(t *testing.T) {
 	c, _ := runCoordinator(t, coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Auth: true})
 	ctx := context.Background()
@@ -60,6 +60,13 @@ func TestHTTPStatusAsksForTheToken(t *testing.T) {
 	}
 	if code, _ := get("/status/nosuch", tok); code != http.StatusNotFound {
 		t.Fatalf("GET /status/nosuch: %d, want 404", code)
+	}
+	// /metrics names runs, workers and hosts: the same rule as /status.
+	if code, body := get("/metrics", ""); code != http.StatusUnauthorized || strings.Contains(body, "shardpool_run_state") {
+		t.Fatalf("GET /metrics without the token: %d %s, want 401 and no metrics", code, body)
+	}
+	if code, body := get("/metrics", tok); code != http.StatusOK || !strings.Contains(body, `shardpool_run_state{run="web",state="QUEUED"} 1`) {
+		t.Fatalf("GET /metrics with the token: %d %s, want the run web QUEUED", code, body)
 	}
 	if code, body := get("/healthz", ""); code != http.StatusOK || body != "ok\n" {
 		t.Fatalf("GET /healthz without the token: %d %q, want ok", code, body)

@@ -27,7 +27,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := newFlags("coordinator", "shardpool coordinator --data DIR [--listen HOST:PORT] [--http HOST:PORT] [--tls on|off|auto]", stderr)
 	data := fs.String("data", "", "state directory: JetStream store and evidence (required)")
 	listen := fs.String("listen", "127.0.0.1:4222", "NATS listener for workers and the nats CLI")
-	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status listener (empty to disable)")
+	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status and /metrics (Prometheus) listener (empty to disable)")
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	syncMode := registerSync(fs)
 	tlsMode := registerTLS(fs)
@@ -55,7 +55,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		fmt.Fprintf(stdout, "coordinator ready: nats %s", c.ClientURL())
 		if u := c.StatusURL(); u != "" {
-			fmt.Fprintf(stdout, ", status %s", u)
+			fmt.Fprintf(stdout, ", status %s, metrics %s", u, metricsURL(u))
 		}
 		fmt.Fprintf(stdout, ", data %s\n", c.DataDir())
 		printAccess(stdout, c)
@@ -71,6 +71,9 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 
 // printAccess says which files clients need, and how the nats CLI and
 // curl use them; the token itself is never printed.
+// metricsURL is the /metrics URL beside a /status URL.
+func metricsURL(status string) string { return strings.TrimSuffix(status, "/status") + "/metrics" }
+
 func printAccess(w io.Writer, c *coordinator.Coordinator) {
 	tf := shellQuote(c.TokenFile())
 	if c.CAFile() == "" {

@@ -31,7 +31,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	slots := &slotsFlag{auto: true}
 	fs.Var(slots, "slots", "auto (from the host's budget and each class's declared or measured peak), N for every class, or CLASS=N,...")
 	listen := fs.String("listen", "127.0.0.1:0", "NATS listener for the nats CLI and extra workers (port 0: any free port)")
-	httpAddr := fs.String("http", "", "serve GET /status on this host:port")
+	httpAddr := fs.String("http", "", "serve GET /status and /metrics (Prometheus) on this host:port")
 	tlsMode := registerTLS(fs)
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
@@ -142,7 +142,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "nats: %s, token in %s  (NATS_URL=nats://$(cat %s)@%s nats%s stream info %s)\n", coord.ClientURL(), coord.TokenFile(),
 		shellQuote(coord.TokenFile()), urlHost(coord.ClientURL()), tlsca, stream.StreamShards)
 	if u := coord.StatusURL(); u != "" {
-		fmt.Fprintf(stdout, "status: %s  (curl%s -H \"Authorization: Bearer $(cat %s)\" %s)\n", u, cacert, shellQuote(coord.TokenFile()), u)
+		fmt.Fprintf(stdout, "status: %s  (curl%s -H \"Authorization: Bearer $(cat %s)\" %s); Prometheus metrics at %s\n", u, cacert, shellQuote(coord.TokenFile()), u, metricsURL(u))
 	}
 	fmt.Fprintf(stdout, "follow it from another terminal: shardpool status --data %s %s\n", shellQuote(absData), spec.Name)
 
