@@ -157,6 +157,16 @@ func run(bin string, n, j, rounds int) error {
 	}
 	fmt.Printf("ratio shardpool run / bare exec:      %sx (target >= 0.5x)\n", spread(ratioBare, "%.2f"))
 	fmt.Printf("ratio shardpool run / exec + marker:  %sx (no target: the floor of any per-shard commit here)\n", spread(ratioFloor, "%.2f"))
+	// Where the gap to bare exec is: work per shard, or CPUs left idle.
+	var cpuRatio, busyBare, busyRun []float64
+	for r := range rows[rowRun].wall {
+		bare, emb := rows[rowBare], rows[rowRun]
+		cpuRatio = append(cpuRatio, bare.cpu[r].Seconds()/emb.cpu[r].Seconds())
+		busyBare = append(busyBare, bare.cpu[r].Seconds()/bare.wall[r].Seconds())
+		busyRun = append(busyRun, emb.cpu[r].Seconds()/emb.wall[r].Seconds())
+	}
+	fmt.Printf("CPU per shard, bare exec / shardpool run: %sx (no target: the rate ratio above is this times how busy each keeps the CPUs)\n", spread(cpuRatio, "%.2f"))
+	fmt.Printf("CPUs kept busy (CPU time / wall): bare exec %s, shardpool run %s, of %d\n", spread(busyBare, "%.2f"), spread(busyRun, "%.2f"), cpus())
 	fmt.Printf("(*) --slots auto with cpus = 1 and memory = \"16MiB\" declared: slots from this host's budget (at most %d, its CPUs); no target\n", cpus())
 	fmt.Printf("peak RSS shardpool run (one process): %.1f MiB\n", float64(embRSS)/(1<<20))
 	if rows[rowDist].err == nil {
