@@ -212,6 +212,17 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	if err != nil {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
+	if n < len(man.Shards) {
+		// Some IDs were taken for duplicates. After a submission that
+		// stopped halfway their messages are queued; after a run was
+		// forgotten (Forget) within the queue's duplicate window they are
+		// not, and nothing would deliver those shards: publish those again.
+		restored, err := restoreLost(ctx, js, b, &rec, man, 0)
+		res.Restored = restored
+		if err != nil {
+			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+		}
+	}
 	// Mark queued with compare-and-set: the tracker may have written state
 	// in between, so re-read on conflict.
 	for {

@@ -1031,3 +1031,34 @@ func TestRunRefusesAScratchItCannotUse(t *testing.T) {
 		})
 	}
 }
+
+// TestForgetCommand: `shardpool forget` removes a COMPLETE run from the
+// coordinator's store and says what it removed and what it kept; the run
+// is then unknown (exit 1), a missing name is a usage error (exit 2), and
+// a submission right after publishes the shards again under IDs of their
+// own, saying so, and completes.
+func TestForgetCommand(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 2}})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+
+	p := testenv.Start(t, "forget", "--server", env.URL, "t")
+	if code := p.Wait(t, 20*time.Second); code != 0 || !strings.Contains(p.Output(), "run t (COMPLETE") ||
+		!strings.Contains(p.Output(), "forgotten: 2 shard record(s), 2 commit record(s)") || !strings.Contains(p.Output(), "kept: outputs "+filepath.Join(filepath.Dir(spec), "out")) {
+		t.Fatalf("forget: exit %d, want 0 with what was removed and kept\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "forget", "--server", env.URL, "--json", "t")
+	if code := p.Wait(t, 20*time.Second); code != 1 || !strings.Contains(p.Output(), "forget t: run not found") {
+		t.Fatalf("forget again: exit %d, want 1 and run not found\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "forget", "--server", env.URL)
+	if code := p.Wait(t, 20*time.Second); code != 2 {
+		t.Fatalf("forget without a run: exit %d, want 2\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "submit", "--server", env.URL, spec)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "2 unfinished shard(s) had no queued message (a run forgotten and submitted again") {
+		t.Fatalf("submit after forget: exit %d, want 0 and the shards published again\n%s", code, p.Output())
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+}

@@ -78,6 +78,43 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
+// cmdForget removes a finished run from the coordinator's store
+// (coordinator.Forget); outputs and evidence stay.
+func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("forget", "shardpool forget --server URL [--json] RUN", stderr)
+	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	acc := registerAccess(fs)
+	asJSON := fs.Bool("json", false, "print what was removed as JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-forget", 0, nil)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	f, err := coordinator.Forget(ctx, js, pos[0])
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(stdout, f)
+	}
+	fmt.Fprintf(stdout, "run %s (%s, fingerprint %s) forgotten: %d shard record(s), %d commit record(s), %d lease(s) and %d queued message(s) removed from the store\n",
+		f.Run, f.State, f.Fingerprint, f.Removed.Shards, f.Removed.Checkpoints, f.Removed.Leases, f.Removed.Queued)
+	fmt.Fprintf(stdout, "kept: outputs %s", f.Output)
+	if f.Evidence != "" {
+		fmt.Fprintf(stdout, ", evidence %s", f.Evidence)
+	}
+	fmt.Fprintln(stdout, "\nsubmitting it again runs nothing already committed: each output is read back in full and recorded")
+	return nil
+}
+
 // printReplaced says that a submission started a new generation of an
 // existing run, what changed, and what that costs: every shard runs again.
 func printReplaced(w io.Writer, res coordinator.SubmitResult) {
@@ -101,7 +138,7 @@ func printRetried(w io.Writer, res coordinator.SubmitResult) {
 // output was missing or failed verification.
 func printRedone(w io.Writer, res coordinator.SubmitResult) {
 	if res.Restored > 0 {
-		fmt.Fprintf(w, "%d unfinished shard(s) had lost their queued message (the store, after a full disk?), published again\n", res.Restored)
+		fmt.Fprintf(w, "%d unfinished shard(s) had no queued message (a run forgotten and submitted again, or a store that lost messages after a full disk): published again\n", res.Restored)
 	}
 	if res.Redone == 0 {
 		return

@@ -32,6 +32,7 @@ Usage:
   shardpool worker --server URL        one worker per host
   shardpool submit --server URL SPEC   publish a run (idempotent)
   shardpool status --server URL [RUN]  run and shard states, workers (--data DIR: of a run's state directory)
+  shardpool forget --server URL RUN    remove a COMPLETE or BLOCKED run from the coordinator's store (outputs stay)
   shardpool ckpt commit|latest|verify|replicate  atomic checkpoint generations for jobs
   shardpool profile [--sweep] SPEC     measure the command on small, typical, largest and malformed inputs
   shardpool plan SPEC                  slots per class from measured or declared peaks and this host's budget
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdSubmit(ctx, rest, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, rest, stdout, stderr)
+	case "forget":
+		return cmdForget(ctx, rest, stdout, stderr)
 	case "ckpt":
 		return cmdCkpt(ctx, rest, stdout, stderr)
 	case "profile":

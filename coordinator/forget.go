@@ -1,0 +1,74 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+var (
+	// ErrRunActive means a run that is not COMPLETE or BLOCKED was asked
+	// to be forgotten.
+	ErrRunActive = errors.New("run is still active")
+)
+
+// Forgotten is what Forget removed, and what it left.
+type Forgotten struct {
+	Run         string           `json:"run"`
+	Fingerprint string           `json:"fingerprint"`
+	State       string           `json:"state"`
+	Removed     stream.Footprint `json:"removed"`
+	// Output and Evidence stay on disk: the outputs, and the run's
+	// evidence folder under the coordinator's data directory.
+	Output   string `json:"output"`
+	Evidence string `json:"evidence,omitempty"`
+}
+
+// Forget removes a finished run from the store: its run record, shard
+// records, commit records, leases and anything still queued (a BLOCKED
+// run's shard that no worker could take). A coordinator that serves runs
+// for months otherwise keeps every record of every run (about 2 KiB a
+// shard). Outputs and evidence are not touched, and submitting the run
+// again later finds its committed outputs, reads each back in full and
+// records it validated without running its command.
+//
+// Refused, changing nothing: a run that is not COMPLETE or BLOCKED
+// (ErrRunActive). Leases are not looked at: a validated shard's lease is
+// left to expire, and in a COMPLETE or BLOCKED run no shard's record says
+// it runs. A submission right after publishes shard IDs the queue still
+// remembers (its duplicate window, 10 minutes): Submit publishes those
+// again under IDs of their own (restoreLost).
+func Forget(ctx context.Context, js jetstream.JetStream, run string) (Forgotten, error) {
+	out := Forgotten{Run: run}
+	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
+	if err != nil {
+		return out, fmt.Errorf("forget %s: %w", run, err)
+	}
+	e, err := b.Runs.Get(ctx, run)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return out, fmt.Errorf("forget %s: %w", run, ErrRunNotFound)
+	}
+	if err != nil {
+		return out, fmt.Errorf("forget %s: %w", run, err)
+	}
+	var r stream.RunRecord
+	if err := stream.Decode(e.Value(), &r); err != nil {
+		return out, fmt.Errorf("forget %s: run record: %w", run, err)
+	}
+	out.Fingerprint, out.State, out.Output, out.Evidence = r.Fingerprint, r.State, r.Spec.Output, r.Evidence
+	if r.State != stream.RunComplete && r.State != stream.RunBlocked {
+		return out, fmt.Errorf("forget %s: %w: it is %s (%d pending, %d running); a run is forgotten once it is COMPLETE or BLOCKED",
+			run, ErrRunActive, r.State, r.Counts.Pending, r.Counts.Running)
+	}
+	removed, err := b.PurgeRun(ctx, run)
+	out.Removed = removed
+	if err != nil {
+		return out, fmt.Errorf("forget %s: %w", run, err)
+	}
+	return out, nil
+}
