@@ -85,13 +85,9 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	server := fs.String("server", nats.DefaultURL, "coordinator URL")
 	acc := registerAccess(fs)
 	asJSON := fs.Bool("json", false, "print what was removed as JSON")
-	pos, err := parse(fs, args)
+	pos, err := parseArgs(fs, args, 1)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errUsage
 	}
 	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-forget", 0, nil)
 	if err != nil {

@@ -40,18 +40,25 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// parseArgs parses a command that takes exactly n positional arguments:
+// another count prints the usage.
+func parseArgs(fs *flag.FlagSet, args []string, n int) ([]string, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) != n {
+		fs.Usage()
+		return nil, errUsage
+	}
+	return pos, nil
+}
+
 // parseNone parses a command that takes flags only: a positional argument
 // prints the usage.
 func parseNone(fs *flag.FlagSet, args []string) error {
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 0 {
-		fs.Usage()
-		return errUsage
-	}
-	return nil
+	_, err := parseArgs(fs, args, 0)
+	return err
 }
 
 // errHelp is returned after --help printed the usage: exit 0.
