@@ -52,7 +52,7 @@ func (c *Coordinator) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	if !c.authorized(w, r) {
 		return
 	}
-	st, err := ReadStatus(r.Context(), c.js, "")
+	st, queues, err := readStatus(r.Context(), c.js, "")
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -60,7 +60,7 @@ func (c *Coordinator) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	room := c.lookAtStore()
 	store := &StoreStats{Used: room.used, Limit: room.limit, Full: c.StoreFull() != ""}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	WriteMetrics(w, st, ReadQueues(r.Context(), c.js), store)
+	WriteMetrics(w, st, queues, store)
 }
 
 // ReadQueues reads the consumer of every class; a consumer that cannot be

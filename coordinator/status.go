@@ -86,9 +86,16 @@ type RunStatus struct {
 // returns that run only, with the records of its shards that are not
 // validated (running, failed, pending retries).
 func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Status, error) {
+	st, _, err := readStatus(ctx, js, run)
+	return st, err
+}
+
+// readStatus is ReadStatus, with the work queues it read (ReadQueues) for
+// the runs' waiting reasons, which GET /metrics serves too.
+func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Status, []QueueStats, error) {
 	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("status: %w", err)
+		return nil, nil, fmt.Errorf("status: %w", err)
 	}
 	st := &Status{V: StatusVersion, Time: time.Now().UTC(), Runs: []RunStatus{}, Workers: []stream.WorkerReport{}}
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -100,7 +107,7 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	if run == "" {
 		var err error
 		if names, err = b.Keys(ctx, b.Runs); err != nil {
-			return nil, fmt.Errorf("status: list runs: %w", err)
+			return nil, nil, fmt.Errorf("status: list runs: %w", err)
 		}
 	}
 	for _, n := range names {
@@ -109,27 +116,27 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 			if run == "" {
 				continue // a deleted record the listing still counts
 			}
-			return nil, fmt.Errorf("status %s: %w", n, ErrRunNotFound)
+			return nil, nil, fmt.Errorf("status %s: %w", n, ErrRunNotFound)
 		}
 		if err == nil {
 			var r stream.RunRecord
 			if err = stream.Decode(e.Value(), &r); err == nil {
 				rs, err := runStatus(ctx, b, r, run != "")
 				if err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				st.Runs = append(st.Runs, rs)
 				continue
 			}
 		}
 		if run != "" {
-			return nil, fmt.Errorf("status %s: %w", n, err)
+			return nil, nil, fmt.Errorf("status %s: %w", n, err)
 		}
 		st.Unreadable = append(st.Unreadable, fmt.Sprintf("%s: %v", n, err))
 	}
 	workers, err := b.WorkerReports(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("status: list workers: %w", err)
+		return nil, nil, fmt.Errorf("status: list workers: %w", err)
 	}
 	st.Workers = append(st.Workers, workers...)
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Name < st.Workers[j].Name })
@@ -137,14 +144,18 @@ func ReadStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	for i := range st.Workers {
 		st.Workers[i].Gone = goneHere(st.Workers[i], boot, pidns)
 	}
-	caps := fleetState(ctx, js)
+	queues := ReadQueues(ctx, js)
+	caps := map[string]QueueStats{}
+	for _, q := range queues {
+		caps[q.Class] = q
+	}
 	for i := range st.Runs {
 		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
 		if why := unqueued(ctx, js, st.Runs[i]); why != "" {
 			st.Runs[i].Waiting = append(st.Runs[i].Waiting, why)
 		}
 	}
-	return st, nil
+	return st, queues, nil
 }
 
 // unqueued says how many of a stalled run's pending shards have no message
@@ -196,24 +207,8 @@ func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shard
 	return rs, nil
 }
 
-// capState is a class consumer's fleet cap and what is in flight.
-type capState struct{ cap, inflight int }
-
-func fleetState(ctx context.Context, js jetstream.JetStream) map[string]capState {
-	out := map[string]capState{}
-	s, err := js.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		return out
-	}
-	l := s.ListConsumers(ctx)
-	for info := range l.Info() {
-		out[info.Name] = capState{cap: info.Config.MaxAckPending, inflight: info.NumAckPending}
-	}
-	return out
-}
-
 // waiting explains, per class with queued shards, why they are not running.
-func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]capState) []string {
+func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueStats) []string {
 	var out []string
 	for _, class := range slices.Sorted(maps.Keys(r.ClassCounts)) {
 		c := r.ClassCounts[class]
@@ -234,8 +229,8 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]capStat
 		}
 		cs := caps[class]
 		switch {
-		case cs.cap > 0 && cs.inflight >= cs.cap:
-			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: the fleet cap of %d in flight is reached", class, c.Pending, cs.cap))
+		case cs.Cap > 0 && cs.InFlight >= cs.Cap:
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: the fleet cap of %d in flight is reached", class, c.Pending, cs.Cap))
 		case len(whys) > 0:
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: %s", class, c.Pending, strings.Join(whys, "; ")))
 		case slots == 0 && len(workers) > 0 && anyAuto(workers):
