@@ -71,11 +71,11 @@ func (b *Buckets) PurgeRun(ctx context.Context, run string) (Footprint, error) {
 		return f, fmt.Errorf("purge %s of %s: %w", StreamShards, run, err)
 	}
 	for _, rb := range b.runBuckets(&f) {
-		s, err := b.js.Stream(ctx, "KV_"+rb.kv.Bucket())
+		s, err := b.js.Stream(ctx, kvStream(rb.kv))
 		if err != nil {
 			return f, fmt.Errorf("bucket %s: %w", rb.kv.Bucket(), err)
 		}
-		if err := s.Purge(ctx, jetstream.WithPurgeSubject("$KV."+rb.kv.Bucket()+"."+ShardKey(run, "*"))); err != nil {
+		if err := s.Purge(ctx, jetstream.WithPurgeSubject(kvSubject(rb.kv, ShardKey(run, "*")))); err != nil {
 			return f, fmt.Errorf("purge bucket %s of %s: %w", rb.kv.Bucket(), run, err)
 		}
 	}

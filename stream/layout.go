@@ -158,14 +158,19 @@ func (b *Buckets) Keys(ctx context.Context, kv jetstream.KeyValue) ([]string, er
 	return b.KeysMatching(ctx, kv, ">")
 }
 
+// kvStream is the stream under a bucket, and kvSubject the subject of a
+// key (a pattern with wildcards too) in it.
+func kvStream(kv jetstream.KeyValue) string              { return "KV_" + kv.Bucket() }
+func kvSubject(kv jetstream.KeyValue, key string) string { return "$KV." + kv.Bucket() + "." + key }
+
 // KeysMatching is Keys for the keys that match pattern, a key with NATS
 // wildcards (`run.*` for the shard records of one run).
 func (b *Buckets) KeysMatching(ctx context.Context, kv jetstream.KeyValue, pattern string) ([]string, error) {
-	st, err := b.js.Stream(ctx, "KV_"+kv.Bucket())
+	st, err := b.js.Stream(ctx, kvStream(kv))
 	if err != nil {
 		return nil, err
 	}
-	prefix := "$KV." + kv.Bucket() + "."
+	prefix := kvSubject(kv, "")
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+pattern))
 	if err != nil {
 		return nil, err
