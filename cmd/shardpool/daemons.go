@@ -69,11 +69,11 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 }
 
-// printAccess says which files clients need, and how the nats CLI and
-// curl use them; the token itself is never printed.
 // metricsURL is the /metrics URL beside a /status URL.
 func metricsURL(status string) string { return strings.TrimSuffix(status, "/status") + "/metrics" }
 
+// printAccess says which files clients need, and how the nats CLI and
+// curl use them; the token itself is never printed.
 func printAccess(w io.Writer, c *coordinator.Coordinator) {
 	tf := shellQuote(c.TokenFile())
 	if c.CAFile() == "" {
