@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -113,5 +115,43 @@ func BurnCPUs(t testing.TB, n int) func() {
 		burners = append(burners, c)
 	}
 	t.Cleanup(stop)
+	return stop
+}
+
+// BurnCPUsDetached starts n busy loops of this user that are not this
+// process's descendants, as a job started from another terminal is not: a
+// shell starts them in the background and exits, and init (or a
+// subreaper above this process) adopts them. It returns a func that kills
+// them (also called at cleanup). It fails t where this process itself
+// adopted them.
+func BurnCPUsDetached(t testing.TB, n int) func() {
+	t.Helper()
+	out, err := exec.Command("sh", "-c", `i=0; while [ $i -lt "$1" ]; do sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 & echo $!; i=$((i+1)); done`,
+		"sh", strconv.Itoa(n)).Output()
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	stop := func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		pids = nil
+	}
+	t.Cleanup(stop)
+	if err != nil || len(pids) != n {
+		stop()
+		t.Fatalf("start %d detached busy loops: %v; pids %q", n, err, out)
+	}
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		st, ok := probe.ParseStat(b)
+		if err != nil || !ok || st.PPid == os.Getpid() {
+			stop()
+			t.Fatalf("detached busy loop %d: parent %d (this process %d), %v: not detached", pid, st.PPid, os.Getpid(), err)
+		}
+	}
 	return stop
 }

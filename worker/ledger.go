@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // The host ledger lets the workers of one user on one host share the
@@ -131,6 +133,19 @@ type hostLedger struct {
 	writtenShare string    // the share it was written under
 	writtenAt    time.Time // zero: nothing written yet
 	decidedAt    time.Time // the last commit of an admission decision
+
+	// roots are the live workers of the last begin's share, whose process
+	// trees the CPU meter counts as shardpool's (probe.CPUMeter.SetRoots):
+	// read at each sample without the ledger's lock, so one decision old.
+	roots atomic.Pointer[[]probe.ProcID]
+}
+
+// workerRoots is the last begin's live workers of the same share.
+func (l *hostLedger) workerRoots() []probe.ProcID {
+	if r := l.roots.Load(); r != nil {
+		return *r
+	}
+	return nil
 }
 
 // DefaultLedgerDir is where the workers of this user on this host keep
@@ -309,10 +324,12 @@ func (l *hostLedger) begin(share string) (others, error) {
 	}
 	l.me.Share = share
 	var o others
+	var roots []probe.ProcID
 	for _, r := range recs {
 		if r == nil || r.V != ledgerVersion || r.Share != share || !l.alive(r) {
 			continue // read leaves this worker's own slot nil
 		}
+		roots = append(roots, probe.ProcID{PID: r.PID, Start: r.Start})
 		who := fmt.Sprintf("%s (pid %d)", r.Name, r.PID)
 		o.CPU += r.CPU
 		o.Memory += r.Memory
@@ -332,6 +349,7 @@ func (l *hostLedger) begin(share string) (others, error) {
 			o.Active++
 		}
 	}
+	l.roots.Store(&roots)
 	return o, nil
 }
 
@@ -392,6 +410,7 @@ func (l *hostLedger) close() {
 type HostWorker struct {
 	Name  string `json:"name"`
 	PID   int    `json:"pid"`
+	Start int64  `json:"start"` // process start, clock ticks since boot
 	Share string `json:"share"`
 	Hold
 }
@@ -420,7 +439,7 @@ func HostWorkers(dir string) ([]HostWorker, error) {
 	var out []HostWorker
 	for _, r := range recs {
 		if r != nil && r.V == ledgerVersion && l.alive(r) { // alive: of this boot, so of this host
-			out = append(out, HostWorker{Name: r.Name, PID: r.PID, Share: r.Share, Hold: r.Hold})
+			out = append(out, HostWorker{Name: r.Name, PID: r.PID, Start: r.Start, Share: r.Share, Hold: r.Hold})
 		}
 	}
 	return out, nil

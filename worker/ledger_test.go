@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // TestLedgerCountsOnlyLiveWorkersOfTheSameBudget: what another worker
@@ -45,9 +46,13 @@ func TestLedgerCountsOnlyLiveWorkersOfTheSameBudget(t *testing.T) {
 	if err != nil || o.CPU != 2000 || o.Memory != 3<<30 || len(o.GPUs) != 1 || o.GPUPending != 1 || len(o.Workers) != 1 || !strings.HasPrefix(o.Workers[0], "b (pid ") {
 		t.Fatalf("a sees %+v (%v), want b's 2000 millicores, 3 GiB, GPU-1 and one pending", o, err)
 	}
+	// b's process tree is shardpool's for a's CPU meter, not others' use.
+	if got := a.workerRoots(); len(got) != 1 || got[0] != (probe.ProcID{PID: self.PID, Start: self.Start}) {
+		t.Fatalf("roots for the CPU meter: %+v, want b's process %d started at %d", got, self.PID, self.Start)
+	}
 	// Another budget (a Slurm allocation of its own) is not shared.
-	if o, _ := a.begin("slurm 42"); o.CPU != 0 || len(o.Workers) != 0 {
-		t.Fatalf("a under another budget sees %+v, want nothing", o)
+	if o, _ := a.begin("slurm 42"); o.CPU != 0 || len(o.Workers) != 0 || len(a.workerRoots()) != 0 {
+		t.Fatalf("a under another budget sees %+v and roots %+v, want nothing", o, a.workerRoots())
 	} else {
 		a.abort()
 	}
@@ -69,6 +74,8 @@ func TestLedgerCountsOnlyLiveWorkersOfTheSameBudget(t *testing.T) {
 	dead.f.Close() // killed: no close of its record
 	if o, _ := a.begin(share); o.CPU != 2000 {
 		t.Fatalf("with a dead worker's record of 8000 millicores: a sees %d, want b's 2000", o.CPU)
+	} else if roots := a.workerRoots(); len(roots) != 1 || roots[0].PID != self.PID {
+		t.Fatalf("with a dead worker's record: roots %+v, want only b's", roots)
 	} else {
 		a.abort()
 	}

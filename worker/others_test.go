@@ -3,6 +3,7 @@ package worker_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -65,6 +66,44 @@ func TestOtherUsersCPUIsNotAdmittedInto(t *testing.T) {
 		log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
 		t.Fatalf("after the other user stopped: at most %d shard(s) at once, want up to %d\n%s", got, cpus, log)
 	}
+}
+
+// TestThisUsersOtherWorkIsOthersCPU: CPU that this user's processes use
+// outside shardpool (a job started in another terminal, a notebook) is
+// not free for shards: it counts as others' use, as root too, where every
+// process of uid 0 (daemons, containers) used to count as shardpool's.
+// What this process's descendants use (its shards) does not count.
+func TestThisUsersOtherWorkIsOthersCPU(t *testing.T) {
+	meter, err := probe.NewCPUMeter(probe.CPUMeterConfig{Every: 300 * time.Millisecond, Window: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus := int64(testenv.FreeCPUs(t))
+	var loops []*exec.Cmd
+	for range cpus {
+		c := exec.Command("sh", "-c", "while :; do :; done")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		loops = append(loops, c)
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+	}
+	time.Sleep(2 * time.Second) // a window full of them
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		o := meter.Others()
+		return o.IsKnown() && o.N < 500, fmt.Sprintf("others' use: %d millicores (%s%s), want under 500: this process's %d busy loops counted as others'", o.N, o.Source, o.Unknown, cpus)
+	})
+	for _, c := range loops {
+		c.Process.Kill()
+		c.Wait()
+	}
+
+	testenv.BurnCPUsDetached(t, int(cpus))
+	testenv.Eventually(t, 15*time.Second, func() (bool, string) {
+		o := meter.Others()
+		return o.IsKnown() && o.N >= cpus*1000-500, fmt.Sprintf("others' use: %d millicores (%s%s), want at least %d: this user's %d busy loops outside this process's tree were not counted",
+			o.N, o.Source, o.Unknown, cpus*1000-500, cpus)
+	})
 }
 
 // namedConcurrencyJob is concurrencyJob with a run name of its own.

@@ -404,6 +404,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	} else {
 		w.ledger = l
 		defer l.close()
+		if w.meter != nil {
+			// The other workers' shards are counted by what they hold in
+			// the ledger, not again as others' use.
+			w.meter.SetRoots(l.workerRoots)
+		}
 		if !w.cfg.Auto {
 			// Which budget its shards count against, for the auto workers.
 			snap, err := w.cfg.Probe.Snapshot(ctx, nil)

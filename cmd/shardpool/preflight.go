@@ -58,10 +58,19 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	probe.Existing(paths)
 	// Others' CPU use over a second, as a worker's budget counts it (over
-	// ten seconds there): preflight is one look, not a window.
+	// ten seconds there): preflight is one look, not a window. This user's
+	// workers on the host are not others: what their shards hold is shared
+	// through the ledger (printHostWorkers).
 	meter, err := probe.NewCPUMeter(probe.CPUMeterConfig{Least: time.Second})
 	if err != nil {
 		return err
+	}
+	if ws, err := worker.HostWorkers(worker.DefaultLedgerDir()); err == nil && len(ws) > 0 {
+		roots := make([]probe.ProcID, len(ws))
+		for i, w := range ws {
+			roots[i] = probe.ProcID{PID: w.PID, Start: w.Start}
+		}
+		meter.SetRoots(func() []probe.ProcID { return roots })
 	}
 	pr, err := probe.New(probe.Config{Users: true, PolicyPath: *pol, CPUUse: meter})
 	if err != nil {
@@ -143,7 +152,7 @@ func printSnapshot(w io.Writer, s *probe.Snapshot) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "CPU\tonline %s, affinity %s (%s), cgroup cpuset %s, quota %s\n", show(s.Host.OnlineCPUs, false), show(s.Host.Affinity, false), s.Host.AffinityList, show(s.Cgroups.Cpuset, false), showCPU(s.Cgroups.CPUQuota))
 	if o := s.Host.OthersCPU; o != nil {
-		fmt.Fprintf(tw, "others\t%s in use by other users' processes, daemons and the kernel (%s)\n", showCPU(*o), o.Source)
+		fmt.Fprintf(tw, "others\t%s in use by all but shardpool's workers and the kernel's threads: other users, this user's other processes, daemons, steal (%s)\n", showCPU(*o), o.Source)
 	}
 	fmt.Fprintf(tw, "load\t%s %s %s (1/5/15 min)\n", ratio(s.Host.Load1), ratio(s.Host.Load5), ratio(s.Host.Load15))
 	fmt.Fprintf(tw, "memory\ttotal %s, available %s, swap %s used of %s, host OOM kills %s\n", show(s.Host.MemTotal, true), show(s.Host.MemAvailable, true), show(s.Host.SwapUsed, true), show(s.Host.SwapTotal, true), show(s.Host.OOMKills, false))

@@ -24,34 +24,68 @@ var _ CPUUse = (*CPUMeter)(nil)
 // budget; the rest of the scope has the numbers.
 const ScopeOthers = "host CPUs not in use by others"
 
-// CPUMeter measures the CPU time used on the host by everything but this
-// user's processes: the busy time of /proc/stat (steal included: a
-// hypervisor's other guests) less what this uid's processes used, over a
-// sliding window. Other users, system daemons and the kernel's threads
-// count; this user's processes (its shards, its other workers, which the
-// host ledger counts) do not.
+// CPUMeter measures the CPU time used on the host by everything but
+// shardpool's own work: the busy time of /proc/stat (steal included: a
+// hypervisor's other guests) less what this process and its descendants
+// used, and the other workers of this user on this host with theirs
+// (SetRoots: the host ledger counts their shards), over a sliding window.
+// Other users, this user's other processes (a notebook, a build, a second
+// job started by hand) and system daemons count; shardpool's processes do
+// not, nor do the kernel's threads, whose work is mostly the I/O of what
+// runs, the run's own included (measured: a tenth of a CPU under a run of
+// short shards), and which are no one's job. Root is no exception: its
+// daemons and its containers are not its shards.
+//
+// Only this uid's processes are read and counted. A descendant of another
+// uid (a shard that changed its uid, another user's process started by a
+// test) counts as others' while it runs; its CPU comes back to the tree
+// when a process of the tree reaps it (add limits what one interval can
+// move).
 //
 // A process's CPU goes to its parent when it is reaped (cutime, cstime),
-// so this user's short-lived processes are counted through their parents:
-// the sum over this uid's live processes of their own and their reaped
-// children's CPU grows by exactly what the uid used, as long as its
-// processes are reaped by its own. Per-process sampling of other users
-// would miss their short-lived processes (a compiler run by make) that
-// start and end between two samples; the host's busy time misses nothing.
-// With hidepid on /proc only this user's processes are listed, which is
-// all the meter reads per process.
+// so the tree's short-lived processes are counted through their parents:
+// the sum over the tree's live processes of their own and their reaped
+// children's CPU grows by exactly what the tree used, as long as its
+// processes are reaped within it. A process that leaves the tree (a
+// command's daemon, reparented to init) takes its CPU with it; add
+// counts such an interval as others' in full, erring towards fewer
+// slots. Per-process sampling of other users would miss their
+// short-lived processes (a compiler run by make) that start and end
+// between two samples; the host's busy time misses nothing. With hidepid
+// on /proc only this user's processes are listed, which is all the meter
+// reads per process.
 //
 // Samples are taken when Others is called and the last one is older than
 // Every: no goroutine of its own.
 type CPUMeter struct {
 	p                    *Prober
 	uid                  int
+	self                 int // the pid whose tree is shardpool's
 	every, window, least time.Duration
 	now                  func() time.Time
 	sleep                func(time.Duration)
 
 	mu      sync.Mutex
-	samples []cpuSample // oldest first; guarded by mu
+	samples []cpuSample     // oldest first; guarded by mu
+	roots   func() []ProcID // guarded by mu
+	nroots  int             // roots in the last sample; guarded by mu
+}
+
+// ProcID names a process across pid reuse: its pid and its start time
+// (clock ticks since boot, as /proc/<pid>/stat has it).
+type ProcID struct {
+	PID   int
+	Start int64 // 0: whichever process has the pid
+}
+
+// SetRoots names, through fn, other processes whose trees are
+// shardpool's own: the other live workers of this user on this host that
+// share this one's budget, whose shards the host ledger counts. fn is
+// called under the meter's lock at each sample; it must not block.
+func (m *CPUMeter) SetRoots(fn func() []ProcID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.roots = fn
 }
 
 // CPUMeterConfig configures a CPUMeter. Zero values mean the defaults.
@@ -74,16 +108,16 @@ type CPUMeterConfig struct {
 type cpuSample struct {
 	at     time.Time
 	busy   int64 // host busy ticks, all CPUs
-	mine   int64 // ticks of this uid's processes and the children they reaped
+	mine   int64 // ticks of shardpool's processes and the children they reaped
 	others int64 // ticks of others since the meter's first sample
 }
 
 // add appends s, counting others' ticks since the previous sample: the
-// host's busy ticks less this user's, which are at least none and at most
-// all of them. A process reaped by a parent of another uid moves its whole
-// life's CPU between the two in one go (another user's job ended under a
-// root shell of this user; this user's worker under sudo): taken as it
-// is, it would hide a window's worth of use or invent one.
+// host's busy ticks less shardpool's, which are at least none and at most
+// all of them. A process that joins or leaves the tree moves its whole
+// life's CPU between the two in one go (another user's process reaped by
+// this worker; a command's daemon reparented to init): taken as it is,
+// it would hide a window's worth of use or invent one.
 func (m *CPUMeter) add(s cpuSample) {
 	if n := len(m.samples); n > 0 {
 		prev := m.samples[n-1]
@@ -118,13 +152,16 @@ func NewCPUMeter(cfg CPUMeterConfig) (*CPUMeter, error) {
 	if cfg.Sleep == nil {
 		cfg.Sleep = time.Sleep
 	}
-	uid := os.Geteuid()
+	uid, self := os.Geteuid(), os.Getpid()
 	if !p.real() {
 		if uid = p.uidIn(p.procDir()); uid < 0 {
 			return nil, fmt.Errorf("cpu meter: no Uid line in %s/status", p.procDir())
 		}
+		if self = p.statusField(p.procDir(), "Pid:"); self < 0 {
+			return nil, fmt.Errorf("cpu meter: no Pid line in %s/status", p.procDir())
+		}
 	}
-	return &CPUMeter{p: p, uid: uid, every: cfg.Every, window: cfg.Window, least: cfg.Least, now: cfg.Now, sleep: cfg.Sleep}, nil
+	return &CPUMeter{p: p, uid: uid, self: self, every: cfg.Every, window: cfg.Window, least: cfg.Least, now: cfg.Now, sleep: cfg.Sleep}, nil
 }
 
 // Start takes the first sample, if none was taken, so that the first
@@ -139,7 +176,7 @@ func (m *CPUMeter) Start() {
 	}
 }
 
-// Others is the CPU, in millicores, that everything but this user's
+// Others is the CPU, in millicores, that everything but shardpool's
 // processes used over the last Window (at least Least), or over the last
 // Every where that is more: unknown when /proc/stat or /proc cannot be
 // read.
@@ -197,7 +234,11 @@ func (m *CPUMeter) Others() Value {
 	if r, rs := rate(recent); r > others {
 		others, how = r, fmt.Sprintf("over the last %.1fs (%.2f over %.1fs)", rs, others, secs)
 	}
-	return Known(int64(math.Round(others*1000)), fmt.Sprintf("%s busy less uid %d's processes %s", src, m.uid, how))
+	whose := fmt.Sprintf("pid %d", m.self)
+	if m.nroots > 0 {
+		whose += fmt.Sprintf(" and %d other worker(s)", m.nroots)
+	}
+	return Known(int64(math.Round(others*1000)), fmt.Sprintf("%s busy less shardpool's processes (%s, with their descendants of uid %d) %s", src, whose, m.uid, how))
 }
 
 func (m *CPUMeter) sample() (cpuSample, error) {
@@ -206,7 +247,12 @@ func (m *CPUMeter) sample() (cpuSample, error) {
 	if err != nil {
 		return cpuSample{}, err
 	}
-	mine, err := m.p.uidTicks(m.uid)
+	var roots []ProcID
+	if m.roots != nil {
+		roots = m.roots()
+	}
+	m.nroots = len(roots)
+	mine, err := m.p.treeTicks(m.uid, m.self, roots)
 	if err != nil {
 		return cpuSample{}, err
 	}
@@ -238,15 +284,72 @@ func (p *Prober) hostBusy() (int64, error) {
 	return busy, nil
 }
 
-// uidTicks sums the CPU ticks, their own and their reaped children's, of
-// the processes of uid. A process that exits between the listing and
-// the read is left out: its parent has its ticks, or will once it reaps.
-func (p *Prober) uidTicks(uid int) (int64, error) {
-	var sum int64
-	err := p.eachProc(func(u int) bool { return u == uid }, func(_, _ int, st Stat, ok bool) {
-		if ok {
-			sum += st.Ticks + st.Reaped
+// kthreadd is the kernel's thread that starts the others: its children
+// are the kernel's threads (kworkers, writeback, ksoftirqd).
+const kthreadd = 2
+
+// treeTicks sums the CPU ticks, their own and their reaped children's, of
+// the processes of uid that are self or one of roots or descend from one
+// of them through processes of uid, and of the kernel's threads (kthreadd,
+// pid 2, and its children, where this pid namespace shows them). A process
+// that exits between the listing and the read is left out: its parent has
+// its ticks, or will once it reaps.
+func (p *Prober) treeTicks(uid, self int, roots []ProcID) (int64, error) {
+	type proc struct {
+		ppid, uid    int
+		ticks, start int64
+	}
+	procs := map[int]proc{}
+	err := p.eachProc(func(u int) bool { return u == uid || u == 0 }, func(pid, u int, st Stat, ok bool) {
+		if ok && (u == uid || pid == kthreadd || st.PPid == kthreadd) {
+			procs[pid] = proc{ppid: st.PPid, uid: u, ticks: st.Ticks + st.Reaped, start: st.Start}
 		}
 	})
-	return sum, err
+	if err != nil {
+		return 0, err
+	}
+	isRoot := func(pid int, start int64) bool {
+		if pid == self {
+			return true
+		}
+		for _, r := range roots {
+			if r.PID == pid && (r.Start == 0 || r.Start == start) {
+				return true
+			}
+		}
+		return false
+	}
+	// Walk up from each process until a root, a process already judged,
+	// or one not listed (another uid's, gone, or init's parent), and
+	// judge the whole path.
+	mine := make(map[int]bool, len(procs))
+	var path []int
+	var sum int64
+	for pid, pr := range procs {
+		in, cur := false, pid
+		path = path[:0]
+		for {
+			if v, ok := mine[cur]; ok {
+				in = v
+				break
+			}
+			c, ok := procs[cur]
+			if !ok || len(path) > len(procs) { // the second: a cycle of reused pids
+				break
+			}
+			path = append(path, cur)
+			if isRoot(cur, c.start) {
+				in = true
+				break
+			}
+			cur = c.ppid
+		}
+		for _, q := range path {
+			mine[q] = in
+		}
+		if (in && pr.uid == uid) || pid == kthreadd || pr.ppid == kthreadd {
+			sum += pr.ticks
+		}
+	}
+	return sum, nil
 }

@@ -11,9 +11,13 @@ import (
 
 // procTree is a fixture /proc that a test moves forward in time: the
 // host's busy ticks and each process's uid, own ticks and reaped ticks.
+// This process (self) is pid 10; every other process is its child unless
+// parents says otherwise, and starts at tick 100 unless starts does.
 type procTree struct {
-	t    *testing.T
-	root string
+	t       *testing.T
+	root    string
+	parents map[int]int
+	starts  map[int]int64
 }
 
 type fakeProc struct {
@@ -26,10 +30,10 @@ func newProcTree(t *testing.T) *procTree {
 	if err := os.MkdirAll(filepath.Join(root, "proc/self"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(root, "proc/self/status"), []byte("Name:\tshardpool\nUid:\t1000\t1000\t1000\t1000\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(root, "proc/self/status"), []byte("Name:\tshardpool\nPid:\t10\nUid:\t1000\t1000\t1000\t1000\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return &procTree{t: t, root: root}
+	return &procTree{t: t, root: root, parents: map[int]int{10: 1}, starts: map[int]int64{}}
 }
 
 // set writes the host's busy ticks (split over user, system, softirq and
@@ -53,7 +57,15 @@ func (p *procTree) set(busy int64, procs map[int]fakeProc) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			p.t.Fatal(err)
 		}
-		st := fmt.Sprintf("%d (job) S 1 %d %d 0 -1 0 0 0 0 0 %d 0 %d 0 20 0 1 0 100 1000 10 0\n", pid, pid, pid, pr.ticks, pr.reaps)
+		ppid, ok := p.parents[pid]
+		if !ok {
+			ppid = 10
+		}
+		start, ok := p.starts[pid]
+		if !ok {
+			start = 100
+		}
+		st := fmt.Sprintf("%d (job) S %d %d %d 0 -1 0 0 0 0 0 %d 0 %d 0 20 0 1 0 %d 1000 10 0\n", pid, ppid, pid, pid, pr.ticks, pr.reaps, start)
 		status := fmt.Sprintf("Name:\tjob\nUid:\t%d\t%d\t%d\t%d\n", pr.uid, pr.uid, pr.uid, pr.uid)
 		if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(st), 0o644); err != nil {
 			p.t.Fatal(err)
@@ -108,6 +120,50 @@ func TestCPUMeterCountsOthersNotThisUser(t *testing.T) {
 	}
 	if !strings.Contains(got.Source, "uid 1000") || !strings.Contains(got.Source, "10.0s") {
 		t.Errorf("source %q should name the uid and the window", got.Source)
+	}
+}
+
+// TestCPUMeterCountsThisUsersOtherWork: what is shardpool's is this
+// process's tree and the trees of the other workers SetRoots names, of
+// this uid; this user's other processes are others' use like anyone's,
+// and so is a process that merely has a root's pid (reused).
+func TestCPUMeterCountsThisUsersOtherWork(t *testing.T) {
+	tree := newProcTree(t)
+	clk := &fakeClock{t: time.Unix(1_000_000, 0)}
+	// 10: this worker; 11 its shard, 12 the shard's child. 30: a notebook
+	// of this user, 31 its kernel. 40: another worker of this user on the
+	// host (started at tick 555), 41 its shard. 50: a process with the pid
+	// of a worker that is gone (the ledger says it started at 777). 2 and
+	// 3: kthreadd and a kworker, no one's job. 70: a daemon of root.
+	for pid, ppid := range map[int]int{2: 0, 3: 2, 12: 11, 30: 1, 31: 30, 40: 1, 41: 40, 50: 1, 70: 1} {
+		tree.parents[pid] = ppid
+	}
+	tree.starts[40] = 555
+	procs := func(t10, t11, t12, t30, t31, t40, t41, t50 int64) map[int]fakeProc {
+		return map[int]fakeProc{10: {1000, t10, 0}, 11: {1000, t11, 0}, 12: {1000, t12, 0}, 30: {1000, t30, 0},
+			31: {1000, t31, 0}, 40: {1000, t40, 0}, 41: {1000, t41, 0}, 50: {1000, t50, 0}, 60: {2000, 999, 0},
+			2: {0, t10 / 10, 0}, 3: {0, t10, 0}, 70: {0, t10, 0}}
+	}
+	tree.set(10_000, procs(0, 0, 0, 0, 0, 0, 0, 0))
+	m := newMeter(t, tree, clk, nil)
+	m.SetRoots(func() []ProcID { return []ProcID{{PID: 40, Start: 555}, {PID: 50, Start: 777}} })
+	if got := m.Others(); !got.IsKnown() || got.N != 0 {
+		t.Fatalf("others with nothing moving: got %+v, want 0", got)
+	}
+	// 10 s on 2 CPUs, both busy: 2,000 ticks. shardpool's: 100 + 200 + 100
+	// here and 50 + 150 in the other worker, 600; the kernel's threads
+	// 110. The notebook's 400, the stray's 200, root's daemon's 100 and
+	// another user's 590 are others': 1.29 CPUs.
+	clk.advance(10 * time.Second)
+	tree.set(12_000, procs(100, 200, 100, 300, 100, 50, 150, 200))
+	got := m.Others()
+	if !got.IsKnown() || got.N != 1290 {
+		t.Fatalf("others: got %+v, want 1290 millicores: 2,000 busy ticks less shardpool's 400 here and 200 in the other worker, less the kernel threads' 110", got)
+	}
+	for _, want := range []string{"pid 10 and 2 other worker(s)", "uid 1000", "10.0s"} {
+		if !strings.Contains(got.Source, want) {
+			t.Errorf("source %q should say %q", got.Source, want)
+		}
 	}
 }
 
@@ -233,7 +289,10 @@ func othersSnapshot(others *Value) *Snapshot {
 
 func TestOthersCPULimitsTheBudget(t *testing.T) {
 	p, _ := New(Config{})
-	val := func(n int64) *Value { v := Known(n, "/proc/stat busy less uid 0's processes over 10.0s"); return &v }
+	val := func(n int64) *Value {
+		v := Known(n, "/proc/stat busy less shardpool's processes (pid 1, with their descendants of uid 0) over 10.0s")
+		return &v
+	}
 	for _, c := range []struct {
 		name     string
 		others   *Value

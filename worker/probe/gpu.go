@@ -161,13 +161,17 @@ func (p *Prober) uidOf(pid int) int { return p.uidIn(filepath.Join(p.cfg.ProcRoo
 
 // uidIn is the real uid in the status file of a /proc/<pid> directory, or
 // -1.
-func (p *Prober) uidIn(dir string) int {
+func (p *Prober) uidIn(dir string) int { return p.statusField(dir, "Uid:") }
+
+// statusField is the first number of a line of the status file of a
+// /proc/<pid> directory ("Uid:", "Pid:"), or -1.
+func (p *Prober) statusField(dir, key string) int {
 	b, err := p.read(filepath.Join(dir, "status"))
 	if err != nil {
 		return -1
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+		if v, ok := strings.CutPrefix(line, key); ok {
 			if f := strings.Fields(v); len(f) > 0 {
 				n, err := strconv.Atoi(f[0])
 				if err == nil {

@@ -286,6 +286,7 @@ func (p *Prober) eachProc(want func(uid int) bool, fn func(pid, uid int, st Stat
 
 // Stat is what shardpool reads from /proc/<pid>/stat.
 type Stat struct {
+	PPid     int   // parent process
 	PGrp     int   // process group
 	Ticks    int64 // utime + stime, in clock ticks
 	Reaped   int64 // cutime + cstime: children waited for, in clock ticks
@@ -296,8 +297,8 @@ type Stat struct {
 
 // ParseStat reads a /proc/<pid>/stat line. The fields are counted after
 // the parenthesised command name, which may itself hold spaces and
-// parentheses: state, pgrp, utime, stime, cutime, cstime, starttime and
-// rss are the 3rd, 5th, 14th to 17th, 22nd and 24th fields overall.
+// parentheses: state, ppid, pgrp, utime, stime, cutime, cstime, starttime
+// and rss are the 3rd to 5th, 14th to 17th, 22nd and 24th fields overall.
 func ParseStat(b []byte) (Stat, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
@@ -307,6 +308,7 @@ func ParseStat(b []byte) (Stat, bool) {
 	if len(f) < 22 {
 		return Stat{}, false
 	}
+	ppid, err0 := strconv.Atoi(f[1])
 	pgrp, err1 := strconv.Atoi(f[2])
 	u, err2 := strconv.ParseInt(f[11], 10, 64)
 	k, err3 := strconv.ParseInt(f[12], 10, 64)
@@ -314,10 +316,10 @@ func ParseStat(b []byte) (Stat, bool) {
 	start, err5 := strconv.ParseInt(f[19], 10, 64)
 	cu, err6 := strconv.ParseInt(f[13], 10, 64)
 	cs, err7 := strconv.ParseInt(f[14], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil {
+	if err0 != nil || err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil {
 		return Stat{}, false
 	}
-	return Stat{PGrp: pgrp, Ticks: u + k, Reaped: cu + cs, RSSPages: rss, Start: start, State: f[0][0]}, true
+	return Stat{PPid: ppid, PGrp: pgrp, Ticks: u + k, Reaped: cu + cs, RSSPages: rss, Start: start, State: f[0][0]}, true
 }
 
 // clockTicks is USER_HZ, 100 on every Linux shardpool supports.
