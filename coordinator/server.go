@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -463,6 +465,7 @@ func (c *Coordinator) startSyncer(store string) error {
 	if _, err := c.nc.Subscribe(stream.SubjectInfo, func(m *nats.Msg) {
 		info := base
 		info.StoreFull = c.StoreFull()
+		info.Clients = c.clientNames()
 		data, _ := stream.Encode(&info)
 		_ = m.Respond(data)
 	}); err != nil {
@@ -545,3 +548,21 @@ func (n natsLogger) Errorf(f string, v ...any) {
 }
 func (n natsLogger) Debugf(f string, v ...any) { n.l.Debug(fmt.Sprintf(f, v...)) }
 func (n natsLogger) Tracef(f string, v ...any) {}
+
+// clientNames lists the names of the server's open client connections,
+// sorted, each once (its own in-process connection among them); nil when
+// the server cannot say.
+func (c *Coordinator) clientNames() []string {
+	cz, err := c.srv.Connz(&server.ConnzOptions{Limit: math.MaxInt32})
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, ci := range cz.Conns {
+		if ci.Name != "" {
+			names = append(names, ci.Name)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}

@@ -142,7 +142,10 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Name < st.Workers[j].Name })
 	boot, pidns := stream.BootID("/proc"), stream.PIDNamespace()
 	for i := range st.Workers {
-		st.Workers[i].Gone = goneHere(st.Workers[i], boot, pidns)
+		wk := &st.Workers[i]
+		if wk.Gone = goneHere(*wk, boot, pidns); wk.Gone == "" && st.Coordinator != nil {
+			wk.Disconnected = disconnected(*wk, st.Coordinator.Clients)
+		}
 	}
 	queues := ReadQueues(ctx, js)
 	caps := map[string]QueueStats{}
@@ -218,7 +221,7 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueSt
 		slots, busy := 0, 0
 		var whys []string
 		for _, w := range workers {
-			if w.Gone != "" {
+			if w.Gone != "" || w.Disconnected != "" {
 				continue // its report outlives it by up to the bucket's TTL
 			}
 			slots += w.Slots[class]
@@ -322,6 +325,18 @@ func anyAuto(workers []stream.WorkerReport) bool {
 		}
 	}
 	return false
+}
+
+// disconnected says why the worker of report r has no connection to the
+// coordinator, whose open connections are named in clients; "" when it
+// has one, or when that cannot be told (a report or a coordinator from
+// before connections were named). Unlike goneHere it proves nothing about
+// the process: a worker cut off by the network lives on, and reconnects.
+func disconnected(r stream.WorkerReport, clients []string) string {
+	if r.Conn == "" || len(clients) == 0 || slices.Contains(clients, r.Conn) {
+		return ""
+	}
+	return fmt.Sprintf("no connection named %s at the coordinator; its last report %s", r.Conn, r.Reported.UTC().Format(time.RFC3339))
 }
 
 // goneHere says why the worker of report r is proven gone, when it ran on

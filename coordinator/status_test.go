@@ -1,6 +1,7 @@
 package coordinator_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/coordinator"
@@ -224,5 +226,90 @@ func TestStatusSaysAWorkerOfThisHostIsGone(t *testing.T) {
 	waiting := strings.Join(st.Runs[0].Waiting, "\n")
 	if strings.Contains(waiting, "of dead in use") || !strings.Contains(waiting, "of live in use") {
 		t.Fatalf("why shards wait: %q; want the live workers' reasons, not the gone one's", waiting)
+	}
+}
+
+// TestStatusSaysARemoteWorkerIsDisconnected: a worker of another host,
+// whose pid proves nothing here, is marked disconnected while its report
+// lasts when the coordinator has no connection of its name (killed on its
+// host, or cut off), and is no longer counted for why shards wait; one
+// whose connection is open is not marked, nor one whose report names no
+// connection (an older worker). /metrics says the same.
+func TestStatusSaysARemoteWorkerIsDisconnected(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	env.Submit(testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"true"}}), coordinator.SubmitOptions{})
+	env.WaitState("t", 10*time.Second, stream.RunQueued)
+	nc, err := nats.Connect(env.URL, nats.Name("shardpool-worker-near"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []stream.WorkerReport{{Name: "near", Conn: "shardpool-worker-near"}, {Name: "cut", Conn: "shardpool-worker-cut"}, {Name: "old"}} {
+		r.Host, r.BootID, r.PIDNS, r.PID = "elsewhere", "another-boot", stream.PIDNamespace(), 1
+		r.Slots, r.Running = map[string]int{stream.DefaultClass: 1}, map[string]int{stream.DefaultClass: 1}
+		r.Waiting = map[string]string{stream.DefaultClass: "all 1 slot(s) of " + r.Name + " in use"}
+		r.Reported = time.Now().UTC()
+		data, err := stream.Encode(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Workers.Put(ctx, r.Name, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() (*coordinator.Status, map[string]string) {
+		t.Helper()
+		st, err := coordinator.ReadStatus(ctx, env.JS, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, w := range st.Workers {
+			out[w.Name] = w.Disconnected
+		}
+		return st, out
+	}
+	var st *coordinator.Status
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, _ = read()
+		return len(st.Runs) == 1 && len(st.Runs[0].Waiting) > 0, fmt.Sprintf("%+v", st)
+	})
+	_, disc := read()
+	if disc["near"] != "" || disc["old"] != "" || !strings.Contains(disc["cut"], "no connection named shardpool-worker-cut") {
+		t.Fatalf("disconnected: %q; want only cut marked", disc)
+	}
+	if waiting := strings.Join(st.Runs[0].Waiting, "\n"); strings.Contains(waiting, "of cut in use") || !strings.Contains(waiting, "of near in use") {
+		t.Fatalf("why shards wait: %q; want the connected workers' reasons, not the disconnected one's", waiting)
+	}
+	var m bytes.Buffer
+	if err := coordinator.WriteMetrics(&m, st, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustValue(t, parseMetrics(t, m.String()), "shardpool_worker_connected", "worker", "near"); got != 1 {
+		t.Errorf("shardpool_worker_connected of near while connected: %v, want 1", got)
+	}
+	// near's host kills it: its connection closes, its report stays.
+	nc.Close()
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, disc = read()
+		return disc["near"] != "", fmt.Sprintf("disconnected: %q", disc)
+	})
+	m.Reset()
+	if err := coordinator.WriteMetrics(&m, st, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	fams := parseMetrics(t, m.String())
+	for name, want := range map[string]float64{"near": 0, "cut": 0} {
+		if got := mustValue(t, fams, "shardpool_worker_connected", "worker", name); got != want {
+			t.Errorf("shardpool_worker_connected of %s: %v, want %v", name, got, want)
+		}
+	}
+	if v, ok := value(t, fams, "shardpool_worker_connected", "worker", "old"); ok {
+		t.Errorf("a report that names no connection has shardpool_worker_connected %v, want no sample", v)
 	}
 }

@@ -65,6 +65,10 @@ type CoordinatorInfo struct {
 	// (the coordinator then raises its limit or reloads its store itself;
 	// `run` stops and is resumed).
 	StoreFull string `json:"store_full,omitempty"`
+	// Clients names the coordinator's open client connections (sorted,
+	// each once), so that a reader can tell a worker's report from a
+	// connected worker (WorkerReport.Conn); absent from older coordinators.
+	Clients []string `json:"clients,omitempty"`
 }
 
 // AskInfo requests the coordinator's CoordinatorInfo.

@@ -251,10 +251,21 @@ type WorkerReport struct {
 	// cache (checksum-size-name keys, most recently used first, at most
 	// StagedAdvertised), for other workers' locality decisions.
 	Staged []string `json:"staged,omitempty"`
+	// Conn is the name of the worker's connection to the coordinator, as
+	// the coordinator lists its clients (`shardpool-worker-<name>`, or
+	// the coordinator's own where `run` embeds the worker); absent in
+	// older reports and for unnamed connections.
+	Conn string `json:"conn,omitempty"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.
 	Gone string `json:"gone,omitempty"`
+	// Disconnected is set by whoever reads the report, never by the
+	// worker: why the worker has no connection to the coordinator (no
+	// client of the coordinator has its Conn name) while its report has
+	// not expired. A worker killed on another host, or cut off from the
+	// coordinator: what it runs stays leased until the leases expire.
+	Disconnected string `json:"disconnected,omitempty"`
 }
 
 // StagedAdvertised bounds the staged inputs a worker report lists.

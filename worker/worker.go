@@ -118,6 +118,7 @@ type Worker struct {
 	host  string
 	boot  string
 	pidns string // stream.PIDNamespace: pids are compared only within it
+	conn  string // the name of its connection to the coordinator, for reports
 	pid   int
 	b     *stream.Buckets
 	ttl   time.Duration
@@ -345,6 +346,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.host, _ = os.Hostname()
 	w.boot, w.pidns = stream.BootID(w.cfg.ProcRoot), stream.PIDNamespace()
+	if nc := w.cfg.JetStream.Conn(); nc != nil {
+		w.conn = nc.Opts.Name
+	}
 	w.pid = os.Getpid()
 	w.env = environ()
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
@@ -827,7 +831,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	if w.stager != nil {
 		staged = w.stager.Ready(stream.StagedAdvertised)
 	}
-	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Slots: w.cfg.Slots,
+	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, Slots: w.cfg.Slots,
 		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
 }
 

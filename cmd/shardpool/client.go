@@ -270,6 +270,8 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 						detail += "; that worker is not reporting: the shard is redelivered once its lease expires, or at once when a worker with its state directory starts on its host"
 					case wk.Gone != "":
 						detail += "; that worker is gone (" + wk.Gone + "): the shard is redelivered once its lease expires, or sooner when a worker of its host with its state directory takes it back"
+					case wk.Disconnected != "":
+						detail += "; that worker is disconnected (" + wk.Disconnected + "): if it is gone, the shard is redelivered once its lease expires; if it reconnects in time, it carries on"
 					}
 				}
 			}
@@ -300,6 +302,8 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		reported := wk.Reported.Format("15:04:05")
 		if wk.Gone != "" {
 			reported += " GONE"
+		} else if wk.Disconnected != "" {
+			reported += " DISCONNECTED"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, slots, classMap(wk.Running), wk.Done, wk.Failed, reported, headroom(wk.Headroom))
 	}
@@ -310,6 +314,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 	for _, wk := range st.Workers {
 		if wk.Gone != "" {
 			fmt.Fprintf(w, "%s: gone: %s; its report stays until the workers bucket's TTL\n", wk.Name, wk.Gone)
+		}
+		if wk.Disconnected != "" {
+			fmt.Fprintf(w, "%s: disconnected: %s; killed, or cut off from the coordinator: its report stays until the workers bucket's TTL\n", wk.Name, wk.Disconnected)
 		}
 		if wk.Limits != "" {
 			fmt.Fprintf(w, "%s: per-shard limits %s\n", wk.Name, wk.Limits)

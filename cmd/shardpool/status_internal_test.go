@@ -24,17 +24,19 @@ func TestStatusNamesRunningShardsOfSilentWorkers(t *testing.T) {
 				{ID: "a", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w1", Host: "h1", PID: 41, Attempt: 1}},
 				{ID: "b", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w2", Host: "h2", PID: 42, Attempt: 2}},
 				{ID: "c", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w3", Host: "h2", PID: 43, Attempt: 1}},
+				{ID: "d", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w4", Host: "h3", PID: 44, Attempt: 1}},
 			}}},
 		// w1 restarted under a new pid: the old process is gone. w3's
 		// report outlives its process (proven gone by the reader).
 		Workers: []stream.WorkerReport{{Name: "w1", Host: "h1", PID: 99, Reported: now}, {Name: "w2", Host: "h2", PID: 42, Reported: now},
-			{Name: "w3", Host: "h2", PID: 43, Reported: now, Gone: "pid 43 is not running on h2, where it reported"}},
+			{Name: "w3", Host: "h2", PID: 43, Reported: now, Gone: "pid 43 is not running on h2, where it reported"},
+			{Name: "w4", Host: "h3", PID: 44, Reported: now, Disconnected: "no connection named shardpool-worker-w4 at the coordinator"}},
 	}
 	var b strings.Builder
 	printStatus(&b, st)
 	lines := map[string]string{}
 	for _, l := range strings.Split(b.String(), "\n") {
-		if f := strings.Fields(l); len(f) > 1 && (f[0] == "a" || f[0] == "b" || f[0] == "c" || f[0] == "w3") {
+		if f := strings.Fields(l); len(f) > 1 && (f[0] == "a" || f[0] == "b" || f[0] == "c" || f[0] == "d" || f[0] == "w3" || f[0] == "w4") {
 			lines[f[0]] = l
 		}
 	}
@@ -49,6 +51,15 @@ func TestStatusNamesRunningShardsOfSilentWorkers(t *testing.T) {
 	}
 	if !strings.Contains(lines["w3"], "GONE") {
 		t.Errorf("worker proven gone: got %q, want GONE beside its last report", lines["w3"])
+	}
+	if !strings.Contains(lines["d"], "that worker is disconnected (no connection named shardpool-worker-w4") {
+		t.Errorf("shard of a disconnected worker: got %q, want it named disconnected with why", lines["d"])
+	}
+	if !strings.Contains(lines["w4"], "DISCONNECTED") || strings.Contains(lines["w4"], "GONE") {
+		t.Errorf("disconnected worker: got %q, want DISCONNECTED beside its last report", lines["w4"])
+	}
+	if !strings.Contains(b.String(), "w4: disconnected: no connection named") {
+		t.Errorf("status does not say why w4 is disconnected:\n%s", b.String())
 	}
 }
 
