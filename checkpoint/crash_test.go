@@ -185,9 +185,17 @@ func TestReplicateVerifiesAndWritesMarkerLast(t *testing.T) {
 // its path printed) survives every later cut, and one a cut interrupted is
 // never visible half made. This is what the fsyncs and their order are
 // for; the SIGKILLs of TestCrashConsistency keep the page cache.
+//
+// It runs under ext4 and XFS (testenv.PowerCutKinds).
 func TestCommittedGenerationsSurvivePowerCuts(t *testing.T) {
 	testenv.Binary(t)
-	fs := testenv.NewPowerCutFS(t, 256<<20)
+	for _, kind := range testenv.PowerCutKinds {
+		t.Run(kind, func(t *testing.T) { commitsSurvivePowerCuts(t, kind) })
+	}
+}
+
+func commitsSurvivePowerCuts(t *testing.T, kind string) {
+	fs := testenv.NewPowerCutFSKind(t, 256<<20, kind)
 	dir := filepath.Join(fs.Dir, "ckpt")
 	src := t.TempDir()
 	files := []string{testenv.RandomFile(t, src, "weights.bin", 4<<20), testenv.RandomFile(t, src, "step", 16)}

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/shardpool/shardpool/coordinator/drill/powercut"
@@ -17,21 +18,42 @@ type PowerCutFS struct {
 	Dir string
 }
 
-// NewPowerCutFS makes and mounts a file system of size bytes at a new
-// directory; it is unmounted at cleanup. It needs root (RequireRoot),
+// NewPowerCutFS makes and mounts an ext4 file system of size bytes at a
+// new directory; it is unmounted at cleanup. It needs root (RequireRoot),
 // mkfs.ext4 (which .ci/run installs) and a kernel with loop devices;
 // without loop devices the test is skipped (as a test that needs a GPU
 // is), naming why.
 func NewPowerCutFS(t testing.TB, size int64) *PowerCutFS {
 	t.Helper()
+	return NewPowerCutFSKind(t, size, powercut.Ext4)
+}
+
+// PowerCutKinds are the file systems power-cut tests run under: ext4
+// (with its journal) and XFS, whose metadata log and delayed allocation
+// order what reaches the disk differently.
+var PowerCutKinds = []string{powercut.Ext4, powercut.XFS}
+
+// NewPowerCutFSKind is NewPowerCutFS for a file system of kind
+// (powercut.Ext4, or powercut.XFS, which needs mkfs.xfs from xfsprogs,
+// which .ci/run installs, and is made at least powercut.MinXFS large).
+func NewPowerCutFSKind(t testing.TB, size int64, kind string) *PowerCutFS {
+	t.Helper()
 	RequireRoot(t)
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		t.Skipf("a power cut cannot be simulated here: this kernel has no loop devices (%v)", err)
 	}
-	if err := powercut.Available(); err != nil {
+	if err := powercut.AvailableKind(kind); err != nil {
 		t.Fatalf("a power cut cannot be simulated here: %v", err)
 	}
-	fs, err := powercut.New(t.TempDir(), size)
+	if kind == powercut.XFS {
+		size = max(size, powercut.MinXFS)
+	}
+	fs, err := powercut.NewKind(t.TempDir(), size, kind)
+	if err != nil && !kernelHas(kind) {
+		// As without loop devices: the kernel, not a missing install. (A
+		// module that exists is loaded by the mount, and listed after it.)
+		t.Skipf("a power cut under %s cannot be simulated here: this kernel has no %s in /proc/filesystems (%v)", kind, kind, err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,4 +67,18 @@ func (p *PowerCutFS) Cut() {
 	if err := p.fs.Cut(); err != nil {
 		p.t.Fatalf("power cut: %v", err)
 	}
+}
+
+// kernelHas reports whether /proc/filesystems lists the file system kind.
+func kernelHas(kind string) bool {
+	b, err := os.ReadFile("/proc/filesystems")
+	if err != nil {
+		return true // unknown: let the error stand
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == kind {
+			return true
+		}
+	}
+	return false
 }

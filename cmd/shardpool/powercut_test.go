@@ -25,9 +25,16 @@ import (
 // output verifying and every shard recorded validated exactly once: group
 // sync's promise that every write a decision depends on is on disk before
 // anyone acts on it (docs/decisions.md, "Group sync"). A SIGKILL keeps the
-// page cache, so the coordinator tests of SIGKILL do not show this.
+// page cache, so the coordinator tests of SIGKILL do not show this. It
+// runs under ext4 and XFS (testenv.PowerCutKinds).
 func TestRunSurvivesPowerCuts(t *testing.T) {
-	state, disk := testenv.NewPowerCutFS(t, 512<<20), testenv.NewPowerCutFS(t, 128<<20)
+	for _, kind := range testenv.PowerCutKinds {
+		t.Run(kind, func(t *testing.T) { runSurvivesPowerCuts(t, kind) })
+	}
+}
+
+func runSurvivesPowerCuts(t *testing.T, kind string) {
+	state, disk := testenv.NewPowerCutFSKind(t, 512<<20, kind), testenv.NewPowerCutFSKind(t, 128<<20, kind)
 	const n = 60
 	ran := filepath.Join(t.TempDir(), "ran") // outside: survives the cuts
 	// An attempt whose worker dies is charged (docs/decisions.md,

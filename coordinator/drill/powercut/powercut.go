@@ -1,19 +1,20 @@
 // Package powercut simulates a host losing power under a file system: an
-// ext4 file system (with its journal, as ext4 is made by default) on a
-// loop device, whose Cut keeps what had reached the device and drops
-// everything else. What a program made durable (fsync, syncfs) survives a
-// cut; what sat only in the page cache does not. The recovery drill and
-// the tests use it; it needs root, a kernel with loop devices, and
-// mkfs.ext4.
+// ext4 file system (with its journal, as ext4 is made by default) or an
+// XFS one on a loop device, whose Cut keeps what had reached the device
+// and drops everything else. What a program made durable (fsync, syncfs)
+// survives a cut; what sat only in the page cache does not. The recovery
+// drill and the tests use it; it needs root, a kernel with loop devices,
+// and mkfs.ext4 (mkfs.xfs for XFS).
 //
 // The model: the caller SIGKILLs the processes that use the file system,
 // then Cut copies the device as it is (direct reads, which bypass the page
 // cache), repeated until no write reached the device during the copy, and
-// mounts the copy in place of the file system, replaying its journal. The
-// kernel may still write back some dirty data between the kill and the
-// copy (its writeback timers run 5 and 30 s apart, and the file system is
-// mounted with commit=600 so that the journal does not commit on its own);
-// that only makes more survive, never less.
+// mounts the copy in place of the file system, replaying its journal (its
+// log, on XFS). The kernel may still write back some dirty data between
+// the kill and the copy (its writeback timers run 5 and 30 s apart; ext4
+// is mounted with commit=600 so that the journal does not commit on its
+// own, and XFS flushes its log on a 30 s timer): that only makes more
+// survive, never less.
 package powercut
 
 import (
@@ -32,20 +33,39 @@ import (
 
 // FS is a mounted file system whose power can be cut.
 type FS struct {
-	Dir string // the mount point
-	img string
-	n   int
+	Dir  string // the mount point
+	Kind string // Ext4 or XFS
+	img  string
+	n    int
 }
 
-// Available says why a power cut cannot be simulated here, or nil.
-func Available() error {
+// The kinds of file system NewKind makes.
+const (
+	Ext4 = "ext4"
+	XFS  = "xfs"
+)
+
+// MinXFS is the smallest XFS file system mkfs.xfs makes (xfsprogs 5.19
+// and later refuse less than 300 MiB).
+const MinXFS = 300 << 20
+
+// Available says why a power cut cannot be simulated here under an ext4
+// file system, or nil.
+func Available() error { return AvailableKind(Ext4) }
+
+// AvailableKind says why a power cut cannot be simulated here under a
+// file system of kind, or nil.
+func AvailableKind(kind string) error {
+	if kind != Ext4 && kind != XFS {
+		return fmt.Errorf("no power cuts under %q file systems: %s or %s", kind, Ext4, XFS)
+	}
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (to mount a loop device)")
 	}
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		return fmt.Errorf("this kernel has no loop devices (%v)", err)
 	}
-	for _, tool := range []string{"mkfs.ext4", "mount", "umount", "findmnt"} {
+	for _, tool := range []string{"mkfs." + kind, "mount", "umount", "findmnt"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("needs %s: %v", tool, err)
 		}
@@ -53,13 +73,20 @@ func Available() error {
 	return nil
 }
 
-// New makes a file system of size bytes in an image file under base and
-// mounts it at base/mnt. Close unmounts it.
-func New(base string, size int64) (*FS, error) {
-	if err := Available(); err != nil {
+// New makes an ext4 file system of size bytes in an image file under base
+// and mounts it at base/mnt. Close unmounts it.
+func New(base string, size int64) (*FS, error) { return NewKind(base, size, Ext4) }
+
+// NewKind is New for a file system of kind (Ext4, or XFS of at least
+// MinXFS bytes).
+func NewKind(base string, size int64, kind string) (*FS, error) {
+	if err := AvailableKind(kind); err != nil {
 		return nil, err
 	}
-	f := &FS{Dir: filepath.Join(base, "mnt"), img: filepath.Join(base, "disk0.img")}
+	if kind == XFS && size < MinXFS {
+		return nil, fmt.Errorf("an XFS file system of %d bytes: mkfs.xfs makes none under %d", size, MinXFS)
+	}
+	f := &FS{Dir: filepath.Join(base, "mnt"), Kind: kind, img: filepath.Join(base, "disk0.img")}
 	if err := os.MkdirAll(f.Dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -69,16 +96,27 @@ func New(base string, size int64) (*FS, error) {
 	if err := os.Truncate(f.img, size); err != nil {
 		return nil, err
 	}
-	// Inode tables and the journal initialised now: the lazy init thread
-	// would write to the device in the background, during a Cut's copy.
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", f.img).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("mkfs.ext4 %s: %v %s", f.img, err, bytes.TrimSpace(out))
+	// ext4: inode tables and the journal initialised now: the lazy init
+	// thread would write to the device in the background, during a Cut's
+	// copy. XFS allocates its inodes as they are needed.
+	mkfs := exec.Command("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", f.img)
+	if kind == XFS {
+		mkfs = exec.Command("mkfs.xfs", "-q", "-f", f.img)
+	}
+	if out, err := mkfs.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%s %s: %v %s", mkfs.Args[0], f.img, err, bytes.TrimSpace(out))
 	}
 	return f, f.mount()
 }
 
 func (f *FS) mount() error {
-	if out, err := exec.Command("mount", "-o", "loop,commit=600", f.img, f.Dir).CombinedOutput(); err != nil {
+	// XFS: nouuid, because the mount a Cut replaced may still be there,
+	// detached, with the same UUID.
+	opts := "loop,commit=600"
+	if f.Kind == XFS {
+		opts = "loop,nouuid"
+	}
+	if out, err := exec.Command("mount", "-t", f.Kind, "-o", opts, f.img, f.Dir).CombinedOutput(); err != nil {
 		return fmt.Errorf("mount %s: %v %s", f.img, err, bytes.TrimSpace(out))
 	}
 	return nil
