@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // Config configures a Coordinator. Zero values mean the documented default.
@@ -461,7 +462,11 @@ func (c *Coordinator) startSyncer(store string) error {
 		return fmt.Errorf("serve sync barrier: %w", err)
 	}
 	host, _ := os.Hostname()
-	base := stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store}
+	base := stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store,
+		PID: os.Getpid(), PIDNS: stream.PIDNamespace()}
+	if st, err := probe.ReadStat("/proc", os.Getpid()); err == nil {
+		base.Start = st.Start
+	}
 	if _, err := c.nc.Subscribe(stream.SubjectInfo, func(m *nats.Msg) {
 		info := base
 		info.StoreFull = c.StoreFull()

@@ -69,6 +69,13 @@ type CoordinatorInfo struct {
 	// each once), so that a reader can tell a worker's report from a
 	// connected worker (WorkerReport.Conn); absent from older coordinators.
 	Clients []string `json:"clients,omitempty"`
+	// PID, PIDNS and Start name the coordinator's process (Start: clock
+	// ticks since boot), so that a worker on its host counts the
+	// coordinator's CPU as shardpool's, not others' use; absent from
+	// older coordinators.
+	PID   int    `json:"pid,omitempty"`
+	PIDNS string `json:"pid_ns,omitempty"`
+	Start int64  `json:"start,omitempty"`
 }
 
 // AskInfo requests the coordinator's CoordinatorInfo.

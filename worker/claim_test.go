@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // workerOnServer starts a real coordinator (closed at cleanup) and returns
@@ -75,6 +77,27 @@ func TestConcurrentCommitClaimsExactlyOneWins(t *testing.T) {
 	}
 	if len(hist) != 1 {
 		t.Fatalf("history has %d commit records, want 1", len(hist))
+	}
+}
+
+// TestCoordinatorOfThisHostIsShardpoolsCPU: a worker on its coordinator's
+// boot and pid namespace counts the coordinator's process tree as
+// shardpool's CPU (its CPU meter's roots), not as others' use; on another
+// boot it cannot name the process and does not.
+func TestCoordinatorOfThisHostIsShardpoolsCPU(t *testing.T) {
+	w := workerOnServer(t, Config{})
+	ctx := context.Background()
+	start := processStart("/proc", os.Getpid())
+	w.host, _ = os.Hostname()
+	w.boot, w.pidns = stream.BootID("/proc"), stream.PIDNamespace()
+	w.learnCoordinator(ctx, w.cfg.JetStream.Conn())
+	if got := w.shardpoolRoots(); !slices.Contains(got, probe.ProcID{PID: os.Getpid(), Start: start}) {
+		t.Fatalf("roots %+v, want the coordinator's process %d started at %d", got, os.Getpid(), start)
+	}
+	w.boot = "another-boot"
+	w.learnCoordinator(ctx, w.cfg.JetStream.Conn())
+	if got := w.shardpoolRoots(); len(got) != 0 {
+		t.Fatalf("on another boot: roots %+v, want none", got)
 	}
 }
 

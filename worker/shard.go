@@ -18,6 +18,7 @@ import (
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // ShardDirs are the per-shard paths under the run's output directory.
@@ -1177,6 +1178,9 @@ type coordView struct {
 	sync  string // its sync mode
 	local bool   // it runs on this boot of this host (see barrierRemote)
 	store string // its store (CoordinatorInfo.Store); "" before an answer
+	// proc is the coordinator's process when it runs on this boot and in
+	// this pid namespace, whose CPU is shardpool's (shardpoolRoots).
+	proc *probe.ProcID
 }
 
 // learnCoordinator asks the coordinator for its sync mode and host; the
@@ -1203,6 +1207,9 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 	}
 	v.local = stream.KnownBootID(ci.BootID) && ci.BootID == w.boot && ci.Host == w.host
 	v.store = ci.Store
+	if v.local && ci.PID > 0 && ci.PIDNS != "" && ci.PIDNS == w.pidns {
+		v.proc = &probe.ProcID{PID: ci.PID, Start: ci.Start}
+	}
 	w.coord.Store(v)
 }
 

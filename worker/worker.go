@@ -408,11 +408,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	} else {
 		w.ledger = l
 		defer l.close()
-		if w.meter != nil {
-			// The other workers' shards are counted by what they hold in
-			// the ledger, not again as others' use.
-			w.meter.SetRoots(l.workerRoots)
-		}
 		if !w.cfg.Auto {
 			// Which budget its shards count against, for the auto workers.
 			snap, err := w.cfg.Probe.Snapshot(ctx, nil)
@@ -421,6 +416,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			w.fixedShare = budgetShare(snap)
 		}
+	}
+
+	if w.meter != nil {
+		w.meter.SetRoots(w.shardpoolRoots)
 	}
 
 	// Shards run under their own context: ctx ending stops fetching at once,
@@ -1043,4 +1042,20 @@ func (w *Worker) stagerFor(ctx context.Context) (*staging.Stager, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.stager, w.stageErr
+}
+
+// shardpoolRoots are the processes besides this one whose trees the CPU
+// meter counts as shardpool's, not as others' use: the host's other
+// workers that share this one's budget (the ledger's last look; their
+// shards count by what they hold) and the coordinator when it runs on
+// this host (its CPU grows with the shards it serves).
+func (w *Worker) shardpoolRoots() []probe.ProcID {
+	var roots []probe.ProcID
+	if w.ledger != nil {
+		roots = append(roots, w.ledger.workerRoots()...)
+	}
+	if v := w.coord.Load(); v != nil && v.proc != nil {
+		roots = append(roots, *v.proc)
+	}
+	return roots
 }
