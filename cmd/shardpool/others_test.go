@@ -11,7 +11,7 @@ import (
 
 // TestRunSaysWhenOthersLimitTheCPUs: with another user keeping every CPU
 // busy, `shardpool run` admits fewer shards than the host has CPUs
-// (docs/admission.md, "Other users' CPU"); its output says so, with the
+// (docs/admission.md, "Others' CPU"); its output says so, with the
 // numbers, instead of leaving the user to wonder why one shard runs where
 // the plan said more.
 func TestRunSaysWhenOthersLimitTheCPUs(t *testing.T) {
