@@ -193,22 +193,10 @@ func TestStatusSaysAWorkerOfThisHostIsGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range []stream.WorkerReport{
-		{Name: "dead", Host: host, BootID: boot, PIDNS: pidns, PID: exited.Process.Pid},
-		{Name: "live", Host: host, BootID: boot, PIDNS: pidns, PID: os.Getpid()},
-		{Name: "far", Host: "elsewhere", BootID: "another-boot", PIDNS: pidns, PID: exited.Process.Pid},
-	} {
-		r.Slots, r.Running = map[string]int{stream.DefaultClass: 1}, map[string]int{stream.DefaultClass: 1}
-		r.Waiting = map[string]string{stream.DefaultClass: "all 1 slot(s) of " + r.Name + " in use"}
-		r.Reported = time.Now().UTC()
-		data, err := stream.Encode(&r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.Workers.Put(ctx, r.Name, data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putBusyReports(t, b,
+		stream.WorkerReport{Name: "dead", Host: host, BootID: boot, PIDNS: pidns, PID: exited.Process.Pid},
+		stream.WorkerReport{Name: "live", Host: host, BootID: boot, PIDNS: pidns, PID: os.Getpid()},
+		stream.WorkerReport{Name: "far", Host: "elsewhere", BootID: "another-boot", PIDNS: pidns, PID: exited.Process.Pid})
 	// The run's counts per class, which say that shards wait, come with
 	// the tracker's first look at the run.
 	var st *coordinator.Status
@@ -226,6 +214,24 @@ func TestStatusSaysAWorkerOfThisHostIsGone(t *testing.T) {
 	waiting := strings.Join(st.Runs[0].Waiting, "\n")
 	if strings.Contains(waiting, "of dead in use") || !strings.Contains(waiting, "of live in use") {
 		t.Fatalf("why shards wait: %q; want the live workers' reasons, not the gone one's", waiting)
+	}
+}
+
+// putBusyReports writes worker reports as of now, each with its one slot
+// of the default class in use, and saying so.
+func putBusyReports(t *testing.T, b *stream.Buckets, reports ...stream.WorkerReport) {
+	t.Helper()
+	for _, r := range reports {
+		r.Slots, r.Running = map[string]int{stream.DefaultClass: 1}, map[string]int{stream.DefaultClass: 1}
+		r.Waiting = map[string]string{stream.DefaultClass: "all 1 slot(s) of " + r.Name + " in use"}
+		r.Reported = time.Now().UTC()
+		data, err := stream.Encode(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Workers.Put(context.Background(), r.Name, data); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -249,19 +255,12 @@ func TestStatusSaysARemoteWorkerIsDisconnected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range []stream.WorkerReport{{Name: "near", Conn: "shardpool-worker-near"}, {Name: "cut", Conn: "shardpool-worker-cut"}, {Name: "old"}} {
-		r.Host, r.BootID, r.PIDNS, r.PID = "elsewhere", "another-boot", stream.PIDNamespace(), 1
-		r.Slots, r.Running = map[string]int{stream.DefaultClass: 1}, map[string]int{stream.DefaultClass: 1}
-		r.Waiting = map[string]string{stream.DefaultClass: "all 1 slot(s) of " + r.Name + " in use"}
-		r.Reported = time.Now().UTC()
-		data, err := stream.Encode(&r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.Workers.Put(ctx, r.Name, data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	far := stream.WorkerReport{Host: "elsewhere", BootID: "another-boot", PIDNS: stream.PIDNamespace(), PID: 1}
+	near, cut, old := far, far, far
+	near.Name, near.Conn = "near", "shardpool-worker-near"
+	cut.Name, cut.Conn = "cut", "shardpool-worker-cut"
+	old.Name = "old"
+	putBusyReports(t, b, near, cut, old)
 	read := func() (*coordinator.Status, map[string]string) {
 		t.Helper()
 		st, err := coordinator.ReadStatus(ctx, env.JS, "t")
