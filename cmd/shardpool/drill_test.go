@@ -61,6 +61,35 @@ func TestDrillPasses(t *testing.T) {
 	}
 }
 
+// TestDrillCutsThePowerUnderItsStateDirectorysFileSystem: a drill whose
+// state directory is on XFS simulates its power cuts under XFS, and says
+// so; elsewhere under ext4 (TestDrillPasses).
+func TestDrillCutsThePowerUnderItsStateDirectorysFileSystem(t *testing.T) {
+	xfs := testenv.NewPowerCutFSKind(t, powercut.MinXFS, powercut.XFS) // here only a mounted XFS
+	data := filepath.Join(xfs.Dir, "data")
+	p := testenv.Start(t, "drill", "--data", data, "--json")
+	if code := p.Wait(t, 2*time.Minute); code != 0 {
+		t.Fatalf("drill on XFS: exit %d, want 0:\n%s", code, p.Output())
+	}
+	b, err := os.ReadFile(filepath.Join(data, "runs", "drill", "drill.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep drill.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Checks {
+		if c.Name == "recovery after a power cut" {
+			if c.Status != drill.Pass || !strings.Contains(c.Detail, "simulated: XFS, as under this state directory") {
+				t.Fatalf("power cut check with the state on XFS: %s %q, want PASS simulated under XFS", c.Status, c.Detail)
+			}
+			return
+		}
+	}
+	t.Fatalf("no power cut check in %s", b)
+}
+
 // TestDrillWhereThePowerCutCannotBeSimulated: as root of a user namespace
 // (as in a container) the drill may not mount its file systems. That
 // failure of the simulation makes the power-cut check UNVERIFIED, saying

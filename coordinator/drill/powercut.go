@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/drill/powercut"
@@ -31,16 +33,18 @@ const (
 // state on one such file system and its inputs and outputs on another; the
 // power goes at random moments, the run is resumed each time with its
 // resume command, and it must end COMPLETE with every output verifying
-// and each shard recorded validated exactly once. It checks shardpool's
-// order of writes and syncs, not the honesty of this host's disks about
-// their caches.
+// and each shard recorded validated exactly once. The file systems are
+// XFS where the drill's state directory is on XFS (and mkfs.xfs is
+// there), else ext4. It checks shardpool's order of writes and syncs, not
+// the honesty of this host's disks about their caches.
 func (d *drill) powerCut(ctx context.Context) {
 	if err := powercut.Available(); err != nil {
 		d.check(powerCutName, Unverified, "not simulated here: "+err.Error()+"; a drill cannot observe a real reboot from inside one boot")
 		return
 	}
-	d.say("simulating power cuts under a %d-shard run (ext4 on loop devices)", powerCutShards)
-	detail, err := d.cutPower(ctx)
+	kind, why := simulatedKind(d.dir)
+	d.say("simulating power cuts under a %d-shard run (%s on loop devices)", powerCutShards, kind)
+	detail, err := d.cutPower(ctx, kind, why)
 	var sim simulationError
 	switch {
 	case errors.As(err, &sim):
@@ -65,14 +69,32 @@ func simulation(err error) error {
 	return simulationError{err}
 }
 
-func (d *drill) cutPower(ctx context.Context) (string, error) {
+// simulatedKind is the file system the power cuts are simulated under:
+// XFS where the drill's own state directory is on XFS and mkfs.xfs is
+// there, else ext4; why says which, for the check's detail.
+func simulatedKind(dir string) (kind, why string) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Type != unix.XFS_SUPER_MAGIC {
+		return powercut.Ext4, "ext4 with its journal"
+	}
+	if err := powercut.AvailableKind(powercut.XFS); err != nil {
+		return powercut.Ext4, "ext4 with its journal, not XFS as under this state directory: " + err.Error()
+	}
+	return powercut.XFS, "XFS, as under this state directory"
+}
+
+func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) {
 	base := filepath.Join(d.dir, "powercut")
-	state, err := powercut.New(filepath.Join(base, "state"), 256<<20)
+	stateSize, diskSize := int64(256<<20), int64(64<<20)
+	if kind == powercut.XFS {
+		stateSize, diskSize = powercut.MinXFS, powercut.MinXFS
+	}
+	state, err := powercut.NewKind(filepath.Join(base, "state"), stateSize, kind)
 	if err != nil {
 		return "", simulation(err)
 	}
 	defer removeImages(state, filepath.Join(base, "state"))
-	disk, err := powercut.New(filepath.Join(base, "disk"), 64<<20)
+	disk, err := powercut.NewKind(filepath.Join(base, "disk"), diskSize, kind)
 	if err != nil {
 		return "", simulation(err)
 	}
@@ -134,8 +156,8 @@ func (d *drill) cutPower(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("after %d power cuts: %s", cuts, strings.Join(bad, "; "))
 	}
 	return fmt.Sprintf("%d cuts at random moments of a %d-shard run, resumed each time: COMPLETE, every output verifies, each shard validated once "+
-		"(simulated: ext4 with its journal on loop devices, state and outputs on two file systems; checks shardpool's order of writes and syncs, not this host's disks)",
-		cuts, powerCutShards), nil
+		"(simulated: %s on loop devices, state and outputs on two file systems; checks shardpool's order of writes and syncs, not this host's disks)",
+		cuts, powerCutShards, why), nil
 }
 
 // powerCutJob writes the job (inputs, manifest, spec) into dir and returns
