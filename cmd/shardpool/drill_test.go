@@ -26,14 +26,7 @@ func TestDrillPasses(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Minute {
 		t.Errorf("drill took %s, want under 2 minutes", d)
 	}
-	b, err := os.ReadFile(filepath.Join(data, "runs", "drill", "drill.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep drill.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, _ := readDrillReport(t, data)
 	if !rep.Passed || len(rep.Checks) < 9 {
 		t.Fatalf("drill.json: passed %v with %d checks, want passed with every check", rep.Passed, len(rep.Checks))
 	}
@@ -71,14 +64,7 @@ func TestDrillCutsThePowerUnderItsStateDirectorysFileSystem(t *testing.T) {
 	if code := p.Wait(t, 2*time.Minute); code != 0 {
 		t.Fatalf("drill on XFS: exit %d, want 0:\n%s", code, p.Output())
 	}
-	b, err := os.ReadFile(filepath.Join(data, "runs", "drill", "drill.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep drill.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, b := readDrillReport(t, data)
 	for _, c := range rep.Checks {
 		if c.Name == "recovery after a power cut" {
 			if c.Status != drill.Pass || !strings.Contains(c.Detail, "simulated: XFS, as under this state directory") {
@@ -103,14 +89,7 @@ func TestDrillWhereThePowerCutCannotBeSimulated(t *testing.T) {
 	if code := p.Wait(t, 2*time.Minute); code != 0 {
 		t.Fatalf("drill in a user namespace: exit %d, want 0:\n%s", code, p.Output())
 	}
-	var rep drill.Report
-	b, err := os.ReadFile(filepath.Join(data, "runs", "drill", "drill.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, b := readDrillReport(t, data)
 	found := false
 	for _, c := range rep.Checks {
 		if c.Name != "recovery after a power cut" {
@@ -124,4 +103,19 @@ func TestDrillWhereThePowerCutCannotBeSimulated(t *testing.T) {
 	if !found {
 		t.Errorf("no power cut check in %s", b)
 	}
+}
+
+// readDrillReport reads the drill.json a drill with --data data wrote,
+// parsed and as it is.
+func readDrillReport(t *testing.T, data string) (drill.Report, []byte) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(data, "runs", "drill", "drill.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep drill.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, b
 }
