@@ -128,8 +128,8 @@ func WriteMetrics(w io.Writer, st *Status, queues []QueueStats, store *StoreStat
 	}
 	m.family("shardpool_worker_connected", "gauge", "1 for a worker with a connection to the coordinator, 0 for one without (killed on another host, or cut off from it); absent where that cannot be told.")
 	for _, wk := range st.Workers {
-		if c := st.Coordinator; c != nil && len(c.Clients) > 0 && wk.Conn != "" {
-			m.sample(one(slices.Contains(c.Clients, wk.Conn)), "worker", wk.Name, "host", wk.Host)
+		if yes, known := connected(wk, st.Coordinator); known {
+			m.sample(one(yes), "worker", wk.Name, "host", wk.Host)
 		}
 	}
 	m.family("shardpool_worker_last_report_timestamp_seconds", "gauge", "When the worker last reported, by its own clock (unix seconds); workers report every few seconds.")

@@ -143,8 +143,8 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	boot, pidns := stream.BootID("/proc"), stream.PIDNamespace()
 	for i := range st.Workers {
 		wk := &st.Workers[i]
-		if wk.Gone = goneHere(*wk, boot, pidns); wk.Gone == "" && st.Coordinator != nil {
-			wk.Disconnected = disconnected(*wk, st.Coordinator.Clients)
+		if wk.Gone = goneHere(*wk, boot, pidns); wk.Gone == "" {
+			wk.Disconnected = disconnected(*wk, st.Coordinator)
 		}
 	}
 	queues := ReadQueues(ctx, js)
@@ -327,13 +327,23 @@ func anyAuto(workers []stream.WorkerReport) bool {
 	return false
 }
 
+// connected reports whether the worker of report r has a connection to
+// the coordinator described by ci (nil: it did not answer), and whether
+// that can be told at all: not for a report or a coordinator from before
+// connections were named.
+func connected(r stream.WorkerReport, ci *stream.CoordinatorInfo) (yes, known bool) {
+	if ci == nil || len(ci.Clients) == 0 || r.Conn == "" {
+		return false, false
+	}
+	return slices.Contains(ci.Clients, r.Conn), true
+}
+
 // disconnected says why the worker of report r has no connection to the
-// coordinator, whose open connections are named in clients; "" when it
-// has one, or when that cannot be told (a report or a coordinator from
-// before connections were named). Unlike goneHere it proves nothing about
-// the process: a worker cut off by the network lives on, and reconnects.
-func disconnected(r stream.WorkerReport, clients []string) string {
-	if r.Conn == "" || len(clients) == 0 || slices.Contains(clients, r.Conn) {
+// coordinator described by ci; "" when it has one, or when that cannot be
+// told (connected). Unlike goneHere it proves nothing about the process:
+// a worker cut off by the network lives on, and reconnects.
+func disconnected(r stream.WorkerReport, ci *stream.CoordinatorInfo) string {
+	if yes, known := connected(r, ci); yes || !known {
 		return ""
 	}
 	return fmt.Sprintf("no connection named %s at the coordinator; its last report %s", r.Conn, r.Reported.UTC().Format(time.RFC3339))

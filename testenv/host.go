@@ -146,9 +146,8 @@ func BurnCPUsDetached(t testing.TB, n int) func() {
 		t.Fatalf("start %d detached busy loops: %v; pids %q", n, err, out)
 	}
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		st, ok := probe.ParseStat(b)
-		if err != nil || !ok || st.PPid == os.Getpid() {
+		st, err := probe.ReadStat("/proc", pid)
+		if err != nil || st.PPid == os.Getpid() {
 			stop()
 			t.Fatalf("detached busy loop %d: parent %d (this process %d), %v: not detached", pid, st.PPid, os.Getpid(), err)
 		}

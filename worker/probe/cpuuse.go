@@ -27,8 +27,9 @@ const ScopeOthers = "host CPUs not in use by others"
 // CPUMeter measures the CPU time used on the host by everything but
 // shardpool's own work: the busy time of /proc/stat (steal included: a
 // hypervisor's other guests) less what this process and its descendants
-// used, and the other workers of this user on this host with theirs
-// (SetRoots: the host ledger counts their shards), over a sliding window.
+// used, and the other processes SetRoots names with theirs (the worker's
+// coordinator on this host, the host ledger's other workers), over a
+// sliding window.
 // Other users, this user's other processes (a notebook, a build, a second
 // job started by hand) and system daemons count; shardpool's processes do
 // not, nor do the kernel's threads, whose work is mostly the I/O of what
@@ -80,8 +81,9 @@ type ProcID struct {
 
 // SetRoots names, through fn, other processes whose trees are
 // shardpool's own: the other live workers of this user on this host that
-// share this one's budget, whose shards the host ledger counts. fn is
-// called under the meter's lock at each sample; it must not block.
+// share this one's budget (whose shards the host ledger counts), and the
+// worker's coordinator where it runs on this host. fn is called under the
+// meter's lock at each sample; it must not block.
 func (m *CPUMeter) SetRoots(fn func() []ProcID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
