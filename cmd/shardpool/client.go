@@ -26,7 +26,7 @@ import (
 
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--json] SPEC", stderr)
-	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
@@ -82,7 +82,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // (coordinator.Forget); outputs and evidence stay.
 func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("forget", "shardpool forget --server URL [--json] RUN", stderr)
-	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	asJSON := fs.Bool("json", false, "print what was removed as JSON")
 	pos, err := parseArgs(fs, args, 1)
@@ -167,9 +167,9 @@ func writeJSON(w io.Writer, v any) error {
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", "shardpool status [--server URL | --data DIR] [--json] [RUN]", stderr)
-	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
-	data := fs.String("data", "", "state directory of a `shardpool run` or `shardpool coordinator`: ask the coordinator serving it now, or, when none does, report each run's last verdict from its evidence (instead of --server)")
+	data := fs.String("data", "", "state `DIR` of a 'shardpool run' or 'shardpool coordinator': ask the coordinator serving it now, or, when none does, report each run's last verdict from its evidence (instead of --server)")
 	asJSON := fs.Bool("json", false, "print the status document as JSON (see docs/status-json.md)")
 	pos, err := parse(fs, args)
 	if err != nil {

@@ -25,9 +25,9 @@ import (
 
 func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("coordinator", "shardpool coordinator --data DIR [--listen HOST:PORT] [--http HOST:PORT] [--tls on|off|auto]", stderr)
-	data := fs.String("data", "", "state directory: JetStream store and evidence (required)")
-	listen := fs.String("listen", "127.0.0.1:4222", "NATS listener for workers and the nats CLI")
-	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status and /metrics (Prometheus) listener (empty to disable)")
+	data := fs.String("data", "", "state `DIR`: JetStream store and evidence (required)")
+	listen := fs.String("listen", "127.0.0.1:4222", "NATS listener (`HOST:PORT`) for workers and the nats CLI")
+	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status and /metrics (Prometheus) listener, `HOST:PORT` (empty to disable)")
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	syncMode := registerSync(fs)
 	tlsMode := registerTLS(fs)
@@ -190,12 +190,12 @@ func connect(ctx context.Context, url string, acc access, name string, wait time
 
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("worker", "shardpool worker --server URL [--slots CLASS=N,...] [--scratch DIR] [--name NAME]", stderr)
-	server := fs.String("server", nats.DefaultURL, "coordinator URL")
+	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	slots := &slotsFlag{auto: true}
-	fs.Var(slots, "slots", "auto (from this host's budget and each class's peak; serves every class of the active runs) or CLASS=N,...")
-	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>-<uid>)")
-	name := fs.String("name", worker.DefaultName(), "worker name (unique per worker)")
-	data := fs.String("data", worker.DefaultStateDir(), "where this worker writes evidence (runs/<run>/)")
+	fs.Var(slots, "slots", "`SLOTS`: auto (from this host's budget and each class's peak; serves every class of the active runs) or CLASS=N,...")
+	scratch := fs.String("scratch", "", "local scratch `DIR` (default $TMPDIR/shardpool-<name>-<uid>)")
+	name := fs.String("name", worker.DefaultName(), "worker `NAME` (unique per worker)")
+	data := fs.String("data", worker.DefaultStateDir(), "`DIR` where this worker writes evidence (runs/<run>/)")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	acc := registerAccess(fs)
 	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet (0: fail at once)")
@@ -262,9 +262,9 @@ type accessFlags struct {
 func registerAccess(fs *flag.FlagSet) *accessFlags {
 	return &accessFlags{fs: fs,
 		token: fs.String("token-file", os.Getenv("SHARDPOOL_TOKEN_FILE"),
-			"file holding the coordinator's token: DATA/jetstream/token of `shardpool coordinator --data DATA`, DATA/stores/<run>/token of a `shardpool run` (default $SHARDPOOL_TOKEN_FILE; a URL nats://TOKEN@HOST:PORT carries one too)"),
+			"`FILE` holding the coordinator's token: DATA/jetstream/token of 'shardpool coordinator --data DATA', DATA/stores/<run>/token of a 'shardpool run' (default $SHARDPOOL_TOKEN_FILE; a URL nats://TOKEN@HOST:PORT carries one too)"),
 		ca: fs.String("tls-ca", os.Getenv("SHARDPOOL_TLS_CA"),
-			"certificate authority of a coordinator that serves TLS (`--tls`): DATA/jetstream/ca.pem of its --data, copied with the token (default $SHARDPOOL_TLS_CA)"),
+			"`FILE` of the certificate authority of a coordinator that serves TLS (--tls on): DATA/jetstream/ca.pem of its --data, copied with the token (default $SHARDPOOL_TLS_CA)"),
 	}
 }
 
@@ -283,7 +283,7 @@ func (f *accessFlags) fill(fs *flag.FlagSet, found access) {
 
 // registerTLS adds --tls to a command that starts a coordinator.
 func registerTLS(fs *flag.FlagSet) *string {
-	return fs.String("tls", "auto", "serve the NATS and HTTP listeners over TLS: on, off, or auto (on unless both listen on loopback only); clients pin DATA's ca.pem with --tls-ca")
+	return fs.String("tls", "auto", "serve the NATS and HTTP listeners over TLS: `on|off|auto`; auto is on unless both listen on loopback only; clients pin DATA's ca.pem with --tls-ca")
 }
 
 // tlsOn decides --tls for the listen and http addresses.

@@ -13,7 +13,7 @@ import (
 
 func cmdDrill(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("drill", "shardpool drill [--data DIR] [--json]", stderr)
-	data := fs.String("data", worker.DefaultStateDir(), "state directory; the drill works in DIR/drill/<time>/")
+	data := fs.String("data", worker.DefaultStateDir(), "state `DIR`; the drill works in DIR/drill/<time>/")
 	asJSON := fs.Bool("json", false, "print drill.json instead of the table")
 	if err := parseNone(fs, args); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -16,10 +17,62 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "Usage: %s\n", synopsis)
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintf(stderr, "\nFlags:\n")
+			printFlags(stderr, fs)
+		}
 	}
 	return fs
+}
+
+// printFlags lists fs's flags as flag.PrintDefaults does, but spelt with
+// two dashes (one for a single letter), as the synopses, the docs and every error message spell
+// them. A back-quoted word in a flag's usage names its argument (`FILE`);
+// other quoting in a usage must not use back quotes.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if len(f.Name) == 1 {
+			line = "  -" + f.Name // -v
+		}
+		if arg != "" {
+			line += " " + arg
+		}
+		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+		if !zeroDefault(f) {
+			if g, ok := f.Value.(flag.Getter); ok && isString(g.Get()) {
+				line += fmt.Sprintf(" (default %q)", f.DefValue)
+			} else {
+				line += fmt.Sprintf(" (default %v)", f.DefValue)
+			}
+		}
+		fmt.Fprintln(w, line)
+	})
+}
+
+func isString(v any) bool { _, ok := v.(string); return ok }
+
+// zeroDefault reports whether f's default is its type's zero value, which
+// the usage leaves unsaid (as flag.PrintDefaults does).
+func zeroDefault(f *flag.Flag) (zero bool) {
+	switch f.DefValue {
+	case "", "0", "false", "0s":
+		return true
+	}
+	t := reflect.TypeOf(f.Value)
+	if t.Kind() != reflect.Pointer {
+		return false
+	}
+	defer func() {
+		if recover() != nil {
+			zero = false // a String method that cannot take its zero value
+		}
+	}()
+	return f.DefValue == reflect.New(t.Elem()).Interface().(flag.Value).String()
 }
 
 // parse accepts flags before and after positional arguments.
@@ -165,7 +218,7 @@ func (s *syncFlag) Set(v string) error {
 // registerSync adds --sync and --no-sync to fs.
 func registerSync(fs *flag.FlagSet) *syncFlag {
 	s := syncFlag(stream.SyncGroup)
-	fs.Var(&s, "sync", "how the coordinator's store reaches the disk: group (every write a decision depends on is fsynced first, one syncfs shared by concurrent writers), always (fsync every write), none (a host crash can lose acknowledged state)")
+	fs.Var(&s, "sync", "`MODE`: how the coordinator's store reaches the disk: group (every write a decision depends on is fsynced first, one syncfs shared by concurrent writers), always (fsync every write), none (a host crash can lose acknowledged state)")
 	fs.BoolFunc("no-sync", "same as --sync none", func(string) error { s = stream.SyncNone; return nil })
 	return &s
 }

@@ -61,7 +61,7 @@ func printPlan(w io.Writer, p *plan.Plan) {
 
 func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("plan", "shardpool plan [--data DIR] [--json] SPEC", stderr)
-	data := fs.String("data", worker.DefaultStateDir(), "state directory (reads runs/<run>/profile.json, writes plan.json)")
+	data := fs.String("data", worker.DefaultStateDir(), "state `DIR` (reads runs/<run>/profile.json, writes plan.json)")
 	asJSON := fs.Bool("json", false, "print plan.json")
 	spec, man, err := parseSpec(fs, args)
 	if err != nil {

@@ -33,11 +33,11 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := newFlags("preflight", "shardpool preflight [--json] [--path NAME=PATH ...] [--spec SPEC] [--data DIR]", stderr)
 	asJSON := fs.Bool("json", false, "print the snapshot as JSON (docs/preflight.md)")
 	paths := pathsFlag{}
-	fs.Var(paths, "path", "a storage path to probe, NAME=PATH (repeatable)")
-	specPath := fs.String("spec", "", "probe this run's output, inputs and scratch, and write the snapshot to its evidence folder")
-	data := fs.String("data", worker.DefaultStateDir(), "state directory (evidence goes to DIR/runs/<run>/preflight/)")
-	scratch := fs.String("scratch", os.TempDir(), "the local scratch directory to probe")
-	pol := fs.String("policy", "", "policy file (default $XDG_CONFIG_HOME/shardpool/policy.toml)")
+	fs.Var(paths, "path", "a storage path to probe, `NAME=PATH` (repeatable)")
+	specPath := fs.String("spec", "", "probe this run's output, inputs and scratch (the run's `SPEC` file), and write the snapshot to its evidence folder")
+	data := fs.String("data", worker.DefaultStateDir(), "state `DIR` (evidence goes to DIR/runs/<run>/preflight/)")
+	scratch := fs.String("scratch", os.TempDir(), "the local scratch `DIR` to probe")
+	pol := fs.String("policy", "", "policy `FILE` (default $XDG_CONFIG_HOME/shardpool/policy.toml)")
 	if err := parseNone(fs, args); err != nil {
 		return err
 	}

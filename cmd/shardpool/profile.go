@@ -17,7 +17,7 @@ import (
 
 func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("profile", "shardpool profile [--sweep] [--data DIR] [--json] SPEC", stderr)
-	data := fs.String("data", worker.DefaultStateDir(), "state directory (writes runs/<run>/profile.json)")
+	data := fs.String("data", worker.DefaultStateDir(), "state `DIR` (writes runs/<run>/profile.json)")
 	sweep := fs.Bool("sweep", false, "raise concurrency 1, 2, 4, ... while throughput improves by more than 10%")
 	asJSON := fs.Bool("json", false, "print profile.json")
 	spec, man, err := parseSpec(fs, args)

@@ -27,17 +27,17 @@ import (
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("run", "shardpool run [--data DIR] [--slots N|CLASS=N,...] [flags] SPEC", stderr)
-	data := fs.String("data", worker.DefaultStateDir(), "state directory: JetStream store and evidence (runs/<run>/)")
+	data := fs.String("data", worker.DefaultStateDir(), "state `DIR`: JetStream store and evidence (runs/<run>/)")
 	slots := &slotsFlag{auto: true}
-	fs.Var(slots, "slots", "auto (from the host's budget and each class's declared or measured peak), N for every class, or CLASS=N,...")
-	listen := fs.String("listen", "127.0.0.1:0", "NATS listener for the nats CLI and extra workers (port 0: any free port)")
-	httpAddr := fs.String("http", "", "serve GET /status and /metrics (Prometheus) on this host:port")
+	fs.Var(slots, "slots", "`SLOTS`: auto (from the host's budget and each class's declared or measured peak), N for every class, or CLASS=N,...")
+	listen := fs.String("listen", "127.0.0.1:0", "NATS listener (`HOST:PORT`) for the nats CLI and extra workers (port 0: any free port)")
+	httpAddr := fs.String("http", "", "serve GET /status and /metrics (Prometheus) on this `HOST:PORT`")
 	tlsMode := registerTLS(fs)
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	retryFailed := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	syncMode := registerSync(fs)
-	scratch := fs.String("scratch", "", "local scratch directory (default $TMPDIR/shardpool-<name>-<uid>)")
+	scratch := fs.String("scratch", "", "local scratch `DIR` (default $TMPDIR/shardpool-<name>-<uid>)")
 	quiet := fs.Bool("quiet", false, "no progress display")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags

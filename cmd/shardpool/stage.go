@@ -40,8 +40,8 @@ type stagingFlags struct {
 
 func (f *stagingFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.concurrency, "stage-concurrency", 2, "input copies at once on this host (independent of slots)")
-	fs.Var(&f.bwlimit, "stage-bwlimit", "bytes per second for staging on this host, e.g. 200MiB (0: unbounded)")
-	fs.Var(&f.cache, "stage-cache", "bytes of staged inputs kept for later shards, e.g. 20GiB (0: removed after each shard)")
+	fs.Var(&f.bwlimit, "stage-bwlimit", "`SIZE`: bytes per second for staging on this host, e.g. 200MiB (0: unbounded)")
+	fs.Var(&f.cache, "stage-cache", "`SIZE`: bytes of staged inputs kept for later shards, e.g. 20GiB (0: removed after each shard)")
 	fs.IntVar(&f.fleet, "stage-fleet", 0, "input copies at once across every worker (0: no fleet-wide bound; set the same on every worker)")
 }
 
@@ -60,8 +60,8 @@ type StageReport struct {
 
 func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("stage", "shardpool stage [--scratch DIR] [--stage-bwlimit SIZE] [--stage-concurrency N] [--json] SPEC", stderr)
-	scratch := fs.String("scratch", filepath.Join(worker.DefaultScratch(worker.DefaultName()), "stage"), "local scratch to stage into (the worker's default)")
-	data := fs.String("data", worker.DefaultStateDir(), "state directory: input checksum cache and evidence")
+	scratch := fs.String("scratch", filepath.Join(worker.DefaultScratch(worker.DefaultName()), "stage"), "local scratch `DIR` to stage into (the worker's default)")
+	data := fs.String("data", worker.DefaultStateDir(), "state `DIR`: input checksum cache and evidence")
 	asJSON := fs.Bool("json", false, "print staging.json")
 	var sf stagingFlags
 	sf.register(fs)
