@@ -1062,3 +1062,61 @@ func TestForgetCommand(t *testing.T) {
 	}
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 }
+
+// TestForgetWithDataOfARun: `forget --data DIR RUN` forgets a finished
+// `shardpool run` whose process has ended by opening its store; it goes
+// through the coordinator of a run that still runs (and is refused
+// there), and refuses a run killed before its verdict. A run forgotten
+// and run again reruns nothing committed.
+func TestForgetWithDataOfARun(t *testing.T) {
+	data := t.TempDir()
+	forget := func(args ...string) (int, string) {
+		p := testenv.Start(t, append([]string{"forget", "--data", data}, args...)...)
+		return p.Wait(t, 30*time.Second), p.Output()
+	}
+	done := testenv.WriteJob(t, testenv.Job{Name: "done", Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", done)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, p.Output())
+	}
+	marker := filepath.Join(filepath.Dir(done), "out", "s0000", checkpoint.MarkerName)
+	before, err := os.Stat(marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	slow := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 2, Retries: 2, Command: []string{"sleep", "30"}})
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", slow)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		code, out := forget("slow")
+		return code == 1 && strings.Contains(out, "it is RUNNING"), fmt.Sprintf("forget --data of a run that runs: exit %d, want 1 and refused as RUNNING\n%s", code, out)
+	})
+	killRunning(t, p, data, "slow")
+	if code, out := forget("slow"); code != 1 || !strings.Contains(out, "it is RUNNING") {
+		t.Fatalf("forget --data of a run killed while RUNNING: exit %d, want 1 and refused as RUNNING\n%s", code, out)
+	}
+
+	code, out := forget("done")
+	if code != 0 || !strings.Contains(out, "run done (COMPLETE") || !strings.Contains(out, "forgotten: 3 shard record(s), 3 commit record(s)") ||
+		!strings.Contains(out, "evidence "+filepath.Join(data, "runs", "done")) {
+		t.Fatalf("forget --data of a finished run: exit %d, want 0 and what was removed and kept\n%s", code, out)
+	}
+	if code, out := forget("done"); code != 1 || !strings.Contains(out, "forget done: run not found") {
+		t.Fatalf("forget --data again: exit %d, want 1 and run not found\n%s", code, out)
+	}
+	if code, out := forget("never"); code != 1 || !strings.Contains(out, "holds no store of it") {
+		t.Fatalf("forget --data of a run never run there: exit %d, want 1 naming the stores looked for\n%s", code, out)
+	}
+	if code, out := forget("--server", "nats://127.0.0.1:1", "done"); code != 2 {
+		t.Fatalf("forget with --data and --server: exit %d, want 2\n%s", code, out)
+	}
+
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", done)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "3 published") {
+		t.Fatalf("run after forget: exit %d, want 0 with the shards published again\n%s", code, p.Output())
+	}
+	after, err := os.Stat(marker)
+	if err != nil || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatalf("run after forget rewrote a committed output's marker (%v): %v then %v", err, before.ModTime(), after.ModTime())
+	}
+}

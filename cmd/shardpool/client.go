@@ -79,26 +79,118 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 // cmdForget removes a finished run from the coordinator's store
-// (coordinator.Forget); outputs and evidence stay.
+// (coordinator.Forget); outputs and evidence stay. With --data it finds
+// the store itself: through the coordinator serving it now, or, where
+// none does (a `shardpool run` that ended), by opening the store.
 func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("forget", "shardpool forget --server URL [--json] RUN", stderr)
+	fs := newFlags("forget", "shardpool forget [--server URL | --data DIR] [--json] RUN", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
+	data := fs.String("data", "", "state `DIR` of a 'shardpool run' or 'shardpool coordinator': forget through the coordinator serving it now, or, when none does, in its store (instead of --server)")
 	asJSON := fs.Bool("json", false, "print what was removed as JSON")
 	pos, err := parseArgs(fs, args, 1)
 	if err != nil {
 		return err
+	}
+	run := pos[0]
+	var f coordinator.Forgotten
+	if *data != "" {
+		if flagSet(fs, "server") {
+			return exitErr{code: exitUsage, msg: "forget: give --server or --data, not both"}
+		}
+		dir, err := filepath.Abs(*data)
+		if err != nil {
+			return err
+		}
+		url, found, store, err := forgetTarget(dir, run)
+		if err != nil {
+			return err
+		}
+		if store != "" {
+			if f, err = forgetInStore(ctx, dir, store, run); err != nil {
+				return err
+			}
+			return printForgotten(stdout, f, *asJSON)
+		}
+		*server = url
+		acc.fill(fs, found)
 	}
 	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-forget", 0, nil)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	f, err := coordinator.Forget(ctx, js, pos[0])
-	if err != nil {
+	if f, err = coordinator.Forget(ctx, js, run); err != nil {
 		return err
 	}
-	if *asJSON {
+	return printForgotten(stdout, f, *asJSON)
+}
+
+// forgetTarget finds where run of the state directory dir is kept: the
+// client URL of the coordinator serving it now, or else the store that
+// holds it (a `shardpool run`'s own, DIR/stores/<run>, or the daemon's,
+// DIR/jetstream), which no coordinator holds.
+func forgetTarget(dir, run string) (url string, acc access, store string, err error) {
+	own := filepath.Join(dir, "stores", run)
+	_, ownErr := os.Stat(own)
+	lives, err := coordinator.LiveIn(dir)
+	if err != nil {
+		return "", access{}, "", err
+	}
+	var daemon *coordinator.Live
+	for i, l := range lives {
+		switch {
+		case l.Run == run:
+			if l.URL == "" {
+				return "", access{}, "", fmt.Errorf("the coordinator of run %s in %s (%s) is starting: try again in a moment", run, dir, l.Holder)
+			}
+			return l.URL, access{token: l.TokenFile, ca: l.CAFile}, "", nil
+		case l.Run == "":
+			daemon = &lives[i]
+		}
+	}
+	if ownErr == nil {
+		return "", access{}, own, nil // a `shardpool run` that no longer runs
+	}
+	if daemon != nil {
+		if daemon.URL == "" {
+			return "", access{}, "", fmt.Errorf("the coordinator of %s (%s) is starting: try again in a moment", dir, daemon.Holder)
+		}
+		return daemon.URL, access{token: daemon.TokenFile, ca: daemon.CAFile}, "", nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "jetstream")); err == nil {
+		return "", access{}, filepath.Join(dir, "jetstream"), nil
+	}
+	return "", access{}, "", exitErr{code: exitFailure, msg: fmt.Sprintf("forget %s: %s holds no store of it (neither %s nor %s): is it the --data of the run?",
+		run, dir, own, filepath.Join(dir, "jetstream"))}
+}
+
+// forgetInStore forgets run in a store that no coordinator serves, through
+// a coordinator of this process that holds the store for that moment (and
+// keeps any other from opening it meanwhile). Only its in-process
+// connection is used; its listener is on loopback, port 0.
+func forgetInStore(ctx context.Context, dir, store, run string) (coordinator.Forgotten, error) {
+	cfg := coordinator.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: true}
+	if store != filepath.Join(dir, "jetstream") {
+		cfg.StoreDir = store
+	}
+	c, err := coordinator.New(cfg)
+	if err != nil {
+		return coordinator.Forgotten{}, err
+	}
+	defer c.Close()
+	if err := c.Start(ctx); err != nil {
+		if errors.Is(err, coordinator.ErrDataInUse) {
+			return coordinator.Forgotten{}, fmt.Errorf("%w; it started after this command looked: try again", err)
+		}
+		return coordinator.Forgotten{}, err
+	}
+	return coordinator.Forget(ctx, c.JetStream(), run)
+}
+
+// printForgotten says what forget removed and what it kept.
+func printForgotten(stdout io.Writer, f coordinator.Forgotten, asJSON bool) error {
+	if asJSON {
 		return writeJSON(stdout, f)
 	}
 	fmt.Fprintf(stdout, "run %s (%s, fingerprint %s) forgotten: %d shard record(s), %d commit record(s), %d lease(s) and %d queued message(s) removed from the store\n",
