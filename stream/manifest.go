@@ -154,6 +154,9 @@ func ManifestIDs(path string) (map[string]bool, string, error) {
 	r := bufio.NewReaderSize(io.TeeReader(f, h), 1<<16)
 	for n := 1; ; n++ {
 		line, err := r.ReadBytes('\n')
+		if n == 1 {
+			line = bytes.TrimPrefix(line, utf8BOM) // as LoadManifest does
+		}
 		if t := bytes.TrimSpace(line); len(t) > 0 {
 			var sh struct {
 				ID *string `json:"id"`
