@@ -106,3 +106,30 @@ func FuzzParseSize(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSpec feeds arbitrary bytes to the spec parser: no panic, and an
+// error wraps ErrInvalidSpec and begins with the spec's path.
+func FuzzSpec(f *testing.F) {
+	for _, seed := range []string{
+		"name = \"a\"\nmanifest = \"m.jsonl\"\noutput = \"out\"\ncommand = [\"cat\", \"{inputs}\"]\nretries = 2\ntimeout = \"5s\"\n[class.cpu]\ncpus = 2\nmemory = \"64MiB\"\n",
+		"name = \"a\"\nmanifest = \"m.jsonl\"\noutput = \"out\"\ncommand = [\"cat\", \"{inptus}\"]\n",
+		"name = \"A B\"\n", "[class.gpu]\ngpus = -1\n", "retries = \"x\"\n", "command = []\n", "timeout = \"forever\"\n",
+		"name = \"a\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"cat\"]\n[class.cpu]\nmemory = \"lots\"\n", "[[x]]\n", "=",
+	} {
+		f.Add([]byte(seed))
+	}
+	dir := f.TempDir()
+	abs := filepath.Join(dir, "shardpool.toml")
+	f.Fuzz(func(t *testing.T, src []byte) {
+		s, err := parseSpec(abs, src)
+		if err == nil {
+			if s.Name == "" || len(s.Command) == 0 {
+				t.Fatalf("accepted a spec without a name or a command: %+v", s)
+			}
+			return
+		}
+		if !errors.Is(err, ErrInvalidSpec) || !strings.HasPrefix(err.Error(), abs) {
+			t.Fatalf("error %q does not wrap ErrInvalidSpec or name the spec first", err)
+		}
+	})
+}
