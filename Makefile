@@ -51,9 +51,11 @@ gpu-bundle: build
 soak: build
 	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB
 
-# The same with power cuts among the events (root, loop devices).
+# The same with power cuts among the events (root, loop devices), under
+# ext4 and then under XFS (which keeps less of what was not fsynced).
 soak-powercut: build
-	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB -powercut
+	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB -powercut -fs ext4
+	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB -powercut -fs xfs
 
 # Benchmarks print ratios against baselines measured in the same run.
 bench: build
