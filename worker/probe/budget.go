@@ -72,9 +72,10 @@ func (p *Prober) budget(s *Snapshot) Budget {
 	gpus := []Limit{{"usable GPUs", s.GPUs.Usable}}
 	vram := []Limit{{"free VRAM of usable GPUs", s.GPUs.VRAM}}
 	if s.Slurm != nil {
-		cpu = append(cpu, Limit{"allocation " + s.Slurm.JobID, times1000(s.Slurm.CPUs)})
-		mem = append(mem, Limit{"allocation " + s.Slurm.JobID, s.Slurm.Memory})
-		gpus = append(gpus, Limit{"allocation " + s.Slurm.JobID, s.Slurm.GPUs})
+		job := "Slurm job " + s.Slurm.JobID
+		cpu = append(cpu, Limit{job, times1000(s.Slurm.CPUs)})
+		mem = append(mem, Limit{job, s.Slurm.Memory})
+		gpus = append(gpus, Limit{job, s.Slurm.GPUs})
 	}
 	pol := s.Policy
 	cpu = append(cpu, Limit{"policy", pol.CPUs})

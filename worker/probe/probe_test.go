@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -257,8 +258,84 @@ func TestSlurmAllocationBinds(t *testing.T) {
 	if s.Slurm == nil || s.Slurm.JobID != "42" || s.Slurm.Memory.N != 3<<30 || s.Slurm.Cgroup == "" {
 		t.Fatalf("slurm: got %+v", s.Slurm)
 	}
-	if s.Budget.Memory.Effective.N != 3<<30 || s.Budget.Memory.Binding != "allocation 42" {
+	if s.Budget.Memory.Effective.N != 3<<30 || s.Budget.Memory.Binding != "Slurm job 42" {
 		t.Errorf("memory budget %+v bound by %q, want 3GiB by the allocation", s.Budget.Memory.Effective, s.Budget.Memory.Binding)
+	}
+}
+
+// A job that srun allocated itself has no SLURM_MEM_* variable; its
+// memory comes from its record in slurmctld (fixtures: real `scontrol
+// show job -o` output, testdata/slurm/README), read once per job.
+func TestSlurmMemoryFromTheJobRecord(t *testing.T) {
+	record := func(name string) SlurmJob {
+		return func(_ context.Context, id string) ([]byte, error) {
+			if id != "6" {
+				return nil, fmt.Errorf("asked for job %s", id)
+			}
+			return os.ReadFile(filepath.Join("testdata", "slurm", name))
+		}
+	}
+	failing := func(context.Context, string) ([]byte, error) {
+		return nil, errors.New("exec: \"scontrol\": executable file not found in $PATH")
+	}
+	cases := []struct {
+		name, cgroups, cpus string
+		job                 SlurmJob
+		mem                 Value
+		binding             string
+	}{
+		{"mem per node", "v2", "1", record("scontrol-mem-per-node.txt"), Known(1536<<20, ""), "Slurm job 6"},
+		{"mem per cpu", "v2", "2", record("scontrol-mem-per-cpu.txt"), Known(1400<<20, ""), "Slurm job 6"},
+		{"no mem asked", "v2", "1", record("scontrol-no-mem.txt"), Unlimited(""), ""},
+		// Unknown is not unlimited: no record and no job cgroup.
+		{"no record, no job cgroup", "v2", "1", failing, Unknown("", "x"), ""},
+		// The job's cgroup (found in v1's fixture) still bounds memory.
+		{"no record, job cgroup", "v1", "1", failing, Unlimited(""), ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			root, _ := filepath.Abs(filepath.Join("testdata", c.cgroups))
+			calls := 0
+			env := map[string]string{"SLURM_JOB_ID": "6", "SLURM_CPUS_ON_NODE": c.cpus}
+			p, err := New(Config{Root: root, GPUs: &fakeGPUs{err: ErrNVMLMissing}, StatFS: &fakeStatFS{root: root},
+				Getenv: func(k string) string { return env[k] }, PolicyPath: "/nonexistent",
+				SlurmJob: func(ctx context.Context, id string) ([]byte, error) { calls++; return c.job(ctx, id) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s *Snapshot
+			for range 3 {
+				if s, err = p.Snapshot(context.Background(), nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m := s.Slurm.Memory
+			if m.IsKnown() != c.mem.IsKnown() || m.Unlimited != c.mem.Unlimited || m.IsUnknown() != c.mem.IsUnknown() || (c.mem.IsKnown() && m.N != c.mem.N) {
+				t.Fatalf("slurm memory %+v, want %+v", m, c.mem)
+			}
+			if c.binding != "" && (s.Budget.Memory.Binding != c.binding || s.Budget.Memory.Effective.N != c.mem.N) {
+				t.Errorf("memory budget %+v bound by %q, want %d by %q", s.Budget.Memory.Effective, s.Budget.Memory.Binding, c.mem.N, c.binding)
+			}
+			if c.mem.IsUnknown() && !s.Budget.Memory.Effective.IsUnknown() {
+				t.Errorf("memory budget %+v with the allocation unknown, want unknown", s.Budget.Memory.Effective)
+			}
+			if calls != 1 {
+				t.Errorf("the job's record was read %d times in 3 snapshots, want once", calls)
+			}
+		})
+	}
+}
+
+func TestSlurmSizes(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "700M": 700 << 20, "1.50G": 1536 << 20, "2048": 2048 << 20, "1T": 1 << 40, "512K": 512 << 10} {
+		if got, err := slurmSize(in); err != nil || got != want {
+			t.Errorf("slurmSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "G", "-1G", "NaN", "Inf", "1e30T", "12X"} {
+		if got, err := slurmSize(in); err == nil {
+			t.Errorf("slurmSize(%q) = %d, want an error", in, got)
+		}
 	}
 }
 

@@ -32,6 +32,9 @@ type Config struct {
 	// Users turns on the per-user load scan (the full snapshot); the
 	// worker's periodic report leaves it off.
 	Users bool
+	// SlurmJob reads a Slurm job's record, for its memory allocation where
+	// no SLURM_MEM_* variable gives it. Default Scontrol.
+	SlurmJob SlurmJob
 	// CPUUse measures the CPU others use on the host (a CPUMeter); the
 	// CPU budget is then also bounded by the CPUs they leave, where no
 	// allocation of its own bounds it. Nil: not measured, as for a
@@ -41,7 +44,8 @@ type Config struct {
 
 // Prober takes snapshots.
 type Prober struct {
-	cfg Config
+	cfg      Config
+	slurmMem slurmMemory
 }
 
 // New validates cfg; it does no I/O.
@@ -69,6 +73,9 @@ func New(cfg Config) (*Prober, error) {
 	}
 	if cfg.Getenv == nil {
 		cfg.Getenv = os.Getenv
+	}
+	if cfg.SlurmJob == nil {
+		cfg.SlurmJob = Scontrol
 	}
 	if cfg.PolicyPath == "" {
 		cfg.PolicyPath = DefaultPolicyPath(cfg.Getenv)
@@ -128,7 +135,7 @@ func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapsh
 	s.PSI = p.hostPSI()
 	s.GPUs = p.gpus(ctx, pol)
 	s.Storage = p.storage(ctx, mounts, paths)
-	s.Slurm = p.slurm(s.Cgroups)
+	s.Slurm = p.slurm(ctx, s.Cgroups)
 	if p.cfg.Users {
 		if before == nil {
 			s.Errors = append(s.Errors, "per-user load: /proc unreadable")

@@ -1,0 +1,198 @@
+package testenv
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Slurm is a single-node Slurm cluster of this host: munged, slurmctld
+// and slurmd (Debian's slurm-wlm and munge) with their own key, config,
+// ports and state in a temporary directory, stopped at cleanup. Jobs run
+// as root, without cgroups (proctrack/linuxproc, task/none).
+type Slurm struct {
+	// Conf is the slurm.conf that srun, sbatch and scontrol take through
+	// SLURM_CONF (Env).
+	Conf string
+	dir  string
+}
+
+// StartSlurm starts the cluster. It skips t where it cannot run (not
+// root, or no slurm-wlm and munge installed) except under CI, where .ci/run
+// installs them and a missing one is a failure.
+func StartSlurm(t testing.TB) *Slurm {
+	t.Helper()
+	RequireRoot(t)
+	for _, tool := range []string{"munged", "slurmctld", "slurmd", "srun", "scontrol", "sinfo"} {
+		if _, err := lookPath(tool); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("needs %s (Debian slurm-wlm and munge; .ci/run installs them): %v", tool, err)
+			}
+			t.Skipf("needs %s (apt-get install slurm-wlm munge): %v", tool, err)
+		}
+	}
+	// A short path: munge's socket path must fit a sockaddr_un.
+	dir, err := os.MkdirTemp("", "sp-slurm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// munged wants every user able to reach its socket.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := &Slurm{Conf: filepath.Join(dir, "slurm.conf"), dir: dir}
+	for _, d := range []string{"state", "spool", "log"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := make([]byte, 1024)
+	if f, err := os.Open("/dev/urandom"); err == nil {
+		_, err = f.Read(key)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "munge.key"), key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, _ = strings.Cut(host, ".")
+	memMiB, err := memTotalMiB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctldPort, slurmdPort := FreePort(t), FreePort(t)
+	conf := fmt.Sprintf(`ClusterName=sptest
+SlurmctldHost=%[1]s(127.0.0.1)
+SlurmctldPort=%[2]s
+SlurmdPort=%[3]s
+AuthType=auth/munge
+AuthInfo=socket=%[4]s/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=%[4]s/state
+SlurmdSpoolDir=%[4]s/spool
+SlurmctldPidFile=%[4]s/slurmctld.pid
+SlurmdPidFile=%[4]s/slurmd.pid
+SlurmctldLogFile=%[4]s/log/slurmctld.log
+SlurmdLogFile=%[4]s/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU_Memory
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=%[5]d RealMemory=%[6]d State=UNKNOWN
+PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
+`, host, portOf(ctldPort), portOf(slurmdPort), dir, runtime.NumCPU(), memMiB-512)
+	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.daemon(t, "munged", "-F", "--socket="+filepath.Join(dir, "munge.sock"), "--key-file="+filepath.Join(dir, "munge.key"),
+		"--pid-file="+filepath.Join(dir, "munged.pid"), "--log-file="+filepath.Join(dir, "log", "munged.log"), "--seed-file="+filepath.Join(dir, "munge.seed"))
+	Eventually(t, 10*time.Second, func() (bool, string) {
+		_, err := os.Stat(filepath.Join(dir, "munge.sock"))
+		return err == nil, fmt.Sprintf("munged's socket: %v\n%s", err, s.logs())
+	})
+	s.daemon(t, "slurmctld", "-D", "-i", "-f", s.Conf)
+	s.daemon(t, "slurmd", "-D", "-N", host, "-f", s.Conf)
+	Eventually(t, 60*time.Second, func() (bool, string) {
+		out, err := s.Command("sinfo", "-h", "-o", "%T").CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) == "idle", fmt.Sprintf("sinfo: %q %v\n%s", out, err, s.logs())
+	})
+	return s
+}
+
+// Command is a Slurm client command (srun, sbatch, scontrol...) of this
+// cluster.
+func (s *Slurm) Command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
+	return cmd
+}
+
+// daemon starts a daemon in the foreground of a child process, killed at
+// cleanup.
+func (s *Slurm) daemon(t testing.TB, name string, args ...string) {
+	t.Helper()
+	path, err := lookPath(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.Create(filepath.Join(s.dir, "log", name+".out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		out.Close()
+	})
+}
+
+// logs are the daemons' logs, for a failure's message.
+func (s *Slurm) logs() string {
+	var b strings.Builder
+	files, _ := filepath.Glob(filepath.Join(s.dir, "log", "*"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		fmt.Fprintf(&b, "== %s (last lines)\n%s\n", filepath.Base(f), strings.Join(lines[max(0, len(lines)-8):], "\n"))
+	}
+	return b.String()
+}
+
+// lookPath finds a tool on PATH or in the sbin directories, which a
+// non-login root shell may not have on its PATH.
+func lookPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, d := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
+		p := filepath.Join(d, name)
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: not found on PATH or in the sbin directories", name)
+}
+
+func memTotalMiB() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb int64
+		if _, err := fmt.Sscanf(sc.Text(), "MemTotal: %d kB", &kb); err == nil {
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/meminfo: no MemTotal")
+}
+
+func portOf(hostport string) string { return hostport[strings.LastIndexByte(hostport, ':')+1:] }
