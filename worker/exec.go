@@ -267,6 +267,21 @@ wait:
 			kill = nil
 		}
 	}
+	if cause == stopNone && stopSignalled(cmd.ProcessState) && stop != nil {
+		// A command stopped by a signal this worker did not send: when
+		// the same signal stops the worker (Slurm's scancel, preemption
+		// and time limit signal every process of the job at once, and
+		// systemd every process of the unit's cgroup), the worker learns
+		// of it a moment after its children may have died of it. Such a
+		// death is the worker's shutdown, not the shard's failure.
+		t := time.NewTimer(stopSignalWait)
+		select {
+		case <-stop:
+			cause = stopShutdown
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	// Whatever the child left behind in its group goes with it.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	w.journal.ended(pgid)
@@ -329,6 +344,25 @@ wait:
 		}
 	}
 	return r
+}
+
+// stopSignalWait is how long a command's death by a stop signal waits for
+// the worker's own shutdown before it is judged the shard's failure.
+const stopSignalWait = 2 * time.Second
+
+// stopSignalled reports whether a command ended by SIGTERM, SIGINT or
+// SIGHUP, or as a shell reports a child that did (exit 128+n).
+func stopSignalled(ps *os.ProcessState) bool {
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	if !ok {
+		return false
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+		if (ws.Signaled() && ws.Signal() == sig) || (ws.Exited() && ws.ExitStatus() == 128+int(sig)) {
+			return true
+		}
+	}
+	return false
 }
 
 // devNull is the children's stdin, opened once: left nil, os/exec opens

@@ -1356,3 +1356,63 @@ func TestFullScratchHoldsTheWorkerNotTheShards(t *testing.T) {
 		}
 	}
 }
+
+// TestStopSignalOfWorkerAndCommandIsNotAFailure: Slurm's scancel (and
+// systemd's stop of a unit) signals every process at once, so a command
+// may die of SIGTERM a moment before its worker begins to stop. That
+// death is the worker's shutdown: the attempt is interrupted, not
+// charged, and with retries = 0 the shard still completes elsewhere.
+// The same signal while the worker keeps running is the shard's failure
+// (TestCommandKilledBySignalFails).
+func TestStopSignalOfWorkerAndCommandIsNotAFailure(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	pidFile, done := filepath.Join(dir, "pid"), filepath.Join(dir, "done")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `if [ -e "$2" ]; then exit 0; fi; echo $$ > "$1"; exec sleep 60`, "sh", pidFile, done}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	w := env.StartWorker("", map[string]int{"cpu": 1})
+	var pid int
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return pid > 0, "the command has not started"
+	})
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the command is dead and reaped before its worker hears of the stop
+	if err := env.StopWorker(w.Name); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := env.Shard("t", "s0000")
+	if err != nil || rec.State == stream.ShardFailed || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeInterrupted {
+		t.Fatalf("record after SIGTERM to command and worker: %+v (%v); want one interrupted attempt, not failed", rec, err)
+	}
+	if err := os.WriteFile(done, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 1})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+}
+
+// TestCommandKilledBySignalFails: a command that dies of a signal nobody
+// stopping the worker sent is a failed attempt that names the signal.
+func TestCommandKilledBySignalFails(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Line: func(i int, input string) string {
+			sig := []string{"TERM", "KILL"}[i]
+			return fmt.Sprintf(`{"id":"s%04d","inputs":[%q],"params":{"sig":%q}}`, i, input, sig)
+		},
+		Command: []string{"sh", "-c", `kill -$SHARDPOOL_PARAM_SIG $$`}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	for id, want := range map[string]string{"s0000": "killed by signal terminated", "s0001": "killed by signal killed"} {
+		rec, err := env.Shard("t", id)
+		if err != nil || rec.State != stream.ShardFailed || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeSignal ||
+			!strings.Contains(rec.Attempts[0].Reason, want) {
+			t.Errorf("shard %s: %+v (%v); want failed after one attempt %q", id, rec, err, want)
+		}
+	}
+}

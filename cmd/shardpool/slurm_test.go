@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,5 +78,76 @@ func TestWorkerUnderSlurm(t *testing.T) {
 	admissions, _ := os.ReadFile(filepath.Join(state, "data", "runs", "t", "admission.log"))
 	if !strings.Contains(string(admissions), "Slurm job") {
 		t.Errorf("the worker's admission log does not name the Slurm job's memory as what binds:\n%s", admissions)
+	}
+}
+
+// TestSlurmCancelHandsShardsBack: scancel (as at preemption or a job's
+// time limit) sends SIGTERM to every process of the job at once, the
+// shards' commands as well as their worker. The shards those commands
+// were running are handed back uncharged, not recorded as failed
+// attempts: with retries = 0 the run still completes on another worker.
+func TestSlurmCancelHandsShardsBack(t *testing.T) {
+	sl := testenv.StartSlurm(t)
+	bin := testenv.Binary(t)
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	doneFile := filepath.Join(t.TempDir(), "done")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"sh", "-c", `if [ -e "$0" ]; then exit 0; fi; sleep 60`, doneFile}})
+	// The shards of the Slurm worker sleep; those of the local worker that
+	// takes them over find "done" and exit at once.
+	env.Submit(spec, coordinator.SubmitOptions{})
+	state := t.TempDir()
+	worker := sl.Command("srun", "-n1", "-c2", "--mem=500M", "--job-name=sp-cancel", bin, "worker", "--server", env.URL, "--name", "slurm1",
+		"--slots", "cpu=2", "--data", filepath.Join(state, "data"), "--scratch", filepath.Join(state, "scratch"), "--grace", "5s")
+	logPath := filepath.Join(state, "worker.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	worker.Stdout, worker.Stderr = log, log
+	if err := worker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := env.Run("t")
+		return err == nil && r.Counts.Running == 2, fmt.Sprintf("run %+v, %v", r.Counts, err)
+	})
+	if out, err := sl.Command("scancel", "--name=sp-cancel").CombinedOutput(); err != nil {
+		t.Fatalf("scancel: %v\n%s", err, out)
+	}
+	done := make(chan error, 1)
+	go func() { done <- worker.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = worker.Process.Kill()
+		t.Fatalf("srun did not end within 30s of scancel")
+	}
+	if err := os.WriteFile(doneFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("local", map[string]int{"cpu": 2})
+	rec := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+	if rec.State != stream.RunComplete {
+		b, _ := os.ReadFile(logPath)
+		t.Fatalf("run after scancel of its Slurm worker: %s (%s), want COMPLETE (the cancelled shards handed back, not failed)\nworker log:\n%s", rec.State, rec.Reason, b)
+	}
+	for _, id := range []string{"s0000", "s0001"} {
+		sh, err := env.Shard("t", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancelled := 0
+		for _, a := range sh.Attempts {
+			if a.Worker == "slurm1" {
+				cancelled++
+				if a.Outcome != stream.OutcomeInterrupted {
+					t.Errorf("shard %s: the cancelled attempt was recorded %s, want interrupted: %+v", id, a.Outcome, a)
+				}
+			}
+		}
+		if cancelled != 1 {
+			t.Errorf("shard %s: %d attempt(s) of the Slurm worker recorded, want the one scancel stopped: %+v", id, cancelled, sh.Attempts)
+		}
 	}
 }
