@@ -15,7 +15,8 @@ import (
 // Slurm is a single-node Slurm cluster of this host: munged, slurmctld
 // and slurmd (Debian's slurm-wlm and munge) with their own key, config,
 // ports and state in a temporary directory, stopped at cleanup. Jobs run
-// as root, without cgroups (proctrack/linuxproc, task/none).
+// as root, without cgroups (proctrack/linuxproc, task/none) or, with
+// SlurmOptions.Cgroups, in the cgroups of Slurm's task/cgroup plugin.
 type Slurm struct {
 	// Conf is the slurm.conf that srun, sbatch and scontrol take through
 	// SLURM_CONF (Env).
@@ -23,10 +24,18 @@ type Slurm struct {
 	dir  string
 }
 
+// SlurmOptions configure StartSlurm.
+type SlurmOptions struct {
+	// Cgroups confines each job as sites usually do: proctrack/cgroup and
+	// task/cgroup (cgroup v1) with ConstrainRAMSpace and ConstrainCores,
+	// so that a job's memory and CPUs are its cgroup's.
+	Cgroups bool
+}
+
 // StartSlurm starts the cluster. It skips t where it cannot run (not
 // root, or no slurm-wlm and munge installed) except under CI, where .ci/run
 // installs them and a missing one is a failure.
-func StartSlurm(t testing.TB) *Slurm {
+func StartSlurm(t testing.TB, opts SlurmOptions) *Slurm {
 	t.Helper()
 	RequireRoot(t)
 	for _, tool := range []string{"munged", "slurmctld", "slurmd", "srun", "scontrol", "sinfo"} {
@@ -74,6 +83,14 @@ func StartSlurm(t testing.TB) *Slurm {
 		t.Fatal(err)
 	}
 	ctldPort, slurmdPort := FreePort(t), FreePort(t)
+	proctrack, task := "linuxproc", "none"
+	if opts.Cgroups {
+		proctrack, task = "cgroup", "cgroup"
+		cg := "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nConstrainRAMSpace=yes\nConstrainCores=yes\nConstrainSwapSpace=no\n"
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.conf"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	conf := fmt.Sprintf(`ClusterName=sptest
 SlurmctldHost=%[1]s(127.0.0.1)
 SlurmctldPort=%[2]s
@@ -89,8 +106,8 @@ SlurmctldPidFile=%[4]s/slurmctld.pid
 SlurmdPidFile=%[4]s/slurmd.pid
 SlurmctldLogFile=%[4]s/log/slurmctld.log
 SlurmdLogFile=%[4]s/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=proctrack/%[7]s
+TaskPlugin=task/%[8]s
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 MpiDefault=none
@@ -100,7 +117,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=%[5]d RealMemory=%[6]d State=UNKNOWN
 PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
-`, host, portOf(ctldPort), portOf(slurmdPort), dir, runtime.NumCPU(), memMiB-512)
+`, host, portOf(ctldPort), portOf(slurmdPort), dir, runtime.NumCPU(), memMiB-512, proctrack, task)
 	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +127,11 @@ PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
 		_, err := os.Stat(filepath.Join(dir, "munge.sock"))
 		return err == nil, fmt.Sprintf("munged's socket: %v\n%s", err, s.logs())
 	})
+	if opts.Cgroups {
+		// Registered before the daemons, so run after they are stopped:
+		// the empty cgroups slurmd leaves (slurm_<node>/uid_<uid>).
+		t.Cleanup(func() { removeEmptyCgroups("slurm_" + host) })
+	}
 	s.daemon(t, "slurmctld", "-D", "-i", "-f", s.Conf)
 	s.daemon(t, "slurmd", "-D", "-N", host, "-f", s.Conf)
 	Eventually(t, 60*time.Second, func() (bool, string) {
@@ -196,3 +218,22 @@ func memTotalMiB() (int64, error) {
 }
 
 func portOf(hostport string) string { return hostport[strings.LastIndexByte(hostport, ':')+1:] }
+
+// removeEmptyCgroups removes the cgroup directories named name at the top
+// of each cgroup v1 hierarchy, with every empty one below them (rmdir
+// refuses a cgroup that has a process or a child).
+func removeEmptyCgroups(name string) {
+	tops, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", name))
+	for _, top := range tops {
+		var dirs []string
+		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.Remove(dirs[i])
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,8 +23,20 @@ import (
 // record in slurmctld. Shards that declare 200MiB then run one at a time,
 // though the host has GiBs free and the job 2 CPUs: two at once would
 // both find the other's directory and fail the run.
+//
+// Under Slurm's task/cgroup plugin (as sites confine jobs) the job's
+// cgroup gives the same 300MiB, the worker's per-shard cgroups nest under
+// its task's, and nothing of either is left once scancel ends the job.
 func TestWorkerUnderSlurm(t *testing.T) {
-	sl := testenv.StartSlurm(t)
+	for _, cgroups := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no cgroups", true: "task cgroup"}[cgroups], func(t *testing.T) {
+			workerUnderSlurm(t, cgroups)
+		})
+	}
+}
+
+func workerUnderSlurm(t *testing.T, cgroups bool) {
+	sl := testenv.StartSlurm(t, testenv.SlurmOptions{Cgroups: cgroups})
 	bin := testenv.Binary(t)
 
 	out, err := sl.Command("srun", "-n1", "-c1", "--mem=300M", bin, "preflight", "--json").Output()
@@ -38,8 +51,13 @@ func TestWorkerUnderSlurm(t *testing.T) {
 		snap.Slurm.CPUs.N != 1 || !strings.Contains(snap.Slurm.Memory.Source, "scontrol") {
 		t.Fatalf("preflight under srun --mem=300M -c1: slurm %+v, want job, 1 CPU and 300MiB from the job's record", snap.Slurm)
 	}
-	if !strings.HasPrefix(snap.Budget.Memory.Binding, "Slurm job ") || snap.Budget.Memory.Effective.N != 300<<20 {
-		t.Fatalf("memory budget %+v bound by %q, want 300MiB bound by the Slurm job", snap.Budget.Memory.Effective, snap.Budget.Memory.Binding)
+	binding := snap.Budget.Memory.Binding
+	if snap.Budget.Memory.Effective.N != 300<<20 || !strings.HasPrefix(binding, "Slurm job ") && !(cgroups && strings.Contains(binding, "/job_"+snap.Slurm.JobID+"/")) {
+		t.Fatalf("memory budget %+v bound by %q, want 300MiB bound by the Slurm job or its cgroup", snap.Budget.Memory.Effective, binding)
+	}
+	if cgroups && (snap.Slurm.Cgroup == "" || snap.Cgroups.MemoryLimit.N != 300<<20 || snap.Budget.CPU.Effective.N != 1000) {
+		t.Fatalf("preflight under task/cgroup: job cgroup %q, cgroup memory %+v, CPU budget %+v; want the job's cgroup, 300MiB and 1 CPU (its cpuset)",
+			snap.Slurm.Cgroup, snap.Cgroups.MemoryLimit, snap.Budget.CPU.Effective)
 	}
 
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
@@ -48,6 +66,9 @@ func TestWorkerUnderSlurm(t *testing.T) {
 		Extra: "[class.cpu]\ncpus = 1\nmemory = \"200MiB\"\n"})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	state := t.TempDir()
+	// Shard cgroups of other tests' workers, which this one must not be
+	// blamed for.
+	before, _ := filepath.Glob("/sys/fs/cgroup/*/shardpool-p*")
 	worker := sl.Command("srun", "-n1", "-c2", "--mem=300M", bin, "worker", "--server", env.URL, "--name", "slurm1",
 		"--data", filepath.Join(state, "data"), "--scratch", filepath.Join(state, "scratch"), "--grace", "2s")
 	logPath := filepath.Join(state, "worker.log")
@@ -60,25 +81,46 @@ func TestWorkerUnderSlurm(t *testing.T) {
 	if err := worker.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	ended := false
+	end := func() {
+		if ended {
+			return
+		}
+		ended = true
 		_ = sl.Command("scancel", "--full", "-u", "root").Run()
 		done := make(chan error, 1)
 		go func() { done <- worker.Wait() }()
 		select {
 		case <-done:
-		case <-time.After(20 * time.Second):
+		case <-time.After(40 * time.Second):
 			_ = worker.Process.Kill()
+			t.Errorf("srun did not end within 40s of scancel")
 		}
-	}()
+	}
+	defer end()
 	rec := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
 	if rec.State != stream.RunComplete {
 		b, _ := os.ReadFile(logPath)
 		t.Fatalf("run under a Slurm worker: %s (%s), want COMPLETE with one shard at a time\nworker log:\n%s", rec.State, rec.Reason, b)
 	}
 	admissions, _ := os.ReadFile(filepath.Join(state, "data", "runs", "t", "admission.log"))
-	if !strings.Contains(string(admissions), "Slurm job") {
+	if !strings.Contains(string(admissions), "Slurm job") && !(cgroups && strings.Contains(string(admissions), "/job_")) {
 		t.Errorf("the worker's admission log does not name the Slurm job's memory as what binds:\n%s", admissions)
 	}
+	if !cgroups {
+		return
+	}
+	end()
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		left, _ := filepath.Glob("/sys/fs/cgroup/*/slurm_*/uid_*/job_*")
+		mine, _ := filepath.Glob("/sys/fs/cgroup/*/shardpool-p*")
+		for _, c := range mine {
+			if !slices.Contains(before, c) {
+				left = append(left, c)
+			}
+		}
+		return len(left) == 0, fmt.Sprintf("cgroups left after the job ended: %v", left)
+	})
 }
 
 // TestSlurmCancelHandsShardsBack: scancel (as at preemption or a job's
@@ -87,7 +129,7 @@ func TestWorkerUnderSlurm(t *testing.T) {
 // were running are handed back uncharged, not recorded as failed
 // attempts: with retries = 0 the run still completes on another worker.
 func TestSlurmCancelHandsShardsBack(t *testing.T) {
-	sl := testenv.StartSlurm(t)
+	sl := testenv.StartSlurm(t, testenv.SlurmOptions{})
 	bin := testenv.Binary(t)
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	doneFile := filepath.Join(t.TempDir(), "done")
