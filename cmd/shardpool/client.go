@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -95,10 +96,7 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	run := pos[0]
 	var f coordinator.Forgotten
 	if *data != "" {
-		if flagSet(fs, "server") {
-			return exitErr{code: exitUsage, msg: "forget: give --server or --data, not both"}
-		}
-		dir, err := filepath.Abs(*data)
+		dir, err := dataInstead(fs, *data)
 		if err != nil {
 			return err
 		}
@@ -124,6 +122,15 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	return printForgotten(stdout, f, *asJSON)
+}
+
+// dataInstead is the absolute path of --data, which a command takes
+// instead of --server, not with it.
+func dataInstead(fs *flag.FlagSet, data string) (string, error) {
+	if flagSet(fs, "server") {
+		return "", exitErr{code: exitUsage, msg: fs.Name() + ": give --server or --data, not both"}
+	}
+	return filepath.Abs(data)
 }
 
 // forgetTarget finds where run of the state directory dir is kept: the
@@ -277,10 +284,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	url := *server
 	if *data != "" {
-		if flagSet(fs, "server") {
-			return exitErr{code: exitUsage, msg: "status: give --server or --data, not both"}
-		}
-		dir, err := filepath.Abs(*data)
+		dir, err := dataInstead(fs, *data)
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -69,18 +70,7 @@ func workerUnderSlurm(t *testing.T, cgroups bool) {
 	// Shard cgroups of other tests' workers, which this one must not be
 	// blamed for.
 	before, _ := filepath.Glob("/sys/fs/cgroup/*/shardpool-p*")
-	worker := sl.Command("srun", "-n1", "-c2", "--mem=300M", bin, "worker", "--server", env.URL, "--name", "slurm1",
-		"--data", filepath.Join(state, "data"), "--scratch", filepath.Join(state, "scratch"), "--grace", "2s")
-	logPath := filepath.Join(state, "worker.log")
-	log, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	worker.Stdout, worker.Stderr = log, log
-	if err := worker.Start(); err != nil {
-		t.Fatal(err)
-	}
+	worker, logPath := srunWorker(t, sl, env.URL, state, []string{"--mem=300M"}, "--grace", "2s")
 	ended := false
 	end := func() {
 		if ended {
@@ -130,26 +120,13 @@ func workerUnderSlurm(t *testing.T, cgroups bool) {
 // attempts: with retries = 0 the run still completes on another worker.
 func TestSlurmCancelHandsShardsBack(t *testing.T) {
 	sl := testenv.StartSlurm(t, testenv.SlurmOptions{})
-	bin := testenv.Binary(t)
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	doneFile := filepath.Join(t.TempDir(), "done")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"sh", "-c", `if [ -e "$0" ]; then exit 0; fi; sleep 60`, doneFile}})
 	// The shards of the Slurm worker sleep; those of the local worker that
 	// takes them over find "done" and exit at once.
 	env.Submit(spec, coordinator.SubmitOptions{})
-	state := t.TempDir()
-	worker := sl.Command("srun", "-n1", "-c2", "--mem=500M", "--job-name=sp-cancel", bin, "worker", "--server", env.URL, "--name", "slurm1",
-		"--slots", "cpu=2", "--data", filepath.Join(state, "data"), "--scratch", filepath.Join(state, "scratch"), "--grace", "5s")
-	logPath := filepath.Join(state, "worker.log")
-	log, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	worker.Stdout, worker.Stderr = log, log
-	if err := worker.Start(); err != nil {
-		t.Fatal(err)
-	}
+	worker, logPath := srunWorker(t, sl, env.URL, t.TempDir(), []string{"--mem=500M", "--job-name=sp-cancel"}, "--slots", "cpu=2", "--grace", "5s")
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		r, err := env.Run("t")
 		return err == nil && r.Counts.Running == 2, fmt.Sprintf("run %+v, %v", r.Counts, err)
@@ -192,4 +169,26 @@ func TestSlurmCancelHandsShardsBack(t *testing.T) {
 			t.Errorf("shard %s: %d attempt(s) of the Slurm worker recorded, want the one scancel stopped: %+v", id, cancelled, sh.Attempts)
 		}
 	}
+}
+
+// srunWorker starts `shardpool worker` named slurm1 as a Slurm job of its
+// own with 2 CPUs (srun -n1 -c2 and srunArgs), serving the coordinator at
+// url, its data and scratch under state and its output in the returned
+// log. The caller ends the job.
+func srunWorker(t *testing.T, sl *testenv.Slurm, url, state string, srunArgs []string, workerArgs ...string) (*exec.Cmd, string) {
+	t.Helper()
+	args := append(append([]string{"-n1", "-c2"}, srunArgs...), testenv.Binary(t), "worker", "--server", url, "--name", "slurm1",
+		"--data", filepath.Join(state, "data"), "--scratch", filepath.Join(state, "scratch"))
+	worker := sl.Command("srun", append(args, workerArgs...)...)
+	logPath := filepath.Join(state, "worker.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { log.Close() })
+	worker.Stdout, worker.Stderr = log, log
+	if err := worker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return worker, logPath
 }
