@@ -432,7 +432,7 @@ func (w *Worker) closeLost(a *attemptState) {
 	last := &a.rec.Attempts[len(a.rec.Attempts)-1]
 	if last.Outcome == "" {
 		last.Outcome = stream.OutcomeLost
-		last.Reason = fmt.Sprintf("worker %s on %s ended without reporting this attempt (killed, or its host lost); its lease expired or was handed back", last.Worker, last.Host)
+		last.Reason = fmt.Sprintf("worker %s on %s did not report this attempt before its lease expired or was handed back (killed, its host lost, or cut off from the coordinator)", last.Worker, last.Host)
 	}
 }
 
