@@ -30,6 +30,9 @@ type SlurmOptions struct {
 	// task/cgroup (cgroup v1) with ConstrainRAMSpace and ConstrainCores,
 	// so that a job's memory and CPUs are its cgroup's.
 	Cgroups bool
+	// KillWait is Slurm's KillWait, the time between the SIGTERM and the
+	// SIGKILL of a job's processes when it ends. Default Slurm's (30s).
+	KillWait time.Duration
 }
 
 // StartSlurm starts the cluster. It skips t where it cannot run (not
@@ -118,6 +121,9 @@ AccountingStorageType=accounting_storage/none
 NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=%[5]d RealMemory=%[6]d State=UNKNOWN
 PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
 `, host, portOf(ctldPort), portOf(slurmdPort), dir, runtime.NumCPU(), memMiB-512, proctrack, task)
+	if opts.KillWait > 0 {
+		conf += fmt.Sprintf("KillWait=%d\n", int(opts.KillWait.Seconds()))
+	}
 	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

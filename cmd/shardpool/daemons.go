@@ -205,6 +205,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseNone(fs, args); err != nil {
 		return err
 	}
+	*grace = graceUnderSlurm(ctx, *grace, stderr)
 	// Before waiting for a coordinator: a scratch directory this worker
 	// cannot use is the user's to fix now.
 	if err := checkScratch(*scratch, *name); err != nil {

@@ -115,59 +115,80 @@ func workerUnderSlurm(t *testing.T, cgroups bool) {
 
 // TestSlurmCancelHandsShardsBack: scancel (as at preemption or a job's
 // time limit) sends SIGTERM to every process of the job at once, the
-// shards' commands as well as their worker. The shards those commands
-// were running are handed back uncharged, not recorded as failed
-// attempts: with retries = 0 the run still completes on another worker.
+// shards' commands as well as their worker, and SIGKILL KillWait later.
+// The shards those commands were running are handed back uncharged, not
+// recorded as failed or lost attempts: with retries = 0 the run still
+// completes on another worker. Commands that die of the SIGTERM are
+// judged with their worker's stop; commands that ignore it are SIGKILLed
+// by the worker's drain before Slurm's KillWait is up (the default
+// --grace of 10s is shortened to fit a KillWait of 4s).
 func TestSlurmCancelHandsShardsBack(t *testing.T) {
-	sl := testenv.StartSlurm(t, testenv.SlurmOptions{})
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	doneFile := filepath.Join(t.TempDir(), "done")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"sh", "-c", `if [ -e "$0" ]; then exit 0; fi; sleep 60`, doneFile}})
-	// The shards of the Slurm worker sleep; those of the local worker that
-	// takes them over find "done" and exit at once.
-	env.Submit(spec, coordinator.SubmitOptions{})
-	worker, logPath := srunWorker(t, sl, env.URL, t.TempDir(), []string{"--mem=500M", "--job-name=sp-cancel"}, "--slots", "cpu=2", "--grace", "5s")
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		r, err := env.Run("t")
-		return err == nil && r.Counts.Running == 2, fmt.Sprintf("run %+v, %v", r.Counts, err)
-	})
-	if out, err := sl.Command("scancel", "--name=sp-cancel").CombinedOutput(); err != nil {
-		t.Fatalf("scancel: %v\n%s", err, out)
+	cases := []struct {
+		name     string
+		killWait time.Duration
+		trap     string
+		grace    []string
+		notice   string
+	}{
+		{"commands die of the SIGTERM", 0, "", []string{"--grace", "5s"}, ""},
+		{"commands ignore the SIGTERM", 4 * time.Second, "trap '' TERM; ", nil, "--grace 10s shortened to 2s"},
 	}
-	done := make(chan error, 1)
-	go func() { done <- worker.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		_ = worker.Process.Kill()
-		t.Fatalf("srun did not end within 30s of scancel")
-	}
-	if err := os.WriteFile(doneFile, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	env.StartWorker("local", map[string]int{"cpu": 2})
-	rec := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
-	if rec.State != stream.RunComplete {
-		b, _ := os.ReadFile(logPath)
-		t.Fatalf("run after scancel of its Slurm worker: %s (%s), want COMPLETE (the cancelled shards handed back, not failed)\nworker log:\n%s", rec.State, rec.Reason, b)
-	}
-	for _, id := range []string{"s0000", "s0001"} {
-		sh, err := env.Shard("t", id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cancelled := 0
-		for _, a := range sh.Attempts {
-			if a.Worker == "slurm1" {
-				cancelled++
-				if a.Outcome != stream.OutcomeInterrupted {
-					t.Errorf("shard %s: the cancelled attempt was recorded %s, want interrupted: %+v", id, a.Outcome, a)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sl := testenv.StartSlurm(t, testenv.SlurmOptions{KillWait: c.killWait})
+			env := testenv.New(t, testenv.Options{NoWorkers: true})
+			doneFile := filepath.Join(t.TempDir(), "done")
+			// The shards of the Slurm worker sleep; those of the local
+			// worker that takes them over find "done" and exit at once.
+			spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"sh", "-c", c.trap + `if [ -e "$0" ]; then exit 0; fi; sleep 60`, doneFile}})
+			env.Submit(spec, coordinator.SubmitOptions{})
+			worker, logPath := srunWorker(t, sl, env.URL, t.TempDir(), []string{"--mem=500M", "--job-name=sp-cancel"}, append([]string{"--slots", "cpu=2"}, c.grace...)...)
+			testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+				r, err := env.Run("t")
+				return err == nil && r.Counts.Running == 2, fmt.Sprintf("run %+v, %v", r.Counts, err)
+			})
+			if out, err := sl.Command("scancel", "--name=sp-cancel").CombinedOutput(); err != nil {
+				t.Fatalf("scancel: %v\n%s", err, out)
+			}
+			done := make(chan error, 1)
+			go func() { done <- worker.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(45 * time.Second):
+				_ = worker.Process.Kill()
+				t.Fatalf("srun did not end within 45s of scancel")
+			}
+			b, _ := os.ReadFile(logPath)
+			if c.notice != "" && !strings.Contains(string(b), c.notice) {
+				t.Errorf("worker log does not say %q:\n%s", c.notice, b)
+			}
+			if err := os.WriteFile(doneFile, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			env.StartWorker("local", map[string]int{"cpu": 2})
+			rec := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+			if rec.State != stream.RunComplete {
+				t.Fatalf("run after scancel of its Slurm worker: %s (%s), want COMPLETE (the cancelled shards handed back)\nworker log:\n%s", rec.State, rec.Reason, b)
+			}
+			for _, id := range []string{"s0000", "s0001"} {
+				sh, err := env.Shard("t", id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cancelled := 0
+				for _, a := range sh.Attempts {
+					if a.Worker == "slurm1" {
+						cancelled++
+						if a.Outcome != stream.OutcomeInterrupted {
+							t.Errorf("shard %s: the cancelled attempt was recorded %s, want interrupted: %+v", id, a.Outcome, a)
+						}
+					}
+				}
+				if cancelled != 1 {
+					t.Errorf("shard %s: %d attempt(s) of the Slurm worker recorded, want the one scancel stopped: %+v", id, cancelled, sh.Attempts)
 				}
 			}
-		}
-		if cancelled != 1 {
-			t.Errorf("shard %s: %d attempt(s) of the Slurm worker recorded, want the one scancel stopped: %+v", id, cancelled, sh.Attempts)
-		}
+		})
 	}
 }
 

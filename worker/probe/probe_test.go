@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardpool/shardpool/stream"
 )
@@ -397,5 +398,20 @@ func TestParseStat(t *testing.T) {
 	}
 	if _, ok := ParseStat([]byte("4242 (short) S 1")); ok {
 		t.Fatal("a truncated line parsed")
+	}
+}
+
+func TestSlurmKillWait(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "slurm", "scontrol-show-config.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := killWait(string(b)); err != nil || d != 30*time.Second {
+		t.Fatalf("KillWait of the real config: %s, %v; want 30s", d, err)
+	}
+	for _, bad := range []string{"", "KillWait = soon\n", "CompleteWait = 0 sec\n"} {
+		if d, err := killWait(bad); err == nil {
+			t.Errorf("killWait(%q) = %s, want an error", bad, d)
+		}
 	}
 }

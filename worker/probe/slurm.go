@@ -193,3 +193,35 @@ func slurmSize(s string) (int64, error) {
 	}
 	return int64(f * mult), nil
 }
+
+// SlurmKillWait is how long Slurm waits between the SIGTERM and the
+// SIGKILL of a job's processes when it ends the job (scancel, preemption,
+// time limit): KillWait of `scontrol show config` (argv, 5 s deadline).
+func SlurmKillWait(ctx context.Context) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "scontrol", "show", "config").Output()
+	if err != nil {
+		return 0, fmt.Errorf("scontrol show config: %w", err)
+	}
+	return killWait(string(out))
+}
+
+// killWait reads KillWait ("KillWait = 30 sec") from `scontrol show
+// config`.
+func killWait(config string) (time.Duration, error) {
+	for _, line := range strings.Split(config, "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if !ok || strings.TrimSpace(k) != "KillWait" {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) > 0 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n >= 0 {
+				return time.Duration(n) * time.Second, nil
+			}
+		}
+		return 0, fmt.Errorf("scontrol show config: KillWait %q is not a number of seconds", strings.TrimSpace(v))
+	}
+	return 0, fmt.Errorf("scontrol show config: no KillWait")
+}
