@@ -61,11 +61,7 @@ func workerUnderSlurm(t *testing.T, cgroups bool) {
 			snap.Slurm.Cgroup, snap.Cgroups.MemoryLimit, snap.Budget.CPU.Effective)
 	}
 
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	lock := filepath.Join(t.TempDir(), "running")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Command: []string{"sh", "-c", `mkdir "$0" || exit 7; sleep 0.5; rmdir "$0"`, lock},
-		Extra: "[class.cpu]\ncpus = 1\nmemory = \"200MiB\"\n"})
-	env.Submit(spec, coordinator.SubmitOptions{})
+	env := submitOneAtATime(t)
 	state := t.TempDir()
 	// Shard cgroups of other tests' workers, which this one must not be
 	// blamed for.
@@ -212,4 +208,70 @@ func srunWorker(t *testing.T, sl *testenv.Slurm, url, state string, srunArgs []s
 		t.Fatal(err)
 	}
 	return worker, logPath
+}
+
+// submitOneAtATime submits 4 shards that declare 200MiB each and fail
+// when two run at once (a mkdir lock), to a coordinator of their own.
+func submitOneAtATime(t *testing.T) *testenv.Env {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	lock := filepath.Join(t.TempDir(), "running")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Command: []string{"sh", "-c", `mkdir "$0" || exit 7; sleep 0.5; rmdir "$0"`, lock},
+		Extra: "[class.cpu]\ncpus = 1\nmemory = \"200MiB\"\n"})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	return env
+}
+
+// TestWorkerInBatchJob: the README's placement inside a batch script,
+// `sbatch --mem=300M` running `srun shardpool worker`. There Slurm sets
+// SLURM_MEM_PER_NODE, and the worker admits against it: the 200MiB
+// shards run one at a time.
+func TestWorkerInBatchJob(t *testing.T) {
+	sl := testenv.StartSlurm(t, testenv.SlurmOptions{})
+	bin := testenv.Binary(t)
+	dir := t.TempDir()
+	script := func(name string, argv ...string) string {
+		p := filepath.Join(dir, name)
+		body := "#!/bin/sh\nexec srun --ntasks-per-node=1 " + strings.Join(argv, " ") + "\n"
+		if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	snapPath := filepath.Join(dir, "preflight.json")
+	if out, err := sl.Command("sbatch", "--wait", "-n1", "-c1", "--mem=300M", "-o", snapPath, "-e", snapPath+".err", script("preflight.sh", bin, "preflight", "--json")).CombinedOutput(); err != nil {
+		t.Fatalf("sbatch preflight: %v\n%s", err, out)
+	}
+	b, _ := os.ReadFile(snapPath)
+	var snap probe.Snapshot
+	if err := json.Unmarshal(b, &snap); err != nil {
+		e, _ := os.ReadFile(snapPath + ".err")
+		t.Fatalf("preflight --json in a batch job: %v\n%s\n%s", err, b, e)
+	}
+	if snap.Slurm == nil || snap.Slurm.Memory.N != 300<<20 || snap.Slurm.Memory.Source != "SLURM_MEM_PER_NODE" ||
+		snap.Budget.Memory.Effective.N != 300<<20 || !strings.HasPrefix(snap.Budget.Memory.Binding, "Slurm job ") {
+		t.Fatalf("preflight in sbatch --mem=300M: slurm %+v, memory budget %+v bound by %q; want 300MiB from SLURM_MEM_PER_NODE binding",
+			snap.Slurm, snap.Budget.Memory.Effective, snap.Budget.Memory.Binding)
+	}
+
+	env := submitOneAtATime(t)
+	logPath := filepath.Join(dir, "worker.log")
+	out, err := sl.Command("sbatch", "--parsable", "-n1", "-c2", "--mem=300M", "-o", logPath,
+		script("worker.sh", bin, "worker", "--server", env.URL, "--name", "slurm1", "--data", filepath.Join(dir, "data"),
+			"--scratch", filepath.Join(dir, "scratch"), "--grace", "2s")).Output()
+	if err != nil {
+		t.Fatalf("sbatch worker: %v\n%s", err, out)
+	}
+	job := strings.TrimSpace(string(out))
+	defer func() {
+		_ = sl.Command("scancel", job).Run()
+		testenv.Eventually(t, 40*time.Second, func() (bool, string) {
+			q, err := sl.Command("squeue", "-h", "-j", job).CombinedOutput()
+			return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("job %s still queued or running:\n%s", job, q)
+		})
+	}()
+	rec := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
+	if rec.State != stream.RunComplete {
+		b, _ := os.ReadFile(logPath)
+		t.Fatalf("run under a worker of batch job %s: %s (%s), want COMPLETE with one shard at a time\nworker log:\n%s", job, rec.State, rec.Reason, b)
+	}
 }
