@@ -256,6 +256,9 @@ type WorkerReport struct {
 	// the coordinator's own where `run` embeds the worker); absent in
 	// older reports and for unnamed connections.
 	Conn string `json:"conn,omitempty"`
+	// SlurmJob is the Slurm job the worker runs in (SLURM_JOB_ID), so that
+	// an operator can find and end it (scancel); absent outside Slurm.
+	SlurmJob string `json:"slurm_job,omitempty"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.

@@ -113,16 +113,17 @@ type Event struct {
 
 // Worker pulls and runs shards. Create with New, then Run.
 type Worker struct {
-	cfg   Config
-	log   *slog.Logger
-	host  string
-	boot  string
-	pidns string // stream.PIDNamespace: pids are compared only within it
-	conn  string // the name of its connection to the coordinator, for reports
-	pid   int
-	b     *stream.Buckets
-	ttl   time.Duration
-	env   map[string]string
+	cfg      Config
+	log      *slog.Logger
+	host     string
+	boot     string
+	pidns    string // stream.PIDNamespace: pids are compared only within it
+	conn     string // the name of its connection to the coordinator, for reports
+	slurmJob string // SLURM_JOB_ID of the job it runs in, for reports
+	pid      int
+	b        *stream.Buckets
+	ttl      time.Duration
+	env      map[string]string
 
 	// meter is the default Probe's measure of others' CPU use (Auto
 	// mode), started with Run; nil otherwise.
@@ -346,6 +347,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.host, _ = os.Hostname()
 	w.boot, w.pidns = stream.BootID(w.cfg.ProcRoot), stream.PIDNamespace()
+	w.slurmJob = os.Getenv("SLURM_JOB_ID")
 	if nc := w.cfg.JetStream.Conn(); nc != nil {
 		w.conn = nc.Opts.Name
 	}
@@ -830,7 +832,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	if w.stager != nil {
 		staged = w.stager.Ready(stream.StagedAdvertised)
 	}
-	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, Slots: w.cfg.Slots,
+	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Slots: w.cfg.Slots,
 		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
 }
 

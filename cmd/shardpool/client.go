@@ -417,6 +417,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if wk.Limits != "" {
 			fmt.Fprintf(w, "%s: per-shard limits %s\n", wk.Name, wk.Limits)
 		}
+		if wk.SlurmJob != "" {
+			fmt.Fprintf(w, "%s: runs in Slurm job %s (scancel %s ends it, its shards handed back)\n", wk.Name, wk.SlurmJob, wk.SlurmJob)
+		}
 	}
 }
 

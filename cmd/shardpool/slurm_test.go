@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -273,5 +274,19 @@ func TestWorkerInBatchJob(t *testing.T) {
 	if rec.State != stream.RunComplete {
 		b, _ := os.ReadFile(logPath)
 		t.Fatalf("run under a worker of batch job %s: %s (%s), want COMPLETE with one shard at a time\nworker log:\n%s", job, rec.State, rec.Reason, b)
+	}
+	// Status names the job each worker runs in, for scancel.
+	p := testenv.Start(t, "status", "--server", env.URL)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "slurm1: runs in Slurm job "+job+" (scancel "+job) {
+		t.Errorf("status: exit %d, want the worker's Slurm job %s named\n%s", code, job, p.Output())
+	}
+	st, err := coordinator.ReadStatus(context.Background(), env.JS, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, wk := range st.Workers {
+		if wk.Name == "slurm1" && wk.SlurmJob != job {
+			t.Errorf("status --json: worker slurm1 reports Slurm job %q, want %s", wk.SlurmJob, job)
+		}
 	}
 }
