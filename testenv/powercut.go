@@ -35,7 +35,8 @@ var PowerCutKinds = []string{powercut.Ext4, powercut.XFS}
 
 // NewPowerCutFSKind is NewPowerCutFS for a file system of kind
 // (powercut.Ext4, or powercut.XFS, which needs mkfs.xfs from xfsprogs,
-// which .ci/run installs, and is made at least powercut.MinXFS large).
+// which .ci/run installs; powercut.NewKind makes it at least
+// powercut.MinXFS large).
 func NewPowerCutFSKind(t testing.TB, size int64, kind string) *PowerCutFS {
 	t.Helper()
 	RequireRoot(t)
@@ -44,9 +45,6 @@ func NewPowerCutFSKind(t testing.TB, size int64, kind string) *PowerCutFS {
 	}
 	if err := powercut.AvailableKind(kind); err != nil {
 		t.Fatalf("a power cut cannot be simulated here: %v", err)
-	}
-	if kind == powercut.XFS {
-		size = max(size, powercut.MinXFS)
 	}
 	fs, err := powercut.NewKind(t.TempDir(), size, kind)
 	if err != nil && !kernelHas(kind) {

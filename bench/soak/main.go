@@ -62,14 +62,10 @@ func main() {
 	}
 	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}, memory: *memory, state: dir, job: dir}
 	if *cuts {
-		jobSize := int64(256 << 20)
-		if *fsKind == powercut.XFS {
-			jobSize = powercut.MinXFS
-		}
 		if s.stateFS, err = powercut.NewKind(filepath.Join(dir, "state-disk"), 1<<30, *fsKind); err != nil {
 			fail("power cuts: %v", err)
 		}
-		if s.jobFS, err = powercut.NewKind(filepath.Join(dir, "job-disk"), jobSize, *fsKind); err != nil {
+		if s.jobFS, err = powercut.NewKind(filepath.Join(dir, "job-disk"), 256<<20, *fsKind); err != nil {
 			s.stateFS.Close()
 			fail("power cuts: %v", err)
 		}

@@ -85,16 +85,12 @@ func simulatedKind(dir string) (kind, why string) {
 
 func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) {
 	base := filepath.Join(d.dir, "powercut")
-	stateSize, diskSize := int64(256<<20), int64(64<<20)
-	if kind == powercut.XFS {
-		stateSize, diskSize = powercut.MinXFS, powercut.MinXFS
-	}
-	state, err := powercut.NewKind(filepath.Join(base, "state"), stateSize, kind)
+	state, err := powercut.NewKind(filepath.Join(base, "state"), 256<<20, kind)
 	if err != nil {
 		return "", simulation(err)
 	}
 	defer removeImages(state, filepath.Join(base, "state"))
-	disk, err := powercut.NewKind(filepath.Join(base, "disk"), diskSize, kind)
+	disk, err := powercut.NewKind(filepath.Join(base, "disk"), 64<<20, kind)
 	if err != nil {
 		return "", simulation(err)
 	}
