@@ -27,11 +27,17 @@ var slurmJobRE = regexp.MustCompile(`/job_(\d+)(/|$)`)
 // job -o ID` prints it.
 type SlurmJob func(ctx context.Context, id string) ([]byte, error)
 
-// Scontrol runs `scontrol show job -o ID` (argv, no shell), for at most 5 s.
+// Scontrol runs `scontrol show job -o ID`.
 func Scontrol(ctx context.Context, id string) ([]byte, error) {
+	return scontrol(ctx, "show", "job", "-o", id)
+}
+
+// scontrol runs scontrol with args (argv, no shell) for at most 5 s; an
+// error carries what it said on stderr.
+func scontrol(ctx context.Context, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "scontrol", "show", "job", "-o", id).Output()
+	out, err := exec.CommandContext(ctx, "scontrol", args...).Output()
 	if err != nil {
 		if ee, ok := err.(*exec.ExitError); ok && len(ee.Stderr) > 0 {
 			return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
@@ -196,11 +202,9 @@ func slurmSize(s string) (int64, error) {
 
 // SlurmKillWait is how long Slurm waits between the SIGTERM and the
 // SIGKILL of a job's processes when it ends the job (scancel, preemption,
-// time limit): KillWait of `scontrol show config` (argv, 5 s deadline).
+// time limit): KillWait of `scontrol show config`.
 func SlurmKillWait(ctx context.Context) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "scontrol", "show", "config").Output()
+	out, err := scontrol(ctx, "show", "config")
 	if err != nil {
 		return 0, fmt.Errorf("scontrol show config: %w", err)
 	}
