@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"reflect"
 	"strconv"
 	"strings"
 
@@ -28,51 +27,30 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// printFlags lists fs's flags as flag.PrintDefaults does, but spelt with
-// two dashes (one for a single letter), as the synopses, the docs and every error message spell
-// them. A back-quoted word in a flag's usage names its argument (`FILE`);
-// other quoting in a usage must not use back quotes.
+// printFlags lists fs's flags as flag.PrintDefaults does (which decides
+// what each default is and how to show it), spelt with two dashes (one
+// for a single letter) as the synopses, the docs and every error message
+// spell them, and each usage on a line of its own. A back-quoted word in
+// a flag's usage names its argument (`FILE`); other quoting in a usage
+// must not use back quotes.
 func printFlags(w io.Writer, fs *flag.FlagSet) {
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, usage := flag.UnquoteUsage(f)
-		line := "  --" + f.Name
-		if len(f.Name) == 1 {
-			line = "  -" + f.Name // -v
+	var b strings.Builder
+	out := fs.Output()
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(out)
+	for _, line := range strings.SplitAfter(b.String(), "\n") {
+		switch {
+		case !strings.HasPrefix(line, "  -"):
+		case len(line) > 4 && !strings.ContainsRune(" \t\n", rune(line[4])):
+			line = "  --" + line[3:]
+		default:
+			// A single letter: PrintDefaults puts a short head's usage
+			// after a tab on the same line.
+			line = strings.Replace(line, "\t", "\n    \t", 1)
 		}
-		if arg != "" {
-			line += " " + arg
-		}
-		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
-		if !zeroDefault(f) {
-			if g, ok := f.Value.(flag.Getter); ok && isString(g.Get()) {
-				line += fmt.Sprintf(" (default %q)", f.DefValue)
-			} else {
-				line += fmt.Sprintf(" (default %v)", f.DefValue)
-			}
-		}
-		fmt.Fprintln(w, line)
-	})
-}
-
-func isString(v any) bool { _, ok := v.(string); return ok }
-
-// zeroDefault reports whether f's default is its type's zero value, which
-// the usage leaves unsaid (as flag.PrintDefaults does).
-func zeroDefault(f *flag.Flag) (zero bool) {
-	switch f.DefValue {
-	case "", "0", "false", "0s":
-		return true
+		io.WriteString(w, line)
 	}
-	t := reflect.TypeOf(f.Value)
-	if t.Kind() != reflect.Pointer {
-		return false
-	}
-	defer func() {
-		if recover() != nil {
-			zero = false // a String method that cannot take its zero value
-		}
-	}()
-	return f.DefValue == reflect.New(t.Elem()).Interface().(flag.Value).String()
 }
 
 // parse accepts flags before and after positional arguments.
