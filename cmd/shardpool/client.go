@@ -136,40 +136,28 @@ func dataInstead(fs *flag.FlagSet, data string) (string, error) {
 // forgetTarget finds where run of the state directory dir is kept: the
 // client URL of the coordinator serving it now, or else the store that
 // holds it (a `shardpool run`'s own, DIR/stores/<run>, or the daemon's,
-// DIR/jetstream), which no coordinator holds.
+// DIR/jetstream), which no coordinator holds. A run's own store is
+// preferred to a live daemon's, which does not hold that run.
 func forgetTarget(dir, run string) (url string, acc access, store string, err error) {
-	own := filepath.Join(dir, "stores", run)
-	_, ownErr := os.Stat(own)
 	lives, err := coordinator.LiveIn(dir)
 	if err != nil {
 		return "", access{}, "", err
 	}
-	var daemon *coordinator.Live
-	for i, l := range lives {
-		switch {
-		case l.Run == run:
-			if l.URL == "" {
-				return "", access{}, "", fmt.Errorf("the coordinator of run %s in %s (%s) is starting: try again in a moment", run, dir, l.Holder)
-			}
-			return l.URL, access{token: l.TokenFile, ca: l.CAFile}, "", nil
-		case l.Run == "":
-			daemon = &lives[i]
-		}
-	}
-	if ownErr == nil {
+	pick := liveFor(lives, run)
+	own := filepath.Join(dir, "stores", run)
+	if _, err := os.Stat(own); err == nil && (pick == nil || pick.Run != run) {
 		return "", access{}, own, nil // a `shardpool run` that no longer runs
 	}
-	if daemon != nil {
-		if daemon.URL == "" {
-			return "", access{}, "", fmt.Errorf("the coordinator of %s (%s) is starting: try again in a moment", dir, daemon.Holder)
-		}
-		return daemon.URL, access{token: daemon.TokenFile, ca: daemon.CAFile}, "", nil
+	if pick != nil {
+		url, acc, err := liveAccess(*pick)
+		return url, acc, "", err
 	}
-	if _, err := os.Stat(filepath.Join(dir, "jetstream")); err == nil {
-		return "", access{}, filepath.Join(dir, "jetstream"), nil
+	daemon := filepath.Join(dir, "jetstream")
+	if _, err := os.Stat(daemon); err == nil {
+		return "", access{}, daemon, nil
 	}
 	return "", access{}, "", exitErr{code: exitFailure, msg: fmt.Sprintf("forget %s: %s holds no store of it (neither %s nor %s): is it the --data of the run?",
-		run, dir, own, filepath.Join(dir, "jetstream"))}
+		run, dir, own, daemon)}
 }
 
 // forgetInStore forgets run in a store that no coordinator serves, through

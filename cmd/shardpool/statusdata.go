@@ -26,15 +26,7 @@ func serverFromData(dir, run string) (url string, acc access, ok bool, err error
 	var pick *coordinator.Live
 	switch {
 	case run != "":
-		// The run's own store, else the daemon's (which serves many).
-		for i := range lives {
-			if lives[i].Run == run {
-				pick = &lives[i]
-			}
-		}
-		if pick == nil && len(lives) > 0 && lives[0].Run == "" {
-			pick = &lives[0]
-		}
+		pick = liveFor(lives, run)
 	case len(lives) == 1:
 		pick = &lives[0]
 	case len(lives) > 1:
@@ -48,10 +40,31 @@ func serverFromData(dir, run string) (url string, acc access, ok bool, err error
 	if pick == nil {
 		return "", access{}, false, nil
 	}
-	if pick.URL == "" {
-		return "", access{}, false, fmt.Errorf("the coordinator of %s (%s) has not written where it listens: it is starting (try again in a moment), or it is an older shardpool (give --server with the URL it printed)", liveName(*pick), pick.Holder)
+	url, acc, err = liveAccess(*pick)
+	return url, acc, err == nil, err
+}
+
+// liveFor picks the coordinator that serves run among lives: the run's
+// own store, else the daemon's (which serves many); nil when neither.
+func liveFor(lives []coordinator.Live, run string) *coordinator.Live {
+	var pick *coordinator.Live
+	for i := range lives {
+		if lives[i].Run == run {
+			pick = &lives[i]
+		}
 	}
-	return pick.URL, access{token: pick.TokenFile, ca: pick.CAFile}, true, nil
+	if pick == nil && len(lives) > 0 && lives[0].Run == "" {
+		pick = &lives[0]
+	}
+	return pick
+}
+
+// liveAccess is where and how a client reaches the live coordinator l.
+func liveAccess(l coordinator.Live) (string, access, error) {
+	if l.URL == "" {
+		return "", access{}, fmt.Errorf("the coordinator of %s (%s) has not written where it listens: it is starting (try again in a moment), or it is an older shardpool (give --server with the URL it printed)", liveName(l), l.Holder)
+	}
+	return l.URL, access{token: l.TokenFile, ca: l.CAFile}, nil
 }
 
 func liveName(l coordinator.Live) string {
