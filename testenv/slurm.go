@@ -1,15 +1,17 @@
 package testenv
 
 import (
-	"bufio"
+	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // Slurm is a single-node Slurm cluster of this host: munged, slurmctld
@@ -66,13 +68,7 @@ func StartSlurm(t testing.TB, opts SlurmOptions) *Slurm {
 		}
 	}
 	key := make([]byte, 1024)
-	if f, err := os.Open("/dev/urandom"); err == nil {
-		_, err = f.Read(key)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	rand.Read(key)
 	if err := os.WriteFile(filepath.Join(dir, "munge.key"), key, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -81,10 +77,17 @@ func StartSlurm(t testing.TB, opts SlurmOptions) *Slurm {
 		t.Fatal(err)
 	}
 	host, _, _ = strings.Cut(host, ".")
-	memMiB, err := memTotalMiB()
+	// The node as the probe sees the host: slurmd drains a node that
+	// claims more CPUs or memory than it has.
+	pr, err := probe.New(probe.Config{PolicyPath: "/nonexistent"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	snap, err := pr.Snapshot(context.Background(), nil)
+	if err != nil || !snap.Host.OnlineCPUs.IsKnown() || !snap.Host.MemTotal.IsKnown() {
+		t.Fatalf("the host's CPUs and memory for slurm.conf: %+v, %+v, %v", snap.Host.OnlineCPUs, snap.Host.MemTotal, err)
+	}
+	memMiB := snap.Host.MemTotal.N >> 20
 	ctldPort, slurmdPort := FreePort(t), FreePort(t)
 	proctrack, task := "linuxproc", "none"
 	if opts.Cgroups {
@@ -120,7 +123,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=%[5]d RealMemory=%[6]d State=UNKNOWN
 PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
-`, host, portOf(ctldPort), portOf(slurmdPort), dir, runtime.NumCPU(), memMiB-512, proctrack, task)
+`, host, portOf(ctldPort), portOf(slurmdPort), dir, snap.Host.OnlineCPUs.N, memMiB-512, proctrack, task)
 	if opts.KillWait > 0 {
 		conf += fmt.Sprintf("KillWait=%d\n", int(opts.KillWait.Seconds()))
 	}
@@ -205,22 +208,6 @@ func lookPath(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: not found on PATH or in the sbin directories", name)
-}
-
-func memTotalMiB() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var kb int64
-		if _, err := fmt.Sscanf(sc.Text(), "MemTotal: %d kB", &kb); err == nil {
-			return kb / 1024, nil
-		}
-	}
-	return 0, fmt.Errorf("/proc/meminfo: no MemTotal")
 }
 
 func portOf(hostport string) string { return hostport[strings.LastIndexByte(hostport, ':')+1:] }
