@@ -47,6 +47,10 @@ const (
 	stopTimeout
 	stopShutdown
 	stopLeaseLost
+	// stopDrain: the command died of a signal this worker did not send
+	// while it drains (Drain: Slurm's --signal reaches every process of
+	// the job, the commands too).
+	stopDrain
 )
 
 // enterScript writes the shell's pid to each file before "--", then execs
@@ -269,15 +273,18 @@ wait:
 	}
 	if cause == stopNone && stopSignalled(cmd.ProcessState) && stop != nil {
 		// A command stopped by a signal this worker did not send: when
-		// the same signal stops the worker (Slurm's scancel, preemption
-		// and time limit signal every process of the job at once, and
-		// systemd every process of the unit's cgroup), the worker learns
-		// of it a moment after its children may have died of it. Such a
-		// death is the worker's shutdown, not the shard's failure.
+		// the same signal stops or drains the worker (Slurm's scancel,
+		// preemption, time limit and --signal reach every process of the
+		// job at once, and systemd every process of the unit's cgroup),
+		// the worker learns of it a moment after its children may have
+		// died of it. Such a death is the worker's shutdown or drain, not
+		// the shard's failure.
 		t := time.NewTimer(stopSignalWait)
 		select {
 		case <-stop:
 			cause = stopShutdown
+		case <-w.drain:
+			cause = stopDrain
 		case <-t.C:
 		}
 		t.Stop()
@@ -310,6 +317,8 @@ wait:
 		r.outcome, r.reason = stream.OutcomeTimeout, fmt.Sprintf("exceeded the time limit of %s", timeout)
 	case cause == stopShutdown:
 		r.outcome, r.reason = stream.OutcomeInterrupted, "worker shutting down"
+	case cause == stopDrain:
+		r.outcome, r.reason = stream.OutcomeInterrupted, fmt.Sprintf("%s while the worker drains (%s): the job's end, not the shard's failure", signalled(ws), w.drainReason())
 	case cause == stopLeaseLost:
 		r.outcome, r.reason = stream.OutcomeLeaseLost, "lease could not be renewed; stopped without commit"
 	case ws.Signaled():
@@ -350,19 +359,32 @@ wait:
 // the worker's own shutdown before it is judged the shard's failure.
 const stopSignalWait = 2 * time.Second
 
-// stopSignalled reports whether a command ended by SIGTERM, SIGINT or
-// SIGHUP, or as a shell reports a child that did (exit 128+n).
+// stopSignals stop or drain a worker (cmd/shardpool): a command that dies
+// of one the worker did not send may have died of the same signal.
+var stopSignals = []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1}
+
+// stopSignalled reports whether a command ended by one of stopSignals, or
+// as a shell reports a child that did (exit 128+n).
 func stopSignalled(ps *os.ProcessState) bool {
 	ws, ok := ps.Sys().(syscall.WaitStatus)
 	if !ok {
 		return false
 	}
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
+	for _, sig := range stopSignals {
 		if (ws.Signaled() && ws.Signal() == sig) || (ws.Exited() && ws.ExitStatus() == 128+int(sig)) {
 			return true
 		}
 	}
 	return false
+}
+
+// signalled says how a command ended: "killed by signal S" or "exit
+// status N".
+func signalled(ws syscall.WaitStatus) string {
+	if ws.Signaled() {
+		return "killed by signal " + ws.Signal().String()
+	}
+	return fmt.Sprintf("exit status %d", ws.ExitStatus())
 }
 
 // devNull is the children's stdin, opened once: left nil, os/exec opens

@@ -915,7 +915,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		return
 	}
 	if res.outcome == stream.OutcomeInterrupted {
-		w.handBackUncharged(ctx, a, l, "interrupted by worker shutdown; requeued", "requeue", res.reason, func() { w.requeue(a.msg) })
+		w.handBackUncharged(ctx, a, l, "interrupted: "+res.reason+"; requeued", "requeue", res.reason, func() { w.requeue(a.msg) })
 		return
 	}
 	limit, n := spec.Retries+1, charged(&a.rec, m.Retry)

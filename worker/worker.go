@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -168,6 +170,11 @@ type Worker struct {
 	poke       chan struct{}       // reportSoon: a report ahead of the period
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
 	hurryOnce  sync.Once
+	drain      chan struct{} // closed by Drain: fetch no more, let the running shards end
+	drainOnce  sync.Once
+	drainWhy   string // why Drain was called, for reports and the admission log
+	draining   bool   // under mu: Drain was called; no fetch loop starts after it
+	serving    sync.WaitGroup
 	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
 	held       map[string]int  // per class: deliveries held for a store that takes no lease write
 	heldWhy    string          // the store's last refusal, while any is held
@@ -302,7 +309,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // barrierTimeout bounds one sync barrier request.
@@ -313,6 +320,31 @@ const barrierTimeout = 10 * time.Second
 // are recorded interrupted, as in any drain, and the messages handed
 // back.
 func (w *Worker) Hurry() { w.hurryOnce.Do(func() { close(w.hurry) }) }
+
+// Drain stops fetching and lets the running shards end as they would:
+// nothing is signalled, every command runs to its end, and its output is
+// committed. Run returns once they have all settled. A shutdown (Run's
+// context ending) still stops a drain at any time. why says who asked
+// ("SIGUSR1": Slurm's --signal before a job's end), for the worker's
+// report and the admission log.
+func (w *Worker) Drain(why string) {
+	w.drainOnce.Do(func() {
+		w.mu.Lock()
+		w.drainWhy = why
+		w.mu.Unlock()
+		close(w.drain)
+	})
+}
+
+// drainReason is why Drain was called, or "" before.
+func (w *Worker) drainReason() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.drainWhy
+}
+
+// errDrained ends Run's goroutines once a drain has settled every shard.
+var errDrained = errors.New("drained")
 
 // Running is the number of shards holding a slot now: from their delivery
 // to the end of their command.
@@ -340,6 +372,7 @@ func DefaultStateDir() string {
 // Run serves until ctx ends, then drains: it stops fetching, gives running
 // children SIGTERM and the grace period, records and Naks what did not
 // finish, and returns nil once every goroutine it started has exited.
+// After Drain it returns nil once the running shards have settled.
 func (w *Worker) Run(ctx context.Context) error {
 	w.started = time.Now().UTC()
 	if w.meter != nil {
@@ -474,9 +507,47 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	sort.Strings(classes)
-	for _, class := range classes {
-		g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), class, &shards) })
+	// The fetch loops end on a drain as on a shutdown; the shards they
+	// started end only on the shutdown (ctx).
+	fetchCtx, stopFetch := context.WithCancel(gctx)
+	defer stopFetch()
+	startServe := func(class string) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.draining {
+			return
+		}
+		w.serving.Add(1)
+		g.Go(func() error {
+			defer w.serving.Done()
+			return w.serve(fetchCtx, shardCtx, ctx.Done(), class, &shards)
+		})
 	}
+	for _, class := range classes {
+		startServe(class)
+	}
+	g.Go(func() error {
+		select {
+		case <-gctx.Done():
+			return nil
+		case <-w.drain:
+		}
+		w.mu.Lock()
+		w.draining = true
+		why := w.drainWhy
+		fetching := slices.Collect(maps.Keys(w.gates))
+		w.mu.Unlock()
+		stopFetch()
+		msg := fmt.Sprintf("draining (%s): fetching no more; %d running shard(s) end as they would", why, w.Running())
+		w.log.Info(msg)
+		w.hostLog("*", "drain", msg)
+		w.serving.Wait()
+		for _, class := range fetching {
+			w.setWait(class, 0, "draining ("+why+"): fetching no more")
+		}
+		shards.Wait()
+		return errDrained
+	})
 	if w.cfg.Auto || w.ledger != nil {
 		// The classes' peaks of the active runs, for admission and for what
 		// this worker's shards hold; in auto mode, serve every class of
@@ -504,7 +575,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				for _, c := range w.refreshPeaks(gctx) {
 					if w.cfg.Auto && !served[c] {
 						served[c] = true
-						g.Go(func() error { return w.serve(gctx, shardCtx, ctx.Done(), c, &shards) })
+						startServe(c)
 					}
 				}
 				for again := false; !again; {
@@ -528,7 +599,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	shards.Wait()
 	w.bg.Wait()
 	w.finalReport()
-	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+	if errors.Is(err, context.Canceled) || errors.Is(err, errDrained) || ctx.Err() != nil {
 		return nil
 	}
 	return err

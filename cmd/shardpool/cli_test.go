@@ -217,6 +217,58 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	}
 }
 
+// TestRunDrainsOnSIGUSR1: `shardpool run` in a Slurm job that asks for a
+// warning signal (--signal=USR1@SECONDS) finishes the shards it runs,
+// starts no more, and exits 130 with the resume command; when the running
+// shards were the run's last, it ends COMPLETE and exits 0.
+func TestRunDrainsOnSIGUSR1(t *testing.T) {
+	for _, c := range []struct {
+		shards, code int
+		says         string
+	}{
+		{4, 130, "drained (SIGUSR1): the running shards ended, the rest stay queued"},
+		{2, 0, "COMPLETE  (2 validated, 0 failed of 2)"},
+	} {
+		t.Run(fmt.Sprintf("%d shards", c.shards), func(t *testing.T) {
+			data := t.TempDir()
+			gate := filepath.Join(t.TempDir(), "gate")
+			spec := testenv.WriteJob(t, testenv.Job{Name: "usr1", Shards: c.shards,
+				Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.05; done; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate}})
+			log := filepath.Join(data, "runs", "usr1", "admission.log")
+			p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+			waitForDecisions(t, log, "admit", 2)
+			p.SignalMain(syscall.SIGUSR1)
+			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+				return strings.Contains(p.Output(), "SIGUSR1: draining"), "run output: " + p.Output()
+			})
+			if err := os.WriteFile(gate, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if code := p.Wait(t, 30*time.Second); code != c.code || !strings.Contains(p.Output(), c.says) {
+				t.Fatalf("drained run: exit %d, want %d and %q\n%s", code, c.code, c.says, p.Output())
+			}
+			b, _ := os.ReadFile(log)
+			if n := strings.Count(string(b), "decision=admit"); n != 2 {
+				t.Fatalf("%d shards admitted, want only the 2 running at the signal; admission log:\n%s", n, b)
+			}
+			if c.code == 0 {
+				return
+			}
+			if !strings.Contains(p.Output(), "resume with: shardpool run --data "+data) {
+				t.Fatalf("no resume command:\n%s", p.Output())
+			}
+			p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+			if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (4 validated, 0 failed of 4)") {
+				t.Fatalf("resumed run: exit %d, want 0 and COMPLETE\n%s", code, p.Output())
+			}
+			b, _ = os.ReadFile(log)
+			if n := strings.Count(string(b), "decision=validated"); n != 4 {
+				t.Fatalf("%d validations, want each of the 4 shards once; admission log:\n%s", n, b)
+			}
+		})
+	}
+}
+
 // TestInterruptWhileStagingStopsTheCopy: Ctrl-C while a large input is
 // being staged (here at 1 MiB/s, 20 s for the whole input) stops the copy
 // and exits at once, and the shard (retries = 0) runs on resume.

@@ -221,6 +221,8 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	stopDrain, _ := drainOnSignal(stderr, w)
+	defer stopDrain()
 	fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.String(), *server)
 	ran := make(chan struct{})
 	defer close(ran)

@@ -2,12 +2,14 @@ package main_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
@@ -467,7 +470,15 @@ func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 30)
 }
 
+// TestWorkerSIGTERMDrainsAndExitsZero: SIGTERM, and SIGHUP (the terminal
+// a worker was started from goes away), stop a worker gracefully.
 func TestWorkerSIGTERMDrainsAndExitsZero(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(unix.SignalName(sig), func(t *testing.T) { workerStopsOn(t, sig) })
+	}
+}
+
+func workerStopsOn(t *testing.T, sig syscall.Signal) {
 	// A lease TTL (and ack wait) far above the bound below: shards that
 	// were not handed back at once would wait 20 s, and the bound leaves a
 	// slow host room to start a worker.
@@ -482,9 +493,9 @@ func TestWorkerSIGTERMDrainsAndExitsZero(t *testing.T) {
 		return r.Counts.Running == 2, fmt.Sprintf("running %d", r.Counts.Running)
 	})
 	time.Sleep(300 * time.Millisecond)
-	w1.SignalMain(syscall.SIGTERM)
+	w1.SignalMain(sig)
 	if code := w1.Wait(t, 15*time.Second); code != 0 {
-		t.Fatalf("worker exit after SIGTERM: got %d, want 0\n%s", code, w1.Output())
+		t.Fatalf("worker exit after %s: got %d, want 0\n%s", unix.SignalName(sig), code, w1.Output())
 	}
 	rec, _ := testenv.ReadShard(c.js, "t", "s0000")
 	if rec.State != stream.ShardPending || rec.Attempts[0].Outcome != stream.OutcomeInterrupted {
@@ -734,4 +745,91 @@ func TestWorkerChecksItsScratchBeforeWaiting(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("took %s, want at once", d)
 	}
+}
+
+// TestWorkerSIGUSR1Drains: SIGUSR1, which Slurm sends ahead of a job's end
+// where the job asks for it (--signal=USR1@SECONDS), drains a worker: it
+// fetches no more, lets its running shards end and commit, and exits 0.
+// Slurm sends it to every process of the job: a command that dies of it
+// is handed back, not charged (retries = 0 would fail the shard), and
+// comes back at once for the next worker.
+func TestWorkerSIGUSR1Drains(t *testing.T) {
+	c := startCluster(t, "20s")
+	gate := filepath.Join(t.TempDir(), "gate")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0,
+		Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.05; done; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=2")
+	var kids []int
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		kids = childrenOf(t, w1.Cmd.Process.Pid)
+		return len(kids) == 2, fmt.Sprintf("commands running under the worker: %v", kids)
+	})
+	// As Slurm does, the command and the worker at about the same time;
+	// the command first, so that it dies before the worker knows.
+	if err := syscall.Kill(-kids[0], syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	w1.SignalMain(syscall.SIGUSR1)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		return strings.Contains(w1.Output(), "SIGUSR1: draining"), "worker output: " + w1.Output()
+	})
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := w1.Wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("worker exit after SIGUSR1: got %d, want 0\n%s", code, w1.Output())
+	}
+	var validated, handedBack, untouched []string
+	for i := range 3 {
+		id := fmt.Sprintf("s%04d", i)
+		rec, err := testenv.ReadShard(c.js, "t", id)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound) || (err == nil && len(rec.Attempts) == 0):
+			untouched = append(untouched, id)
+		case err != nil:
+			t.Fatalf("record of %s: %v", id, err)
+		case rec.State == stream.ShardValidated && len(rec.Attempts) == 1:
+			validated = append(validated, id)
+		case rec.State == stream.ShardPending && len(rec.Attempts) == 1 && rec.Attempts[0].Outcome == stream.OutcomeInterrupted &&
+			strings.Contains(rec.Attempts[0].Reason, "while the worker drains (SIGUSR1)") && rec.Interrupted == 1:
+			handedBack = append(handedBack, id)
+		default:
+			t.Errorf("shard %s after the drain: %s, interrupted %d, attempts %+v", id, rec.State, rec.Interrupted, rec.Attempts)
+		}
+	}
+	if len(validated) != 1 || len(handedBack) != 1 || len(untouched) != 1 {
+		t.Fatalf("after the drain: validated %v, handed back %v, never fetched %v; want one of each\n%s", validated, handedBack, untouched, w1.Output())
+	}
+	start := time.Now()
+	c.worker("w2", "--slots", "cpu=2")
+	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the drained worker's shards took %s to finish, want them at once, not after the 20 s ack wait", d)
+	}
+	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 3)
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kids []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // gone
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parens.
+		i := strings.LastIndexByte(string(b), ')')
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			k, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			kids = append(kids, k)
+		}
+	}
+	return kids
 }

@@ -14,7 +14,11 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: a worker or run started from a terminal that goes away
+	// (ssh disconnects) drains as on SIGTERM; by Go's default it would
+	// die on the spot, and every shard it ran would wait out its lease
+	// and be charged an attempt.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	profStop()

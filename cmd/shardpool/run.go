@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -163,7 +164,25 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	workerCtx, stopWorker := context.WithCancel(gctx)
 	defer stopWorker()
 	workerDone := make(chan struct{})
-	g.Go(func() error { defer close(workerDone); return wk.Run(workerCtx) })
+	stopDrain, drained := drainOnSignal(stderr, wk)
+	defer stopDrain()
+	var workerErr error // read once workerDone is closed
+	g.Go(func() error {
+		defer close(workerDone)
+		workerErr = wk.Run(workerCtx)
+		return workerErr
+	})
+	// A drained worker returns before the run's verdict: the wait ends
+	// with it.
+	waitCtx, endWait := context.WithCancel(ctx)
+	defer endWait()
+	go func() {
+		select {
+		case <-workerDone:
+			endWait()
+		case <-waitCtx.Done():
+		}
+	}()
 
 	// A submission that queued work makes any verdict written before it
 	// stale: a BLOCKED run whose failed shards were just requeued is
@@ -172,7 +191,16 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 {
 		since = submitted
 	}
-	final, waitErr := waitRun(ctx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull, wk.OthersLimit)
+	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull, wk.OthersLimit)
+	if waitErr != nil && ctx.Err() == nil && drained() {
+		// The drain's last shards may have been the run's last: the
+		// verdict follows their records by a moment.
+		vctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		if f, err := waitRun(vctx, coord.JetStream(), spec.Name, since, io.Discard, coord.StoreFull, wk.OthersLimit); err == nil {
+			final, waitErr = f, nil
+		}
+		cancel()
+	}
 	if ctx.Err() != nil {
 		defer announceDrain(stderr, wk, *grace)()
 	}
@@ -187,6 +215,14 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if errors.As(waitErr, &full) {
 		fmt.Fprintf(stdout, "stopped: the coordinator's store is full: %s\nstate is kept in %s; free space there, then resume with: %s\n", full.why, absData, resume)
 		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store is full: " + full.why}
+	}
+	if waitErr != nil && ctx.Err() == nil && drained() {
+		fmt.Fprintf(stdout, "drained (SIGUSR1): the running shards ended, the rest stay queued; state is kept in %s\nresume with: %s\n", absData, resume)
+		return exitErr{code: exitInterrupted, msg: "run " + spec.Name + " drained on SIGUSR1 before it completed; resume with: " + resume}
+	}
+	if waitErr != nil && ctx.Err() == nil && workerErr != nil {
+		fmt.Fprintf(stdout, "the worker stopped; state is kept in %s\nresume with: %s\n", absData, resume)
+		return fmt.Errorf("run %s: %w", spec.Name, workerErr)
 	}
 	if waitErr != nil {
 		fmt.Fprintf(stdout, "interrupted; state is kept in %s\nresume with: %s\n", absData, resume)
@@ -215,7 +251,7 @@ func announceDrain(stderr io.Writer, wk *worker.Worker, grace time.Duration) fun
 		fmt.Fprintln(stderr, "stopping")
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	done := make(chan struct{})
 	go func() {
 		select {
@@ -229,6 +265,31 @@ func announceDrain(stderr io.Writer, wk *worker.Worker, grace time.Duration) fun
 		signal.Stop(sig)
 		close(done)
 	}
+}
+
+// drainOnSignal drains wk on SIGUSR1, which Slurm sends ahead of a job's
+// end where the job asks for it (`--signal=USR1@SECONDS`): no more shards
+// are fetched, the running ones end as they would, and the worker exits
+// once they have settled. Before, Go ignored the signal. The returned func
+// stops listening; drained reports whether the signal came.
+func drainOnSignal(stderr io.Writer, wk *worker.Worker) (stop func(), drained func() bool) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	done := make(chan struct{})
+	var got atomic.Bool
+	go func() {
+		select {
+		case <-sig:
+			got.Store(true)
+			fmt.Fprintf(stderr, "SIGUSR1: draining: no more shards are fetched; %d running shard(s) end as they would, then this exits (SIGTERM stops them now)\n", wk.Running())
+			wk.Drain("SIGUSR1")
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(sig)
+		close(done)
+	}, got.Load
 }
 
 // checkOutputDir makes the output directory: a `run` commits every shard

@@ -126,9 +126,14 @@ func TestSlurmCancelHandsShardsBack(t *testing.T) {
 		trap     string
 		grace    []string
 		notice   string
+		scancel  []string
 	}{
-		{"commands die of the SIGTERM", 0, "", []string{"--grace", "5s"}, ""},
-		{"commands ignore the SIGTERM", 4 * time.Second, "trap '' TERM; ", nil, "--grace 10s shortened to 2s"},
+		{"commands die of the SIGTERM", 0, "", []string{"--grace", "5s"}, "", nil},
+		{"commands ignore the SIGTERM", 4 * time.Second, "trap '' TERM; ", nil, "--grace 10s shortened to 2s", nil},
+		// What --signal=USR1@SECONDS sends ahead of a job's time limit:
+		// the worker drains and exits 0, ending the job; the commands die
+		// of the signal and are handed back.
+		{"SIGUSR1 drains the worker", 0, "", nil, "SIGUSR1: draining", []string{"--signal=USR1"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -144,18 +149,22 @@ func TestSlurmCancelHandsShardsBack(t *testing.T) {
 				r, err := env.Run("t")
 				return err == nil && r.Counts.Running == 2, fmt.Sprintf("run %+v, %v", r.Counts, err)
 			})
-			if out, err := sl.Command("scancel", "--name=sp-cancel").CombinedOutput(); err != nil {
+			if out, err := sl.Command("scancel", append(c.scancel, "--name=sp-cancel")...).CombinedOutput(); err != nil {
 				t.Fatalf("scancel: %v\n%s", err, out)
 			}
 			done := make(chan error, 1)
 			go func() { done <- worker.Wait() }()
+			var exit error
 			select {
-			case <-done:
+			case exit = <-done:
 			case <-time.After(45 * time.Second):
 				_ = worker.Process.Kill()
 				t.Fatalf("srun did not end within 45s of scancel")
 			}
 			b, _ := os.ReadFile(logPath)
+			if c.scancel != nil && exit != nil {
+				t.Errorf("srun after scancel %v: %v, want the drained worker to exit 0\n%s", c.scancel, exit, b)
+			}
 			if c.notice != "" && !strings.Contains(string(b), c.notice) {
 				t.Errorf("worker log does not say %q:\n%s", c.notice, b)
 			}
