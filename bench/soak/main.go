@@ -2,11 +2,12 @@
 // workers (real `shardpool` processes on this host) run N short shards
 // while the soak kills them at random: SIGKILL of the coordinator (then
 // restarted on the same --data), SIGKILL of either worker, SIGTERM of a
-// worker (each restarted under its name). When the run ends it checks
+// worker, SIGUSR1 of a worker and its commands as Slurm's --signal sends
+// it (each restarted under its name). When the run ends it checks
 // what shardpool promises: the run is COMPLETE, every shard was recorded
 // validated exactly once (KV history), and every output verifies against
 // its marker with the run's fingerprint. It exits 1 on any violation.
-// With -powercut (root, loop devices) a fifth event cuts the host's power:
+// With -powercut (root, loop devices) a sixth event cuts the host's power:
 // every process dies, and the disk holding the store and the workers'
 // state and the one holding the job and its outputs lose what was not
 // made durable (coordinator/drill/powercut); then all restart.
@@ -25,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -148,9 +150,9 @@ func (s *soak) run(n, events int) int {
 	for _, w := range []string{"w1", "w2"} {
 		s.startWorker(w)
 	}
-	kinds := 4
+	kinds := 5
 	if s.stateFS != nil {
-		kinds = 5
+		kinds = 6
 	}
 	for range events {
 		time.Sleep(time.Duration(500+s.rng.IntN(1500)) * time.Millisecond)
@@ -169,6 +171,9 @@ func (s *soak) run(n, events int) int {
 			s.signal("w1", syscall.SIGTERM)
 			s.startWorker("w1")
 		case 4:
+			s.slurmWarning("w2")
+			s.startWorker("w2")
+		case 5:
 			s.powerCut()
 		}
 	}
@@ -271,6 +276,42 @@ func (s *soak) startProc(name string, args ...string) {
 	s.logf("start %s (pid %d)", name, cmd.Process.Pid)
 }
 
+// slurmWarning is what Slurm's --signal=USR1@SECONDS sends ahead of a
+// job's time limit: SIGUSR1 to every process of the job, the worker's
+// commands (first: they may die of it before the worker knows) and the
+// worker, which drains and exits; it waits for that.
+func (s *soak) slurmWarning(name string) {
+	cmd := s.procs[name]
+	if cmd == nil {
+		return
+	}
+	kids := childrenOf(cmd.Process.Pid)
+	s.logf("SIGUSR1 to %s's %d command(s)", name, len(kids))
+	for _, k := range kids {
+		_ = syscall.Kill(-k, syscall.SIGUSR1)
+	}
+	s.signal(name, syscall.SIGUSR1)
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var kids []int
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
+			k, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			kids = append(kids, k)
+		}
+	}
+	return kids
+}
+
 // signal sends sig to a process and, for a graceful stop, waits for it to
 // exit (a worker restarted under its name before the old one left would be
 // refused the name).
@@ -330,7 +371,7 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 		s.logf("VIOLATION: shards bucket: %v", err)
 		return 1
 	}
-	bad, reran := 0, 0
+	bad, reran, drained := 0, 0, 0
 	for i := range n {
 		id := fmt.Sprintf("s%04d", i)
 		hist, err := kv.History(ctx, stream.ShardKey("soak", id))
@@ -346,6 +387,19 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 		}
 		if len(validated) > 0 && len(validated[len(validated)-1].Attempts) > 1 {
 			reran++
+		}
+		if len(validated) > 0 {
+			// A command killed by the drain's SIGUSR1 is handed back, not
+			// charged.
+			for _, a := range validated[len(validated)-1].Attempts {
+				if (strings.Contains(a.Reason, "user defined signal 1") || strings.Contains(a.Reason, "exit status 138")) && a.Outcome != stream.OutcomeInterrupted {
+					s.logf("VIOLATION: %s attempt %d charged for the drain's SIGUSR1: %s: %s", id, a.N, a.Outcome, a.Reason)
+					bad++
+				}
+				if a.Outcome == stream.OutcomeInterrupted && strings.Contains(a.Reason, "while the worker drains") {
+					drained++
+				}
+			}
 		}
 		mk, err := checkpoint.Verify(filepath.Join(s.job, "out", id))
 		if err != nil || mk.Fingerprint != run.Fingerprint {
@@ -363,7 +417,7 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 		}
 	}
 	ran, _ := os.ReadFile(filepath.Join(s.dir, "ran.log"))
-	s.logf("%d shard(s) needed more than one attempt; commands ran %d times for %d shards", reran, strings.Count(string(ran), "\n"), n)
+	s.logf("%d shard(s) needed more than one attempt (%d handed back by a drain); commands ran %d times for %d shards", reran, drained, strings.Count(string(ran), "\n"), n)
 	return bad
 }
 
