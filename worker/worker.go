@@ -51,6 +51,11 @@ type Config struct {
 	BackoffMin, BackoffMax time.Duration
 	// FetchWait bounds one Fetch when the queue is empty. Default 500ms.
 	FetchWait time.Duration
+	// IdleExit, when set, drains the worker (Drain) once it has had no
+	// shard running and none delivered for that long: a worker in a batch
+	// allocation then releases it when the queue has run dry, rather than
+	// holding it to the time limit. Zero serves until stopped.
+	IdleExit time.Duration
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
 	// Recheck is how often a class held back by admission looks again
@@ -175,6 +180,7 @@ type Worker struct {
 	drainWhy   string // why Drain was called, for reports and the admission log
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
 	serving    sync.WaitGroup
+	busyAt     atomic.Int64 // unix nanoseconds of the last delivery or shard end (IdleExit)
 	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
 	held       map[string]int  // per class: deliveries held for a store that takes no lease write
 	heldWhy    string          // the store's last refusal, while any is held
@@ -341,6 +347,30 @@ func (w *Worker) drainReason() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.drainWhy
+}
+
+// exitWhenIdle drains the worker once it has had nothing to run for
+// IdleExit: no shard holding a slot, and none delivered since.
+func (w *Worker) exitWhenIdle(ctx context.Context) error {
+	t := time.NewTicker(min(max(w.cfg.IdleExit/4, 10*time.Millisecond), time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.drain:
+			return nil
+		case <-t.C:
+		}
+		if w.Running() > 0 {
+			w.busyAt.Store(time.Now().UnixNano())
+			continue
+		}
+		if idle := time.Since(time.Unix(0, w.busyAt.Load())); idle >= w.cfg.IdleExit {
+			w.Drain(fmt.Sprintf("no shard to run for %s: --idle-exit", idle.Round(time.Second)))
+			return nil
+		}
+	}
 }
 
 // errDrained ends Run's goroutines once a drain has settled every shard.
@@ -526,6 +556,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	for _, class := range classes {
 		startServe(class)
 	}
+	if w.cfg.IdleExit > 0 {
+		w.busyAt.Store(time.Now().UnixNano())
+		g.Go(func() error { return w.exitWhenIdle(gctx) })
+	}
 	g.Go(func() error {
 		select {
 		case <-gctx.Done():
@@ -692,6 +726,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			for msg := range batch.Messages() {
 				got++
 				g.arrived()
+				w.busyAt.Store(time.Now().UnixNano())
 				if ctx.Err() != nil {
 					// Shutting down: hand it back untouched.
 					w.handBackUnstarted(msg)

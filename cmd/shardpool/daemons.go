@@ -199,6 +199,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	acc := registerAccess(fs)
 	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet (0: fail at once)")
+	idleExit := fs.Duration("idle-exit", 0, "exit (0) after this long with no shard running and none delivered, as a worker in a batch allocation should (0: serve until stopped)")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
 	sf.register(fs)
@@ -217,7 +218,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Auto: slots.auto, Scratch: *scratch,
-		StateDir: *data, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+		StateDir: *data, Grace: *grace, IdleExit: *idleExit, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo)})
 	if err != nil {
 		return err
 	}

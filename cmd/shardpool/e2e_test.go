@@ -833,3 +833,28 @@ func childrenOf(t *testing.T, pid int) []int {
 	}
 	return kids
 }
+
+// TestWorkerIdleExit: `worker --idle-exit 1s` serves while it has shards,
+// one that runs longer than a second included, and exits 0 once it has
+// had nothing to run for a second.
+func TestWorkerIdleExit(t *testing.T) {
+	c := startCluster(t, "20s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"sh", "-c", `sleep 2; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	c.submit(spec)
+	start := time.Now()
+	w := c.worker("w1", "--slots", "cpu=2", "--idle-exit", "1s")
+	if code := w.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("idle worker: exit %d, want 0\n%s", code, w.Output())
+	}
+	// Two rounds of 2 s shards, then a second idle.
+	if d := time.Since(start); d < 4*time.Second {
+		t.Errorf("the worker exited after %s, before its shards could have run", d)
+	}
+	r, err := testenv.ReadRun(context.Background(), c.js, "t")
+	if err != nil || r.State != stream.RunComplete {
+		t.Fatalf("run after the idle worker left: %+v, %v; want COMPLETE\n%s", r, err, w.Output())
+	}
+	if !strings.Contains(w.Output(), "draining (no shard to run for") {
+		t.Errorf("the worker does not say why it left:\n%s", w.Output())
+	}
+}

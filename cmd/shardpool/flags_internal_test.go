@@ -14,7 +14,7 @@ import (
 // anything but its argument once printed "-token-file shardpool
 // coordinator --data DATA".
 func TestHelpNamesEveryFlagsArgument(t *testing.T) {
-	commands := [][]string{{"run"}, {"coordinator"}, {"worker"}, {"submit"}, {"status"}, {"forget"},
+	commands := [][]string{{"run"}, {"coordinator"}, {"worker"}, {"submit"}, {"sbatch"}, {"status"}, {"forget"},
 		{"profile"}, {"plan"}, {"stage"}, {"preflight"}, {"drill"},
 		{"ckpt", "commit"}, {"ckpt", "latest"}, {"ckpt", "replicate"}, {"ckpt", "verify"}}
 	flagLine := regexp.MustCompile(`^  (--[a-z][a-z0-9-]+|-[a-z])( ([A-Z][A-Z:=|_]*|[a-z]+\|[a-z|]+|int|duration))?$`)

@@ -35,6 +35,7 @@ Usage:
   shardpool coordinator --data DIR     the embedded JetStream coordinator (distributed form)
   shardpool worker --server URL        one worker per host
   shardpool submit --server URL SPEC   publish a run (idempotent)
+  shardpool sbatch --server URL SPEC   ask Slurm for nodes sized to the run, one worker on each
   shardpool status --server URL [RUN]  run and shard states, workers (--data DIR: of a run's state directory)
   shardpool forget --server URL RUN    remove a COMPLETE or BLOCKED run from the coordinator's store (outputs stay)
   shardpool ckpt commit|latest|verify|replicate  atomic checkpoint generations for jobs
@@ -64,6 +65,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdWorker(ctx, rest, stdout, stderr)
 	case "submit":
 		return cmdSubmit(ctx, rest, stdout, stderr)
+	case "sbatch":
+		return cmdSbatch(ctx, rest, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, rest, stdout, stderr)
 	case "forget":

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -297,5 +298,83 @@ func TestWorkerInBatchJob(t *testing.T) {
 		if wk.Name == "slurm1" && wk.SlurmJob != job {
 			t.Errorf("status --json: worker slurm1 reports Slurm job %q, want %s", wk.SlurmJob, job)
 		}
+	}
+}
+
+// TestSbatchPlacesWorkers: `shardpool sbatch` asks the test cluster for a
+// node sized to the run (2 slots of a class declaring 1 CPU and 100MiB: 2
+// CPUs, 456MiB with the worker's 256MiB), with Slurm's warning signal, and
+// runs a worker in it that completes the run and then, with nothing left
+// to run, exits and releases the node.
+func TestSbatchPlacesWorkers(t *testing.T) {
+	sl := testenv.StartSlurm(t, testenv.SlurmOptions{})
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Command: []string{"sh", "-c", `sleep 0.3; cp "$1" "$2/"`, "sh", "{input}", "{out}"},
+		Extra: "[class.cpu]\ncpus = 1\nmemory = \"100MiB\"\n"})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	sbatch := func(args ...string) string {
+		t.Helper()
+		cmd := sl.Command(testenv.Binary(t), append([]string{"sbatch", "--server", env.URL, "--data", dir, "--slots", "2", "--warn", "90s", "--time", "10m"}, args...)...)
+		// The job inherits these (sbatch exports the environment): the
+		// worker's state and scratch stay in the test's directory.
+		cmd.Env = append(cmd.Env, "XDG_STATE_HOME="+filepath.Join(dir, "state"), "TMPDIR="+dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("shardpool sbatch %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	out := sbatch("--dry-run", spec, "--", "--comment=shardpool-test")
+	for _, want := range []string{"--job-name=shardpool-t ", "--nodes=1 ", "--cpus-per-task=2 ", "--mem=456M ", "--signal=USR1@90 ", "--time=0-00:10:00 ",
+		"--comment=shardpool-test SCRIPT", "srun --ntasks-per-node=1 " + testenv.Binary(t) + " worker --server " + env.URL + " --idle-exit 2m0s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("sbatch --dry-run does not say %q:\n%s", want, out)
+		}
+	}
+	if q, err := sl.Command("squeue", "-h").CombinedOutput(); err != nil || strings.TrimSpace(string(q)) != "" {
+		t.Fatalf("after --dry-run, squeue: %v\n%s; want no job", err, q)
+	}
+
+	out = sbatch("--idle-exit", "3s", spec)
+	m := regexp.MustCompile(`submitted Slurm job (\d+): 1 node\(s\), each one worker with 2 CPU\(s\), 456MiB for 2 slot\(s\)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("sbatch did not say what it submitted:\n%s", out)
+	}
+	job := m[1]
+	gone := func(limit time.Duration) {
+		testenv.Eventually(t, limit, func() (bool, string) {
+			q, err := sl.Command("squeue", "-h", "-j", job).CombinedOutput()
+			return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("job %s still queued or running:\n%s", job, q)
+		})
+	}
+	t.Cleanup(func() {
+		_ = sl.Command("scancel", job).Run()
+		gone(40 * time.Second)
+	})
+	slurmOut := filepath.Join(dir, "runs", "t", "slurm", job+".out")
+	rec := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
+	if rec.State != stream.RunComplete {
+		b, _ := os.ReadFile(slurmOut)
+		t.Fatalf("run under the sbatch worker: %s (%s), want COMPLETE\nSlurm's output:\n%s", rec.State, rec.Reason, b)
+	}
+	// With nothing left to run the worker exits, and the job ends long
+	// before its 10 minutes.
+	gone(40 * time.Second)
+	b, _ := os.ReadFile(slurmOut)
+	if !strings.Contains(string(b), "draining (no shard to run for") {
+		t.Errorf("Slurm's output %s does not show the idle worker draining:\n%s", slurmOut, b)
+	}
+	info, err := sl.Command("scontrol", "show", "job", "-o", job).CombinedOutput()
+	if err != nil {
+		t.Fatalf("scontrol show job %s: %v\n%s", job, err, info)
+	}
+	for _, want := range []string{"NumCPUs=2 ", "MinMemoryNode=456M ", "JobState=COMPLETED "} {
+		if !strings.Contains(string(info), want) {
+			t.Errorf("job %s: want %q in its record:\n%s", job, want, info)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", "sbatch.txt")); err != nil || !strings.Contains(string(b), "job "+job+": sbatch --parsable") {
+		t.Errorf("sbatch.txt does not record the submission of job %s: %v\n%s", job, err, b)
 	}
 }
