@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -57,6 +58,29 @@ func WriteFile(path string, data []byte) error { return WriteFilePerm(path, data
 
 // WriteFilePerm is WriteFile with the new file's permissions (before the
 // umask): 0600 for what only its user may read.
+// CreateFilePerm is WriteFilePerm for a file that must not be replaced:
+// it links the durable temporary file into place, so that of several
+// processes creating path at once exactly one succeeds (created) and the
+// others find its content there.
+func CreateFilePerm(path string, data []byte, perm os.FileMode) (created bool, err error) {
+	dir := filepath.Dir(path)
+	tmp := filepath.Join(dir, ".tmp-"+filepath.Base(path)+"-"+randSuffix())
+	defer os.Remove(tmp)
+	if err := writeNew(tmp, data, true, perm); err != nil {
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Link(tmp, path); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Remove(tmp); err != nil {
+		return true, fmt.Errorf("write %s: %w", path, err)
+	}
+	return true, syncDir(dir)
+}
+
 func WriteFilePerm(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
 	tmp := filepath.Join(dir, ".tmp-"+filepath.Base(path)+"-"+randSuffix())

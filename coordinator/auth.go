@@ -34,9 +34,15 @@ func loadOrCreateToken(path string) (string, error) {
 	}
 	tok = hex.EncodeToString(b)
 	// Durable before any client is given it: a power cut must not bring
-	// the coordinator back with another token than its workers hold.
-	if err := checkpoint.WriteFilePerm(path, []byte(tok+"\n"), 0o600); err != nil {
+	// the coordinator back with another token than its workers hold. Of
+	// coordinators of a cluster started at once on one --token-file, the
+	// first makes it and the others take it.
+	created, err := checkpoint.CreateFilePerm(path, []byte(tok+"\n"), 0o600)
+	if err != nil {
 		return "", err
+	}
+	if !created {
+		return ReadToken(path)
 	}
 	return tok, nil
 }
@@ -77,6 +83,9 @@ func TokenReader(path string) func() string {
 func (c *Coordinator) TokenFile() string {
 	if !c.cfg.Auth {
 		return ""
+	}
+	if c.cfg.TokenFile != "" {
+		return c.cfg.TokenFile
 	}
 	return filepath.Join(c.cfg.StoreDir, TokenName)
 }

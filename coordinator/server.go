@@ -70,9 +70,33 @@ type Config struct {
 	// in-process and does not use it. Off, traffic (the token with it)
 	// crosses the network in the clear.
 	TLS bool
+	// Cluster, when set, is this coordinator's route listener (HOST:PORT)
+	// in a NATS cluster of coordinators, and Peers the route addresses of
+	// the others (HOST:PORT each; this one's own may be among them). The
+	// SHARDS stream and every bucket are replicated on three of them
+	// (Replicas), every write is acknowledged by a majority, and any one
+	// coordinator may be lost without losing a write or stopping the
+	// runs. A cluster needs at least three; see docs/decisions.md.
+	Cluster string
+	Peers   []string
+	// Name is this coordinator's server name, unique in its cluster.
+	// Default "shardpool" alone, or host-port of Cluster in a cluster.
+	Name string
+	// TokenFile, when set, holds the token clients present instead of
+	// StoreDir/token (made there if missing): the coordinators of a
+	// cluster share one, and routes between them present it too.
+	// Requires Auth.
+	TokenFile string
 	// Logger receives structured logs; default discards.
 	Logger *slog.Logger
 }
+
+// clusterName is the NATS cluster's name.
+const clusterName = "shardpool"
+
+// clusterReplicas is how many copies a cluster keeps of every stream and
+// bucket: a majority of 2 survives the loss of any one coordinator.
+const clusterReplicas = 3
 
 // Coordinator is an embedded JetStream server plus run tracking.
 type Coordinator struct {
@@ -143,6 +167,46 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Cluster != "" {
+		h, p, err := net.SplitHostPort(cfg.Cluster)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Cluster %q: %v", ErrConfig, cfg.Cluster, err)
+		}
+		var peers []string
+		for _, peer := range cfg.Peers {
+			if _, _, err := net.SplitHostPort(peer); err != nil {
+				return nil, fmt.Errorf("%w: peer %q: %v", ErrConfig, peer, err)
+			}
+			if peer != cfg.Cluster {
+				peers = append(peers, peer)
+			}
+		}
+		if len(peers)+1 < clusterReplicas {
+			return nil, fmt.Errorf("%w: a cluster of coordinators needs at least %d (this one and %d peers), got %d peer(s): with fewer, losing one stops every run", ErrConfig, clusterReplicas, clusterReplicas-1, len(peers))
+		}
+		cfg.Peers = peers
+		if cfg.Name == "" {
+			host, _ := os.Hostname()
+			if h != "" && h != "0.0.0.0" && h != "::" {
+				host = h
+			}
+			cfg.Name = host + "-" + p
+		}
+		// A majority of copies acknowledges every write; fsync at each is
+		// what SyncAlways adds (docs/decisions.md). Group sync's barrier
+		// is one store's syncfs and cannot speak for a majority.
+		if cfg.Sync == stream.SyncGroup {
+			cfg.Sync = stream.SyncAlways
+		}
+	} else if len(cfg.Peers) > 0 {
+		return nil, fmt.Errorf("%w: Peers without Cluster: give this coordinator's own route listener", ErrConfig)
+	}
+	if cfg.Name == "" {
+		cfg.Name = "shardpool"
+	}
+	if cfg.TokenFile != "" && !cfg.Auth {
+		return nil, fmt.Errorf("%w: TokenFile without Auth", ErrConfig)
+	}
 	abs, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: DataDir: %v", ErrConfig, err)
@@ -188,7 +252,12 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	c.lock = lock
-	if c.cfg.Auth {
+	if c.cfg.Auth && c.cfg.TokenFile != "" {
+		if c.token, err = loadOrCreateToken(c.cfg.TokenFile); err != nil {
+			c.Close()
+			return fmt.Errorf("start coordinator: %w", err)
+		}
+	} else if c.cfg.Auth {
 		if c.token, err = loadOrCreateToken(filepath.Join(c.cfg.StoreDir, TokenName)); err != nil {
 			c.Close()
 			return fmt.Errorf("start coordinator: %w", err)
@@ -208,7 +277,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	opts := &server.Options{
-		ServerName:         "shardpool",
+		ServerName:         c.cfg.Name,
 		Host:               host,
 		Port:               port,
 		JetStream:          true,
@@ -221,6 +290,27 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		Authorization:      c.token, // "" with Auth off: no authorization
 		TLSConfig:          tlsCfg,  // nil with TLS off
 		TLSTimeout:         5,
+	}
+	if c.cfg.Cluster != "" {
+		ch, cp, _ := net.SplitHostPort(c.cfg.Cluster)
+		cport, err := strconv.Atoi(cp)
+		if err != nil {
+			c.Close()
+			return fmt.Errorf("%w: Cluster port %q", ErrConfig, cp)
+		}
+		opts.Cluster = server.ClusterOpts{Name: clusterName, Host: ch, Port: cport}
+		var routes []string
+		for _, p := range c.cfg.Peers {
+			u := "nats-route://" + p
+			if c.token != "" {
+				// Routes present the clients' token: a process that can
+				// reach the route port cannot join without it.
+				opts.Cluster.Username, opts.Cluster.Password = "shardpool", c.token
+				u = "nats-route://shardpool:" + c.token + "@" + p
+			}
+			routes = append(routes, u)
+		}
+		opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
 	}
 	c.opts = opts.Clone() // NewServer adjusts what it is given
 	srv, err := server.NewServer(opts)
@@ -255,7 +345,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	c.js = js
-	if err := stream.Setup(ctx, js, stream.Layout{LeaseTTL: c.cfg.LeaseTTL}); err != nil {
+	if err := c.setup(ctx, js); err != nil {
 		c.Close()
 		return fmt.Errorf("start coordinator: %w", err)
 	}
@@ -297,6 +387,38 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	return nil
 }
 
+// setup creates the layout. In a cluster every coordinator tries, and
+// until the cluster has elected its meta leader and met its peers the
+// JetStream API answers with errors: they are tried again until
+// ReadyTimeout.
+func (c *Coordinator) setup(ctx context.Context, js jetstream.JetStream) error {
+	layout := stream.Layout{LeaseTTL: c.cfg.LeaseTTL}
+	if c.cfg.Cluster == "" {
+		return stream.Setup(ctx, js, layout)
+	}
+	layout.Replicas = clusterReplicas
+	deadline := time.Now().Add(c.cfg.ReadyTimeout)
+	for {
+		// The meta leader creates the layout; the others wait for it to
+		// exist (concurrent creations of one stream stall each other).
+		var err error
+		if c.srv.JetStreamIsLeader() {
+			err = stream.Setup(ctx, js, layout)
+		} else if _, err = stream.OpenBuckets(ctx, js); err == nil {
+			_, err = js.Stream(ctx, stream.StreamShards)
+		}
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		c.log.Debug("cluster layout not ready", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 func (c *Coordinator) waitHealthy(ctx context.Context) error {
 	deadline := time.Now().Add(c.cfg.ReadyTimeout)
 	for {
@@ -327,8 +449,12 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	defer c.Close()
 	g, gctx := errgroup.WithContext(ctx)
-	t := newTracker(c)
-	g.Go(func() error { return t.run(gctx) })
+	if c.cfg.Cluster == "" {
+		t := newTracker(c)
+		g.Go(func() error { return t.run(gctx) })
+	} else {
+		g.Go(func() error { return c.trackWhileLeader(gctx) })
+	}
 	g.Go(func() error { return c.watchStore(gctx, c.cfg.StoreEvery) })
 	if c.http != nil {
 		g.Go(func() error {
@@ -349,6 +475,55 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// trackWhileLeader runs the tracker on the cluster's meta leader only:
+// one coordinator judges the runs and writes their evidence at a time.
+// When leadership moves, the new leader's tracker starts from the shard
+// records, as after a restart.
+func (c *Coordinator) trackWhileLeader(ctx context.Context) error {
+	var stop context.CancelFunc
+	var done chan struct{}
+	defer func() {
+		if stop != nil {
+			stop()
+			<-done
+		}
+	}()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		leader := c.srv.JetStreamIsLeader()
+		if done != nil {
+			select {
+			case <-done: // ended by an error: start again while leader
+				stop, done = nil, nil
+			default:
+			}
+		}
+		switch {
+		case leader && done == nil:
+			c.log.Info("cluster: this coordinator leads; tracking runs", "name", c.cfg.Name)
+			tctx, cancel := context.WithCancel(ctx)
+			stop, done = cancel, make(chan struct{})
+			go func(done chan struct{}) {
+				defer close(done)
+				if err := newTracker(c).run(tctx); err != nil && tctx.Err() == nil {
+					c.log.Warn("cluster: tracker stopped; starting again", "err", err)
+				}
+			}(done)
+		case !leader && done != nil:
+			c.log.Info("cluster: leadership moved; tracking stops here", "name", c.cfg.Name)
+			stop()
+			<-done
+			stop, done = nil, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 // Close shuts the connection and the server down; it is idempotent.
@@ -464,6 +639,9 @@ func (c *Coordinator) startSyncer(store string) error {
 	host, _ := os.Hostname()
 	base := stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store,
 		PID: os.Getpid(), PIDNS: stream.PIDNamespace()}
+	if c.cfg.Cluster != "" {
+		base.Name, base.Cluster = c.cfg.Name, clusterName
+	}
 	if st, err := probe.ReadStat("/proc", os.Getpid()); err == nil {
 		base.Start = st.Start
 	}
@@ -558,6 +736,9 @@ func (n natsLogger) Tracef(f string, v ...any) {}
 // sorted, each once (its own in-process connection among them); nil when
 // the server cannot say.
 func (c *Coordinator) clientNames() []string {
+	if c.cfg.Cluster != "" {
+		return nil // a worker may be connected to another coordinator
+	}
 	cz, err := c.srv.Connz(&server.ConnzOptions{Limit: math.MaxInt32})
 	if err != nil {
 		return nil

@@ -76,6 +76,11 @@ type CoordinatorInfo struct {
 	PID   int    `json:"pid,omitempty"`
 	PIDNS string `json:"pid_ns,omitempty"`
 	Start int64  `json:"start,omitempty"`
+	// Name and Cluster are set by a coordinator in a cluster of
+	// coordinators: its server name, and the cluster's name. Any one of
+	// them answers; Clients then lists only its own connections.
+	Name    string `json:"name,omitempty"`
+	Cluster string `json:"cluster,omitempty"`
 }
 
 // AskInfo requests the coordinator's CoordinatorInfo.

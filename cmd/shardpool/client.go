@@ -363,7 +363,11 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		}
 	}
 	if c := st.Coordinator; c != nil {
-		fmt.Fprintf(w, "coordinator on %s, sync %s\n", c.Host, c.Sync)
+		if c.Cluster != "" {
+			fmt.Fprintf(w, "coordinator %s on %s, one of cluster %s (each stream's copies: nats stream report), sync %s\n", c.Name, c.Host, c.Cluster, c.Sync)
+		} else {
+			fmt.Fprintf(w, "coordinator on %s, sync %s\n", c.Host, c.Sync)
+		}
 		if c.StoreFull != "" {
 			todo := "free space there"
 			if strings.Contains(c.StoreFull, "of its limit of") {

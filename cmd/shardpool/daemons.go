@@ -31,6 +31,10 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	syncMode := registerSync(fs)
 	tlsMode := registerTLS(fs)
+	cluster := fs.String("cluster", "", "this coordinator's route listener `HOST:PORT` in a cluster of coordinators (at least 3; each with --peers)")
+	peers := fs.String("peers", "", "the other coordinators' route listeners, `HOST:PORT,...` (their --cluster)")
+	name := fs.String("name", "", "this coordinator's `NAME` in its cluster (default HOST-PORT of --cluster)")
+	tokenFile := fs.String("token-file", "", "`FILE` holding the token clients and the other coordinators present, instead of DATA/jetstream/token: the coordinators of a cluster share one (copy the first one's)")
 	verbose := fs.Bool("v", false, "debug logs")
 	if err := parseNone(fs, args); err != nil {
 		return err
@@ -43,9 +47,17 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
+	var peerList []string
+	if *peers != "" {
+		peerList = strings.Split(*peers, ",")
+	}
+	if *cluster != "" && useTLS {
+		return exitErr{code: exitUsage, msg: "coordinator: --cluster with --tls is not built yet (each coordinator has its own certificate authority); run the cluster on a network you trust with --tls off, and see docs/decisions.md"}
+	}
 	for {
 		c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, Sync: string(*syncMode),
-			LeaseTTL: *leaseTTL, ReloadOnWriteError: true, Auth: true, TLS: useTLS, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+			LeaseTTL: *leaseTTL, ReloadOnWriteError: true, Auth: true, TLS: useTLS, Cluster: *cluster, Peers: peerList, Name: *name,
+			TokenFile: absOrEmpty(*tokenFile), Logger: logger(stderr, *verbose, slog.LevelInfo)})
 		if err != nil {
 			return err
 		}
@@ -67,6 +79,14 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		// loads it afresh on the same listeners; workers reconnect.
 		fmt.Fprintf(stdout, "coordinator: the store met a write error and has room again: reloading it\n")
 	}
+}
+
+// absOrEmpty is absPath of a path given, "" of none.
+func absOrEmpty(p string) string {
+	if p == "" {
+		return ""
+	}
+	return absPath(p)
 }
 
 // metricsURL is the /metrics URL beside a /status URL.

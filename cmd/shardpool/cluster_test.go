@@ -1,0 +1,128 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// TestClusterOfCoordinatorsLosesOne: three coordinators form a NATS
+// cluster (--cluster, --peers, one shared --token-file) whose streams and
+// buckets keep three copies. The coordinator that leads, and so tracks the
+// runs, is killed with SIGKILL while a worker that knows all three runs
+// the shards: another takes over the tracking, the run completes, every
+// shard is validated exactly once, and the killed one, restarted on its
+// --data, rejoins and answers status.
+func TestClusterOfCoordinatorsLosesOne(t *testing.T) {
+	dir := t.TempDir()
+	type node struct {
+		data, client, route string
+		p                   *testenv.Proc
+	}
+	nodes := make([]*node, 3)
+	var routes, urls []string
+	for i := range nodes {
+		nodes[i] = &node{data: filepath.Join(dir, fmt.Sprintf("c%d", i+1)), client: testenv.FreePort(t), route: testenv.FreePort(t)}
+		routes = append(routes, nodes[i].route)
+		urls = append(urls, "nats://"+nodes[i].client)
+	}
+	url := strings.Join(urls, ",")
+	// One token file for all: whichever starts first makes it.
+	token := filepath.Join(dir, "token")
+	start := func(n *node) {
+		n.p = testenv.Start(t, "coordinator", "--data", n.data, "--listen", n.client, "--http", "", "--lease-ttl", "5s",
+			"--cluster", n.route, "--peers", strings.Join(routes, ","), "--token-file", token)
+	}
+	for _, n := range nodes {
+		start(n)
+	}
+	for _, n := range nodes {
+		testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+			return strings.Contains(n.p.Output(), "coordinator ready"), "coordinator output:\n" + n.p.Output()
+		})
+	}
+	tok, err := coordinator.ReadToken(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, nats.Token(tok), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	info, err := js.Stream(context.Background(), stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := info.CachedInfo().Config.Replicas; r != 3 {
+		t.Fatalf("SHARDS keeps %d copies, want 3", r)
+	}
+
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 3, Command: []string{"sh", "-c", `sleep 0.3; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	sub := testenv.Start(t, "submit", "--server", url, "--token-file", token, spec)
+	if code := sub.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("submit to the cluster: exit %d\n%s", code, sub.Output())
+	}
+	w := testenv.Start(t, "worker", "--server", url, "--token-file", token, "--name", "w1", "--slots", "cpu=3",
+		"--data", filepath.Join(dir, "w1"), "--scratch", filepath.Join(dir, "scratch"), "--grace", "2s")
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		r, err := testenv.ReadRun(context.Background(), js, "t")
+		return err == nil && r.Counts.Validated >= 5, fmt.Sprintf("run %+v, %v\nworker:\n%s", r.Counts, err, w.Output())
+	})
+	leads := regexp.MustCompile(`this coordinator leads`)
+	var leader *node
+	for _, n := range nodes {
+		if m := leads.FindAllStringIndex(n.p.Output(), -1); m != nil && !strings.Contains(n.p.Output()[m[len(m)-1][0]:], "leadership moved") {
+			leader = n
+		}
+	}
+	if leader == nil {
+		t.Fatal("no coordinator says it leads")
+	}
+	leader.p.SignalMain(syscall.SIGKILL)
+	leader.p.Wait(t, 10*time.Second)
+	testenv.WaitState(t, js, "t", 90*time.Second, stream.RunComplete)
+	validatedOnce(t, js, "t", filepath.Join(filepath.Dir(spec), "out"), 30)
+	took := 0
+	for _, n := range nodes {
+		if n != leader && leads.MatchString(n.p.Output()) {
+			took++
+		}
+	}
+	if took != 1 {
+		t.Errorf("%d of the remaining coordinators took over the tracking, want 1", took)
+	}
+
+	start(leader)
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		return strings.Contains(leader.p.Output(), "coordinator ready"), "restarted coordinator:\n" + leader.p.Output()
+	})
+	st := testenv.Start(t, "status", "--server", "nats://"+leader.client, "--token-file", token, "t")
+	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "COMPLETE") || !strings.Contains(st.Output(), "one of cluster shardpool") {
+		t.Fatalf("status from the restarted coordinator: exit %d\n%s", code, st.Output())
+	}
+}
+
+// TestClusterRefusesTLS: TLS between coordinators is not built, so a
+// cluster whose listener would serve TLS is refused, saying so, rather
+// than sending the token between hosts in the clear.
+func TestClusterRefusesTLS(t *testing.T) {
+	p := testenv.Start(t, "coordinator", "--data", t.TempDir(), "--listen", "0.0.0.0:0", "--http", "",
+		"--cluster", testenv.FreePort(t), "--peers", testenv.FreePort(t)+","+testenv.FreePort(t))
+	if code := p.Wait(t, 30*time.Second); code != 2 || !strings.Contains(p.Output(), "--cluster with --tls is not built yet") {
+		t.Fatalf("cluster with TLS on: exit %d, want 2 and the reason\n%s", code, p.Output())
+	}
+}
