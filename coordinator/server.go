@@ -263,10 +263,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 			return fmt.Errorf("start coordinator: %w", err)
 		}
 	}
-	var tlsCfg *tls.Config
+	var tlsCfg, routeTLS *tls.Config
 	if c.cfg.TLS {
 		httpHost, _, _ := net.SplitHostPort(c.cfg.HTTP)
-		if tlsCfg, err = serverTLS(c.cfg.StoreDir, host, httpHost); err != nil {
+		clusterHost, _, _ := net.SplitHostPort(c.cfg.Cluster)
+		if tlsCfg, routeTLS, err = serverTLS(c.caDir(), host, httpHost, clusterHost); err != nil {
 			c.Close()
 			return fmt.Errorf("start coordinator: %w", err)
 		}
@@ -299,6 +300,9 @@ func (c *Coordinator) Start(ctx context.Context) error {
 			return fmt.Errorf("%w: Cluster port %q", ErrConfig, cp)
 		}
 		opts.Cluster = server.ClusterOpts{Name: clusterName, Host: ch, Port: cport}
+		if routeTLS != nil {
+			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = routeTLS, 5
+		}
 		var routes []string
 		for _, p := range c.cfg.Peers {
 			u := "nats-route://" + p

@@ -52,6 +52,12 @@ func loadOrCreateCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	certFile, keyFile := filepath.Join(dir, CAName), filepath.Join(dir, caKeyName)
 	certPEM, certErr := os.ReadFile(certFile)
 	keyPEM, keyErr := os.ReadFile(keyFile)
+	for i := 0; keyErr == nil && errors.Is(certErr, os.ErrNotExist) && i < caWaitTries; i++ {
+		// Another coordinator of a cluster sharing dir made the key and is
+		// writing the certificate (makeCA writes the key first).
+		time.Sleep(caWaitPause)
+		certPEM, certErr = os.ReadFile(certFile)
+	}
 	if certErr == nil && keyErr == nil {
 		cert, err := parseCert(certPEM)
 		if err != nil {
@@ -97,9 +103,16 @@ func loadOrCreateCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	// The key first: a certificate on disk without its key is refused above.
-	if err := checkpoint.WriteFilePerm(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+	// The key first: a certificate on disk without its key is refused
+	// above. Of coordinators of a cluster making it at once in a shared
+	// directory, the one that links its key into place makes the
+	// authority; the others take it.
+	created, err := checkpoint.CreateFilePerm(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+	if err != nil {
 		return nil, nil, err
+	}
+	if !created {
+		return loadOrCreateCA(dir)
 	}
 	if err := checkpoint.WriteFilePerm(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		return nil, nil, err
@@ -107,6 +120,13 @@ func loadOrCreateCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	cert, err := x509.ParseCertificate(der)
 	return cert, key, err
 }
+
+// caWaitTries and caWaitPause bound the wait for a certificate authority
+// another coordinator is making in a shared directory.
+const (
+	caWaitTries = 50
+	caWaitPause = 100 * time.Millisecond
+)
 
 func serial() *big.Int {
 	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
@@ -139,7 +159,9 @@ func leafCert(ca *x509.Certificate, caKey *ecdsa.PrivateKey, listenHosts ...stri
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().AddDate(1, 0, 0),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		// Client auth too: a coordinator of a cluster presents it when it
+		// dials another's route listener.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		DNSNames:     []string{"localhost"},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}
@@ -173,17 +195,54 @@ func leafCert(ca *x509.Certificate, caKey *ecdsa.PrivateKey, listenHosts ...stri
 	return tls.Certificate{Certificate: [][]byte{der, ca.Raw}, PrivateKey: key}, nil
 }
 
-// serverTLS is the listeners' TLS configuration for the store in dir.
-func serverTLS(dir string, listenHosts ...string) (*tls.Config, error) {
+// serverTLS is the listeners' TLS configuration for the authority in dir,
+// and routeTLS, for a cluster, that of the routes: mutual TLS, each side's
+// certificate issued by the same authority.
+func serverTLS(dir string, listenHosts ...string) (listeners, routes *tls.Config, err error) {
 	ca, key, err := loadOrCreateCA(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	leaf, err := leafCert(ca, key, listenHosts...)
 	if err != nil {
-		return nil, fmt.Errorf("issue the listener's certificate: %w", err)
+		return nil, nil, fmt.Errorf("issue the listener's certificate: %w", err)
 	}
-	return &tls.Config{Certificates: []tls.Certificate{leaf}, MinVersion: tls.VersionTLS12}, nil
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	routes = &tls.Config{
+		Certificates: []tls.Certificate{leaf}, MinVersion: tls.VersionTLS12,
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool,
+		// A peer is dialed by whatever name --peers gives it: the chain to
+		// the cluster's own authority is checked, not the name (as
+		// ClientTLS does for clients).
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("the other coordinator sent no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}})
+			if err != nil {
+				return fmt.Errorf("the other coordinator's certificate is not issued by the cluster's authority (%s): %w", filepath.Join(dir, CAName), err)
+			}
+			return nil
+		},
+	}
+	return &tls.Config{Certificates: []tls.Certificate{leaf}, MinVersion: tls.VersionTLS12}, routes, nil
+}
+
+// caDir is where the coordinator's certificate authority lives: beside
+// its token file when one is given (a cluster's coordinators share both,
+// and clients pin the ca.pem beside their token file), else in its store.
+func (c *Coordinator) caDir() string {
+	if c.cfg.TokenFile != "" {
+		return filepath.Dir(c.cfg.TokenFile)
+	}
+	return c.cfg.StoreDir
 }
 
 // ClientTLS is a client's TLS configuration for a coordinator whose
@@ -242,5 +301,5 @@ func (c *Coordinator) CAFile() string {
 	if !c.cfg.TLS {
 		return ""
 	}
-	return filepath.Join(c.cfg.StoreDir, CAName)
+	return filepath.Join(c.caDir(), CAName)
 }

@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -26,6 +27,16 @@ import (
 // shard is validated exactly once, and the killed one, restarted on its
 // --data, rejoins and answers status.
 func TestClusterOfCoordinatorsLosesOne(t *testing.T) {
+	for _, tlsMode := range []string{"off", "on"} {
+		t.Run("tls "+tlsMode, func(t *testing.T) { clusterLosesOne(t, tlsMode) })
+	}
+}
+
+// clusterLosesOne is TestClusterOfCoordinatorsLosesOne with --tls
+// tlsMode: on, the clients' listeners and the routes between the
+// coordinators serve TLS with certificates of one authority, made beside
+// the shared token file, which clients pin from there.
+func clusterLosesOne(t *testing.T, tlsMode string) {
 	dir := t.TempDir()
 	type node struct {
 		data, client, route string
@@ -39,11 +50,15 @@ func TestClusterOfCoordinatorsLosesOne(t *testing.T) {
 		urls = append(urls, "nats://"+nodes[i].client)
 	}
 	url := strings.Join(urls, ",")
-	// One token file for all: whichever starts first makes it.
-	token := filepath.Join(dir, "token")
+	// One token file for all (and the authority beside it): whichever
+	// starts first makes them.
+	token := filepath.Join(dir, "shared", "token")
+	if err := os.MkdirAll(filepath.Dir(token), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	start := func(n *node) {
 		n.p = testenv.Start(t, "coordinator", "--data", n.data, "--listen", n.client, "--http", "", "--lease-ttl", "5s",
-			"--cluster", n.route, "--peers", strings.Join(routes, ","), "--token-file", token)
+			"--cluster", n.route, "--peers", strings.Join(routes, ","), "--token-file", token, "--tls", tlsMode)
 	}
 	for _, n := range nodes {
 		start(n)
@@ -57,7 +72,20 @@ func TestClusterOfCoordinatorsLosesOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(url, nats.Token(tok), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	opts := []nats.Option{nats.Token(tok), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
+	if tlsMode == "on" {
+		tc, err := coordinator.ClientTLS(filepath.Join(filepath.Dir(token), coordinator.CAName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, nats.Secure(tc))
+		for _, n := range nodes {
+			if !strings.Contains(n.p.Output(), "TLS: clients pin the certificate authority in "+filepath.Join(filepath.Dir(token), coordinator.CAName)) {
+				t.Fatalf("coordinator does not serve TLS with the authority beside the token:\n%s", n.p.Output())
+			}
+		}
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,13 +144,13 @@ func TestClusterOfCoordinatorsLosesOne(t *testing.T) {
 	}
 }
 
-// TestClusterRefusesTLS: TLS between coordinators is not built, so a
-// cluster whose listener would serve TLS is refused, saying so, rather
-// than sending the token between hosts in the clear.
-func TestClusterRefusesTLS(t *testing.T) {
-	p := testenv.Start(t, "coordinator", "--data", t.TempDir(), "--listen", "0.0.0.0:0", "--http", "",
+// TestClusterNeedsATokenFile: each coordinator of a cluster making a
+// token of its own would refuse the others' routes and each other's
+// clients; a cluster without --token-file is refused, saying why.
+func TestClusterNeedsATokenFile(t *testing.T) {
+	p := testenv.Start(t, "coordinator", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--http", "",
 		"--cluster", testenv.FreePort(t), "--peers", testenv.FreePort(t)+","+testenv.FreePort(t))
-	if code := p.Wait(t, 30*time.Second); code != 2 || !strings.Contains(p.Output(), "--cluster with --tls is not built yet") {
-		t.Fatalf("cluster with TLS on: exit %d, want 2 and the reason\n%s", code, p.Output())
+	if code := p.Wait(t, 30*time.Second); code != 2 || !strings.Contains(p.Output(), "--cluster needs --token-file FILE") {
+		t.Fatalf("cluster without a token file: exit %d, want 2 and the reason\n%s", code, p.Output())
 	}
 }

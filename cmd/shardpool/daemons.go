@@ -24,7 +24,7 @@ import (
 )
 
 func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("coordinator", "shardpool coordinator --data DIR [--listen HOST:PORT] [--http HOST:PORT] [--tls on|off|auto]", stderr)
+	fs := newFlags("coordinator", "shardpool coordinator --data DIR [--listen HOST:PORT] [--http HOST:PORT] [--tls on|off|auto] [--cluster HOST:PORT --peers HOST:PORT,... --token-file FILE]", stderr)
 	data := fs.String("data", "", "state `DIR`: JetStream store and evidence (required)")
 	listen := fs.String("listen", "127.0.0.1:4222", "NATS listener (`HOST:PORT`) for workers and the nats CLI")
 	httpAddr := fs.String("http", "127.0.0.1:8222", "GET /status and /metrics (Prometheus) listener, `HOST:PORT` (empty to disable)")
@@ -32,9 +32,9 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	syncMode := registerSync(fs)
 	tlsMode := registerTLS(fs)
 	cluster := fs.String("cluster", "", "this coordinator's route listener `HOST:PORT` in a cluster of coordinators (at least 3; each with --peers)")
-	peers := fs.String("peers", "", "the other coordinators' route listeners, `HOST:PORT,...` (their --cluster)")
+	peers := fs.String("peers", "", "`PEERS`: the other coordinators' route listeners (their --cluster), HOST:PORT,... comma-separated")
 	name := fs.String("name", "", "this coordinator's `NAME` in its cluster (default HOST-PORT of --cluster)")
-	tokenFile := fs.String("token-file", "", "`FILE` holding the token clients and the other coordinators present, instead of DATA/jetstream/token: the coordinators of a cluster share one (copy the first one's)")
+	tokenFile := fs.String("token-file", "", "`FILE` holding the token clients and the other coordinators present, instead of DATA/jetstream/token (made if missing); with TLS the certificate authority is made beside it (ca.pem, ca-key.pem): the coordinators of a cluster share the directory, or copies of the three files")
 	verbose := fs.Bool("v", false, "debug logs")
 	if err := parseNone(fs, args); err != nil {
 		return err
@@ -47,12 +47,15 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
+	if *tlsMode == "auto" && *cluster != "" && !coordinator.IsLoopback(*cluster) {
+		useTLS = true // routes beyond loopback carry every record and the token
+	}
 	var peerList []string
 	if *peers != "" {
 		peerList = strings.Split(*peers, ",")
 	}
-	if *cluster != "" && useTLS {
-		return exitErr{code: exitUsage, msg: "coordinator: --cluster with --tls is not built yet (each coordinator has its own certificate authority); run the cluster on a network you trust with --tls off, and see docs/decisions.md"}
+	if *cluster != "" && *tokenFile == "" {
+		return exitErr{code: exitUsage, msg: "coordinator: --cluster needs --token-file FILE, the same file (or a copy) for every coordinator of the cluster: clients and the other coordinators present its token, and with TLS the cluster's certificate authority is made beside it"}
 	}
 	for {
 		c, err := coordinator.New(coordinator.Config{DataDir: *data, Listen: *listen, HTTP: *httpAddr, Sync: string(*syncMode),
@@ -307,7 +310,7 @@ func (f *accessFlags) fill(fs *flag.FlagSet, found access) {
 
 // registerTLS adds --tls to a command that starts a coordinator.
 func registerTLS(fs *flag.FlagSet) *string {
-	return fs.String("tls", "auto", "serve the NATS and HTTP listeners over TLS: `on|off|auto`; auto is on unless both listen on loopback only; clients pin DATA's ca.pem with --tls-ca")
+	return fs.String("tls", "auto", "serve the NATS and HTTP listeners (and a cluster's routes) over TLS: `on|off|auto`; auto is on unless they all listen on loopback only; clients pin DATA's ca.pem (beside --token-file where one is given) with --tls-ca")
 }
 
 // tlsOn decides --tls for the listen and http addresses.
