@@ -162,8 +162,8 @@ func leafCert(ca *x509.Certificate, caKey *ecdsa.PrivateKey, listenHosts ...stri
 		// Client auth too: a coordinator of a cluster presents it when it
 		// dials another's route listener.
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		DNSNames:    []string{"localhost"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}
 	names := append([]string{}, listenHosts...)
 	if h, err := os.Hostname(); err == nil {
