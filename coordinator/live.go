@@ -60,6 +60,10 @@ func LiveIn(dir string) ([]Live, error) {
 		if filepath.Base(filepath.Dir(l.Store)) == "stores" {
 			l.Run = filepath.Base(l.Store)
 		}
+		if _, err := os.Stat(filepath.Join(l.Store, TokenName)); err == nil {
+			l.TokenFile = filepath.Join(l.Store, TokenName)
+		}
+		var ca string
 		for i, line := range strings.Split(strings.TrimSpace(data), "\n") {
 			if i == 0 {
 				l.Holder = line
@@ -67,10 +71,14 @@ func LiveIn(dir string) ([]Live, error) {
 				l.URL = u
 			} else if line == "tls" {
 				l.CAFile = filepath.Join(l.Store, CAName)
+			} else if t, ok := strings.CutPrefix(line, "token "); ok {
+				l.TokenFile = t // --token-file: a cluster's shared one
+			} else if f, ok := strings.CutPrefix(line, "ca "); ok {
+				ca = f
 			}
 		}
-		if _, err := os.Stat(filepath.Join(l.Store, TokenName)); err == nil {
-			l.TokenFile = filepath.Join(l.Store, TokenName)
+		if ca != "" && l.CAFile != "" {
+			l.CAFile = ca
 		}
 		out = append(out, l)
 	}

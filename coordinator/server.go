@@ -386,6 +386,13 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	if c.cfg.TLS {
 		where += "tls\n"
 	}
+	if c.cfg.TokenFile != "" {
+		// Not in the store: status --data finds them here.
+		where += "token " + c.TokenFile() + "\n"
+		if c.cfg.TLS {
+			where += "ca " + c.CAFile() + "\n"
+		}
+	}
 	_, _ = c.lock.WriteAt([]byte(where), int64(len(holder)))
 	c.log.Info("coordinator ready", "url", c.ClientURL(), "data", c.cfg.DataDir, "sync", c.cfg.Sync)
 	return nil

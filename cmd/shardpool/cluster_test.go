@@ -142,6 +142,11 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "COMPLETE") || !strings.Contains(st.Output(), "one of cluster shardpool") {
 		t.Fatalf("status from the restarted coordinator: exit %d\n%s", code, st.Output())
 	}
+	// status --data finds the shared token file (and authority) itself.
+	st = testenv.Start(t, "status", "--data", leader.data, "t")
+	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "COMPLETE") {
+		t.Fatalf("status --data of a cluster's coordinator: exit %d\n%s", code, st.Output())
+	}
 }
 
 // TestClusterNeedsATokenFile: each coordinator of a cluster making a
