@@ -5,7 +5,7 @@ BIN     := bin/shardpool
 # packages serial so timing-sensitive lease tests are not starved on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m -p 1
 
-.PHONY: build demo test test-gpu gpu-bundle bench soak soak-powercut vet clean tools
+.PHONY: build demo test test-gpu gpu-bundle bench soak soak-powercut soak-cluster vet clean tools
 
 # The binary carries the NVML adapter (it loads libnvidia-ml at run time and
 # reports GPUs as unknown, never idle, where the library is missing).
@@ -56,6 +56,11 @@ soak: build
 soak-powercut: build
 	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB -powercut -fs ext4
 	$(GO) run ./bench/soak -bin $(BIN) -n 600 -events 25 -memory 64MiB -powercut -fs xfs
+
+# The same against a cluster of three coordinators: each coordinator kill
+# picks one of them.
+soak-cluster: build
+	$(GO) run ./bench/soak -bin $(BIN) -n 800 -events 40 -memory 64MiB -cluster
 
 # Benchmarks print ratios against baselines measured in the same run.
 bench: build

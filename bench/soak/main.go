@@ -7,6 +7,8 @@
 // what shardpool promises: the run is COMPLETE, every shard was recorded
 // validated exactly once (KV history), and every output verifies against
 // its marker with the run's fingerprint. It exits 1 on any violation.
+// With -cluster three coordinators form a cluster (--cluster), and each
+// coordinator kill picks one of them.
 // With -powercut (root, loop devices) a sixth event cuts the host's power:
 // every process dies, and the disk holding the store and the workers'
 // state and the one holding the job and its outputs lose what was not
@@ -26,6 +28,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,6 +52,7 @@ func main() {
 	memory := flag.String("memory", "", `declare this memory for the shards' class (e.g. "64MiB"): as root, each shard runs in cgroups of its own, and the soak checks that no dead worker's are left`)
 	cuts := flag.Bool("powercut", false, "also cut the power (as root, with loop devices): the state on one simulated disk, the job and its outputs on another, both losing what was not made durable (coordinator/drill/powercut)")
 	fsKind := flag.String("fs", powercut.Ext4, "with -powercut, the simulated disks' file system: ext4 or xfs (XFS keeps less of what was not fsynced: delayed allocation)")
+	cluster := flag.Bool("cluster", false, "a cluster of three coordinators (--cluster) instead of one: the coordinator kills pick one of them")
 	flag.Parse()
 	abs, err := filepath.Abs(*bin)
 	if err != nil {
@@ -62,7 +66,11 @@ func main() {
 	if *cuts {
 		fmt.Printf("soak: power cuts under %s\n", *fsKind)
 	}
-	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}, memory: *memory, state: dir, job: dir}
+	s := &soak{bin: abs, dir: dir, rng: rand.New(rand.NewPCG(*seed, 0)), procs: map[string]*exec.Cmd{}, memory: *memory, state: dir, job: dir, coords: 1}
+	if *cluster {
+		s.coords = 3
+		fmt.Println("soak: a cluster of 3 coordinators")
+	}
 	if *cuts {
 		if s.stateFS, err = powercut.NewKind(filepath.Join(dir, "state-disk"), 1<<30, *fsKind); err != nil {
 			fail("power cuts: %v", err)
@@ -89,7 +97,11 @@ func main() {
 }
 
 type soak struct {
-	bin, dir, url, addr string
+	bin, dir, url string
+	// coords is how many coordinators run (3: a cluster); addrs and
+	// routes are their client and route listeners.
+	coords        int
+	addrs, routes []string
 	// state holds the coordinator's store and the workers' state and
 	// scratch, job the job and its outputs: dir, or with -powercut the
 	// two simulated disks.
@@ -117,17 +129,31 @@ func (s *soak) logf(format string, args ...any) {
 }
 
 func (s *soak) run(n, events int) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fail("%v", err)
+	var urls []string
+	for range s.coords {
+		s.addrs = append(s.addrs, freePort())
+		s.routes = append(s.routes, freePort())
+		urls = append(urls, "nats://"+s.addrs[len(s.addrs)-1])
 	}
-	s.addr = l.Addr().String()
-	l.Close()
-	s.url = "nats://" + s.addr
+	s.url = strings.Join(urls, ",")
 	spec := s.writeJob(n)
 	syscall.Sync() // the job is on its disk before any power cut
 	s.start = time.Now()
-	s.startCoordinator()
+	if s.coords > 1 {
+		if err := os.MkdirAll(filepath.Dir(s.tokenFile()), 0o700); err != nil {
+			fail("%v", err)
+		}
+	}
+	for i := range s.coords {
+		s.startCoordinator(i)
+	}
+	if s.coords > 1 {
+		// A cluster answers JetStream requests once it has a leader and
+		// its layout: before, a request can wait out its whole timeout.
+		for i := range s.coords {
+			s.waitReady(i)
+		}
+	}
 	nc, err := nats.Connect(s.url, nats.TokenHandler(coordinator.TokenReader(s.tokenFile())), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		s.fail("connect: %v", err)
@@ -158,9 +184,10 @@ func (s *soak) run(n, events int) int {
 		time.Sleep(time.Duration(500+s.rng.IntN(1500)) * time.Millisecond)
 		switch s.rng.IntN(kinds) {
 		case 0:
-			s.signal("coordinator", syscall.SIGKILL)
+			i := s.rng.IntN(s.coords)
+			s.signal(s.coordName(i), syscall.SIGKILL)
 			time.Sleep(300 * time.Millisecond)
-			s.startCoordinator()
+			s.startCoordinator(i)
 		case 1:
 			s.signal("w1", syscall.SIGKILL)
 			s.startWorker("w1")
@@ -225,14 +252,64 @@ func (s *soak) writeJob(n int) string {
 	return spec
 }
 
-func (s *soak) startCoordinator() {
-	s.startProc("coordinator", "coordinator", "--data", filepath.Join(s.state, "coord"), "--listen", s.addr, "--http", "", "--lease-ttl", "5s")
+// coordName is the name of coordinator i in the soak's logs.
+func (s *soak) coordName(i int) string {
+	if s.coords == 1 {
+		return "coordinator"
+	}
+	return fmt.Sprintf("coordinator%d", i+1)
+}
+
+func (s *soak) startCoordinator(i int) {
+	args := []string{"coordinator", "--listen", s.addrs[i], "--http", "", "--lease-ttl", "5s"}
+	if s.coords == 1 {
+		args = append(args, "--data", filepath.Join(s.state, "coord"))
+	} else {
+		args = append(args, "--data", filepath.Join(s.state, fmt.Sprintf("coord%d", i+1)), "--cluster", s.routes[i],
+			"--peers", strings.Join(s.routes, ","), "--token-file", s.tokenFile())
+	}
+	s.startProc(s.coordName(i), args...)
+}
+
+// waitReady waits for coordinator i to say it is ready.
+func (s *soak) waitReady(i int) {
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(filepath.Join(s.dir, s.coordName(i)+".log"))
+		if strings.Contains(string(b), "coordinator ready") {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.fail("%s not ready after 90s; its log is in %s", s.coordName(i), s.dir)
+}
+
+// freePort is a loopback address no one listens on now.
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail("%v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 // tokenFile holds the coordinator's token (in its store), which every
 // client presents.
 func (s *soak) tokenFile() string {
+	if s.coords > 1 {
+		return filepath.Join(s.state, "cluster", coordinator.TokenName) // shared by the cluster
+	}
 	return filepath.Join(s.state, "coord", "jetstream", coordinator.TokenName)
+}
+
+// names lists the processes: the coordinators, then the workers.
+func (s *soak) names() []string {
+	var out []string
+	for i := range s.coords {
+		out = append(out, s.coordName(i))
+	}
+	return append(out, "w1", "w2")
 }
 
 func (s *soak) startWorker(name string) {
@@ -245,7 +322,7 @@ func (s *soak) startWorker(name string) {
 // and everything starts again.
 func (s *soak) powerCut() {
 	s.logf("power cut")
-	for _, name := range []string{"coordinator", "w1", "w2"} {
+	for _, name := range s.names() {
 		s.signal(name, syscall.SIGKILL)
 	}
 	// The commands die with their workers (parent-death signal).
@@ -256,7 +333,9 @@ func (s *soak) powerCut() {
 	if err := s.jobFS.Cut(); err != nil {
 		s.fail("power cut: %v", err)
 	}
-	s.startCoordinator()
+	for i := range s.coords {
+		s.startCoordinator(i)
+	}
 	s.startWorker("w1")
 	s.startWorker("w2")
 }
@@ -329,7 +408,9 @@ func (s *soak) signal(name string, sig syscall.Signal) {
 }
 
 func (s *soak) stopAll() {
-	for _, name := range []string{"w1", "w2", "coordinator"} {
+	names := s.names()
+	slices.Reverse(names) // the workers first
+	for _, name := range names {
 		if cmd := s.procs[name]; cmd != nil {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			deadline := time.Now().Add(10 * time.Second)
