@@ -29,7 +29,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,6 +40,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/drill/powercut"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func main() {
@@ -364,31 +364,12 @@ func (s *soak) slurmWarning(name string) {
 	if cmd == nil {
 		return
 	}
-	kids := childrenOf(cmd.Process.Pid)
+	kids := probe.Children("/proc", cmd.Process.Pid)
 	s.logf("SIGUSR1 to %s's %d command(s)", name, len(kids))
 	for _, k := range kids {
 		_ = syscall.Kill(-k, syscall.SIGUSR1)
 	}
 	s.signal(name, syscall.SIGUSR1)
-}
-
-// childrenOf lists the processes whose parent is pid.
-func childrenOf(pid int) []int {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var kids []int
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(b), ')')
-		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
-			k, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-			kids = append(kids, k)
-		}
-	}
-	return kids
 }
 
 // signal sends sig to a process and, for a graceful stop, waits for it to

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,6 +23,7 @@ import (
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // cluster is a coordinator process and a client connection to it.
@@ -762,7 +762,7 @@ func TestWorkerSIGUSR1Drains(t *testing.T) {
 	w1 := c.worker("w1", "--slots", "cpu=2")
 	var kids []int
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		kids = childrenOf(t, w1.Cmd.Process.Pid)
+		kids = probe.Children("/proc", w1.Cmd.Process.Pid)
 		return len(kids) == 2, fmt.Sprintf("commands running under the worker: %v", kids)
 	})
 	// As Slurm does, the command and the worker at about the same time;
@@ -808,30 +808,6 @@ func TestWorkerSIGUSR1Drains(t *testing.T) {
 		t.Errorf("the drained worker's shards took %s to finish, want them at once, not after the 20 s ack wait", d)
 	}
 	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 3)
-}
-
-// childrenOf lists the processes whose parent is pid.
-func childrenOf(t *testing.T, pid int) []int {
-	t.Helper()
-	stats, err := filepath.Glob("/proc/[0-9]*/stat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kids []int
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue // gone
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parens.
-		i := strings.LastIndexByte(string(b), ')')
-		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
-			k, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-			kids = append(kids, k)
-		}
-	}
-	return kids
 }
 
 // TestWorkerIdleExit: `worker --idle-exit 1s` serves while it has shards,

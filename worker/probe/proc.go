@@ -382,3 +382,23 @@ func ReadStat(procRoot string, pid int) (Stat, error) {
 	}
 	return st, nil
 }
+
+// Children lists the pids of the processes whose parent is pid, as
+// procRoot shows them now (a process that ends meanwhile is left out).
+func Children(procRoot string, pid int) []int {
+	ents, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		k, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := ReadStat(procRoot, k); err == nil && st.PPid == pid {
+			out = append(out, k)
+		}
+	}
+	return out
+}
