@@ -180,7 +180,7 @@ type Worker struct {
 	drainWhy   string // why Drain was called, for reports and the admission log
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
 	serving    sync.WaitGroup
-	busyAt     atomic.Int64    // unix nanoseconds of the last delivery or shard end (IdleExit)
+	busyAt     atomic.Int64    // unix nanoseconds of the last delivery, or of the last look that found a shard running (IdleExit)
 	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
 	held       map[string]int  // per class: deliveries held for a store that takes no lease write
 	heldWhy    string          // the store's last refusal, while any is held
