@@ -49,7 +49,9 @@ type Config struct {
 	NoSync bool
 	// LeaseTTL is the lease bucket TTL and consumer AckWait. Default 30s.
 	LeaseTTL time.Duration
-	// ReadyTimeout bounds the wait for JetStream health. Default 30s.
+	// ReadyTimeout bounds the wait for JetStream health. Default 30s, or
+	// 5 minutes in a cluster, whose coordinators are often started one
+	// by one by hand and wait for a majority of them.
 	ReadyTimeout time.Duration
 	// StoreEvery is the period of the check that the store has room
 	// (StoreFull). Default 2s.
@@ -161,6 +163,9 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.StoreEvery <= 0 {
 		cfg.StoreEvery = 2 * time.Second
 	}
+	if cfg.ReadyTimeout <= 0 && cfg.Cluster != "" {
+		cfg.ReadyTimeout = 5 * time.Minute
+	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 30 * time.Second
 	}
@@ -253,6 +258,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	}
 	c.lock = lock
 	if c.cfg.Auth && c.cfg.TokenFile != "" {
+		// Its directory too, private: a cluster's authority is made there.
+		if err := os.MkdirAll(filepath.Dir(c.cfg.TokenFile), 0o700); err != nil {
+			c.Close()
+			return fmt.Errorf("start coordinator: %w", err)
+		}
 		if c.token, err = loadOrCreateToken(c.cfg.TokenFile); err != nil {
 			c.Close()
 			return fmt.Errorf("start coordinator: %w", err)
@@ -442,6 +452,10 @@ func (c *Coordinator) waitHealthy(ctx context.Context) error {
 			if hs != nil {
 				reason = hs.Error
 			}
+			if c.cfg.Cluster != "" {
+				reason += fmt.Sprintf(" (after %s connected to %d of its %d peers: a cluster serves once a majority of its coordinators run and reach each other's --cluster listeners with the same token)",
+					c.cfg.ReadyTimeout, c.connectedPeers(), len(c.cfg.Peers))
+			}
 			return fmt.Errorf("start coordinator: %w: %s", ErrNotReady, reason)
 		}
 		select {
@@ -486,6 +500,19 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// connectedPeers is how many other coordinators this one has a route to.
+func (c *Coordinator) connectedPeers() int {
+	rz, err := c.srv.Routez(&server.RoutezOptions{})
+	if err != nil {
+		return 0
+	}
+	seen := map[string]bool{}
+	for _, r := range rz.Routes {
+		seen[r.RemoteID] = true
+	}
+	return len(seen)
 }
 
 // trackWhileLeader runs the tracker on the cluster's meta leader only:
