@@ -678,7 +678,7 @@ func (c *Coordinator) startSyncer(store string) error {
 	base := stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store,
 		PID: os.Getpid(), PIDNS: stream.PIDNamespace()}
 	if c.cfg.Cluster != "" {
-		base.Name, base.Cluster = c.cfg.Name, clusterName
+		base.Name, base.Cluster, base.Coordinators = c.cfg.Name, clusterName, len(c.cfg.Peers)+1
 	}
 	if st, err := probe.ReadStat("/proc", os.Getpid()); err == nil {
 		base.Start = st.Start
@@ -772,11 +772,9 @@ func (n natsLogger) Tracef(f string, v ...any) {}
 
 // clientNames lists the names of the server's open client connections,
 // sorted, each once (its own in-process connection among them); nil when
-// the server cannot say.
+// the server cannot say. In a cluster they are this coordinator's alone:
+// a reader merges every coordinator's (stream.AskInfoAll).
 func (c *Coordinator) clientNames() []string {
-	if c.cfg.Cluster != "" {
-		return nil // a worker may be connected to another coordinator
-	}
 	cz, err := c.srv.Connz(&server.ConnzOptions{Limit: math.MaxInt32})
 	if err != nil {
 		return nil

@@ -99,7 +99,7 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	}
 	st := &Status{V: StatusVersion, Time: time.Now().UTC(), Runs: []RunStatus{}, Workers: []stream.WorkerReport{}}
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	if ci, err := stream.AskInfo(ictx, js.Conn()); err == nil {
+	if ci, err := stream.AskInfoAll(ictx, js.Conn(), 500*time.Millisecond); err == nil {
 		st.Coordinator = &ci
 	}
 	cancel()

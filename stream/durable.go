@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -81,6 +82,60 @@ type CoordinatorInfo struct {
 	// them answers; Clients then lists only its own connections.
 	Name    string `json:"name,omitempty"`
 	Cluster string `json:"cluster,omitempty"`
+	// Coordinators is how many coordinators the cluster has (set in a
+	// cluster only): every one answers an info request, and a reader
+	// that heard them all knows every client of the cluster (AskInfoAll).
+	Coordinators int `json:"coordinators,omitempty"`
+}
+
+// AskInfoAll is AskInfo that, in a cluster of coordinators, waits up to
+// wait for each of them to answer and lists in Clients every client of
+// the cluster; when not all answered, Clients is nil (unknown: a worker
+// may be connected to the one that did not). A single coordinator's
+// answer returns at once.
+func AskInfoAll(ctx context.Context, nc *nats.Conn, wait time.Duration) (CoordinatorInfo, error) {
+	var first CoordinatorInfo
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return first, fmt.Errorf("coordinator info: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(SubjectInfo, inbox, nil); err != nil {
+		return first, fmt.Errorf("coordinator info: %w", err)
+	}
+	m, err := sub.NextMsgWithContext(ctx)
+	if err != nil {
+		return first, fmt.Errorf("coordinator info: %w", err)
+	}
+	if err := Decode(m.Data, &first); err != nil {
+		return first, fmt.Errorf("coordinator info: %w", err)
+	}
+	if first.Coordinators <= 1 {
+		return first, nil
+	}
+	seen := map[string]bool{first.Name: true}
+	clients := first.Clients
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for len(seen) < first.Coordinators {
+		m, err := sub.NextMsgWithContext(wctx)
+		if err != nil {
+			break // the others did not answer in time
+		}
+		var ci CoordinatorInfo
+		if Decode(m.Data, &ci) == nil {
+			seen[ci.Name] = true
+			clients = append(clients, ci.Clients...)
+		}
+	}
+	first.Clients = nil
+	if len(seen) >= first.Coordinators {
+		clients = slices.Clone(clients)
+		slices.Sort(clients)
+		first.Clients = slices.Compact(clients)
+	}
+	return first, nil
 }
 
 // AskInfo requests the coordinator's CoordinatorInfo.

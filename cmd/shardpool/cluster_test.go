@@ -2,10 +2,12 @@ package main_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -110,6 +112,27 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 		r, err := testenv.ReadRun(context.Background(), js, "t")
 		return err == nil && r.Counts.Validated >= 5, fmt.Sprintf("run %+v, %v\nworker:\n%s", r.Counts, err, w.Output())
 	})
+	// Whichever coordinator status asks, the worker (connected to one of
+	// them) is not taken for disconnected: every coordinator's clients
+	// are heard.
+	for _, n := range nodes {
+		var st coordinator.Status
+		p := testenv.Start(t, "status", "--json", "--server", "nats://"+n.client, "--token-file", token)
+		if code := p.Wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("status --json through %s: exit %d\n%s", n.client, code, p.Output())
+		}
+		if err := json.Unmarshal([]byte(p.Output()), &st); err != nil {
+			t.Fatalf("status --json through %s: %v\n%s", n.client, err, p.Output())
+		}
+		if st.Coordinator == nil || st.Coordinator.Coordinators != 3 || !slices.Contains(st.Coordinator.Clients, "shardpool-worker-w1") {
+			t.Errorf("status through %s: coordinator %+v; want 3 coordinators whose clients include the worker's connection", n.client, st.Coordinator)
+		}
+		for _, wk := range st.Workers {
+			if wk.Name == "w1" && wk.Disconnected != "" {
+				t.Errorf("status through %s takes the live worker for disconnected: %s", n.client, wk.Disconnected)
+			}
+		}
+	}
 	leads := regexp.MustCompile(`this coordinator leads`)
 	var leader *node
 	for _, n := range nodes {
