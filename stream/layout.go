@@ -205,13 +205,25 @@ func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
 	return out, nil
 }
 
+// openTry bounds one try of WaitBuckets.
+const openTry = 5 * time.Second
+
 // WaitBuckets is OpenBuckets for a client that may have connected to a
-// coordinator still creating its layout: it retries for up to wait.
+// coordinator still creating its layout, or to a coordinator of a cluster
+// that has no majority yet (just started, or restarting after a power
+// cut): there the JetStream API answers nothing, or an error, until the
+// cluster has elected its leaders. It retries whatever failed for up to
+// wait.
 func WaitBuckets(ctx context.Context, js jetstream.JetStream, wait time.Duration) (*Buckets, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		b, err := OpenBuckets(ctx, js)
-		if err == nil || !errors.Is(err, jetstream.ErrBucketNotFound) || time.Now().After(deadline) {
+		// Each try on its own short deadline: a request lost while the
+		// cluster elects (no answer ever comes) must not take the whole
+		// wait.
+		actx, cancel := context.WithTimeout(ctx, min(openTry, max(time.Until(deadline), time.Millisecond)))
+		b, err := OpenBuckets(actx, js)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return b, err
 		}
 		select {

@@ -318,6 +318,9 @@ func New(cfg Config) (*Worker, error) {
 		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
+// bucketWait bounds the wait for the coordinator's buckets at start.
+const bucketWait = 2 * time.Minute
+
 // barrierTimeout bounds one sync barrier request.
 const barrierTimeout = 10 * time.Second
 
@@ -421,7 +424,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.enforce = w.cgroups.mode != ""
 	w.cgroups.removeDeadOwners()
 	defer w.cgroups.close()
-	b, err := stream.WaitBuckets(ctx, w.cfg.JetStream, 15*time.Second)
+	// Two minutes, as a worker waits for its coordinator to answer at all
+	// (--connect-wait): a cluster restarting after a power cut takes
+	// connections before it has elected the leaders that answer.
+	b, err := stream.WaitBuckets(ctx, w.cfg.JetStream, bucketWait)
 	if err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
 	}
