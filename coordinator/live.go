@@ -63,7 +63,6 @@ func LiveIn(dir string) ([]Live, error) {
 		if _, err := os.Stat(filepath.Join(l.Store, TokenName)); err == nil {
 			l.TokenFile = filepath.Join(l.Store, TokenName)
 		}
-		var ca string
 		for i, line := range strings.Split(strings.TrimSpace(data), "\n") {
 			if i == 0 {
 				l.Holder = line
@@ -74,11 +73,8 @@ func LiveIn(dir string) ([]Live, error) {
 			} else if t, ok := strings.CutPrefix(line, "token "); ok {
 				l.TokenFile = t // --token-file: a cluster's shared one
 			} else if f, ok := strings.CutPrefix(line, "ca "); ok {
-				ca = f
+				l.CAFile = f // beside a --token-file (written with "tls" only)
 			}
-		}
-		if ca != "" && l.CAFile != "" {
-			l.CAFile = ca
 		}
 		out = append(out, l)
 	}

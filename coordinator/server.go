@@ -257,18 +257,14 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
 	c.lock = lock
-	if c.cfg.Auth && c.cfg.TokenFile != "" {
-		// Its directory too, private: a cluster's authority is made there.
-		if err := os.MkdirAll(filepath.Dir(c.cfg.TokenFile), 0o700); err != nil {
+	if c.cfg.Auth {
+		// A --token-file's directory is made too, private: a cluster's
+		// authority is made there (the store's exists by now).
+		if err := os.MkdirAll(filepath.Dir(c.TokenFile()), 0o700); err != nil {
 			c.Close()
 			return fmt.Errorf("start coordinator: %w", err)
 		}
-		if c.token, err = loadOrCreateToken(c.cfg.TokenFile); err != nil {
-			c.Close()
-			return fmt.Errorf("start coordinator: %w", err)
-		}
-	} else if c.cfg.Auth {
-		if c.token, err = loadOrCreateToken(filepath.Join(c.cfg.StoreDir, TokenName)); err != nil {
+		if c.token, err = loadOrCreateToken(c.TokenFile()); err != nil {
 			c.Close()
 			return fmt.Errorf("start coordinator: %w", err)
 		}
@@ -313,16 +309,16 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		if routeTLS != nil {
 			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = routeTLS, 5
 		}
+		creds := ""
+		if c.token != "" {
+			// Routes present the clients' token: a process that can reach
+			// the route port cannot join without it.
+			opts.Cluster.Username, opts.Cluster.Password = "shardpool", c.token
+			creds = "shardpool:" + c.token + "@"
+		}
 		var routes []string
 		for _, p := range c.cfg.Peers {
-			u := "nats-route://" + p
-			if c.token != "" {
-				// Routes present the clients' token: a process that can
-				// reach the route port cannot join without it.
-				opts.Cluster.Username, opts.Cluster.Password = "shardpool", c.token
-				u = "nats-route://shardpool:" + c.token + "@" + p
-			}
-			routes = append(routes, u)
+			routes = append(routes, "nats-route://"+creds+p)
 		}
 		opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
 	}
