@@ -43,12 +43,11 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errUsage
 	}
-	useTLS, err := tlsOn(*tlsMode, *listen, *httpAddr)
+	// Routes beyond loopback carry every record and the token, as the
+	// client listener does.
+	useTLS, err := tlsOn(*tlsMode, *listen, *httpAddr, *cluster)
 	if err != nil {
 		return err
-	}
-	if *tlsMode == "auto" && *cluster != "" && !coordinator.IsLoopback(*cluster) {
-		useTLS = true // routes beyond loopback carry every record and the token
 	}
 	var peerList []string
 	if *peers != "" {
@@ -313,15 +312,20 @@ func registerTLS(fs *flag.FlagSet) *string {
 	return fs.String("tls", "auto", "serve the NATS and HTTP listeners (and a cluster's routes) over TLS: `on|off|auto`; auto is on unless they all listen on loopback only; clients pin DATA's ca.pem (beside --token-file where one is given) with --tls-ca")
 }
 
-// tlsOn decides --tls for the listen and http addresses.
-func tlsOn(mode, listen, httpAddr string) (bool, error) {
+// tlsOn decides --tls for a coordinator's listeners: the NATS one, and
+// those that are optional (HTTP, a cluster's routes; "" when off).
+func tlsOn(mode, listen string, optional ...string) (bool, error) {
 	switch mode {
 	case "on":
 		return true, nil
 	case "off":
 		return false, nil
 	case "auto", "":
-		return !coordinator.IsLoopback(listen) || (httpAddr != "" && !coordinator.IsLoopback(httpAddr)), nil
+		beyond := !coordinator.IsLoopback(listen)
+		for _, a := range optional {
+			beyond = beyond || (a != "" && !coordinator.IsLoopback(a))
+		}
+		return beyond, nil
 	}
 	return false, exitErr{code: exitUsage, msg: fmt.Sprintf("--tls %q: want on, off or auto", mode)}
 }

@@ -43,3 +43,25 @@ func TestHelpNamesEveryFlagsArgument(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSAuto: --tls auto serves TLS when any listener, the optional ones
+// (HTTP, a cluster's routes) included, reaches beyond loopback.
+func TestTLSAuto(t *testing.T) {
+	for _, c := range []struct {
+		listen, http, cluster string
+		want                  bool
+	}{
+		{"127.0.0.1:4222", "127.0.0.1:8222", "", false},
+		{"127.0.0.1:4222", "", "127.0.0.1:6222", false},
+		{"0.0.0.0:4222", "", "", true},
+		{"127.0.0.1:4222", "0.0.0.0:8222", "", true},
+		{"127.0.0.1:4222", "", "0.0.0.0:6222", true},
+	} {
+		if got, err := tlsOn("auto", c.listen, c.http, c.cluster); err != nil || got != c.want {
+			t.Errorf("tlsOn(auto, %q, %q, %q) = %v, %v; want %v", c.listen, c.http, c.cluster, got, err, c.want)
+		}
+	}
+	if got, _ := tlsOn("off", "0.0.0.0:4222", "", "0.0.0.0:6222"); got {
+		t.Error("--tls off served TLS")
+	}
+}
