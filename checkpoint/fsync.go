@@ -56,15 +56,34 @@ func writeNew(path string, b []byte, sync bool, perm os.FileMode) error {
 // is removed on every error path.
 func WriteFile(path string, data []byte) error { return WriteFilePerm(path, data, 0o644) }
 
+// tmpBeside names a temporary file in path's directory, for path.
+func tmpBeside(path string) string {
+	return filepath.Join(filepath.Dir(path), TempPrefix+filepath.Base(path)+"-"+randSuffix())
+}
+
 // WriteFilePerm is WriteFile with the new file's permissions (before the
 // umask): 0600 for what only its user may read.
+func WriteFilePerm(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	tmp := tmpBeside(path)
+	if err := writeNew(tmp, data, true, perm); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return syncDir(dir)
+}
+
 // CreateFilePerm is WriteFilePerm for a file that must not be replaced:
 // it links the durable temporary file into place, so that of several
 // processes creating path at once exactly one succeeds (created) and the
 // others find its content there.
 func CreateFilePerm(path string, data []byte, perm os.FileMode) (created bool, err error) {
 	dir := filepath.Dir(path)
-	tmp := filepath.Join(dir, ".tmp-"+filepath.Base(path)+"-"+randSuffix())
+	tmp := tmpBeside(path)
 	defer os.Remove(tmp)
 	if err := writeNew(tmp, data, true, perm); err != nil {
 		return false, fmt.Errorf("write %s: %w", path, err)
@@ -79,18 +98,4 @@ func CreateFilePerm(path string, data []byte, perm os.FileMode) (created bool, e
 		return true, fmt.Errorf("write %s: %w", path, err)
 	}
 	return true, syncDir(dir)
-}
-
-func WriteFilePerm(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp := filepath.Join(dir, ".tmp-"+filepath.Base(path)+"-"+randSuffix())
-	if err := writeNew(tmp, data, true, perm); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(dir)
 }
