@@ -138,17 +138,10 @@ func AskInfoAll(ctx context.Context, nc *nats.Conn, wait time.Duration) (Coordin
 	return first, nil
 }
 
-// AskInfo requests the coordinator's CoordinatorInfo.
+// AskInfo requests the coordinator's CoordinatorInfo: the first answer,
+// as a reader that needs no cluster-wide Clients takes it.
 func AskInfo(ctx context.Context, nc *nats.Conn) (CoordinatorInfo, error) {
-	var ci CoordinatorInfo
-	m, err := nc.RequestWithContext(ctx, SubjectInfo, nil)
-	if err != nil {
-		return ci, fmt.Errorf("coordinator info: %w", err)
-	}
-	if err := Decode(m.Data, &ci); err != nil {
-		return ci, fmt.Errorf("coordinator info: %w", err)
-	}
-	return ci, nil
+	return AskInfoAll(ctx, nc, 0)
 }
 
 // BootID identifies this boot of the host ("unknown" when unreadable); an
