@@ -192,7 +192,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		since = submitted
 	}
 	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull, wk.OthersLimit)
-	if waitErr != nil && ctx.Err() == nil && drained() {
+	// The wait ended with the worker's drain, not with a verdict or an
+	// interrupt.
+	drainedFirst := waitErr != nil && ctx.Err() == nil && drained()
+	if drainedFirst {
 		// The drain's last shards may have been the run's last: the
 		// verdict follows their records by a moment.
 		vctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -216,7 +219,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "stopped: the coordinator's store is full: %s\nstate is kept in %s; free space there, then resume with: %s\n", full.why, absData, resume)
 		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store is full: " + full.why}
 	}
-	if waitErr != nil && ctx.Err() == nil && drained() {
+	if waitErr != nil && drainedFirst {
 		fmt.Fprintf(stdout, "drained (SIGUSR1): the running shards ended, the rest stay queued; state is kept in %s\nresume with: %s\n", absData, resume)
 		return exitErr{code: exitInterrupted, msg: "run " + spec.Name + " drained on SIGUSR1 before it completed; resume with: " + resume}
 	}
