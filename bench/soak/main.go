@@ -140,11 +140,6 @@ func (s *soak) run(n, events int) int {
 	spec := s.writeJob(n)
 	syscall.Sync() // the job is on its disk before any power cut
 	s.start = time.Now()
-	if s.coords > 1 {
-		if err := os.MkdirAll(filepath.Dir(s.tokenFile()), 0o700); err != nil {
-			fail("%v", err)
-		}
-	}
 	for i := range s.coords {
 		s.startCoordinator(i)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -53,11 +52,8 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	}
 	url := strings.Join(urls, ",")
 	// One token file for all (and the authority beside it): whichever
-	// starts first makes them.
+	// starts first makes them, and their directory.
 	token := filepath.Join(dir, "shared", "token")
-	if err := os.MkdirAll(filepath.Dir(token), 0o700); err != nil {
-		t.Fatal(err)
-	}
 	start := func(n *node) {
 		n.p = testenv.Start(t, "coordinator", "--data", n.data, "--listen", n.client, "--http", "", "--lease-ttl", "5s",
 			"--cluster", n.route, "--peers", strings.Join(routes, ","), "--token-file", token, "--tls", tlsMode)
