@@ -560,7 +560,7 @@ func procStats(procRoot string) []procStat {
 }
 
 // hostLog appends a worker-level admission decision (fetch or wait, per
-// class, with its numbers) to <state>/admission.log.
+// class, with its numbers) to <state>/admission.log (evidenceFile).
 func (w *Worker) hostLog(class, decision, detail string) {
 	line := fmt.Sprintf("%s worker=%s class=%s decision=%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), w.cfg.Name, class, decision, detail)
 	w.mu.Lock()
@@ -569,7 +569,7 @@ func (w *Worker) hostLog(class, decision, detail string) {
 		if err := os.MkdirAll(w.cfg.StateDir, 0o755); err != nil {
 			return
 		}
-		f, err := os.OpenFile(filepath.Join(w.cfg.StateDir, "admission.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		f, err := os.OpenFile(filepath.Join(w.cfg.StateDir, w.evidenceFile("admission.log")), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return
 		}

@@ -776,7 +776,8 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 	return staged, result{}
 }
 
-// stagingLog appends one line per staging to runs/<run>/staging.jsonl.
+// stagingLog appends one line per staging to runs/<run>/staging.jsonl
+// (evidenceFile).
 func (w *Worker) stagingLog(m *stream.ShardMsg, attempt int, s staging.Stats) {
 	line, _ := json.Marshal(struct {
 		Time    time.Time     `json:"time"`
@@ -787,7 +788,7 @@ func (w *Worker) stagingLog(m *stream.ShardMsg, attempt int, s staging.Stats) {
 	}{time.Now().UTC(), w.cfg.Name, m.ID, attempt, s})
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	f, err := os.OpenFile(filepath.Join(w.evidenceDir(m.Run), "staging.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(filepath.Join(w.evidenceDir(m.Run), w.evidenceFile("staging.jsonl")), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return
 	}

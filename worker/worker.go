@@ -197,6 +197,9 @@ type Worker struct {
 	cgroups  *cgroups
 	limits   string
 	hostLogF *os.File
+	// perHost is ".<host>" where the state directory may be shared with
+	// other hosts (sharedStateDir), else "": see evidenceFile.
+	perHost string
 
 	scratch *scratchPool              // {out} and {scratch} directories of attempts
 	durable *stream.Group             // shared sync barriers at the coordinator
@@ -419,6 +422,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.pid = os.Getpid()
 	w.env = environ()
+	w.sharedStateDir(ctx)
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
 	w.limits = w.cgroups.describe()
 	w.enforce = w.cgroups.mode != ""
@@ -1059,7 +1063,7 @@ func (w *Worker) admission(run, shard, class, decision, detail string) {
 			return
 		}
 		var err error
-		if f, err = os.OpenFile(filepath.Join(dir, "admission.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+		if f, err = os.OpenFile(filepath.Join(dir, w.evidenceFile("admission.log")), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
 			return
 		}
 		w.logs[run] = f
@@ -1081,6 +1085,42 @@ func (w *Worker) closeLogs() {
 }
 
 func (w *Worker) evidenceDir(run string) string { return filepath.Join(w.cfg.StateDir, "runs", run) }
+
+// sharedStateDir decides whether the files this worker appends evidence to
+// carry its host's name (evidenceFile). Workers on several hosts share a
+// state directory on network storage (a home directory on NFS, as the
+// workers of `shardpool sbatch` do by default), and appends from two NFS
+// clients to one file are not atomic: each client writes at the end it
+// last saw, and lines of one host overwrite or split another's. Appends
+// from one host are ordered by its kernel, so local storage keeps the
+// plain names, and so does a directory the probe could not look at (its
+// statfs failed): there is nothing to go on. A file system of a type the
+// probe cannot classify (a FUSE of unknown subtype, say) counts as shared.
+func (w *Worker) sharedStateDir(ctx context.Context) {
+	pi := w.cfg.Probe.Where(ctx, w.cfg.StateDir)
+	if pi.Locality == probe.Local || pi.Unknown != "" {
+		return
+	}
+	host := strings.ReplaceAll(w.host, "/", "_") // a kernel hostname may hold one
+	if host == "" {
+		host = "unnamed-host"
+	}
+	w.perHost = "." + host
+	w.log.Info("the state directory may be shared with other hosts: evidence logs carry this host's name",
+		"state", w.cfg.StateDir, "type", pi.Type, "locality", pi.Locality, "example", w.evidenceFile("admission.log"))
+}
+
+// evidenceFile is the name of a file that every worker using the state
+// directory appends to (admission.log, staging.jsonl): the name itself, or
+// with the host before its extension (admission.<host>.log) where the state
+// directory may be shared with other hosts (sharedStateDir).
+func (w *Worker) evidenceFile(name string) string {
+	if w.perHost == "" {
+		return name
+	}
+	ext := filepath.Ext(name)
+	return strings.TrimSuffix(name, ext) + w.perHost + ext
+}
 
 // cachedRun is a run record as a worker last read it.
 type cachedRun struct {
