@@ -683,6 +683,9 @@ func (c *Coordinator) startSyncer(store string) error {
 		info := base
 		info.StoreFull = c.StoreFull()
 		info.Clients = c.clientNames()
+		if c.cfg.Cluster != "" {
+			info.Leader = c.metaLeader()
+		}
 		data, _ := stream.Encode(&info)
 		_ = m.Respond(data)
 	}); err != nil {
@@ -783,4 +786,15 @@ func (c *Coordinator) clientNames() []string {
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
+}
+
+// metaLeader is the server name of the cluster's JetStream meta leader,
+// the coordinator that tracks the runs (trackWhileLeader); "" while none
+// is elected, or when the server cannot say.
+func (c *Coordinator) metaLeader() string {
+	jsi, err := c.srv.Jsz(&server.JSzOptions{})
+	if err != nil || jsi.Meta == nil {
+		return ""
+	}
+	return jsi.Meta.Leader
 }

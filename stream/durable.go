@@ -86,6 +86,10 @@ type CoordinatorInfo struct {
 	// cluster only): every one answers an info request, and a reader
 	// that heard them all knows every client of the cluster (AskInfoAll).
 	Coordinators int `json:"coordinators,omitempty"`
+	// Leader names, in a cluster, the coordinator that tracks the runs
+	// (the cluster's JetStream meta leader) as the answering one knows
+	// it; "" while none is elected.
+	Leader string `json:"leader,omitempty"`
 }
 
 // AskInfoAll is AskInfo that, in a cluster of coordinators, waits up to

@@ -364,7 +364,12 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 	}
 	if c := st.Coordinator; c != nil {
 		if c.Cluster != "" {
-			fmt.Fprintf(w, "coordinator %s on %s, one of cluster %s (each stream's copies: nats stream report), sync %s\n", c.Name, c.Host, c.Cluster, c.Sync)
+			leader := c.Leader
+			if leader == "" {
+				leader = "none elected: no majority of the coordinators is up"
+			}
+			fmt.Fprintf(w, "coordinator %s on %s, one of cluster %s (each stream's copies: nats stream report), sync %s; runs tracked by %s\n",
+				c.Name, c.Host, c.Cluster, c.Sync, leader)
 		} else {
 			fmt.Fprintf(w, "coordinator on %s, sync %s\n", c.Host, c.Sync)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -111,6 +112,7 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	// Whichever coordinator status asks, the worker (connected to one of
 	// them) is not taken for disconnected: every coordinator's clients
 	// are heard.
+	leaders := map[string]bool{}
 	for _, n := range nodes {
 		var st coordinator.Status
 		p := testenv.Start(t, "status", "--json", "--server", "nats://"+n.client, "--token-file", token)
@@ -122,6 +124,9 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 		}
 		if st.Coordinator == nil || st.Coordinator.Coordinators != 3 || !slices.Contains(st.Coordinator.Clients, "shardpool-worker-w1") {
 			t.Errorf("status through %s: coordinator %+v; want 3 coordinators whose clients include the worker's connection", n.client, st.Coordinator)
+		}
+		if st.Coordinator != nil {
+			leaders[st.Coordinator.Leader] = true
 		}
 		for _, wk := range st.Workers {
 			if wk.Name == "w1" && wk.Disconnected != "" {
@@ -138,6 +143,11 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	}
 	if leader == nil {
 		t.Fatal("no coordinator says it leads")
+	}
+	// Every coordinator names the one that tracks the runs, as its log
+	// says it does: status prints it, and the drill kills it.
+	if want := strings.Replace(leader.route, ":", "-", 1); len(leaders) != 1 || !leaders[want] {
+		t.Errorf("status through the three coordinators names the leader %v; want only %s, whose log says it leads", slices.Collect(maps.Keys(leaders)), want)
 	}
 	leader.p.SignalMain(syscall.SIGKILL)
 	leader.p.Wait(t, 10*time.Second)
@@ -158,7 +168,8 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 		return strings.Contains(leader.p.Output(), "coordinator ready"), "restarted coordinator:\n" + leader.p.Output()
 	})
 	st := testenv.Start(t, "status", "--server", "nats://"+leader.client, "--token-file", token, "t")
-	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "COMPLETE") || !strings.Contains(st.Output(), "one of cluster shardpool") {
+	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "COMPLETE") || !strings.Contains(st.Output(), "one of cluster shardpool") ||
+		!strings.Contains(st.Output(), "runs tracked by 127.0.0.1-") {
 		t.Fatalf("status from the restarted coordinator: exit %d\n%s", code, st.Output())
 	}
 	// status --data finds the shared token file (and authority) itself.
