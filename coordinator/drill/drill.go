@@ -117,6 +117,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 func (d *drill) say(format string, args ...any) {
+	d.mu.Lock() // the cluster check says its steps beside the power cuts'
+	defer d.mu.Unlock()
 	fmt.Fprintf(d.cfg.Progress, "drill: "+format+"\n", args...)
 }
 
@@ -422,16 +424,7 @@ func (d *drill) poll(ctx context.Context, timeout time.Duration, what string, co
 }
 
 func (d *drill) runRecord(ctx context.Context) (stream.RunRecord, error) {
-	kv, err := d.js.KeyValue(ctx, stream.BucketRuns)
-	if err != nil {
-		return stream.RunRecord{}, err
-	}
-	e, err := kv.Get(ctx, runName)
-	if err != nil {
-		return stream.RunRecord{}, err
-	}
-	var r stream.RunRecord
-	return r, stream.Decode(e.Value(), &r)
+	return readRun(ctx, d.js, runName)
 }
 
 func (d *drill) shard(ctx context.Context, id string) (stream.ShardRecord, error) {
@@ -613,7 +606,11 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 	d.checkIf("a shard no worker can take waits with its reason, then runs when one joins", pendingOK && big.State == stream.ShardValidated,
 		fmt.Sprintf("waiting reason %q; after w3 joined: %s", waitReason, big.State))
 
+	cluster := make(chan Check, 1)
+	go func() { cluster <- d.cluster(ctx) }()
 	d.powerCut(ctx)
+	c := <-cluster
+	d.check(c.Name, c.Status, c.Detail)
 }
 
 func (d *drill) attemptLogs(id string) string {

@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/drill/powercut"
 	"github.com/shardpool/shardpool/stream"
@@ -199,41 +198,15 @@ func checkAfterPowerCuts(ctx context.Context, data, out string) ([]string, error
 	}
 	defer c.Close()
 	js := c.JetStream()
-	runs, err := js.KeyValue(ctx, stream.BucketRuns)
-	if err != nil {
-		return nil, err
-	}
-	e, err := runs.Get(ctx, powerCutRun)
+	r, err := readRun(ctx, js, powerCutRun)
 	if err != nil {
 		return nil, fmt.Errorf("run record: %w", err)
-	}
-	var r stream.RunRecord
-	if err := stream.Decode(e.Value(), &r); err != nil {
-		return nil, err
 	}
 	var bad []string
 	if r.State != stream.RunComplete {
 		bad = append(bad, fmt.Sprintf("run %s: %s", r.State, r.Reason))
 	}
-	shards, err := js.KeyValue(ctx, stream.BucketShards)
-	if err != nil {
-		return nil, err
-	}
-	for i := range powerCutShards {
-		id := fmt.Sprintf("s%02d", i)
-		hist, err := shards.History(ctx, stream.ShardKey(powerCutRun, id))
-		if err != nil {
-			bad = append(bad, fmt.Sprintf("%s: no record history: %v", id, err))
-			continue
-		}
-		if validated := len(stream.Validations(hist, r.Fingerprint)); validated != 1 {
-			bad = append(bad, fmt.Sprintf("%s recorded validated %d times", id, validated))
-		}
-		if _, err := checkpoint.VerifyCommitted(filepath.Join(out, id), r.Fingerprint, true); err != nil {
-			bad = append(bad, fmt.Sprintf("output %s: %v", id, err))
-		}
-	}
-	return bad, nil
+	return append(bad, validatedOnce(ctx, js, powerCutRun, r.Fingerprint, out, powerCutShards)...), nil
 }
 
 // removeImages unmounts a power-cut file system and removes its images
