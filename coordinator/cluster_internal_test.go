@@ -60,3 +60,58 @@ func TestClusterAloneSaysWhy(t *testing.T) {
 		t.Fatalf("a lone coordinator of a cluster: %v, want ErrNotReady saying it reached 0 of its 2 peers", err)
 	}
 }
+
+// TestCASConflictInACluster: submit retries its compare-and-set updates
+// of the run record, which the tracker writes too, when isWrongSeq calls
+// the error a conflict; anything else fails the submit. In a cluster
+// (replicated buckets) a conflict must still be one. nats.go documents
+// that replicated streams may report it with their own code (10164, not
+// 10071) and wraps an update's as ErrKeyRevisionMismatch; isWrongSeq
+// takes both forms. (nats-server 2.15.2 answered 10071 here.)
+func TestCASConflictInACluster(t *testing.T) {
+	dir := t.TempDir()
+	var routes []string
+	for range 3 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, l.Addr().String())
+		l.Close()
+	}
+	cs := make([]*Coordinator, 3)
+	errs := make(chan error, 3)
+	for i := range cs {
+		c, err := New(Config{DataDir: filepath.Join(dir, routes[i]), Listen: "127.0.0.1:0", Cluster: routes[i], Peers: routes,
+			Auth: true, TokenFile: filepath.Join(dir, "token"), ReadyTimeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs[i] = c
+		t.Cleanup(c.Close)
+		go func() { errs <- c.Start(context.Background()) }()
+	}
+	for range cs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := stream.WaitBuckets(ctx, cs[0].JetStream(), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := b.Runs.Create(ctx, "cas", []byte("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Runs.Update(ctx, "cas", []byte("{}"), rev+7)
+	if err == nil || !isWrongSeq(err) {
+		t.Errorf("update at a stale revision in a cluster: %v; isWrongSeq says %v, want a conflict", err, err != nil && isWrongSeq(err))
+	}
+	_, err = b.Runs.Create(ctx, "cas", []byte("{}"))
+	if err == nil || !isWrongSeq(err) {
+		t.Errorf("create of an existing key in a cluster: %v; isWrongSeq says %v, want a conflict", err, err != nil && isWrongSeq(err))
+	}
+}

@@ -405,12 +405,16 @@ func putRun(ctx context.Context, kv jetstream.KeyValue, r *stream.RunRecord, rev
 	return kv.Update(ctx, r.Name, b, rev)
 }
 
+// isWrongSeq reports a compare-and-set conflict: a Create of a key that
+// exists, or an Update at a revision that is not the last. Replicated
+// streams (a cluster) may report it with a code of their own.
 func isWrongSeq(err error) bool {
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 		return true
 	}
-	return errors.Is(err, jetstream.ErrKeyExists)
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
 func leaseTTL(ctx context.Context, b *stream.Buckets) (time.Duration, error) {
