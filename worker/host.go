@@ -60,15 +60,33 @@ func pidAlive(pid int) bool { return probe.PIDAlive("/proc", pid) }
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 
 // DefaultName is the worker name used when none is given: the host name
-// with characters a KV key cannot hold replaced.
+// with characters a KV key cannot hold replaced. In a Slurm job step it is
+// HOST-jobJOBID (HOST-jobJOBID-STEP past the first step): the workers of
+// two jobs that Slurm places on one node (a second `shardpool sbatch` for
+// more workers, say) would otherwise share a name, and the second would
+// stop at once, since a name is one live worker's. Its default scratch
+// directory, named after it, is then the job's own too.
 func DefaultName() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
+	h, _ := os.Hostname()
+	return DefaultNameFor(h, os.Getenv("SLURM_JOB_ID"), os.Getenv("SLURM_STEP_ID"))
+}
+
+// DefaultNameFor is DefaultName on host, in Slurm job job ("" outside
+// Slurm) and its step step.
+func DefaultNameFor(host, job, step string) string {
+	h := host
+	if h == "" {
 		h = "worker"
+	}
+	if job != "" {
+		h += "-job" + job
+		if step != "" && step != "0" {
+			h += "-" + step
+		}
 	}
 	n := unsafeName.ReplaceAllString(h, "-")
 	if len(n) > 64 {
-		n = n[:64]
+		n = n[len(n)-64:] // the job's part is what tells two workers of a node apart
 	}
 	return n
 }

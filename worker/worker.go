@@ -56,6 +56,9 @@ type Config struct {
 	// allocation then releases it when the queue has run dry, rather than
 	// holding it to the time limit. Zero serves until stopped.
 	IdleExit time.Duration
+	// OnServing, when set, is called once the worker has taken its name
+	// and set up, just before it starts reporting and fetching.
+	OnServing func()
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
 	// Recheck is how often a class held back by admission looks again
@@ -441,7 +444,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker %s: lease bucket: %w", w.cfg.Name, err)
 	}
 	w.ttl = st.TTL()
-	if err := w.checkName(ctx); err != nil {
+	if err := w.claimName(ctx); err != nil {
 		return err
 	}
 	if err := CheckScratch(w.cfg.Scratch, w.defaultScratch); err != nil {
@@ -502,6 +505,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	shardCtx, stopShards := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopShards()
 	var shards sync.WaitGroup
+	if w.cfg.OnServing != nil {
+		w.cfg.OnServing()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.report(gctx) })
 	g.Go(func() error { return w.watchPressure(gctx) })
@@ -1018,25 +1024,63 @@ func (w *Worker) report(ctx context.Context) error {
 // of a process proven gone (this host and boot, same pid namespace, pid
 // not running) or older than three report periods (15 s by default) is a
 // dead worker's, as after a crash and restart under the same name.
-func (w *Worker) checkName(ctx context.Context) error {
+//
+// It returns the revision of the report it judged (0: none), from which
+// claimName takes the name.
+func (w *Worker) checkName(ctx context.Context) (uint64, error) {
 	e, err := w.b.Workers.Get(ctx, w.cfg.Name)
 	if err != nil {
-		return nil // none (or unreadable: the first report replaces it)
+		return 0, nil // none (or unreadable: claimName's create says which)
 	}
 	var r stream.WorkerReport
 	if stream.Decode(e.Value(), &r) != nil {
-		return nil
+		return e.Revision(), nil
 	}
 	// The report's process is judged as a lease's owner is: gone only when
 	// provably so (or this very process, a worker restarted in it).
 	if w.ownerGone(stream.Owner{Worker: r.Name, Host: r.Host, BootID: r.BootID, PID: r.PID, PIDNS: r.PIDNS}) {
-		return nil
+		return e.Revision(), nil
 	}
 	if time.Since(r.Reported) > 3*max(w.cfg.ReportEvery, 5*time.Second) {
-		return nil // silent for three report periods: gone, or its pid reused
+		return e.Revision(), nil // silent for three report periods: gone, or its pid reused
 	}
-	return fmt.Errorf("worker %s: %w: a live worker reports under it from host %s pid %d (last report %s ago); give this one another --name",
+	return 0, fmt.Errorf("worker %s: %w: a live worker reports under it from host %s pid %d (last report %s ago); give this one another --name",
 		w.cfg.Name, ErrNameTaken, r.Host, r.PID, time.Since(r.Reported).Round(time.Second))
+}
+
+// claimName takes the worker's name: checkName, then a first report
+// written with compare-and-set from the revision it judged. Two workers
+// started at once under one name both found it free before either had
+// reported; both served, their reports overwriting each other, and
+// neither ran a shard. Now the second's write conflicts, and it judges
+// again what the first wrote: a live worker's report.
+func (w *Worker) claimName(ctx context.Context) error {
+	for range 3 {
+		rev, err := w.checkName(ctx)
+		if err != nil {
+			return err
+		}
+		r := w.snapshot()
+		data, err := stream.Encode(&r)
+		if err != nil {
+			return err
+		}
+		if rev == 0 {
+			_, err = w.b.Workers.Create(ctx, w.cfg.Name, data)
+		} else {
+			_, err = w.b.Workers.Update(ctx, w.cfg.Name, data, rev)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			// The store did not answer: serve, as before names were
+			// claimed; the first report replaces whatever is there.
+			w.log.Warn("could not take the worker's name in the workers bucket", "err", err)
+			return nil
+		}
+	}
+	return fmt.Errorf("worker %s: %w: its report changed under it three times; give this one another --name", w.cfg.Name, ErrNameTaken)
 }
 
 // finalReport removes the worker's report so status stops listing it.

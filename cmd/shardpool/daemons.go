@@ -240,13 +240,13 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Auto: slots.auto, Scratch: *scratch,
-		StateDir: *data, Grace: *grace, IdleExit: *idleExit, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo)})
+		StateDir: *data, Grace: *grace, IdleExit: *idleExit, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
+		OnServing: func() { fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.String(), *server) }})
 	if err != nil {
 		return err
 	}
 	stopDrain, _ := drainOnSignal(stderr, w)
 	defer stopDrain()
-	fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.String(), *server)
 	ran := make(chan struct{})
 	defer close(ran)
 	go func() {

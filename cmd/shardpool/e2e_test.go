@@ -573,7 +573,8 @@ func TestCoordinatorReloadsItsStoreAfterAFullDisk(t *testing.T) {
 // TestWorkerNameIsNotShared: a second worker started under a live worker's
 // name is refused with the holder's host and pid (their reports would
 // overwrite each other); after that worker is SIGKILLed, its name can be
-// taken again at once, its pid being gone.
+// taken again at once, its pid being gone. Of two started at the same
+// moment under one name, one is refused.
 func TestWorkerNameIsNotShared(t *testing.T) {
 	c := startCluster(t, "6s")
 	w1 := c.worker("w1", "--slots", "cpu=1")
@@ -600,6 +601,25 @@ func TestWorkerNameIsNotShared(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		return strings.Contains(again.Output(), "worker w1 serving"), "w1 after its predecessor was killed: " + again.Output()
 	})
+	// Two started at the same moment under one name: both found it free
+	// before either had reported, and both served. The name is now taken
+	// with compare-and-set, so one of them is refused.
+	a, b := c.worker("w2", "--slots", "cpu=1"), c.worker("w2", "--slots", "cpu=1")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		return a.Exited() || b.Exited(), fmt.Sprintf("both workers w2 serve\nfirst:\n%s\nsecond:\n%s", a.Output(), b.Output())
+	})
+	refused, kept := a, b
+	if b.Exited() {
+		refused, kept = b, a
+	}
+	if code := refused.Wait(t, 10*time.Second); code != 1 || !strings.Contains(refused.Output(), "give this one another --name") {
+		t.Errorf("the refused w2: exit %d, want 1 naming the live one\n%s", code, refused.Output())
+	}
+	// The other serves on.
+	time.Sleep(3 * time.Second)
+	if kept.Exited() {
+		t.Fatalf("both workers w2 stopped; the first to take the name should serve\n%s", kept.Output())
+	}
 }
 
 func hostname(t *testing.T) string {

@@ -16,6 +16,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -303,19 +304,21 @@ func TestWorkerInBatchJob(t *testing.T) {
 
 // TestSbatchPlacesWorkers: `shardpool sbatch` asks the test cluster for a
 // node sized to the run (2 slots of a class declaring 1 CPU and 100MiB: 2
-// CPUs, 456MiB with the worker's 256MiB), with Slurm's warning signal, and
-// runs a worker in it that completes the run and then, with nothing left
-// to run, exits and releases the node.
+// CPUs, 456MiB with the worker's 256MiB), with Slurm's warning signal.
+// Two real submissions of 1 slot each (1 CPU, 356MiB) land on the one
+// node at once: their workers, each named after the node and its job,
+// serve side by side, complete the run and then, with nothing left to
+// run, exit and release the node.
 func TestSbatchPlacesWorkers(t *testing.T) {
 	sl := testenv.StartSlurm(t, testenv.SlurmOptions{})
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	dir := t.TempDir()
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Command: []string{"sh", "-c", `sleep 0.3; cp "$1" "$2/"`, "sh", "{input}", "{out}"},
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 8, Command: []string{"sh", "-c", `sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}"},
 		Extra: "[class.cpu]\ncpus = 1\nmemory = \"100MiB\"\n"})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	sbatch := func(args ...string) string {
 		t.Helper()
-		cmd := sl.Command(testenv.Binary(t), append([]string{"sbatch", "--server", env.URL, "--data", dir, "--slots", "2", "--warn", "90s", "--time", "10m"}, args...)...)
+		cmd := sl.Command(testenv.Binary(t), append([]string{"sbatch", "--server", env.URL, "--data", dir, "--warn", "90s", "--time", "10m"}, args...)...)
 		// The job inherits these (sbatch exports the environment): the
 		// worker's state and scratch stay in the test's directory.
 		cmd.Env = append(cmd.Env, "XDG_STATE_HOME="+filepath.Join(dir, "state"), "TMPDIR="+dir)
@@ -325,7 +328,7 @@ func TestSbatchPlacesWorkers(t *testing.T) {
 		}
 		return string(out)
 	}
-	out := sbatch("--dry-run", spec, "--", "--comment=shardpool-test")
+	out := sbatch("--slots", "2", "--dry-run", spec, "--", "--comment=shardpool-test")
 	for _, want := range []string{"--job-name=shardpool-t ", "--nodes=1 ", "--cpus-per-task=2 ", "--mem=456M ", "--signal=USR1@90 ", "--time=0-00:10:00 ",
 		"--comment=shardpool-test SCRIPT", "srun --ntasks-per-node=1 " + testenv.Binary(t) + " worker --server " + env.URL + " --idle-exit 2m0s"} {
 		if !strings.Contains(out, want) {
@@ -336,44 +339,73 @@ func TestSbatchPlacesWorkers(t *testing.T) {
 		t.Fatalf("after --dry-run, squeue: %v\n%s; want no job", err, q)
 	}
 
-	out = sbatch("--idle-exit", "3s", spec)
-	m := regexp.MustCompile(`submitted Slurm job (\d+): 1 node\(s\), each one worker with 2 CPU\(s\), 456MiB for 2 slot\(s\)`).FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("sbatch did not say what it submitted:\n%s", out)
+	var jobs []string
+	for range 2 {
+		out = sbatch("--slots", "1", "--idle-exit", "3s", spec)
+		m := regexp.MustCompile(`submitted Slurm job (\d+): 1 node\(s\), each one worker with 1 CPU\(s\), 356MiB for 1 slot\(s\)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("sbatch did not say what it submitted:\n%s", out)
+		}
+		jobs = append(jobs, m[1])
 	}
-	job := m[1]
 	gone := func(limit time.Duration) {
 		testenv.Eventually(t, limit, func() (bool, string) {
-			q, err := sl.Command("squeue", "-h", "-j", job).CombinedOutput()
-			return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("job %s still queued or running:\n%s", job, q)
+			q, err := sl.Command("squeue", "-h", "-j", strings.Join(jobs, ",")).CombinedOutput()
+			return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("jobs %v still queued or running:\n%s", jobs, q)
 		})
 	}
 	t.Cleanup(func() {
-		_ = sl.Command("scancel", job).Run()
+		_ = sl.Command("scancel", jobs...).Run()
 		gone(40 * time.Second)
 	})
-	slurmOut := filepath.Join(dir, "runs", "t", "slurm", job+".out")
+	slurmOut := func(job string) string {
+		b, _ := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", job+".out"))
+		return string(b)
+	}
+	// Both jobs' workers report at once from the one node, under names of
+	// their own. (Named after the host alone, the second stopped at once:
+	// "a live worker reports under it".)
+	host, _ := os.Hostname()
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		kv, err := env.JS.KeyValue(context.Background(), stream.BucketWorkers)
+		if err != nil {
+			return false, err.Error()
+		}
+		seen := map[string]string{}
+		for _, job := range jobs {
+			e, err := kv.Get(context.Background(), worker.DefaultNameFor(host, job, ""))
+			if err != nil {
+				continue
+			}
+			var r stream.WorkerReport
+			if stream.Decode(e.Value(), &r) == nil && r.SlurmJob == job {
+				seen[job] = r.Name
+			}
+		}
+		return len(seen) == 2, fmt.Sprintf("workers of jobs %v reporting at once: %v\nSlurm's output:\n%s\n%s", jobs, seen, slurmOut(jobs[0]), slurmOut(jobs[1]))
+	})
 	rec := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
 	if rec.State != stream.RunComplete {
-		b, _ := os.ReadFile(slurmOut)
-		t.Fatalf("run under the sbatch worker: %s (%s), want COMPLETE\nSlurm's output:\n%s", rec.State, rec.Reason, b)
+		t.Fatalf("run under the sbatch workers: %s (%s), want COMPLETE\nSlurm's output:\n%s\n%s", rec.State, rec.Reason, slurmOut(jobs[0]), slurmOut(jobs[1]))
 	}
-	// With nothing left to run the worker exits, and the job ends long
-	// before its 10 minutes.
+	// With nothing left to run the workers exit, and the jobs end long
+	// before their 10 minutes.
 	gone(40 * time.Second)
-	b, _ := os.ReadFile(slurmOut)
-	if !strings.Contains(string(b), "draining (no shard to run for") {
-		t.Errorf("Slurm's output %s does not show the idle worker draining:\n%s", slurmOut, b)
-	}
-	info, err := sl.Command("scontrol", "show", "job", "-o", job).CombinedOutput()
-	if err != nil {
-		t.Fatalf("scontrol show job %s: %v\n%s", job, err, info)
-	}
-	for _, want := range []string{"NumCPUs=2 ", "MinMemoryNode=456M ", "JobState=COMPLETED "} {
-		if !strings.Contains(string(info), want) {
-			t.Errorf("job %s: want %q in its record:\n%s", job, want, info)
+	for _, job := range jobs {
+		if !strings.Contains(slurmOut(job), "draining (no shard to run for") {
+			t.Errorf("Slurm's output of job %s does not show the idle worker draining:\n%s", job, slurmOut(job))
+		}
+		info, err := sl.Command("scontrol", "show", "job", "-o", job).CombinedOutput()
+		if err != nil {
+			t.Fatalf("scontrol show job %s: %v\n%s", job, err, info)
+		}
+		for _, want := range []string{"NumCPUs=1 ", "MinMemoryNode=356M ", "JobState=COMPLETED "} {
+			if !strings.Contains(string(info), want) {
+				t.Errorf("job %s: want %q in its record:\n%s", job, want, info)
+			}
 		}
 	}
+	job := jobs[1]
 	if b, err := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", "sbatch.txt")); err != nil || !strings.Contains(string(b), "job "+job+": sbatch --parsable") {
 		t.Errorf("sbatch.txt does not record the submission of job %s: %v\n%s", job, err, b)
 	}
