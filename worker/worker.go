@@ -444,11 +444,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker %s: lease bucket: %w", w.cfg.Name, err)
 	}
 	w.ttl = st.TTL()
-	if err := w.claimName(ctx); err != nil {
-		return err
-	}
 	if err := CheckScratch(w.cfg.Scratch, w.defaultScratch); err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
+	}
+	// The last step that can fail: a worker that took its name and then
+	// stopped would leave a report that looks alive until its pid is
+	// judged gone.
+	if err := w.claimName(ctx); err != nil {
+		return err
 	}
 	defer w.closeLogs()
 	nc := w.cfg.JetStream.Conn()
