@@ -186,6 +186,20 @@ func (b *Buckets) KeysMatching(ctx context.Context, kv jetstream.KeyValue, patte
 // WorkerReports reads every worker report in the workers bucket (a report
 // not refreshed within the bucket's TTL is gone); an entry that cannot be
 // read or decoded is skipped.
+// ReadRun reads a run's record through any JetStream client.
+func ReadRun(ctx context.Context, js jetstream.JetStream, name string) (RunRecord, error) {
+	var r RunRecord
+	kv, err := js.KeyValue(ctx, BucketRuns)
+	if err != nil {
+		return r, err
+	}
+	e, err := kv.Get(ctx, name)
+	if err != nil {
+		return r, err
+	}
+	return r, Decode(e.Value(), &r)
+}
+
 func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
 	keys, err := b.Keys(ctx, b.Workers)
 	if err != nil {

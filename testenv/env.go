@@ -276,16 +276,7 @@ func (e *Env) Run(name string) (stream.RunRecord, error) {
 
 // ReadRun reads a run record through any JetStream client.
 func ReadRun(ctx context.Context, js jetstream.JetStream, name string) (stream.RunRecord, error) {
-	kv, err := js.KeyValue(ctx, stream.BucketRuns)
-	if err != nil {
-		return stream.RunRecord{}, err
-	}
-	en, err := kv.Get(ctx, name)
-	if err != nil {
-		return stream.RunRecord{}, err
-	}
-	var r stream.RunRecord
-	return r, stream.Decode(en.Value(), &r)
+	return stream.ReadRun(ctx, js, name)
 }
 
 // Shard reads a shard record.

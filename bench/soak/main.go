@@ -405,15 +405,13 @@ func waitVerdict(js jetstream.JetStream, timeout time.Duration) (*stream.RunReco
 	var last stream.RunRecord
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		kv, err := js.KeyValue(ctx, stream.BucketRuns)
+		r, err := stream.ReadRun(ctx, js, "soak")
+		cancel()
 		if err == nil {
-			if e, err := kv.Get(ctx, "soak"); err == nil && stream.Decode(e.Value(), &last) == nil &&
-				(last.State == stream.RunComplete || last.State == stream.RunBlocked) {
-				cancel()
+			if last = r; r.State == stream.RunComplete || r.State == stream.RunBlocked {
 				return &last, nil
 			}
 		}
-		cancel()
 		time.Sleep(500 * time.Millisecond)
 	}
 	return nil, fmt.Errorf("no verdict after %s; the run is %s with %+v", timeout, last.State, last.Counts)

@@ -153,7 +153,7 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 	read := func() (stream.RunRecord, error) {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		return readRun(rctx, js, clusterRun)
+		return stream.ReadRun(rctx, js, clusterRun)
 	}
 	var before stream.RunRecord
 	if err := d.poll(ctx, 60*time.Second, "5 shards validated through the cluster", func() bool {
@@ -208,7 +208,7 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 	if err := d.poll(ctx, 90*time.Second, "the restarted coordinator to answer for the run", func() bool {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		r, err := readRun(rctx, ojs, clusterRun)
+		r, err := stream.ReadRun(rctx, ojs, clusterRun)
 		return err == nil && r.State == stream.RunComplete
 	}); err != nil {
 		return "", fmt.Errorf("coordinator %s restarted on its data: %w", victim.name, err)
@@ -279,20 +279,6 @@ func validatedOnce(ctx context.Context, js jetstream.JetStream, run, fp, out str
 		}
 	}
 	return bad
-}
-
-// readRun reads a run's record.
-func readRun(ctx context.Context, js jetstream.JetStream, run string) (stream.RunRecord, error) {
-	var r stream.RunRecord
-	kv, err := js.KeyValue(ctx, stream.BucketRuns)
-	if err != nil {
-		return r, err
-	}
-	e, err := kv.Get(ctx, run)
-	if err != nil {
-		return r, err
-	}
-	return r, stream.Decode(e.Value(), &r)
 }
 
 // freePort is a loopback HOST:PORT nothing listens on now.

@@ -424,7 +424,7 @@ func (d *drill) poll(ctx context.Context, timeout time.Duration, what string, co
 }
 
 func (d *drill) runRecord(ctx context.Context) (stream.RunRecord, error) {
-	return readRun(ctx, d.js, runName)
+	return stream.ReadRun(ctx, d.js, runName)
 }
 
 func (d *drill) shard(ctx context.Context, id string) (stream.ShardRecord, error) {

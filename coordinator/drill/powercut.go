@@ -198,7 +198,7 @@ func checkAfterPowerCuts(ctx context.Context, data, out string) ([]string, error
 	}
 	defer c.Close()
 	js := c.JetStream()
-	r, err := readRun(ctx, js, powerCutRun)
+	r, err := stream.ReadRun(ctx, js, powerCutRun)
 	if err != nil {
 		return nil, fmt.Errorf("run record: %w", err)
 	}
