@@ -42,15 +42,8 @@ func TestClusterConfig(t *testing.T) {
 // cluster needs.
 func TestClusterAloneSaysWhy(t *testing.T) {
 	dir := t.TempDir()
-	free := func() string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}
-	c, err := New(Config{DataDir: dir, Listen: "127.0.0.1:0", Cluster: free(), Peers: []string{free(), free()}, ReadyTimeout: 2 * time.Second})
+	ports := freePorts(t, 3)
+	c, err := New(Config{DataDir: dir, Listen: "127.0.0.1:0", Cluster: ports[0], Peers: ports[1:], ReadyTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,15 +63,7 @@ func TestClusterAloneSaysWhy(t *testing.T) {
 // takes both forms. (nats-server 2.15.2 answered 10071 here.)
 func TestCASConflictInACluster(t *testing.T) {
 	dir := t.TempDir()
-	var routes []string
-	for range 3 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		routes = append(routes, l.Addr().String())
-		l.Close()
-	}
+	routes := freePorts(t, 3)
 	cs := make([]*Coordinator, 3)
 	errs := make(chan error, 3)
 	for i := range cs {
@@ -114,4 +99,21 @@ func TestCASConflictInACluster(t *testing.T) {
 	if err == nil || !isWrongSeq(err) {
 		t.Errorf("create of an existing key in a cluster: %v; isWrongSeq says %v, want a conflict", err, err != nil && isWrongSeq(err))
 	}
+}
+
+// freePorts is testenv.FreePorts, which this package's tests cannot
+// import: n distinct loopback ports, each held until all are found (one
+// closed at once may be handed out again), then all released.
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		out = append(out, l.Addr().String())
+	}
+	return out
 }

@@ -177,10 +177,23 @@ func (p *Proc) Exited() bool {
 // FreePort returns a loopback host:port that was free a moment ago.
 func FreePort(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts returns n distinct loopback host:ports that were free a moment
+// ago. Each is held until all are found: one closed at once may be handed
+// out again by the next listen (a cluster's three route ports came out as
+// one, and its coordinator refused a cluster of one peer).
+func FreePorts(t testing.TB, n int) []string {
+	t.Helper()
+	out := make([]string, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		out = append(out, l.Addr().String())
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return out
 }

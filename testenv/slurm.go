@@ -88,7 +88,8 @@ func StartSlurm(t testing.TB, opts SlurmOptions) *Slurm {
 		t.Fatalf("the host's CPUs and memory for slurm.conf: %+v, %+v, %v", snap.Host.OnlineCPUs, snap.Host.MemTotal, err)
 	}
 	memMiB := snap.Host.MemTotal.N >> 20
-	ctldPort, slurmdPort := FreePort(t), FreePort(t)
+	ports := FreePorts(t, 2)
+	ctldPort, slurmdPort := ports[0], ports[1]
 	proctrack, task := "linuxproc", "none"
 	if opts.Cgroups {
 		proctrack, task = "cgroup", "cgroup"

@@ -46,8 +46,9 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	}
 	nodes := make([]*node, 3)
 	var routes, urls []string
+	ports := testenv.FreePorts(t, 2*len(nodes))
 	for i := range nodes {
-		nodes[i] = &node{data: filepath.Join(dir, fmt.Sprintf("c%d", i+1)), client: testenv.FreePort(t), route: testenv.FreePort(t)}
+		nodes[i] = &node{data: filepath.Join(dir, fmt.Sprintf("c%d", i+1)), client: ports[2*i], route: ports[2*i+1]}
 		routes = append(routes, nodes[i].route)
 		urls = append(urls, "nats://"+nodes[i].client)
 	}
@@ -183,8 +184,9 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 // token of its own would refuse the others' routes and each other's
 // clients; a cluster without --token-file is refused, saying why.
 func TestClusterNeedsATokenFile(t *testing.T) {
+	ports := testenv.FreePorts(t, 3)
 	p := testenv.Start(t, "coordinator", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--http", "",
-		"--cluster", testenv.FreePort(t), "--peers", testenv.FreePort(t)+","+testenv.FreePort(t))
+		"--cluster", ports[0], "--peers", ports[1]+","+ports[2])
 	if code := p.Wait(t, 30*time.Second); code != 2 || !strings.Contains(p.Output(), "--cluster needs --token-file FILE") {
 		t.Fatalf("cluster without a token file: exit %d, want 2 and the reason\n%s", code, p.Output())
 	}

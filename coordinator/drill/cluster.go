@@ -56,15 +56,12 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 	base := filepath.Join(d.dir, "cluster")
 	nodes := make([]*clusterNode, clusterSize)
 	var routes, urls []string
+	ports, err := freePorts(2 * clusterSize)
+	if err != nil {
+		return "", err
+	}
 	for i := range nodes {
-		client, err := freePort()
-		if err != nil {
-			return "", err
-		}
-		route, err := freePort()
-		if err != nil {
-			return "", err
-		}
+		client, route := ports[2*i], ports[2*i+1]
 		nodes[i] = &clusterNode{data: filepath.Join(base, fmt.Sprintf("c%d", i+1)), client: client, route: route,
 			name: strings.Replace(route, ":", "-", 1)} // the coordinator's default name
 		routes, urls = append(routes, route), append(urls, "nats://"+client)
@@ -281,12 +278,18 @@ func validatedOnce(ctx context.Context, js jetstream.JetStream, run, fp, out str
 	return bad
 }
 
-// freePort is a loopback HOST:PORT nothing listens on now.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// freePorts is n distinct loopback HOST:PORTs nothing listens on now.
+// Each is held until all are found: one closed at once may be handed out
+// again by the next listen.
+func freePorts(n int) ([]string, error) {
+	var out []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		out = append(out, l.Addr().String())
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return out, nil
 }
