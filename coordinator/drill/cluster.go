@@ -159,6 +159,12 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 	}); err != nil {
 		return "", err
 	}
+	// Asked again: leadership may have moved since the election.
+	actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+	if i, err := stream.AskInfo(actx, nc); err == nil && i.Leader != "" {
+		info = i
+	}
+	acancel()
 	var victim *clusterNode
 	for _, n := range nodes {
 		if n.name == info.Leader {
