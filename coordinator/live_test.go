@@ -62,7 +62,11 @@ func TestStartWaitsOutALookAtItsLock(t *testing.T) {
 	dir := t.TempDir()
 	store := filepath.Join(dir, "stores", "r")
 	f := testenv.LockStore(t, dir, "r", unix.LOCK_SH, "")
-	time.AfterFunc(50*time.Millisecond, func() { unix.Flock(int(f.Fd()), unix.LOCK_UN) })
+	// The test's end (its cleanup closes f) waits for the unlock: the
+	// kernel's lock orders them, but the race detector cannot see that.
+	unlocked := make(chan struct{})
+	defer func() { <-unlocked }()
+	time.AfterFunc(50*time.Millisecond, func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); close(unlocked) })
 	c, err := coordinator.New(coordinator.Config{DataDir: dir, StoreDir: store, Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
