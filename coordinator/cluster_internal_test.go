@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"errors"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -102,18 +101,12 @@ func TestCASConflictInACluster(t *testing.T) {
 }
 
 // freePorts is testenv.FreePorts, which this package's tests cannot
-// import: n distinct loopback ports, each held until all are found (one
-// closed at once may be handed out again), then all released.
+// import (testenv imports coordinator).
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		out = append(out, l.Addr().String())
+	ports, err := LoopbackPorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return ports
 }

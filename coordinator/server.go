@@ -798,3 +798,22 @@ func (c *Coordinator) metaLeader() string {
 	}
 	return jsi.Meta.Leader
 }
+
+// LoopbackPorts finds n distinct loopback HOST:PORTs nothing listens on,
+// for coordinators (and a cluster's routes) started on this host by the
+// drill and the tests. Each is held until all are found: one closed at
+// once may be handed out again by the next listen (a cluster's three
+// route ports came out with duplicates, and its coordinator refused a
+// cluster of one peer). They are free a moment ago, not reserved.
+func LoopbackPorts(n int) ([]string, error) {
+	out := make([]string, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		out = append(out, l.Addr().String())
+	}
+	return out, nil
+}

@@ -3,7 +3,6 @@ package testenv
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
 )
 
 var (
@@ -181,19 +182,12 @@ func FreePort(t testing.TB) string {
 }
 
 // FreePorts returns n distinct loopback host:ports that were free a moment
-// ago. Each is held until all are found: one closed at once may be handed
-// out again by the next listen (a cluster's three route ports came out as
-// one, and its coordinator refused a cluster of one peer).
+// ago (coordinator.LoopbackPorts).
 func FreePorts(t testing.TB, n int) []string {
 	t.Helper()
-	out := make([]string, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		out = append(out, l.Addr().String())
+	ports, err := coordinator.LoopbackPorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return ports
 }

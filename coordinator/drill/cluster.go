@@ -3,7 +3,6 @@ package drill
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,7 +55,7 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 	base := filepath.Join(d.dir, "cluster")
 	nodes := make([]*clusterNode, clusterSize)
 	var routes, urls []string
-	ports, err := freePorts(2 * clusterSize)
+	ports, err := coordinator.LoopbackPorts(2 * clusterSize)
 	if err != nil {
 		return "", err
 	}
@@ -282,20 +281,4 @@ func validatedOnce(ctx context.Context, js jetstream.JetStream, run, fp, out str
 		}
 	}
 	return bad
-}
-
-// freePorts is n distinct loopback HOST:PORTs nothing listens on now.
-// Each is held until all are found: one closed at once may be handed out
-// again by the next listen.
-func freePorts(n int) ([]string, error) {
-	var out []string
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		out = append(out, l.Addr().String())
-	}
-	return out, nil
 }
