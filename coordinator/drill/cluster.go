@@ -220,32 +220,12 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 		clusterSize, clusterSize, victim.name, before.Counts.Validated, clusterShards, newLeader, victim.name), nil
 }
 
-// clusterJob writes the cluster check's job into dir: shards that copy
-// their input into their output after a short sleep, so that the run is
-// under way when its coordinator is lost.
+// clusterJob writes the cluster check's job into dir (copyJob), with
+// shards long enough that the run is under way when its coordinator is
+// lost.
 func clusterJob(dir string) (*stream.Spec, *stream.Manifest, error) {
-	if err := os.MkdirAll(filepath.Join(dir, "in"), 0o755); err != nil {
-		return nil, nil, err
-	}
-	var m strings.Builder
-	for i := range clusterShards {
-		in := fmt.Sprintf("in/s%02d.txt", i)
-		if err := os.WriteFile(filepath.Join(dir, in), []byte(strings.Repeat(fmt.Sprintf("shard %d\n", i), 64)), 0o644); err != nil {
-			return nil, nil, err
-		}
-		fmt.Fprintf(&m, "{\"id\":\"s%02d\",\"inputs\":[%q]}\n", i, in)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "manifest.jsonl"), []byte(m.String()), 0o644); err != nil {
-		return nil, nil, err
-	}
-	path := filepath.Join(dir, "shardpool.toml")
-	if err := os.WriteFile(path, []byte(`name = "`+clusterRun+`"
-manifest = "manifest.jsonl"
-output = "out"
-command = ["sh", "-c", "sleep 0.3; cp \"$1\" \"$2/\"", "sh", "{input}", "{out}"]
-retries = 3
-code_rev = "drill"
-`), 0o644); err != nil {
+	path, err := copyJob(dir, clusterRun, clusterShards, "0.3", 3)
+	if err != nil {
 		return nil, nil, err
 	}
 	spec, err := stream.LoadSpec(path)

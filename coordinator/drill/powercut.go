@@ -94,7 +94,7 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 		return "", simulation(err)
 	}
 	defer removeImages(disk, filepath.Join(base, "disk"))
-	spec, err := powerCutJob(filepath.Join(disk.Dir, "job"))
+	spec, err := copyJob(filepath.Join(disk.Dir, "job"), powerCutRun, powerCutShards, "0.2", 2)
 	if err != nil {
 		return "", err
 	}
@@ -155,14 +155,16 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 		cuts, powerCutShards, why), nil
 }
 
-// powerCutJob writes the job (inputs, manifest, spec) into dir and returns
-// the spec's path: shards that copy their input into their output.
-func powerCutJob(dir string) (string, error) {
+// copyJob writes a job (inputs, manifest, spec) into dir and returns the
+// spec's path: run name, shards s00, s01... that each sleep for sleep
+// seconds, then copy their input into their output, with retries. The
+// power-cut and cluster checks run one each.
+func copyJob(dir, name string, shards int, sleep string, retries int) (string, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "in"), 0o755); err != nil {
 		return "", err
 	}
 	var m strings.Builder
-	for i := range powerCutShards {
+	for i := range shards {
 		in := fmt.Sprintf("in/s%02d.txt", i)
 		if err := os.WriteFile(filepath.Join(dir, in), []byte(strings.Repeat(fmt.Sprintf("shard %d\n", i), 512)), 0o644); err != nil {
 			return "", err
@@ -172,13 +174,13 @@ func powerCutJob(dir string) (string, error) {
 	if err := os.WriteFile(filepath.Join(dir, "manifest.jsonl"), []byte(m.String()), 0o644); err != nil {
 		return "", err
 	}
-	spec := `name = "` + powerCutRun + `"
+	spec := fmt.Sprintf(`name = %q
 manifest = "manifest.jsonl"
 output = "out"
-command = ["sh", "-c", "sleep 0.2; cp \"$1\" \"$2/\"", "sh", "{input}", "{out}"]
-retries = 2
+command = ["sh", "-c", "sleep %s; cp \"$1\" \"$2/\"", "sh", "{input}", "{out}"]
+retries = %d
 code_rev = "drill"
-`
+`, name, sleep, retries)
 	path := filepath.Join(dir, "shardpool.toml")
 	return path, os.WriteFile(path, []byte(spec), 0o644)
 }
