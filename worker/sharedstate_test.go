@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
@@ -25,11 +23,7 @@ func (f *nfsAt) Statfs(p string) (probe.Statfs, error) {
 	if at := f.path.Load(); at != nil && p == *at {
 		return probe.Statfs{Type: 0x6969, Bsize: 4096, Blocks: 1 << 20, Bavail: 1 << 19, Files: 1000, Ffree: 900}, nil
 	}
-	var s unix.Statfs_t
-	if err := unix.Statfs(p, &s); err != nil {
-		return probe.Statfs{}, err
-	}
-	return probe.Statfs{Type: int64(s.Type), Bsize: int64(s.Bsize), Blocks: s.Blocks, Bavail: s.Bavail, Files: s.Files, Ffree: s.Ffree}, nil
+	return probe.SysStatFS{}.Statfs(p)
 }
 
 // TestSharedStateDirNamesEvidenceByHost: workers on several hosts append

@@ -66,7 +66,7 @@ func New(cfg Config) (*Prober, error) {
 		cfg.GPUs = DefaultGPUs()
 	}
 	if cfg.StatFS == nil {
-		cfg.StatFS = realStatFS{}
+		cfg.StatFS = SysStatFS{}
 	}
 	if cfg.PathTimeout <= 0 {
 		cfg.PathTimeout = 2 * time.Second

@@ -29,9 +29,11 @@ type StatFS interface {
 	Statfs(path string) (Statfs, error)
 }
 
-type realStatFS struct{}
+// SysStatFS is the real StatFS: statfs(2). A fixture that changes what one
+// path reports can wrap it for the rest.
+type SysStatFS struct{}
 
-func (realStatFS) Statfs(p string) (Statfs, error) {
+func (SysStatFS) Statfs(p string) (Statfs, error) {
 	var s unix.Statfs_t
 	if err := unix.Statfs(p, &s); err != nil {
 		return Statfs{}, err
@@ -39,7 +41,7 @@ func (realStatFS) Statfs(p string) (Statfs, error) {
 	return Statfs{Type: int64(s.Type), Bsize: int64(s.Bsize), Blocks: s.Blocks, Bavail: s.Bavail, Files: s.Files, Ffree: s.Ffree}, nil
 }
 
-var _ StatFS = realStatFS{}
+var _ StatFS = SysStatFS{}
 
 // Filesystem magic numbers from statfs(2) and the filesystems' sources.
 var magics = map[int64]string{
