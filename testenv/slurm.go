@@ -8,22 +8,26 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
-// Slurm is a single-node Slurm cluster of this host: munged, slurmctld
-// and slurmd (Debian's slurm-wlm and munge) with their own key, config,
-// ports and state in a temporary directory, stopped at cleanup. Jobs run
-// as root, without cgroups (proctrack/linuxproc, task/none) or, with
+// Slurm is a Slurm cluster of this host: munged, slurmctld and slurmd
+// (Debian's slurm-wlm and munge) with their own key, config, ports and
+// state in a temporary directory, stopped at cleanup. Jobs run as root,
+// without cgroups (proctrack/linuxproc, task/none) or, with
 // SlurmOptions.Cgroups, in the cgroups of Slurm's task/cgroup plugin.
 type Slurm struct {
 	// Conf is the slurm.conf that srun, sbatch and scontrol take through
 	// SLURM_CONF (Env).
 	Conf string
-	dir  string
+	// Nodes are the names of the cluster's nodes: this host's short name,
+	// or spn1, spn2... with SlurmOptions.Nodes above 1.
+	Nodes []string
+	dir   string
 }
 
 // SlurmOptions configure StartSlurm.
@@ -35,6 +39,14 @@ type SlurmOptions struct {
 	// KillWait is Slurm's KillWait, the time between the SIGTERM and the
 	// SIGKILL of a job's processes when it ends. Default Slurm's (30s).
 	KillWait time.Duration
+	// Nodes above 1 make a cluster of that many nodes on this host: one
+	// slurmd each, named spn1, spn2..., each in a UTS namespace of its
+	// own whose host name is the node's (what a job's processes see as
+	// their host), on a port of its own. The nodes split this host's
+	// CPUs and memory between them; they share its file systems, network
+	// and processes, as nodes of a cluster share a file system. Default
+	// 1: one node, this host under its own name.
+	Nodes int
 }
 
 // StartSlurm starts the cluster. It skips t where it cannot run (not
@@ -88,8 +100,22 @@ func StartSlurm(t testing.TB, opts SlurmOptions) *Slurm {
 		t.Fatalf("the host's CPUs and memory for slurm.conf: %+v, %+v, %v", snap.Host.OnlineCPUs, snap.Host.MemTotal, err)
 	}
 	memMiB := snap.Host.MemTotal.N >> 20
-	ports := FreePorts(t, 2)
+	nodes := max(opts.Nodes, 1)
+	ports := FreePorts(t, 2+nodes)
 	ctldPort, slurmdPort := ports[0], ports[1]
+	// One node: this host. Several: spnN, each on a port of its own, in
+	// its own UTS namespace (below), with its share of the host.
+	nodeLines := fmt.Sprintf("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d RealMemory=%d State=UNKNOWN\n", host, snap.Host.OnlineCPUs.N, memMiB-512)
+	s.Nodes = []string{host}
+	if nodes > 1 {
+		nodeLines, s.Nodes = "", nil
+		for i := range nodes {
+			name := fmt.Sprintf("spn%d", i+1)
+			s.Nodes = append(s.Nodes, name)
+			nodeLines += fmt.Sprintf("NodeName=%s NodeHostname=%[1]s NodeAddr=127.0.0.1 Port=%s CPUs=%d RealMemory=%d State=UNKNOWN\n",
+				name, portOf(ports[2+i]), max(1, snap.Host.OnlineCPUs.N/int64(nodes)), (memMiB-512)/int64(nodes))
+		}
+	}
 	proctrack, task := "linuxproc", "none"
 	if opts.Cgroups {
 		proctrack, task = "cgroup", "cgroup"
@@ -108,11 +134,11 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=%[4]s/state
-SlurmdSpoolDir=%[4]s/spool
+SlurmdSpoolDir=%[4]s/spool/%%n
 SlurmctldPidFile=%[4]s/slurmctld.pid
-SlurmdPidFile=%[4]s/slurmd.pid
+SlurmdPidFile=%[4]s/slurmd-%%n.pid
 SlurmctldLogFile=%[4]s/log/slurmctld.log
-SlurmdLogFile=%[4]s/log/slurmd.log
+SlurmdLogFile=%[4]s/log/slurmd-%%n.log
 ProctrackType=proctrack/%[7]s
 TaskPlugin=task/%[8]s
 SelectType=select/cons_tres
@@ -122,16 +148,15 @@ ReturnToService=2
 SchedulerType=sched/builtin
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=%[5]d RealMemory=%[6]d State=UNKNOWN
-PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
-`, host, portOf(ctldPort), portOf(slurmdPort), dir, snap.Host.OnlineCPUs.N, memMiB-512, proctrack, task)
+%[5]sPartitionName=test Nodes=%[6]s Default=YES MaxTime=INFINITE State=UP
+`, host, portOf(ctldPort), portOf(slurmdPort), dir, nodeLines, strings.Join(s.Nodes, ","), proctrack, task)
 	if opts.KillWait > 0 {
 		conf += fmt.Sprintf("KillWait=%d\n", int(opts.KillWait.Seconds()))
 	}
 	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.daemon(t, "munged", "-F", "--socket="+filepath.Join(dir, "munge.sock"), "--key-file="+filepath.Join(dir, "munge.key"),
+	s.daemon(t, "munged", "", "-F", "--socket="+filepath.Join(dir, "munge.sock"), "--key-file="+filepath.Join(dir, "munge.key"),
 		"--pid-file="+filepath.Join(dir, "munged.pid"), "--log-file="+filepath.Join(dir, "log", "munged.log"), "--seed-file="+filepath.Join(dir, "munge.seed"))
 	Eventually(t, 10*time.Second, func() (bool, string) {
 		_, err := os.Stat(filepath.Join(dir, "munge.sock"))
@@ -140,13 +165,28 @@ PartitionName=test Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
 	if opts.Cgroups {
 		// Registered before the daemons, so run after they are stopped:
 		// the empty cgroups slurmd leaves (slurm_<node>/uid_<uid>).
-		t.Cleanup(func() { removeEmptyCgroups("slurm_" + host) })
+		t.Cleanup(func() {
+			for _, node := range s.Nodes {
+				removeEmptyCgroups("slurm_" + node)
+			}
+		})
 	}
-	s.daemon(t, "slurmctld", "-D", "-i", "-f", s.Conf)
-	s.daemon(t, "slurmd", "-D", "-N", host, "-f", s.Conf)
+	s.daemon(t, "slurmctld", "", "-D", "-i", "-f", s.Conf)
+	for _, node := range s.Nodes {
+		uts := ""
+		if nodes > 1 {
+			uts = node
+		}
+		s.daemon(t, "slurmd", uts, "-D", "-N", node, "-f", s.Conf)
+	}
 	Eventually(t, 60*time.Second, func() (bool, string) {
-		out, err := s.Command("sinfo", "-h", "-o", "%T").CombinedOutput()
-		return err == nil && strings.TrimSpace(string(out)) == "idle", fmt.Sprintf("sinfo: %q %v\n%s", out, err, s.logs())
+		out, err := s.Command("sinfo", "-h", "-N", "-o", "%T").CombinedOutput()
+		states := strings.Fields(string(out))
+		idle := err == nil && len(states) == len(s.Nodes)
+		for _, st := range states {
+			idle = idle && st == "idle"
+		}
+		return idle, fmt.Sprintf("sinfo: %q %v\n%s", out, err, s.logs())
 	})
 	return s
 }
@@ -160,18 +200,29 @@ func (s *Slurm) Command(name string, args ...string) *exec.Cmd {
 }
 
 // daemon starts a daemon in the foreground of a child process, killed at
-// cleanup.
-func (s *Slurm) daemon(t testing.TB, name string, args ...string) {
+// cleanup. With uts set, the daemon runs in a UTS namespace of its own
+// whose host name is uts: a shell made in that namespace sets the name
+// and execs the daemon (the path and arguments are its positional
+// parameters, never interpolated).
+func (s *Slurm) daemon(t testing.TB, name, uts string, args ...string) {
 	t.Helper()
 	path, err := lookPath(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := os.Create(filepath.Join(s.dir, "log", name+".out"))
+	log := name
+	if uts != "" {
+		log += "-" + uts
+	}
+	out, err := os.Create(filepath.Join(s.dir, "log", log+".out"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(path, args...)
+	if uts != "" {
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"`, uts, path}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS}
+	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
 	if err := cmd.Start(); err != nil {

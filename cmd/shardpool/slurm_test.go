@@ -410,3 +410,98 @@ func TestSbatchPlacesWorkers(t *testing.T) {
 		t.Errorf("sbatch.txt does not record the submission of job %s: %v\n%s", job, err, b)
 	}
 }
+
+// TestSbatchAcrossNodes: `shardpool sbatch --nodes 2` on a cluster of two
+// nodes (two slurmd on this host, each in a UTS namespace under a host
+// name of its own: testenv.SlurmOptions.Nodes) makes one job whose srun
+// starts one worker on each node. Both serve at once, named after their
+// node and the job; both run shards of the run, which completes; then,
+// with nothing left to run, both drain and the job ends COMPLETED on both
+// nodes.
+func TestSbatchAcrossNodes(t *testing.T) {
+	sl := testenv.StartSlurm(t, testenv.SlurmOptions{Nodes: 2})
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	const shards = 12
+	spec := testenv.WriteJob(t, testenv.Job{Shards: shards, Command: []string{"sh", "-c", `sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}"},
+		Extra: "[class.cpu]\ncpus = 1\nmemory = \"100MiB\"\n"})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	cmd := sl.Command(testenv.Binary(t), "sbatch", "--server", env.URL, "--data", dir, "--warn", "90s", "--time", "10m",
+		"--nodes", "2", "--slots", "1", "--idle-exit", "3s", spec)
+	cmd.Env = append(cmd.Env, "XDG_STATE_HOME="+filepath.Join(dir, "state"), "TMPDIR="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("shardpool sbatch --nodes 2: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`submitted Slurm job (\d+): 2 node\(s\), each one worker with 1 CPU\(s\), 356MiB for 1 slot\(s\)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("sbatch did not say what it submitted:\n%s", out)
+	}
+	job := string(m[1])
+	gone := func(limit time.Duration) {
+		testenv.Eventually(t, limit, func() (bool, string) {
+			q, err := sl.Command("squeue", "-h", "-j", job).CombinedOutput()
+			return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("job %s still queued or running:\n%s", job, q)
+		})
+	}
+	t.Cleanup(func() {
+		_ = sl.Command("scancel", job).Run()
+		gone(40 * time.Second)
+	})
+	slurmOut := func() string {
+		b, _ := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", job+".out"))
+		return string(b)
+	}
+	// One worker on each node, both reporting at once, each from its node
+	// (the host name its process sees) and named after it.
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		kv, err := env.JS.KeyValue(context.Background(), stream.BucketWorkers)
+		if err != nil {
+			return false, err.Error()
+		}
+		seen := map[string]string{}
+		for _, node := range sl.Nodes {
+			e, err := kv.Get(context.Background(), worker.DefaultNameFor(node, job, ""))
+			if err != nil {
+				continue
+			}
+			var r stream.WorkerReport
+			if stream.Decode(e.Value(), &r) == nil && r.SlurmJob == job && r.Host == node {
+				seen[node] = r.Name
+			}
+		}
+		return len(seen) == len(sl.Nodes), fmt.Sprintf("workers of job %s reporting from nodes %v: %v\nSlurm's output:\n%s", job, sl.Nodes, seen, slurmOut())
+	})
+	rec := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
+	if rec.State != stream.RunComplete {
+		t.Fatalf("run under the workers of job %s: %s (%s), want COMPLETE\nSlurm's output:\n%s", job, rec.State, rec.Reason, slurmOut())
+	}
+	// Both nodes ran shards: the validated attempts' hosts.
+	ran := map[string]int{}
+	for i := range shards {
+		id := fmt.Sprintf("s%04d", i)
+		r, err := env.Shard("t", id)
+		if err != nil || r.State != stream.ShardValidated || len(r.Attempts) == 0 {
+			t.Fatalf("shard %s: %+v, %v; want validated", id, r, err)
+		}
+		ran[r.Attempts[len(r.Attempts)-1].Host]++
+	}
+	for _, node := range sl.Nodes {
+		if ran[node] == 0 {
+			t.Errorf("no shard ran on node %s: validated attempts by host %v", node, ran)
+		}
+	}
+	gone(40 * time.Second)
+	if n := strings.Count(slurmOut(), "draining (no shard to run for"); n != 2 {
+		t.Errorf("Slurm's output of job %s shows %d idle workers draining, want 2:\n%s", job, n, slurmOut())
+	}
+	info, err := sl.Command("scontrol", "show", "job", "-o", job).CombinedOutput()
+	if err != nil {
+		t.Fatalf("scontrol show job %s: %v\n%s", job, err, info)
+	}
+	for _, want := range []string{"NumNodes=2 ", "NodeList=spn[1-2] ", "JobState=COMPLETED "} {
+		if !strings.Contains(string(info), want) {
+			t.Errorf("job %s: want %q in its record:\n%s", job, want, info)
+		}
+	}
+}
