@@ -36,7 +36,8 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	plan.SplitOutliers(spec, man)
-	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-submit", 0, nil)
+	used := acc.get()
+	nc, js, err := connect(ctx, *server, &used, "shardpool-submit", 0, nil)
 	if err != nil {
 		return err
 	}
@@ -50,7 +51,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// The commands go to resume.txt and the run record: never the token
 	// itself, only where it is.
-	at := shellQuote(redactURL(*server)) + acc.get().flags()
+	at := shellQuote(redactURL(*server)) + used.flags()
 	resume := fmt.Sprintf("shardpool submit --server %s %s", at, shellQuote(spec.SpecPath))
 	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", at, shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()
@@ -113,7 +114,8 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		*server = url
 		acc.fill(fs, found)
 	}
-	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-forget", 0, nil)
+	used := acc.get()
+	nc, js, err := connect(ctx, *server, &used, "shardpool-forget", 0, nil)
 	if err != nil {
 		return err
 	}
@@ -294,14 +296,16 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		url = found
 		acc.fill(fs, tf)
 	}
-	nc, js, err := connect(ctx, url, acc.get(), "shardpool-status", 0, nil)
+	used := acc.get()
+	nc, js, err := connect(ctx, url, &used, "shardpool-status", 0, nil)
 	if err != nil && *data == "" && !flagSet(fs, "server") && (errors.Is(err, nats.ErrNoServers) || isAuthError(err) || errors.Is(err, errNeedsTLS)) {
 		// Nothing at the default URL (or another user's coordinator, which
 		// refuses this one): a `shardpool run` with the default state
 		// directory serves on a port of its own choosing.
 		if found, tf, ok, ferr := serverFromData(worker.DefaultStateDir(), run); ferr == nil && ok {
 			acc.fill(fs, tf)
-			nc, js, err = connect(ctx, found, acc.get(), "shardpool-status", 0, nil)
+			used = acc.get()
+			nc, js, err = connect(ctx, found, &used, "shardpool-status", 0, nil)
 		}
 	}
 	if err != nil {

@@ -112,8 +112,10 @@ func printAccess(w io.Writer, c *coordinator.Coordinator) {
 // coordinator that does not answer yet is tried again until wait has
 // passed (a worker started by a scheduler beside its coordinator), saying
 // so once on notice; once connected, a connection outlives coordinator
-// restarts.
-func connect(ctx context.Context, url string, acc access, name string, wait time.Duration, notice io.Writer) (*nats.Conn, jetstream.JetStream, error) {
+// restarts. Where it pins the authority found beside the token file, it
+// sets acc.ca to it: the commands a client writes down (resume.txt) then
+// name the files it really used.
+func connect(ctx context.Context, url string, acc *access, name string, wait time.Duration, notice io.Writer) (*nats.Conn, jetstream.JetStream, error) {
 	deadline := time.Now().Add(wait)
 	pause := 250 * time.Millisecond
 	tokenFile := acc.token
@@ -174,7 +176,12 @@ func connect(ctx context.Context, url string, acc access, name string, wait time
 			// authority beside the token, where the token was copied
 			// with it, is the one to pin.
 			if beside := filepath.Join(filepath.Dir(tokenFile), coordinator.CAName); tokenFile != "" && fileExists(beside) {
-				return connect(ctx, url, access{token: tokenFile, ca: beside}, name, time.Until(deadline), notice)
+				pinned := access{token: tokenFile, ca: beside}
+				nc, js, err := connect(ctx, url, &pinned, name, time.Until(deadline), notice)
+				if err == nil {
+					*acc = pinned
+				}
+				return nc, js, err
 			}
 			return nil, nil, fmt.Errorf("%w at %s (%v): pass --tls-ca FILE (or set SHARDPOOL_TLS_CA), or keep it as ca.pem beside the token file: its certificate authority, DATA/jetstream/ca.pem of a coordinator's --data, DATA/stores/<run>/ca.pem of a `shardpool run`, copied with the token",
 				errNeedsTLS, redactURL(url), err)
@@ -234,7 +241,8 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := checkScratch(*scratch, *name); err != nil {
 		return fmt.Errorf("worker %s: %w", *name, err)
 	}
-	nc, js, err := connect(ctx, *server, acc.get(), "shardpool-worker-"+*name, *connectWait, stderr)
+	used := acc.get()
+	nc, js, err := connect(ctx, *server, &used, "shardpool-worker-"+*name, *connectWait, stderr)
 	if err != nil {
 		return err
 	}

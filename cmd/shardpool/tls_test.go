@@ -68,6 +68,21 @@ func TestTLSCoordinatorAndItsClients(t *testing.T) {
 	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "published 0 of 4") {
 		t.Fatalf("submit with ca.pem beside the token: exit %d\n%s", code, p.Output())
 	}
+	natsBin := natsCLI(t)
+	tok, err := coordinator.ReadToken(c.token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "NATS_URL=nats://"+tok+"@"+c.addr)
+	// The last submit pinned the authority it found: the command it
+	// recorded to resume the run names it, as the one before did with
+	// --tls-ca given. (resume.txt holds one of the two, as the run
+	// completed before or after the last submit.)
+	cmd := exec.Command(natsBin, "--tlsca", ca, "kv", "get", stream.BucketRuns, "sealed", "--raw")
+	cmd.Env = env
+	if b, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(b), "--token-file "+c.token()+" --tls-ca "+ca) {
+		t.Fatalf("the run record's resume command does not name the authority the last submit pinned: %v\n%s", err, b)
+	}
 	if b, err := os.ReadFile(filepath.Join(c.data, "runs", "sealed", "resume.txt")); err != nil || !strings.Contains(string(b), "--tls-ca "+ca) {
 		t.Fatalf("resume.txt does not name the authority: %v\n%s", err, b)
 	}
@@ -77,13 +92,7 @@ func TestTLSCoordinatorAndItsClients(t *testing.T) {
 		return code == 0 && regexpMatch(`sealed\s+COMPLETE\s+4`, st.Output()), "status --data:\n" + st.Output()
 	})
 
-	natsBin := natsCLI(t)
-	tok, err := coordinator.ReadToken(c.token())
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := append(os.Environ(), "NATS_URL=nats://"+tok+"@"+c.addr)
-	cmd := exec.Command(natsBin, "--tlsca", ca, "stream", "info", stream.StreamShards, "--json")
+	cmd = exec.Command(natsBin, "--tlsca", ca, "stream", "info", stream.StreamShards, "--json")
 	cmd.Env = env
 	if b, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(b), `"name": "SHARDS"`) {
 		t.Fatalf("nats CLI with --tlsca: %v\n%s", err, b)
