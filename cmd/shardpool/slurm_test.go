@@ -316,19 +316,7 @@ func TestSbatchPlacesWorkers(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 8, Command: []string{"sh", "-c", `sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}"},
 		Extra: "[class.cpu]\ncpus = 1\nmemory = \"100MiB\"\n"})
 	env.Submit(spec, coordinator.SubmitOptions{})
-	sbatch := func(args ...string) string {
-		t.Helper()
-		cmd := sl.Command(testenv.Binary(t), append([]string{"sbatch", "--server", env.URL, "--data", dir, "--warn", "90s", "--time", "10m"}, args...)...)
-		// The job inherits these (sbatch exports the environment): the
-		// worker's state and scratch stay in the test's directory.
-		cmd.Env = append(cmd.Env, "XDG_STATE_HOME="+filepath.Join(dir, "state"), "TMPDIR="+dir)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("shardpool sbatch %v: %v\n%s", args, err, out)
-		}
-		return string(out)
-	}
-	out := sbatch("--slots", "2", "--dry-run", spec, "--", "--comment=shardpool-test")
+	out := runSbatch(t, sl, env.URL, dir, "--slots", "2", "--dry-run", spec, "--", "--comment=shardpool-test")
 	for _, want := range []string{"--job-name=shardpool-t ", "--nodes=1 ", "--cpus-per-task=2 ", "--mem=456M ", "--signal=USR1@90 ", "--time=0-00:10:00 ",
 		"--comment=shardpool-test SCRIPT", "srun --ntasks-per-node=1 " + testenv.Binary(t) + " worker --server " + env.URL + " --idle-exit 2m0s"} {
 		if !strings.Contains(out, want) {
@@ -341,69 +329,31 @@ func TestSbatchPlacesWorkers(t *testing.T) {
 
 	var jobs []string
 	for range 2 {
-		out = sbatch("--slots", "1", "--idle-exit", "3s", spec)
-		m := regexp.MustCompile(`submitted Slurm job (\d+): 1 node\(s\), each one worker with 1 CPU\(s\), 356MiB for 1 slot\(s\)`).FindStringSubmatch(out)
-		if m == nil {
-			t.Fatalf("sbatch did not say what it submitted:\n%s", out)
-		}
-		jobs = append(jobs, m[1])
+		jobs = append(jobs, sbatchJob(t, sl, env.URL, dir, "1 node\\(s\\), each one worker with 1 CPU\\(s\\), 356MiB for 1 slot\\(s\\)",
+			"--slots", "1", "--idle-exit", "3s", spec))
 	}
-	gone := func(limit time.Duration) {
-		testenv.Eventually(t, limit, func() (bool, string) {
-			q, err := sl.Command("squeue", "-h", "-j", strings.Join(jobs, ",")).CombinedOutput()
-			return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("jobs %v still queued or running:\n%s", jobs, q)
-		})
-	}
-	t.Cleanup(func() {
-		_ = sl.Command("scancel", jobs...).Run()
-		gone(40 * time.Second)
-	})
-	slurmOut := func(job string) string {
-		b, _ := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", job+".out"))
-		return string(b)
-	}
+	slurmOut := func() string { return sbatchOutput(dir, jobs...) }
 	// Both jobs' workers report at once from the one node, under names of
 	// their own. (Named after the host alone, the second stopped at once:
 	// "a live worker reports under it".)
 	host, _ := os.Hostname()
-	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
-		kv, err := env.JS.KeyValue(context.Background(), stream.BucketWorkers)
-		if err != nil {
-			return false, err.Error()
-		}
-		seen := map[string]string{}
-		for _, job := range jobs {
-			e, err := kv.Get(context.Background(), worker.DefaultNameFor(host, job, ""))
-			if err != nil {
-				continue
-			}
-			var r stream.WorkerReport
-			if stream.Decode(e.Value(), &r) == nil && r.SlurmJob == job {
-				seen[job] = r.Name
-			}
-		}
-		return len(seen) == 2, fmt.Sprintf("workers of jobs %v reporting at once: %v\nSlurm's output:\n%s\n%s", jobs, seen, slurmOut(jobs[0]), slurmOut(jobs[1]))
-	})
+	var want []slurmWorker
+	for _, job := range jobs {
+		want = append(want, slurmWorker{host: host, job: job})
+	}
+	waitSlurmWorkers(t, env, want, slurmOut)
 	rec := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
 	if rec.State != stream.RunComplete {
-		t.Fatalf("run under the sbatch workers: %s (%s), want COMPLETE\nSlurm's output:\n%s\n%s", rec.State, rec.Reason, slurmOut(jobs[0]), slurmOut(jobs[1]))
+		t.Fatalf("run under the sbatch workers: %s (%s), want COMPLETE\nSlurm's output:\n%s", rec.State, rec.Reason, slurmOut())
 	}
 	// With nothing left to run the workers exit, and the jobs end long
 	// before their 10 minutes.
-	gone(40 * time.Second)
+	waitJobsGone(t, sl, 40*time.Second, jobs...)
 	for _, job := range jobs {
-		if !strings.Contains(slurmOut(job), "draining (no shard to run for") {
-			t.Errorf("Slurm's output of job %s does not show the idle worker draining:\n%s", job, slurmOut(job))
+		if n := strings.Count(sbatchOutput(dir, job), "draining (no shard to run for"); n != 1 {
+			t.Errorf("Slurm's output of job %s shows %d idle workers draining, want 1:\n%s", job, n, sbatchOutput(dir, job))
 		}
-		info, err := sl.Command("scontrol", "show", "job", "-o", job).CombinedOutput()
-		if err != nil {
-			t.Fatalf("scontrol show job %s: %v\n%s", job, err, info)
-		}
-		for _, want := range []string{"NumCPUs=1 ", "MinMemoryNode=356M ", "JobState=COMPLETED "} {
-			if !strings.Contains(string(info), want) {
-				t.Errorf("job %s: want %q in its record:\n%s", job, want, info)
-			}
-		}
+		jobRecordHas(t, sl, job, "NumCPUs=1 ", "MinMemoryNode=356M ", "JobState=COMPLETED ")
 	}
 	job := jobs[1]
 	if b, err := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", "sbatch.txt")); err != nil || !strings.Contains(string(b), "job "+job+": sbatch --parsable") {
@@ -426,52 +376,16 @@ func TestSbatchAcrossNodes(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Shards: shards, Command: []string{"sh", "-c", `sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}"},
 		Extra: "[class.cpu]\ncpus = 1\nmemory = \"100MiB\"\n"})
 	env.Submit(spec, coordinator.SubmitOptions{})
-	cmd := sl.Command(testenv.Binary(t), "sbatch", "--server", env.URL, "--data", dir, "--warn", "90s", "--time", "10m",
+	job := sbatchJob(t, sl, env.URL, dir, "2 node\\(s\\), each one worker with 1 CPU\\(s\\), 356MiB for 1 slot\\(s\\)",
 		"--nodes", "2", "--slots", "1", "--idle-exit", "3s", spec)
-	cmd.Env = append(cmd.Env, "XDG_STATE_HOME="+filepath.Join(dir, "state"), "TMPDIR="+dir)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("shardpool sbatch --nodes 2: %v\n%s", err, out)
-	}
-	m := regexp.MustCompile(`submitted Slurm job (\d+): 2 node\(s\), each one worker with 1 CPU\(s\), 356MiB for 1 slot\(s\)`).FindSubmatch(out)
-	if m == nil {
-		t.Fatalf("sbatch did not say what it submitted:\n%s", out)
-	}
-	job := string(m[1])
-	gone := func(limit time.Duration) {
-		testenv.Eventually(t, limit, func() (bool, string) {
-			q, err := sl.Command("squeue", "-h", "-j", job).CombinedOutput()
-			return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("job %s still queued or running:\n%s", job, q)
-		})
-	}
-	t.Cleanup(func() {
-		_ = sl.Command("scancel", job).Run()
-		gone(40 * time.Second)
-	})
-	slurmOut := func() string {
-		b, _ := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", job+".out"))
-		return string(b)
-	}
+	slurmOut := func() string { return sbatchOutput(dir, job) }
 	// One worker on each node, both reporting at once, each from its node
 	// (the host name its process sees) and named after it.
-	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
-		kv, err := env.JS.KeyValue(context.Background(), stream.BucketWorkers)
-		if err != nil {
-			return false, err.Error()
-		}
-		seen := map[string]string{}
-		for _, node := range sl.Nodes {
-			e, err := kv.Get(context.Background(), worker.DefaultNameFor(node, job, ""))
-			if err != nil {
-				continue
-			}
-			var r stream.WorkerReport
-			if stream.Decode(e.Value(), &r) == nil && r.SlurmJob == job && r.Host == node {
-				seen[node] = r.Name
-			}
-		}
-		return len(seen) == len(sl.Nodes), fmt.Sprintf("workers of job %s reporting from nodes %v: %v\nSlurm's output:\n%s", job, sl.Nodes, seen, slurmOut())
-	})
+	var want []slurmWorker
+	for _, node := range sl.Nodes {
+		want = append(want, slurmWorker{host: node, job: job})
+	}
+	waitSlurmWorkers(t, env, want, slurmOut)
 	rec := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
 	if rec.State != stream.RunComplete {
 		t.Fatalf("run under the workers of job %s: %s (%s), want COMPLETE\nSlurm's output:\n%s", job, rec.State, rec.Reason, slurmOut())
@@ -491,17 +405,105 @@ func TestSbatchAcrossNodes(t *testing.T) {
 			t.Errorf("no shard ran on node %s: validated attempts by host %v", node, ran)
 		}
 	}
-	gone(40 * time.Second)
+	waitJobsGone(t, sl, 40*time.Second, job)
 	if n := strings.Count(slurmOut(), "draining (no shard to run for"); n != 2 {
 		t.Errorf("Slurm's output of job %s shows %d idle workers draining, want 2:\n%s", job, n, slurmOut())
 	}
+	jobRecordHas(t, sl, job, "NumNodes=2 ", "NodeList=spn[1-2] ", "JobState=COMPLETED ")
+}
+
+// runSbatch runs `shardpool sbatch` on sl for the coordinator at url
+// (90 s warning, 10 minutes), with dir as its --data and as the
+// worker's state and scratch, and returns what it printed.
+func runSbatch(t *testing.T, sl *testenv.Slurm, url, dir string, args ...string) string {
+	t.Helper()
+	cmd := sl.Command(testenv.Binary(t), append([]string{"sbatch", "--server", url, "--data", dir, "--warn", "90s", "--time", "10m"}, args...)...)
+	// The job inherits these (sbatch exports the environment): the
+	// worker's state and scratch stay in the test's directory.
+	cmd.Env = append(cmd.Env, "XDG_STATE_HOME="+filepath.Join(dir, "state"), "TMPDIR="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("shardpool sbatch %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// sbatchJob submits with runSbatch and returns the job's id, once sbatch
+// said it submitted what allocation (a regular expression) describes.
+// The job is cancelled at cleanup.
+func sbatchJob(t *testing.T, sl *testenv.Slurm, url, dir, allocation string, args ...string) string {
+	t.Helper()
+	out := runSbatch(t, sl, url, dir, args...)
+	m := regexp.MustCompile(`submitted Slurm job (\d+): ` + allocation).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("sbatch did not say it submitted %s:\n%s", allocation, out)
+	}
+	t.Cleanup(func() {
+		_ = sl.Command("scancel", m[1]).Run()
+		waitJobsGone(t, sl, 40*time.Second, m[1])
+	})
+	return m[1]
+}
+
+// sbatchOutput is Slurm's output of the jobs of run t that sbatch
+// submitted with --data dir.
+func sbatchOutput(dir string, jobs ...string) string {
+	var b strings.Builder
+	for _, job := range jobs {
+		out, _ := os.ReadFile(filepath.Join(dir, "runs", "t", "slurm", job+".out"))
+		fmt.Fprintf(&b, "== job %s\n%s", job, out)
+	}
+	return b.String()
+}
+
+// waitJobsGone waits until Slurm lists none of jobs.
+func waitJobsGone(t *testing.T, sl *testenv.Slurm, limit time.Duration, jobs ...string) {
+	t.Helper()
+	testenv.Eventually(t, limit, func() (bool, string) {
+		q, err := sl.Command("squeue", "-h", "-j", strings.Join(jobs, ",")).CombinedOutput()
+		return err != nil || strings.TrimSpace(string(q)) == "", fmt.Sprintf("jobs %v still queued or running:\n%s", jobs, q)
+	})
+}
+
+// jobRecordHas checks that `scontrol show job` of job says each of wants.
+func jobRecordHas(t *testing.T, sl *testenv.Slurm, job string, wants ...string) {
+	t.Helper()
 	info, err := sl.Command("scontrol", "show", "job", "-o", job).CombinedOutput()
 	if err != nil {
 		t.Fatalf("scontrol show job %s: %v\n%s", job, err, info)
 	}
-	for _, want := range []string{"NumNodes=2 ", "NodeList=spn[1-2] ", "JobState=COMPLETED "} {
+	for _, want := range wants {
 		if !strings.Contains(string(info), want) {
 			t.Errorf("job %s: want %q in its record:\n%s", job, want, info)
 		}
 	}
+}
+
+// A slurmWorker is a worker that a Slurm job started on a host, under the
+// default name there.
+type slurmWorker struct{ host, job string }
+
+// waitSlurmWorkers waits until every one of want reports at once, under
+// its default name, from its host and in its job; slurmOut says what
+// the jobs printed, for the failure.
+func waitSlurmWorkers(t *testing.T, env *testenv.Env, want []slurmWorker, slurmOut func() string) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		kv, err := env.JS.KeyValue(context.Background(), stream.BucketWorkers)
+		if err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, w := range want {
+			e, err := kv.Get(context.Background(), worker.DefaultNameFor(w.host, w.job, ""))
+			if err != nil {
+				continue
+			}
+			var r stream.WorkerReport
+			if stream.Decode(e.Value(), &r) == nil && r.SlurmJob == w.job && r.Host == w.host {
+				seen = append(seen, r.Name)
+			}
+		}
+		return len(seen) == len(want), fmt.Sprintf("workers %+v reporting at once: %v\nSlurm's output:\n%s", want, seen, slurmOut())
+	})
 }
