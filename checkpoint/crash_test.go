@@ -27,11 +27,21 @@ func TestCrashConsistency(t *testing.T) {
 	src := t.TempDir()
 	files := []string{testenv.RandomFile(t, src, "weights.bin", 3<<20), testenv.RandomFile(t, src, "optimizer.bin", 1<<20), testenv.RandomFile(t, src, "step", 16)}
 	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	verified := 0
+	// The kills land at random moments of a whole commit, start-up
+	// included, as long as one took here: a fixed window (it was 25 ms)
+	// ended before the first write on days when a process took longer to
+	// start, and then no kill fell mid-commit.
+	begun := time.Now()
+	first := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
+	if code := first.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("a commit left to finish: exit %d: %s", code, first.Output())
+	}
+	whole := time.Since(begun)
+	verified := 1
 	killedMidway, partial := 0, 0
 	for i := range 40 {
 		p := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
-		time.Sleep(time.Duration(rng.IntN(25000)) * time.Microsecond)
+		time.Sleep(time.Duration(rng.Int64N(int64(whole))))
 		p.Signal(syscall.SIGKILL)
 		if code := p.Wait(t, 10*time.Second); code != 0 {
 			killedMidway++
@@ -74,7 +84,7 @@ func TestCrashConsistency(t *testing.T) {
 	if left := tempDirs(dir); len(left) > 0 {
 		t.Errorf("temporary directories of killed commits left after the next commit: %v", left)
 	}
-	t.Logf("%d commits killed, %d of them mid-write, %d generations verified", killedMidway, partial, verified)
+	t.Logf("a commit took %s; %d commits killed, %d of them mid-write, %d generations verified", whole, killedMidway, partial, verified)
 }
 
 func TestDiskFullLeavesPreviousGeneration(t *testing.T) {
