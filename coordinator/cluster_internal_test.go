@@ -54,11 +54,11 @@ func TestClusterAloneSaysWhy(t *testing.T) {
 }
 
 // TestCASConflictInACluster: submit retries its compare-and-set updates
-// of the run record, which the tracker writes too, when isWrongSeq calls
+// of the run record, which the tracker writes too, when stream.IsConflict calls
 // the error a conflict; anything else fails the submit. In a cluster
 // (replicated buckets) a conflict must still be one. nats.go documents
 // that replicated streams may report it with their own code (10164, not
-// 10071) and wraps an update's as ErrKeyRevisionMismatch; isWrongSeq
+// 10071) and wraps an update's as ErrKeyRevisionMismatch; stream.IsConflict
 // takes both forms. (nats-server 2.15.2 answered 10071 here.)
 func TestCASConflictInACluster(t *testing.T) {
 	dir := t.TempDir()
@@ -91,12 +91,12 @@ func TestCASConflictInACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = b.Runs.Update(ctx, "cas", []byte("{}"), rev+7)
-	if err == nil || !isWrongSeq(err) {
-		t.Errorf("update at a stale revision in a cluster: %v; isWrongSeq says %v, want a conflict", err, err != nil && isWrongSeq(err))
+	if err == nil || !stream.IsConflict(err) {
+		t.Errorf("update at a stale revision in a cluster: %v; IsConflict says %v, want a conflict", err, err != nil && stream.IsConflict(err))
 	}
 	_, err = b.Runs.Create(ctx, "cas", []byte("{}"))
-	if err == nil || !isWrongSeq(err) {
-		t.Errorf("create of an existing key in a cluster: %v; isWrongSeq says %v, want a conflict", err, err != nil && isWrongSeq(err))
+	if err == nil || !stream.IsConflict(err) {
+		t.Errorf("create of an existing key in a cluster: %v; IsConflict says %v, want a conflict", err, err != nil && stream.IsConflict(err))
 	}
 }
 

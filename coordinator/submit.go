@@ -233,7 +233,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		rec.Updated = time.Now().UTC()
 		if _, err := putRun(ctx, b.Runs, &rec, rev, false); err == nil {
 			break
-		} else if !isWrongSeq(err) {
+		} else if !stream.IsConflict(err) {
 			return res, fmt.Errorf("submit %s: mark queued: %w", spec.Name, err)
 		}
 		e, err := b.Runs.Get(ctx, spec.Name)
@@ -376,7 +376,7 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 		if err == nil {
 			return changed, rec.Settings, nil
 		}
-		if !isWrongSeq(err) {
+		if !stream.IsConflict(err) {
 			return nil, 0, fmt.Errorf("update settings: %w", err)
 		}
 		e, err := b.Runs.Get(ctx, spec.Name)
@@ -403,18 +403,6 @@ func putRun(ctx context.Context, kv jetstream.KeyValue, r *stream.RunRecord, rev
 		return kv.Create(ctx, r.Name, b)
 	}
 	return kv.Update(ctx, r.Name, b, rev)
-}
-
-// isWrongSeq reports a compare-and-set conflict: a Create of a key that
-// exists, or an Update at a revision that is not the last. Replicated
-// streams (a cluster) may report it with a code of their own.
-func isWrongSeq(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-		return true
-	}
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
 func leaseTTL(ctx context.Context, b *stream.Buckets) (time.Duration, error) {

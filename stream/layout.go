@@ -183,9 +183,6 @@ func (b *Buckets) KeysMatching(ctx context.Context, kv jetstream.KeyValue, patte
 	return keys, nil
 }
 
-// WorkerReports reads every worker report in the workers bucket (a report
-// not refreshed within the bucket's TTL is gone); an entry that cannot be
-// read or decoded is skipped.
 // ReadRun reads a run's record through any JetStream client.
 func ReadRun(ctx context.Context, js jetstream.JetStream, name string) (RunRecord, error) {
 	var r RunRecord
@@ -200,6 +197,21 @@ func ReadRun(ctx context.Context, js jetstream.JetStream, name string) (RunRecor
 	return r, Decode(e.Value(), &r)
 }
 
+// IsConflict reports a compare-and-set conflict in a KV bucket: a Create
+// of a key that exists, or an Update at a revision that is not the last.
+// Replicated streams (a cluster) may report it with a code of their own.
+func IsConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return true
+	}
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+}
+
+// WorkerReports reads every worker report in the workers bucket (a report
+// not refreshed within the bucket's TTL is gone); an entry that cannot be
+// read or decoded is skipped.
 func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
 	keys, err := b.Keys(ctx, b.Workers)
 	if err != nil {

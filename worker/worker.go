@@ -1076,7 +1076,7 @@ func (w *Worker) claimName(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if !stream.IsConflict(err) {
 			// The store did not answer: serve, as before names were
 			// claimed; the first report replaces whatever is there.
 			w.log.Warn("could not take the worker's name in the workers bucket", "err", err)
