@@ -271,12 +271,7 @@ func (e *Env) TrySubmit(path string, opt coordinator.SubmitOptions) (coordinator
 func (e *Env) Run(name string) (stream.RunRecord, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return ReadRun(ctx, e.JS, name)
-}
-
-// ReadRun reads a run record through any JetStream client.
-func ReadRun(ctx context.Context, js jetstream.JetStream, name string) (stream.RunRecord, error) {
-	return stream.ReadRun(ctx, js, name)
+	return stream.ReadRun(ctx, e.JS, name)
 }
 
 // Shard reads a shard record.
@@ -313,7 +308,7 @@ func WaitState(t testing.TB, js jetstream.JetStream, run string, timeout time.Du
 	Eventually(t, timeout, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		r, err := ReadRun(ctx, js, run)
+		r, err := stream.ReadRun(ctx, js, run)
 		if err != nil {
 			return false, err.Error()
 		}

@@ -107,7 +107,7 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	w := testenv.Start(t, "worker", "--server", url, "--token-file", token, "--name", "w1", "--slots", "cpu=3",
 		"--data", filepath.Join(dir, "w1"), "--scratch", filepath.Join(dir, "scratch"), "--grace", "2s")
 	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
-		r, err := testenv.ReadRun(context.Background(), js, "t")
+		r, err := stream.ReadRun(context.Background(), js, "t")
 		return err == nil && r.Counts.Validated >= 5, fmt.Sprintf("run %+v, %v\nworker:\n%s", r.Counts, err, w.Output())
 	})
 	// Whichever coordinator status asks, the worker (connected to one of

@@ -100,7 +100,7 @@ func validatedOnce(t *testing.T, js jetstream.JetStream, run, outDir string, n i
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := testenv.ReadRun(ctx, js, run)
+	r, err := stream.ReadRun(ctx, js, run)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +452,7 @@ func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	c.worker("w1", "--slots", "cpu=4")
 	var before int
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		r, err := testenv.ReadRun(context.Background(), c.js, "t")
+		r, err := stream.ReadRun(context.Background(), c.js, "t")
 		before = r.Counts.Validated
 		return err == nil && before >= 5, fmt.Sprintf("validated %d", before)
 	})
@@ -489,7 +489,7 @@ func workerStopsOn(t *testing.T, sig syscall.Signal) {
 	c.submit(spec)
 	w1 := c.worker("w1", "--slots", "cpu=2")
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		r, _ := testenv.ReadRun(context.Background(), c.js, "t")
+		r, _ := stream.ReadRun(context.Background(), c.js, "t")
 		return r.Counts.Running == 2, fmt.Sprintf("running %d", r.Counts.Running)
 	})
 	time.Sleep(300 * time.Millisecond)
@@ -501,7 +501,7 @@ func workerStopsOn(t *testing.T, sig syscall.Signal) {
 	if rec.State != stream.ShardPending || rec.Attempts[0].Outcome != stream.OutcomeInterrupted {
 		t.Fatalf("after drain: got %s %+v, want pending with an interrupted attempt", rec.State, rec.Attempts)
 	}
-	run, err := testenv.ReadRun(context.Background(), c.js, "t")
+	run, err := stream.ReadRun(context.Background(), c.js, "t")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -669,7 +669,7 @@ func TestOnlyClientsWithTheTokenAreTaken(t *testing.T) {
 	if _, err := c.js.KeyValue(context.Background(), stream.BucketRuns); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := testenv.ReadRun(context.Background(), c.js, "tok"); err == nil {
+	if r, err := stream.ReadRun(context.Background(), c.js, "tok"); err == nil {
 		t.Fatalf("a refused submit published run %+v", r)
 	}
 	out := c.submit(spec) // with the token
@@ -846,7 +846,7 @@ func TestWorkerIdleExit(t *testing.T) {
 	if d := time.Since(start); d < 4*time.Second {
 		t.Errorf("the worker exited after %s, before its shards could have run", d)
 	}
-	r, err := testenv.ReadRun(context.Background(), c.js, "t")
+	r, err := stream.ReadRun(context.Background(), c.js, "t")
 	if err != nil || r.State != stream.RunComplete {
 		t.Fatalf("run after the idle worker left: %+v, %v; want COMPLETE\n%s", r, err, w.Output())
 	}
