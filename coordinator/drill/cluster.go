@@ -102,8 +102,7 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 	}); err != nil {
 		return "", err
 	}
-	nc, err := nats.Connect(url, nats.TokenHandler(coordinator.TokenReader(token)), nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	nc, err := connectWithToken(url, token, nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return "", err
 	}
@@ -200,8 +199,7 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 	if err := start(victim); err != nil {
 		return "", err
 	}
-	one, err := nats.Connect("nats://"+victim.client, nats.TokenHandler(coordinator.TokenReader(token)), nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	one, err := connectWithToken("nats://"+victim.client, token, nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return "", err
 	}

@@ -116,6 +116,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return &d.report, nil
 }
 
+// connectWithToken connects to a coordinator of the drill with the token
+// in file token, reconnecting for as long as the drill runs; extra options
+// follow (a cluster's connections also wait for a first answer).
+func connectWithToken(url, token string, extra ...nats.Option) (*nats.Conn, error) {
+	opts := []nats.Option{nats.TokenHandler(coordinator.TokenReader(token)), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
+	return nats.Connect(url, append(opts, extra...)...)
+}
+
 func (d *drill) say(format string, args ...any) {
 	d.mu.Lock() // the cluster check says its steps beside the power cuts'
 	defer d.mu.Unlock()
@@ -143,7 +151,7 @@ func (d *drill) run(ctx context.Context) (err error) {
 	if err := d.startCoordinator(ctx); err != nil {
 		return err
 	}
-	d.nc, err = nats.Connect(d.url, nats.TokenHandler(coordinator.TokenReader(d.tokenFile())), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	d.nc, err = connectWithToken(d.url, d.tokenFile())
 	if err != nil {
 		return err
 	}
