@@ -41,6 +41,26 @@ type Status struct {
 	// verdict (killed or interrupted before COMPLETE or BLOCKED), or whose
 	// last verdict is older than their last submission.
 	NoVerdict []RunEvidence `json:"no_verdict,omitempty"`
+	// Drill is, in such a document, the last recovery drill run with this
+	// state directory (`shardpool drill --data DIR` copies its report to
+	// DIR/runs/drill/drill.json); absent where none was.
+	Drill *DrillSummary `json:"drill,omitempty"`
+}
+
+// DrillSummary is the gist of a drill.json: when the drill ran, whether
+// every check passed, and which did not.
+type DrillSummary struct {
+	Started time.Time `json:"started"`
+	Seconds float64   `json:"seconds"`
+	Passed  bool      `json:"passed"`
+	Checks  int       `json:"checks"`
+	// NotPassed names each check that did not pass, with its result
+	// ("name: FAIL" or "name: UNVERIFIED").
+	NotPassed []string `json:"not_passed,omitempty"`
+	Report    string   `json:"report"`
+	// Unreadable says why the report could not be read; the other
+	// fields are then empty.
+	Unreadable string `json:"unreadable,omitempty"`
 }
 
 // RunEvidence is a run known only by its evidence folder.

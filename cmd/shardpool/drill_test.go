@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +52,13 @@ func TestDrillPasses(t *testing.T) {
 	}
 	for name := range want {
 		t.Errorf("no check %q", name)
+	}
+	// Its state directory's evidence tells of the drill, not of a run
+	// named drill that stopped without a verdict.
+	st := testenv.Start(t, "status", "--data", data)
+	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), fmt.Sprintf("last recovery drill: passed all %d checks", len(rep.Checks))) ||
+		strings.Contains(st.Output(), "no verdict") {
+		t.Errorf("status --data after the drill: exit %d, want 0 and the drill's result alone\n%s", code, st.Output())
 	}
 }
 

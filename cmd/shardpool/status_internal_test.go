@@ -1,7 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/coordinator/drill"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 )
@@ -108,5 +112,53 @@ func TestStatusDataWithAHolderThatGaveNoURL(t *testing.T) {
 	_, _, ok, err := serverFromData(dir, "r")
 	if ok || err == nil || !strings.Contains(err.Error(), "has not written where it listens") || !strings.Contains(err.Error(), "pid 1 on h") {
 		t.Fatalf("held store without a URL: got ok %v, %v; want an error naming the holder", ok, err)
+	}
+}
+
+// TestEvidenceTellsTheDrillFromARun: DIR/runs/drill holding only the
+// drill's report is listed as the last drill, with the checks it did not
+// pass, and not as a run; a run named drill beside the report is still a
+// run.
+func TestEvidenceTellsTheDrillFromARun(t *testing.T) {
+	dir := t.TempDir()
+	ev := filepath.Join(dir, "runs", drill.RunName)
+	if err := os.MkdirAll(ev, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rep := drill.Report{V: 1, Started: time.Now().UTC(), Seconds: 21.5, Checks: []drill.Check{
+		{Name: "worker SIGKILL mid-shard", Status: drill.Pass},
+		{Name: "coordinator SIGKILL and restart", Status: drill.Fail, Detail: "BLOCKED"},
+		{Name: "recovery after a power cut", Status: drill.Unverified, Detail: "no loop devices"},
+	}}
+	b, _ := json.Marshal(rep)
+	if err := os.WriteFile(filepath.Join(ev, "drill.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err := fromEvidence(dir, "")
+	if err != nil || len(st.Runs)+len(st.NoVerdict) != 0 || st.Drill == nil || st.Drill.Passed || st.Drill.Checks != 3 ||
+		strings.Join(st.Drill.NotPassed, "|") != "coordinator SIGKILL and restart: FAIL|recovery after a power cut: UNVERIFIED" {
+		t.Fatalf("a state directory with only a failed drill's report: %+v, %v; want no run and the drill with its two checks not passed", st, err)
+	}
+	var out strings.Builder
+	printStopped(&out, dir, st)
+	if !strings.Contains(out.String(), "holds no run's evidence") || !strings.Contains(out.String(), "last recovery drill: FAILED, 2 of 3 checks not passed") {
+		t.Fatalf("printed:\n%s", out.String())
+	}
+
+	// A run named drill keeps its evidence there too.
+	if err := os.WriteFile(filepath.Join(ev, "resume.txt"), []byte("shardpool run drill.toml\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err = fromEvidence(dir, "")
+	if err != nil || len(st.NoVerdict) != 1 || st.NoVerdict[0].Name != drill.RunName || st.Drill == nil {
+		t.Fatalf("a run named drill beside the drill's report: %+v, %v; want the run listed and the drill too", st, err)
+	}
+
+	// A report that does not decode is said to be unreadable, not passed.
+	if err := os.WriteFile(filepath.Join(ev, "drill.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = fromEvidence(dir, ""); err != nil || st.Drill == nil || st.Drill.Unreadable == "" || st.Drill.Passed {
+		t.Fatalf("an unreadable drill report: %+v, %v", st.Drill, err)
 	}
 }

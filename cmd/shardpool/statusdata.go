@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/coordinator/drill"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -86,6 +88,11 @@ func orStarting(url string) string {
 // that ended without one, how to resume them. With run empty, every run
 // in dir.
 func fromEvidence(dir, run string) (*coordinator.Status, error) {
+	st := &coordinator.Status{V: coordinator.StatusVersion, Time: time.Now().UTC(), From: "evidence",
+		Runs: []coordinator.RunStatus{}, Workers: []stream.WorkerReport{}}
+	if run == "" || run == drill.RunName {
+		st.Drill = drillSummary(dir)
+	}
 	runs := []string{run}
 	if run == "" {
 		entries, err := os.ReadDir(filepath.Join(dir, "runs"))
@@ -94,18 +101,18 @@ func fromEvidence(dir, run string) (*coordinator.Status, error) {
 		}
 		runs = runs[:0]
 		for _, e := range entries {
-			if e.IsDir() {
+			if e.IsDir() && !drillOnly(filepath.Join(dir, "runs", e.Name())) {
 				runs = append(runs, e.Name())
 			}
 		}
-		if len(runs) == 0 {
+		if len(runs) == 0 && st.Drill == nil {
 			return nil, exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no run's evidence (is it the --data of a run?)", dir)}
 		}
 	} else if _, err := os.Stat(filepath.Join(dir, "runs", run)); err != nil {
 		return nil, exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no evidence of run %s (%s)", dir, run, filepath.Join(dir, "runs", run))}
+	} else if drillOnly(filepath.Join(dir, "runs", run)) {
+		runs = nil // the drill's report, not a run of that name
 	}
-	st := &coordinator.Status{V: coordinator.StatusVersion, Time: time.Now().UTC(), From: "evidence",
-		Runs: []coordinator.RunStatus{}, Workers: []stream.WorkerReport{}}
 	for _, name := range runs {
 		verdict, noVerdict := runFromEvidence(filepath.Join(dir, "runs", name), name)
 		if verdict != nil {
@@ -115,6 +122,49 @@ func fromEvidence(dir, run string) (*coordinator.Status, error) {
 		}
 	}
 	return st, nil
+}
+
+// drillOnly reports whether the evidence folder holds the recovery
+// drill's report and nothing else: `shardpool drill` copies its drill.json
+// to DIR/runs/drill/, which is then no run's evidence (a run named drill
+// keeps its own files there beside it, and is listed).
+func drillOnly(evidence string) bool {
+	entries, err := os.ReadDir(evidence)
+	if err != nil || len(entries) == 0 {
+		return false
+	}
+	for _, e := range entries {
+		if e.Name() != "drill.json" {
+			return false
+		}
+	}
+	return true
+}
+
+// drillSummary is the gist of the drill report in the state directory
+// dir, or nil when no drill ran with it.
+func drillSummary(dir string) *coordinator.DrillSummary {
+	path := filepath.Join(dir, "runs", drill.RunName, "drill.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	sum := &coordinator.DrillSummary{Report: path}
+	var rep drill.Report
+	if err == nil {
+		err = json.Unmarshal(b, &rep)
+	}
+	if err != nil {
+		sum.Unreadable = err.Error()
+		return sum
+	}
+	sum.Started, sum.Seconds, sum.Passed, sum.Checks = rep.Started, rep.Seconds, rep.Passed, len(rep.Checks)
+	for _, c := range rep.Checks {
+		if c.Status != drill.Pass {
+			sum.NotPassed = append(sum.NotPassed, c.Name+": "+c.Status)
+		}
+	}
+	return sum
 }
 
 // runFromEvidence reads one run's evidence folder: its verdict, or why
@@ -174,7 +224,11 @@ func verdictOf(name, evidence string, f coordinator.RunSummary) coordinator.RunS
 
 // printStopped prints fromEvidence's document.
 func printStopped(w io.Writer, dir string, st *coordinator.Status) {
-	fmt.Fprintf(w, "no coordinator serves %s now; from the evidence of each run:\n", dir)
+	if len(st.Runs)+len(st.NoVerdict) == 0 {
+		fmt.Fprintf(w, "no coordinator serves %s now, and it holds no run's evidence\n", dir)
+	} else {
+		fmt.Fprintf(w, "no coordinator serves %s now; from the evidence of each run:\n", dir)
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tSTATE\tTOTAL\tVALIDATED\tFAILED\tRECORDED\tFINGERPRINT")
 	var notes []string
@@ -208,8 +262,25 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 			notes = append(notes, fmt.Sprintf("%s: resume with: %s", n.Name, n.Resume))
 		}
 	}
-	tw.Flush()
+	if len(st.Runs)+len(st.NoVerdict) > 0 {
+		tw.Flush()
+	}
 	for _, n := range notes {
 		fmt.Fprintln(w, n)
 	}
+	if d := st.Drill; d != nil {
+		fmt.Fprintln(w, drillLine(d))
+	}
+}
+
+// drillLine is the last drill's result in a line.
+func drillLine(d *coordinator.DrillSummary) string {
+	if d.Unreadable != "" {
+		return fmt.Sprintf("last recovery drill: report unreadable (%s): %s", d.Report, d.Unreadable)
+	}
+	verdict := fmt.Sprintf("passed all %d checks", d.Checks)
+	if !d.Passed {
+		verdict = fmt.Sprintf("FAILED, %d of %d checks not passed (%s)", len(d.NotPassed), d.Checks, strings.Join(d.NotPassed, "; "))
+	}
+	return fmt.Sprintf("last recovery drill: %s, %s in %.1fs (%s)", verdict, d.Started.Local().Format("2006-01-02 15:04:05"), d.Seconds, d.Report)
 }

@@ -62,7 +62,9 @@ type Report struct {
 }
 
 const (
-	runName = "drill"
+	// RunName names the drill's own run, and DATA/runs/RunName/ is where a
+	// copy of its drill.json lands, where a person looks first.
+	RunName = "drill"
 	cpuN    = 6
 	steps   = 6
 )
@@ -234,7 +236,7 @@ func (d *drill) run(ctx context.Context) (err error) {
 	}); err != nil {
 		return err
 	}
-	st, err := coordinator.ReadStatus(ctx, d.js, runName)
+	st, err := coordinator.ReadStatus(ctx, d.js, RunName)
 	waitReason := ""
 	if err == nil && len(st.Runs) == 1 {
 		waitReason = strings.Join(st.Runs[0].Waiting, "; ")
@@ -280,7 +282,7 @@ func (d *drill) failedVerification(ctx context.Context, id string) bool {
 	if err != nil {
 		return false
 	}
-	hist, err := kv.History(ctx, stream.ShardKey(runName, id))
+	hist, err := kv.History(ctx, stream.ShardKey(RunName, id))
 	if err != nil {
 		return false
 	}
@@ -296,11 +298,11 @@ func (d *drill) failedVerification(ctx context.Context, id string) bool {
 // checkpointDir is the shard's {ckpt} (worker.CkptDir): the drill's run
 // has one generation, so the one directory under the run's.
 func checkpointDir(out, id string) string {
-	dirs, _ := filepath.Glob(filepath.Join(out, ".shardpool", "ckpt", runName, "*", id))
+	dirs, _ := filepath.Glob(filepath.Join(out, ".shardpool", "ckpt", RunName, "*", id))
 	if len(dirs) == 1 {
 		return dirs[0]
 	}
-	return filepath.Join(out, ".shardpool", "ckpt", runName, "none", id)
+	return filepath.Join(out, ".shardpool", "ckpt", RunName, "none", id)
 }
 
 func (d *drill) fixture() error {
@@ -432,7 +434,7 @@ func (d *drill) poll(ctx context.Context, timeout time.Duration, what string, co
 }
 
 func (d *drill) runRecord(ctx context.Context) (stream.RunRecord, error) {
-	return stream.ReadRun(ctx, d.js, runName)
+	return stream.ReadRun(ctx, d.js, RunName)
 }
 
 func (d *drill) shard(ctx context.Context, id string) (stream.ShardRecord, error) {
@@ -440,7 +442,7 @@ func (d *drill) shard(ctx context.Context, id string) (stream.ShardRecord, error
 	if err != nil {
 		return stream.ShardRecord{}, err
 	}
-	e, err := kv.Get(ctx, stream.ShardKey(runName, id))
+	e, err := kv.Get(ctx, stream.ShardKey(RunName, id))
 	if err != nil {
 		return stream.ShardRecord{}, err
 	}
@@ -572,7 +574,7 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 	// Counts and checksums match the manifest and final.json.
 	var f coordinator.Final
 	mismatch := []string{}
-	b, ferr := os.ReadFile(filepath.Join(d.dir, "coord", "runs", runName, "final.json"))
+	b, ferr := os.ReadFile(filepath.Join(d.dir, "coord", "runs", RunName, "final.json"))
 	if ferr == nil {
 		ferr = json.Unmarshal(b, &f)
 	}
@@ -590,7 +592,7 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 	var dup []string
 	if err == nil {
 		for _, sh := range d.man.Shards {
-			hist, herr := kv.History(ctx, stream.ShardKey(runName, sh.ID))
+			hist, herr := kv.History(ctx, stream.ShardKey(RunName, sh.ID))
 			commits, revoked := 0, 0
 			for _, e := range hist {
 				var c stream.CommitRecord
@@ -623,7 +625,7 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 
 func (d *drill) attemptLogs(id string) string {
 	var b strings.Builder
-	matches, _ := filepath.Glob(filepath.Join(d.dir, "workers", "runs", runName, "attempts", id+".*.log"))
+	matches, _ := filepath.Glob(filepath.Join(d.dir, "workers", "runs", RunName, "attempts", id+".*.log"))
 	sort.Strings(matches)
 	for _, m := range matches {
 		data, _ := os.ReadFile(m)
@@ -642,7 +644,7 @@ func firstLine(s, substr string) string {
 }
 
 func (d *drill) writeReport() {
-	dir := filepath.Join(d.dir, "coord", "runs", runName)
+	dir := filepath.Join(d.dir, "coord", "runs", RunName)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
 	}
@@ -652,7 +654,7 @@ func (d *drill) writeReport() {
 		d.say("write drill.json: %v", err)
 	}
 	// A copy where a person looks first: <data>/runs/drill/drill.json.
-	top := filepath.Join(d.cfg.DataDir, "runs", runName)
+	top := filepath.Join(d.cfg.DataDir, "runs", RunName)
 	if err := os.MkdirAll(top, 0o755); err == nil {
 		_ = checkpoint.WriteFile(filepath.Join(top, "drill.json"), append(b, '\n'))
 	}
