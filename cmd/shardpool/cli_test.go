@@ -922,6 +922,43 @@ func TestStatusWithNoFlagsFindsARunningRun(t *testing.T) {
 	})
 }
 
+// TestStatusAndForgetWithNoFlagsAfterTheRunEnded: once `shardpool run
+// job.toml` has ended, `shardpool status` with no flags reports the
+// default state directory's evidence (as --data would) instead of failing
+// on the default URL, and `shardpool forget RUN` with no flags forgets the
+// run in its store there.
+func TestStatusAndForgetWithNoFlagsAfterTheRunEnded(t *testing.T) {
+	state := t.TempDir()
+	t.Setenv("XDG_STATE_HOME", state)
+	job := testenv.WriteJob(t, testenv.Job{Name: "ended", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	if p := testenv.Start(t, "run", "--slots", "2", job); p.Wait(t, 60*time.Second) != 0 {
+		t.Fatalf("run: %s", p.Output())
+	}
+	p := testenv.Start(t, "status")
+	if code := p.Wait(t, 30*time.Second); code != 0 || !regexpMatch(`ended\s+COMPLETE\s+2\s+2\s+0`, p.Output()) ||
+		!strings.Contains(p.Output(), "no coordinator serves "+filepath.Join(state, "shardpool")) {
+		t.Fatalf("status with no flags after the run: exit %d, want 0 and the run's verdict from the default state directory\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "status", "--json", "ended")
+	code := p.Wait(t, 30*time.Second)
+	var st coordinator.Status
+	if err := json.Unmarshal([]byte(p.Output()), &st); code != 0 || err != nil || st.From != "evidence" || len(st.Runs) != 1 || st.Runs[0].State != stream.RunComplete {
+		t.Fatalf("status --json RUN with no flags after the run: exit %d (%v), want the run's verdict from its evidence\n%s", code, err, p.Output())
+	}
+	p = testenv.Start(t, "forget", "ended")
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "forgotten: 2 shard record(s), 2 commit record(s)") {
+		t.Fatalf("forget with no flags after the run: exit %d, want 0 and the records removed\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "forget", "ended")
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "forget ended: run not found") {
+		t.Fatalf("forget with no flags again: exit %d, want 1 and run not found\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "forget", "never")
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "no coordinator answers at") {
+		t.Fatalf("forget with no flags of a run that never ran: exit %d, want 1 and that nothing answers\n%s", code, p.Output())
+	}
+}
+
 // TestStatusWithNoFlagsLooksPastAnotherUsersCoordinator: with a
 // coordinator of someone else at the default URL (it asks for a token this
 // user does not have), `shardpool status` with no flags still finds this

@@ -116,6 +116,24 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	used := acc.get()
 	nc, js, err := connect(ctx, *server, &used, "shardpool-forget", 0, nil)
+	if err != nil && *data == "" && !flagSet(fs, "server") && (errors.Is(err, nats.ErrNoServers) || isAuthError(err) || errors.Is(err, errNeedsTLS)) {
+		// Nothing at the default URL: the run may be a `shardpool run` of
+		// the default state directory, as for status.
+		url, found, store, ferr := forgetTarget(worker.DefaultStateDir(), run)
+		switch {
+		case ferr != nil:
+			// Not there either: the first error says what was asked.
+		case store != "":
+			if f, err = forgetInStore(ctx, worker.DefaultStateDir(), store, run); err != nil {
+				return err
+			}
+			return printForgotten(stdout, f, *asJSON)
+		default:
+			acc.fill(fs, found)
+			used = acc.get()
+			nc, js, err = connect(ctx, url, &used, "shardpool-forget", 0, nil)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -302,10 +320,23 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		// Nothing at the default URL (or another user's coordinator, which
 		// refuses this one): a `shardpool run` with the default state
 		// directory serves on a port of its own choosing.
-		if found, tf, ok, ferr := serverFromData(worker.DefaultStateDir(), run); ferr == nil && ok {
+		def := worker.DefaultStateDir()
+		found, tf, ok, ferr := serverFromData(def, run)
+		if ferr == nil && ok {
 			acc.fill(fs, tf)
 			used = acc.get()
 			nc, js, err = connect(ctx, found, &used, "shardpool-status", 0, nil)
+		} else if ferr == nil {
+			// Nor does one serve the default state directory (the `run`
+			// ended): its runs' evidence, as --data would report it.
+			if st, eerr := fromEvidence(def, run); eerr == nil {
+				if *asJSON {
+					return writeJSON(stdout, st)
+				}
+				fmt.Fprintf(stdout, "no coordinator answers at %s, the default URL\n", redactURL(url))
+				printStopped(stdout, def, st)
+				return nil
+			}
 		}
 	}
 	if err != nil {
