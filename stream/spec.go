@@ -138,6 +138,11 @@ func knownHere(key []string) string {
 	}
 	sort.Strings(known)
 	msg := " (known here: " + strings.Join(known, ", ") + ")"
+	if len(key) > 1 && t != reflect.TypeFor[specFile]() && tomlField(reflect.TypeFor[specFile](), typo) != nil {
+		// A top-level key written below a [table] header belongs to that
+		// table in TOML.
+		return fmt.Sprintf(": %q is a top-level key: in TOML every key after a [table] header belongs to that table, so put it above the first one%s", typo, msg)
+	}
 	if k := likelyMeant(strings.ToLower(typo), known); k != "" {
 		return fmt.Sprintf(": %q, did you mean %q?%s", typo, k, msg)
 	}

@@ -120,6 +120,7 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"plural table", base + "[classes.gpu]\ncpus = 1\n", `"classes", did you mean "class"?`},
 		{"swapped letters", base + "[class.cpu]\nmemroy = \"1G\"\n", `did you mean "memory"? (known here: cpus, gpus, memory, scratch, stage, time, vram)`},
 		{"nested table", base + "[profile]\nsustain = 3\n", `did you mean "sustained"?`},
+		{"top-level key under a class", base + "[class.cpu]\ncpus = 1\nretries = 3\n", `:7: field "class.cpu.retries": invalid run spec: unknown field: "retries" is a top-level key: in TOML every key after a [table] header belongs to that table, so put it above the first one (known here: cpus,`},
 		{"nothing close", base + "colour = 3\n", `unknown field: "colour" (known here: class, code_rev, command,`},
 		{"misspelt placeholder", strings.Replace(base, `["true"]`, `["sh", "-c", "gzip -c {inptus} > {out}/x"]`, 1), `:4: field "command": invalid run spec: argument 2 ("gzip -c {inptus} > {out}/x"): {inptus} is not a placeholder; did you mean {inputs}?`},
 		{"misspelt placeholder of the validator", base + "validator = [\"test\", \"-s\", \"{ouput}/x\"]\n", `:5: field "validator"`},
