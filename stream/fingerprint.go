@@ -11,7 +11,7 @@ import (
 )
 
 // Fingerprint is xxhash64 over the canonical spec (command, env, classes,
-// validator, the checksums of local files they name), code_rev and the
+// validator, outputs, the checksums of local files they name), code_rev and the
 // manifest's content hash. Output location,
 // retries and timeouts are left out: changing them does not change what a
 // shard computes.
@@ -24,7 +24,10 @@ func Fingerprint(s *Spec, manifestHash string) string {
 		CodeRev   string            `json:"code_rev"`
 		Manifest  string            `json:"manifest"`
 		Files     map[string]string `json:"files,omitempty"`
-	}{s.Command, s.Env, s.Classes, s.Validator, s.CodeRev, manifestHash, s.Files}
+		// Absent when empty, so that runs of specs without outputs keep
+		// the fingerprints they had before the key existed.
+		Outputs []string `json:"outputs,omitempty"`
+	}{s.Command, s.Env, s.Classes, s.Validator, s.CodeRev, manifestHash, s.Files, s.Outputs}
 	// encoding/json sorts map keys, which makes this canonical.
 	b, err := json.Marshal(canon)
 	if err != nil {
@@ -50,6 +53,9 @@ func GenerationChanges(old *Spec, oldManifest string, cur *Spec, curManifest str
 	}
 	if !slices.Equal(old.Validator, cur.Validator) {
 		out = append(out, "validator")
+	}
+	if !slices.Equal(old.Outputs, cur.Outputs) {
+		out = append(out, "outputs")
 	}
 	if old.CodeRev != cur.CodeRev {
 		out = append(out, fmt.Sprintf("code_rev %s, was %s", orNone(cur.CodeRev), orNone(old.CodeRev)))

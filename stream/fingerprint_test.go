@@ -27,6 +27,7 @@ func TestGenerationChangesNameWhatChanged(t *testing.T) {
 		{"env", func(s *Spec) { s.Env = map[string]string{"A": "2", "B": "x"} }, "m", []string{"env A", "env B"}},
 		{"class", func(s *Spec) { s.Classes["cpu"] = Class{CPUs: 2} }, "m", []string{"class cpu"}},
 		{"validator", func(s *Spec) { s.Validator = []string{"./check.sh"} }, "m", []string{"validator"}},
+		{"outputs", func(s *Spec) { s.Outputs = []string{"{id}.gz"} }, "m", []string{"outputs"}},
 		{"code_rev", func(s *Spec) { s.CodeRev = "" }, "m", []string{"code_rev (none), was abc"}},
 		{"manifest", func(*Spec) {}, "m2", []string{"manifest content"}},
 		{"file edited", func(s *Spec) { s.Files = map[string]string{"./job.sh": "02"} }, "m", []string{"file ./job.sh"}},
@@ -44,5 +45,18 @@ func TestGenerationChangesNameWhatChanged(t *testing.T) {
 				t.Fatalf("fingerprints equal: %v, but changes named: %q", same, got)
 			}
 		})
+	}
+}
+
+// TestFingerprintOfASpecWithoutOutputsIsUnchanged: the outputs key, added
+// later, enters the fingerprint only when set, so a run submitted again
+// by a newer shardpool is the same generation, not redone. The value is
+// what the code before the key computed for this spec.
+func TestFingerprintOfASpecWithoutOutputsIsUnchanged(t *testing.T) {
+	s := &Spec{Command: []string{"./job.sh", "{input}"}, Env: map[string]string{"A": "1"},
+		Classes: map[string]Class{"cpu": {CPUs: 1, Memory: 1 << 20}}, Validator: []string{"./check.sh"}, CodeRev: "abc",
+		Files: map[string]string{"./job.sh": "01"}}
+	if got, want := Fingerprint(s, "m"), "746d549f8ec65933"; got != want {
+		t.Fatalf("fingerprint %s, want %s as before outputs existed", got, want)
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -36,6 +38,10 @@ type Spec struct {
 	CodeRev   string            `json:"code_rev"`
 	Stage     bool              `json:"stage"`
 	Validator []string          `json:"validator,omitempty"`
+	// Outputs are patterns (path.Match, relative to {out}; {id} is the
+	// shard's ID) that must each match a file or directory in {out} after
+	// exit 0, or the attempt's output is invalid.
+	Outputs []string `json:"outputs,omitempty"`
 	// Files are the checksums of the files that the command and validator
 	// name by relative path (a script, a config; see localFiles).
 	Files   map[string]string `json:"files,omitempty"`
@@ -92,6 +98,7 @@ type specFile struct {
 	CodeRev   *string              `toml:"code_rev"`
 	Stage     bool                 `toml:"stage"`
 	Validator []string             `toml:"validator"`
+	Outputs   []string             `toml:"outputs"`
 	Class     map[string]classFile `toml:"class"`
 	Profile   struct {
 		Malformed []string `toml:"malformed"`
@@ -292,6 +299,12 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 		}
 		s.Validator = f.Validator
 	}
+	for i, o := range f.Outputs {
+		if err := checkOutput(o); err != nil {
+			return nil, bad("", "outputs", "entry %d (%q): %v", i, o, err)
+		}
+	}
+	s.Outputs = f.Outputs
 	for k := range f.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			return nil, bad("env", k, "not a valid environment variable name")
@@ -426,6 +439,45 @@ func checkArgv(argv []string) error {
 	return nil
 }
 
+// checkOutput checks one pattern of the spec's outputs: a path inside
+// {out}, with shell-style wildcards (path.Match) and {id} as the only
+// placeholder.
+func checkOutput(o string) error {
+	if o == "" {
+		return errors.New("empty: a path inside {out} such as \"{id}.gz\" or \"*.csv\"")
+	}
+	for _, m := range braceRE.FindAllStringSubmatch(o, -1) {
+		if m[1] == "id" || (len(m[1]) < 3 && !slices.Contains(placeholders, m[1])) {
+			continue // {id}, or braces meant as they are
+		}
+		if slices.Contains(placeholders, m[1]) || likelyMeant(m[1], placeholders) != "" {
+			return fmt.Errorf("%s is not allowed here: outputs are paths inside {out}, and {id} is the only placeholder they take", m[0])
+		}
+	}
+	p := strings.ReplaceAll(o, "{id}", "x")
+	if !fs.ValidPath(p) || p == "." {
+		return errors.New("not a path inside {out}: give it relative to {out}, without \"..\", \".\" or a leading or trailing \"/\"")
+	}
+	if _, err := path.Match(p, ""); err != nil {
+		return fmt.Errorf("not a valid pattern (%v): * ? and [...] are wildcards as in the shell, \\ escapes one", err)
+	}
+	return nil
+}
+
+// MissingOutputs names the patterns of outputs (see Spec.Outputs) that
+// match nothing in the directory out, for the shard id.
+func MissingOutputs(out string, outputs []string, id string) []string {
+	var missing []string
+	fsys := os.DirFS(out)
+	for _, o := range outputs {
+		p := strings.ReplaceAll(o, "{id}", id)
+		if m, err := fs.Glob(fsys, p); err != nil || len(m) == 0 {
+			missing = append(missing, p)
+		}
+	}
+	return missing
+}
+
 // At names where the spec sets key of table ("" for the top level):
 // "path:line", or the path alone when that line cannot be found (the file
 // changed or is unreadable since it was loaded).
@@ -545,6 +597,8 @@ func explainTOMLType(msg, field string) string {
 		return msg // a type this function has no words for
 	case field == "command" || field == "validator":
 		want = `an argv array such as ["gzip", "-k", "{input}"], never a shell string`
+	case field == "outputs":
+		want = `an array of paths inside {out} such as ["{id}.gz", "*.csv"]`
 	case strings.HasSuffix(field, ".cpus"):
 		want = "a whole number of CPUs, at least 1"
 	case strings.HasSuffix(field, ".gpus"):

@@ -123,6 +123,13 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"top-level key under a class", base + "[class.cpu]\ncpus = 1\nretries = 3\n", `:7: field "class.cpu.retries": invalid run spec: unknown field: "retries" is a top-level key: in TOML every key after a [table] header belongs to that table, so put it above the first one (known here: cpus,`},
 		{"nothing close", base + "colour = 3\n", `unknown field: "colour" (known here: class, code_rev, command,`},
 		{"misspelt placeholder", strings.Replace(base, `["true"]`, `["sh", "-c", "gzip -c {inptus} > {out}/x"]`, 1), `:4: field "command": invalid run spec: argument 2 ("gzip -c {inptus} > {out}/x"): {inptus} is not a placeholder; did you mean {inputs}?`},
+		{"outputs as a string", base + "outputs = \"x.gz\"\n", `:5:11: field "outputs": invalid run spec: got a string, want an array of paths inside {out} such as ["{id}.gz", "*.csv"]`},
+		{"output outside {out}", base + "outputs = [\"x.gz\", \"../y\"]\n", `:5: field "outputs": invalid run spec: entry 1 ("../y"): not a path inside {out}`},
+		{"absolute output", base + "outputs = [\"/tmp/x\"]\n", `:5: field "outputs": invalid run spec: entry 0 ("/tmp/x"): not a path inside {out}`},
+		{"output with {out}", base + "outputs = [\"{out}/x\"]\n", `entry 0 ("{out}/x"): {out} is not allowed here: outputs are paths inside {out}, and {id} is the only placeholder they take`},
+		{"output with a misspelt {id}", base + "outputs = [\"{ide}.gz\"]\n", `{ide} is not allowed here`},
+		{"output pattern", base + "outputs = [\"x[.gz\"]\n", `entry 0 ("x[.gz"): not a valid pattern (syntax error in pattern)`},
+		{"empty output", base + "outputs = [\"\"]\n", `entry 0 (""): empty`},
 		{"misspelt placeholder of the validator", base + "validator = [\"test\", \"-s\", \"{ouput}/x\"]\n", `:5: field "validator"`},
 	}
 	for _, c := range cases {
@@ -424,5 +431,36 @@ func TestShardTooBigForAMessage(t *testing.T) {
 	if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), `m.jsonl:2: field "inputs"`) ||
 		!strings.Contains(err.Error(), "a shard's message holds at most 1.0MiB") || strings.Contains(err.Error(), ":1:") {
 		t.Fatalf("got %v, want line 2 alone refused for its size", err)
+	}
+}
+
+// TestOutputsMustBePresent: a spec's outputs load as written, and
+// MissingOutputs names each pattern that matches nothing in {out}, with
+// {id} expanded.
+func TestOutputsMustBePresent(t *testing.T) {
+	s, err := LoadSpec(writeSpec(t, "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"true\"]\noutputs = [\"{id}.gz\", \"logs/*.txt\", \"{a}\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(s.Outputs, "|") != "{id}.gz|logs/*.txt|{a}" {
+		t.Fatalf("outputs %q", s.Outputs)
+	}
+	out := t.TempDir()
+	if got := MissingOutputs(out, s.Outputs, "s1"); strings.Join(got, "|") != "s1.gz|logs/*.txt|{a}" {
+		t.Fatalf("empty {out}: missing %q, want every pattern with {id} expanded", got)
+	}
+	for _, f := range []string{"s1.gz", "logs/a.txt", "{a}", "s2.gz"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(out, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(out, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := MissingOutputs(out, s.Outputs, "s1"); len(got) != 0 {
+		t.Fatalf("all present: missing %q", got)
+	}
+	if got := MissingOutputs(out, s.Outputs, "s3"); strings.Join(got, "|") != "s3.gz" {
+		t.Fatalf("another shard's file only: missing %q, want s3.gz", got)
 	}
 }

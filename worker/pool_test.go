@@ -291,6 +291,53 @@ func TestFailingShardRetriesThenBlocksThenRetryFailedCompletes(t *testing.T) {
 	}
 }
 
+// TestOutputsAndValidatorJudgeExitZero: an attempt that exits 0 is
+// committed only when {out} holds every output the spec declares and the
+// validator passes; otherwise it is an invalid output, retried and then
+// failed like any failure, with nothing published at its destination.
+func TestOutputsAndValidatorJudgeExitZero(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	// s0001 writes its result under the wrong name; s0002 writes an empty
+	// one, which the validator refuses; the others are sound.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Retries: 1,
+		Command: []string{"sh", "-c", `case "$1" in s0001) cp "$2" "$3/wrong.txt";; s0002) : > "$3/$1.txt";; *) cp "$2" "$3/$1.txt";; esac`, "sh", "{id}", "{input}", "{out}"},
+		Extra:   "outputs = [\"{id}.txt\"]\nvalidator = [\"test\", \"-s\", \"{out}/{id}.txt\"]\n"})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r := env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if r.Counts.Failed != 2 || r.Counts.Validated != 2 {
+		t.Fatalf("counts: got %+v, want 2 failed 2 validated", r.Counts)
+	}
+	for id, want := range map[string]string{
+		"s0001": `exit 0, but nothing in {out} matches the spec's outputs ["s0001.txt"] ({out} held ["wrong.txt"])`,
+		"s0002": "validator: exit status 1",
+	} {
+		rec, err := env.Shard("t", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != stream.ShardFailed || len(rec.Attempts) != 2 {
+			t.Fatalf("%s: got %s with %d attempts, want failed after 2", id, rec.State, len(rec.Attempts))
+		}
+		for _, a := range rec.Attempts {
+			if a.Outcome != stream.OutcomeInvalid || !strings.Contains(a.Reason, want) {
+				t.Fatalf("%s attempt %d: %s %q, want %s %q", id, a.N, a.Outcome, a.Reason, stream.OutcomeInvalid, want)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(spec), "out", id)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s: an invalid output reached its destination (%v)", id, err)
+		}
+	}
+	for _, id := range []string{"s0000", "s0003"} {
+		dst := filepath.Join(filepath.Dir(spec), "out", id)
+		if _, err := checkpoint.Verify(dst); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		if _, err := os.Stat(filepath.Join(dst, id+".txt")); err != nil {
+			t.Fatalf("%s: declared output not committed: %v", id, err)
+		}
+	}
+}
+
 // TestInterruptedRetryIsPublishedAgain: a retry that reset a failed
 // shard's record to a new round but stopped before publishing its message
 // left the shard pending with nothing to deliver. Retrying again publishes

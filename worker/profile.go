@@ -315,7 +315,8 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	}
 	// A profile's sample log replaces the previous profile's.
 	_ = os.Remove(s.Log)
-	res := w.execute(argv, env, spec.Dir, s.Log, timeout, nil, nil, nil, onStart, cg, nil)
+	logPath := s.Log
+	res := w.execute(argv, env, spec.Dir, logPath, timeout, nil, nil, nil, onStart, cg, nil)
 	if !res.logged {
 		s.Log = "" // the sample printed nothing
 	}
@@ -335,6 +336,12 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 		s.CPUDuty = s.CPUSeconds / s.Seconds / float64(max(cls.CPUs, 1))
 	}
 	s.OutputBytes, s.ScratchBytes = dirBytes(v.Out), dirBytes(v.Scratch)
+	if s.Outcome == stream.OutcomeOK {
+		// Judged as a run judges it before committing (not measured).
+		if why := w.invalidOutput(spec, v, env, logPath, timeout, nil, nil, nil); why != "" {
+			s.Outcome, s.Reason = stream.OutcomeInvalid, why
+		}
+	}
 	if s.Outcome == stream.OutcomeOK {
 		// The output must be committable: no symlinks, devices or reserved names.
 		if p, err := checkpoint.Prepare(ctx, filepath.Join(base, "check"), v.Out, checkpoint.Options{}); err != nil {

@@ -82,6 +82,20 @@ func TestProfileStopsOnCorrectness(t *testing.T) {
 	if _, err := runProfile(t, spec, man, false); !errors.Is(err, worker.ErrProfile) || !strings.Contains(err.Error(), "hung") {
 		t.Fatalf("hanging on malformed input: got %v", err)
 	}
+	// A sample whose output the run would refuse stops the profile: a
+	// declared output missing, or the validator failing.
+	spec, man = profileJob(t, []string{"sh", "-c", `echo r > "$1/result.txt"`, "sh", "{out}"}, "outputs = [\"{id}.out\"]\n")
+	if _, err := runProfile(t, spec, man, false); !errors.Is(err, worker.ErrProfile) || !strings.Contains(err.Error(), `nothing in {out} matches the spec's outputs ["p0.out"] ({out} held ["result.txt"])`) {
+		t.Fatalf("a declared output missing: got %v", err)
+	}
+	spec, man = profileJob(t, []string{"sh", "-c", `echo r > "$1/result.txt"`, "sh", "{out}"}, "validator = [\"grep\", \"-q\", \"expected\", \"{out}/result.txt\"]\n")
+	if _, err := runProfile(t, spec, man, false); !errors.Is(err, worker.ErrProfile) || !strings.Contains(err.Error(), "validator: exit status 1") {
+		t.Fatalf("a validator that refuses the output: got %v", err)
+	}
+	spec, man = profileJob(t, []string{"sh", "-c", `echo expected > "$1/$2.out"`, "sh", "{out}", "{id}"}, "outputs = [\"{id}.out\"]\nvalidator = [\"grep\", \"-q\", \"expected\", \"{out}/{id}.out\"]\n")
+	if _, err := runProfile(t, spec, man, false); err != nil {
+		t.Fatalf("declared output present and validated: %v", err)
+	}
 	// One that fails cleanly passes.
 	spec, man = profileJob(t, []string{"sh", "-c", `case "$1" in *bad.txt) exit 2;; esac`, "sh", "{input}"}, fmt.Sprintf("[profile]\nmalformed = [%q]\n", bad))
 	if _, err := runProfile(t, spec, man, false); err != nil {

@@ -667,23 +667,61 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			res.reason = fmt.Sprintf("killed by the OOM killer at the class's memory limit of %s (its own cgroup)", stream.FormatSize(cls.Memory))
 		}
 	}
-	if res.outcome == stream.OutcomeOK && len(spec.Validator) > 0 {
-		vargv, err := stream.Expand(spec.Validator, v)
-		if err == nil {
-			vlog := logPath
-			if res.log != "" {
-				vlog = res.log // beside the attempt's log as it was named
-			}
-			vr := w.execute(vargv, env, spec.Dir, vlog+".validator", spec.TimeoutFor(a.m.Class), stop, nil, lost, nil, nil, a.held)
-			if vr.outcome != stream.OutcomeOK {
-				res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+vr.reason
-			}
-		} else {
-			res.outcome, res.reason = stream.OutcomeInvalid, "validator: "+err.Error()
+	if res.outcome == stream.OutcomeOK {
+		vlog := logPath
+		if res.log != "" {
+			vlog = res.log // beside the attempt's log as it was named
+		}
+		if why := w.invalidOutput(spec, v, env, vlog, spec.TimeoutFor(a.m.Class), stop, lost, a.held); why != "" {
+			res.outcome, res.reason = stream.OutcomeInvalid, why
 		}
 	}
 	stopHB()
 	return res
+}
+
+// invalidOutput judges what a command that exited 0 left in v.Out, as a
+// run does before committing it and a profile does for its samples: each
+// of the spec's outputs present, then the spec's validator run (its log
+// beside the command's, at logPath.validator). It says why the output is
+// invalid, or "" when it is not.
+func (w *Worker) invalidOutput(spec *stream.Spec, v stream.Vars, env []string, logPath string, timeout time.Duration, stop, lost <-chan struct{}, held *heldShard) string {
+	if missing := stream.MissingOutputs(v.Out, spec.Outputs, v.ID); len(missing) > 0 {
+		return missingReason(missing, v.Out)
+	}
+	if len(spec.Validator) == 0 {
+		return ""
+	}
+	vargv, err := stream.Expand(spec.Validator, v)
+	if err != nil {
+		return "validator: " + err.Error()
+	}
+	if vr := w.execute(vargv, env, spec.Dir, logPath+".validator", timeout, stop, nil, lost, nil, nil, held); vr.outcome != stream.OutcomeOK {
+		return "validator: " + vr.reason
+	}
+	return ""
+}
+
+// missingReason says which of the spec's outputs an attempt that exited 0
+// did not write, and what it wrote instead (the first few names at the top
+// of out), which is usually the clue.
+func missingReason(missing []string, out string) string {
+	held := "{out} was empty"
+	if entries, err := os.ReadDir(out); err == nil && len(entries) > 0 {
+		var names []string
+		for _, e := range entries[:min(len(entries), 5)] {
+			n := e.Name()
+			if e.IsDir() {
+				n += "/"
+			}
+			names = append(names, n)
+		}
+		held = fmt.Sprintf("{out} held %q", names)
+		if len(entries) > 5 {
+			held += fmt.Sprintf(" and %d more", len(entries)-5)
+		}
+	}
+	return fmt.Sprintf("exit 0, but nothing in {out} matches the spec's outputs %q (%s): the command wrote its result elsewhere, under another name, or not at all", missing, held)
 }
 
 // classEnv is the class environment (see classEnv) of a run generation,
