@@ -318,7 +318,7 @@ func TestAutoWorkerCountsAFixedWorkersShards(t *testing.T) {
 	auto.Submit(autoSpec, coordinator.SubmitOptions{})
 	auto.WaitState("t", 30*time.Second, stream.RunComplete)
 	log, _ := os.ReadFile(filepath.Join(auto.Data, "admission.log"))
-	if !strings.Contains(string(log), "(4000 - 4000 shared) / 1000 peak = 0") {
+	if !strings.Contains(string(log), "(4.00 CPUs - 4.00 CPUs shared) / 1.00 CPUs peak = 0") {
 		t.Fatalf("the auto worker did not count the fixed worker's 4 one-CPU shards:\n%s", log)
 	}
 	if st, err := coordinator.ReadStatus(context.Background(), fixed.JS, "t"); err != nil || st.Runs[0].Counts.Validated != 4 {

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -104,7 +105,8 @@ func Compute(b Budget, shared Peak, peak Peak, needsGPU bool) Slots {
 		return s
 	}
 	v := b[s.Binding]
-	s.Reason = fmt.Sprintf("%s binds: (%d - %d shared) / %d peak = %d (budget from %s)", s.Binding, v.N, shared.get(s.Binding), peak.get(s.Binding), s.N, v.Source)
+	r := s.Binding
+	s.Reason = fmt.Sprintf("%s binds: (%s - %s shared) / %s peak = %d (budget from %s)", r, Amount(r, v.N), Amount(r, shared.get(r)), Amount(r, peak.get(r)), s.N, v.Source)
 	return s
 }
 
@@ -133,10 +135,28 @@ func Fits(b Budget, peak Peak, needsGPU bool) (bool, string) {
 			continue
 		}
 		if p > v.N {
-			return false, fmt.Sprintf("needs %d %s, the budget is %d (%s)", p, r, v.N, v.Source)
+			of := ""
+			if r == "memory" || r == "vram" {
+				of = " of " + r
+			}
+			return false, fmt.Sprintf("needs %s%s, the budget is %s (%s)", Amount(r, p), of, Amount(r, v.N), v.Source)
 		}
 	}
 	return true, ""
+}
+
+// Amount is n of resource r as a person reads it: CPUs from millicores
+// ("1.50 CPUs"), memory and VRAM as sizes ("64.0MiB"), GPUs counted.
+func Amount(r string, n int64) string {
+	switch r {
+	case "cpu":
+		return fmt.Sprintf("%.2f CPUs", float64(n)/1000)
+	case "memory", "vram":
+		return stream.FormatSize(n)
+	case "gpus":
+		return fmt.Sprintf("%d GPU(s)", n)
+	}
+	return fmt.Sprintf("%d %s", n, r)
 }
 
 // Outliers returns the indexes of costs above factor times the median:

@@ -22,8 +22,8 @@ func TestCompute(t *testing.T) {
 		reason  string
 	}{
 		{"memory binds", full, Peak{}, Peak{CPU: 1000, Memory: 10 * gib}, false, 6, "memory", "memory binds"},
-		{"cpu binds", full, Peak{}, Peak{CPU: 4000, Memory: gib}, false, 4, "cpu", "cpu binds"},
-		{"shared use counts", full, Peak{Memory: 34 * gib}, Peak{CPU: 1000, Memory: 10 * gib}, false, 3, "memory", "36507222016 shared"},
+		{"cpu binds", full, Peak{}, Peak{CPU: 4000, Memory: gib}, false, 4, "cpu", "cpu binds: (16.00 CPUs - 0.00 CPUs shared) / 4.00 CPUs peak = 4"},
+		{"shared use counts", full, Peak{Memory: 34 * gib}, Peak{CPU: 1000, Memory: 10 * gib}, false, 3, "memory", "memory binds: (64.0GiB - 34.0GiB shared) / 10.0GiB peak = 3"},
 		{"gpus bind", full, Peak{}, Peak{CPU: 1000, Memory: gib, GPUs: 1, VRAM: 40 * gib}, true, 4, "gpus", "gpus binds"},
 		{"vram binds", full, Peak{}, Peak{CPU: 1000, Memory: gib, GPUs: 1, VRAM: 100 * gib}, true, 3, "vram", "vram binds"},
 		{"gpu budget ignored for a cpu class", Budget{"cpu": probe.Known(2000, ""), "memory": probe.Known(8*gib, ""), "gpus": probe.Unknown("nvml", "lost GPU")}, Peak{}, Peak{CPU: 1000, Memory: gib}, false, 2, "cpu", ""},
@@ -61,7 +61,7 @@ func TestUnmeasuredRunsOneAtATime(t *testing.T) {
 
 func TestFitsAndOutliers(t *testing.T) {
 	b := Budget{"cpu": probe.Known(4000, "host"), "memory": probe.Known(8<<30, "cgroup")}
-	if ok, why := Fits(b, Peak{CPU: 1000, Memory: 16 << 30}, false); ok || !strings.Contains(why, "memory") {
+	if ok, why := Fits(b, Peak{CPU: 1000, Memory: 16 << 30}, false); ok || !strings.Contains(why, "needs 16.0GiB of memory, the budget is 8.0GiB") {
 		t.Fatalf("16GiB shard on an 8GiB budget: fits %v (%s)", ok, why)
 	}
 	if ok, _ := Fits(b, Peak{CPU: 4000, Memory: 8 << 30}, false); !ok {
