@@ -45,6 +45,20 @@ type Status struct {
 	// state directory (`shardpool drill --data DIR` copies its report to
 	// DIR/runs/drill/drill.json); absent where none was.
 	Drill *DrillSummary `json:"drill,omitempty"`
+	// NotRuns lists, in such a document, the folders of DIR/runs that hold
+	// evidence of no run a coordinator of DIR tracked: no final.json,
+	// progress.json or resume.txt, only what `shardpool plan`, `profile`,
+	// `stage` or a worker whose coordinator keeps its state elsewhere
+	// wrote there.
+	NotRuns []NotRun `json:"not_runs,omitempty"`
+}
+
+// NotRun is an evidence folder of a name no coordinator of the state
+// directory ran (see Status.NotRuns), with the files it holds.
+type NotRun struct {
+	Name     string   `json:"name"`
+	Evidence string   `json:"evidence"`
+	Files    []string `json:"files"`
 }
 
 // DrillSummary is the gist of a drill.json: when the drill ran, whether

@@ -154,6 +154,33 @@ func TestEvidenceTellsTheDrillFromARun(t *testing.T) {
 		t.Fatalf("a run named drill beside the drill's report: %+v, %v; want the run listed and the drill too", st, err)
 	}
 
+	// A folder that only plan, profile, stage or a worker of another
+	// coordinator wrote to is no run that stopped without a verdict.
+	planned := filepath.Join(dir, "runs", "planned")
+	if err := os.MkdirAll(filepath.Join(planned, "preflight"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(planned, "plan.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fromEvidence(dir, "planned"); err == nil || !strings.Contains(err.Error(), "no run planned was tracked there: "+planned+" holds only plan.json, preflight") {
+		t.Fatalf("status of a run only planned: %v; want an error naming what its folder holds", err)
+	}
+	st, err = fromEvidence(dir, "")
+	if err != nil || len(st.NotRuns) != 1 || st.NotRuns[0].Name != "planned" || strings.Join(st.NotRuns[0].Files, ",") != "plan.json,preflight" {
+		t.Fatalf("a folder holding plan.json and preflight only: %+v, %v; want it among not_runs", st, err)
+	}
+	for _, n := range st.NoVerdict {
+		if n.Name == "planned" {
+			t.Fatalf("a folder of no run listed as a run without a verdict: %+v", n)
+		}
+	}
+	out.Reset()
+	printStopped(&out, dir, st)
+	if !strings.Contains(out.String(), "evidence of no run here (from shardpool plan, profile or stage, or a worker whose coordinator keeps its state elsewhere): planned (plan.json, preflight)") {
+		t.Fatalf("printed:\n%s", out.String())
+	}
+
 	// A report that does not decode is said to be unreadable, not passed.
 	if err := os.WriteFile(filepath.Join(ev, "drill.json"), []byte("{"), 0o644); err != nil {
 		t.Fatal(err)

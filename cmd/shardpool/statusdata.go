@@ -101,17 +101,30 @@ func fromEvidence(dir, run string) (*coordinator.Status, error) {
 		}
 		runs = runs[:0]
 		for _, e := range entries {
-			if e.IsDir() && !drillOnly(filepath.Join(dir, "runs", e.Name())) {
+			if !e.IsDir() {
+				continue
+			}
+			ev := filepath.Join(dir, "runs", e.Name())
+			switch files, ran := ranHere(ev); {
+			case ran:
 				runs = append(runs, e.Name())
+			case drillOnly(files):
+				// The drill's report, shown as st.Drill.
+			default:
+				st.NotRuns = append(st.NotRuns, coordinator.NotRun{Name: e.Name(), Evidence: ev, Files: files})
 			}
 		}
-		if len(runs) == 0 && st.Drill == nil {
+		if len(runs)+len(st.NotRuns) == 0 && st.Drill == nil {
 			return nil, exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no run's evidence (is it the --data of a run?)", dir)}
 		}
 	} else if _, err := os.Stat(filepath.Join(dir, "runs", run)); err != nil {
 		return nil, exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and it holds no evidence of run %s (%s)", dir, run, filepath.Join(dir, "runs", run))}
-	} else if drillOnly(filepath.Join(dir, "runs", run)) {
-		runs = nil // the drill's report, not a run of that name
+	} else if files, ran := ranHere(filepath.Join(dir, "runs", run)); !ran {
+		if !drillOnly(files) || st.Drill == nil {
+			return nil, exitErr{code: exitFailure, msg: fmt.Sprintf("no coordinator serves %s, and no run %s was tracked there: %s holds only %s (from shardpool plan, profile or stage, or a worker whose coordinator keeps its state elsewhere)",
+				dir, run, filepath.Join(dir, "runs", run), strings.Join(files, ", "))}
+		}
+		runs = nil // the drill's report, shown as st.Drill
 	}
 	for _, name := range runs {
 		verdict, noVerdict := runFromEvidence(filepath.Join(dir, "runs", name), name)
@@ -124,21 +137,31 @@ func fromEvidence(dir, run string) (*coordinator.Status, error) {
 	return st, nil
 }
 
-// drillOnly reports whether the evidence folder holds the recovery
-// drill's report and nothing else: `shardpool drill` copies its drill.json
-// to DIR/runs/drill/, which is then no run's evidence (a run named drill
-// keeps its own files there beside it, and is listed).
-func drillOnly(evidence string) bool {
-	entries, err := os.ReadDir(evidence)
-	if err != nil || len(entries) == 0 {
-		return false
-	}
+// ranHere reports whether the evidence folder is that of a run a
+// coordinator of the state directory tracked: it writes resume.txt when
+// the run is submitted, progress.json while it runs and final.json at its
+// verdict. Other commands leave files there too (plan.json, profile.json,
+// staging.json, a worker's admission.log and preflight of a coordinator
+// that keeps its state elsewhere, the drill's drill.json), of no run
+// here. files are the folder's entries.
+func ranHere(evidence string) (files []string, ran bool) {
+	entries, _ := os.ReadDir(evidence)
 	for _, e := range entries {
-		if e.Name() != "drill.json" {
-			return false
+		switch e.Name() {
+		case "resume.txt", coordinator.ProgressName, coordinator.FinalName:
+			ran = true
 		}
+		files = append(files, e.Name())
 	}
-	return true
+	return files, ran
+}
+
+// drillOnly reports whether an evidence folder's files are the recovery
+// drill's report alone: `shardpool drill` copies its drill.json to
+// DIR/runs/drill/ (a run named drill keeps its own files there beside it,
+// and is listed).
+func drillOnly(files []string) bool {
+	return len(files) == 1 && files[0] == "drill.json"
 }
 
 // drillSummary is the gist of the drill report in the state directory
@@ -267,6 +290,13 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 	}
 	for _, n := range notes {
 		fmt.Fprintln(w, n)
+	}
+	if len(st.NotRuns) > 0 {
+		var names []string
+		for _, n := range st.NotRuns {
+			names = append(names, fmt.Sprintf("%s (%s)", n.Name, strings.Join(n.Files, ", ")))
+		}
+		fmt.Fprintf(w, "evidence of no run here (from shardpool plan, profile or stage, or a worker whose coordinator keeps its state elsewhere): %s\n", strings.Join(names, "; "))
 	}
 	if d := st.Drill; d != nil {
 		fmt.Fprintln(w, drillLine(d))
