@@ -72,8 +72,8 @@ type DrillSummary struct {
 	// ("name: FAIL" or "name: UNVERIFIED").
 	NotPassed []string `json:"not_passed,omitempty"`
 	Report    string   `json:"report"`
-	// Unreadable says why the report could not be read; the other
-	// fields are then empty.
+	// Unreadable says why the report could not be read; the fields
+	// but Report are then empty.
 	Unreadable string `json:"unreadable,omitempty"`
 }
 

@@ -145,6 +145,14 @@ func TestEvidenceTellsTheDrillFromARun(t *testing.T) {
 		t.Fatalf("printed:\n%s", out.String())
 	}
 
+	// A drill that passed with a check this host could not make says so,
+	// not that every check passed.
+	unverified := &coordinator.DrillSummary{Started: rep.Started, Seconds: 20, Passed: true, Checks: 11,
+		NotPassed: []string{"recovery after a power cut: UNVERIFIED"}, Report: "r"}
+	if got := drillLine(unverified); !strings.Contains(got, "passed, 1 of 11 checks not made here (recovery after a power cut: UNVERIFIED)") {
+		t.Fatalf("a drill passed with an unverified check: %s", got)
+	}
+
 	// A run named drill keeps its evidence there too.
 	if err := os.WriteFile(filepath.Join(ev, "resume.txt"), []byte("shardpool run drill.toml\n"), 0o644); err != nil {
 		t.Fatal(err)
