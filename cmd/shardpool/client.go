@@ -372,7 +372,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		for _, why := range r.Waiting {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, why)
 		}
-		if r.State == stream.RunBlocked && r.Resume != "" {
+		// A reason that names the command (failed shards: "retry them
+		// with: ...") already gave it.
+		if r.State == stream.RunBlocked && r.Resume != "" && !strings.Contains(r.Reason, r.Resume) {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}
 		for i, s := range r.Shards {

@@ -197,3 +197,22 @@ func TestEvidenceTellsTheDrillFromARun(t *testing.T) {
 		t.Fatalf("an unreadable drill report: %+v, %v", st.Drill, err)
 	}
 }
+
+// TestBlockedRunNamesItsCommandOnce: a BLOCKED run whose reason already
+// ends with the command that retries it does not print that command
+// again as "resume with"; one whose reason does not name it does.
+func TestBlockedRunNamesItsCommandOnce(t *testing.T) {
+	cmd := "shardpool run --data /d --retry-failed /j/job.toml"
+	named := coordinator.RunStatus{Name: "r", State: stream.RunBlocked, Reason: "1 shard(s) failed: s1 (exit status 3); retry them with: " + cmd, Resume: cmd}
+	other := coordinator.RunStatus{Name: "q", State: stream.RunBlocked, Reason: "the coordinator's store is full", Resume: cmd}
+	for _, print := range []func(*strings.Builder, *coordinator.Status){
+		func(b *strings.Builder, st *coordinator.Status) { printStatus(b, st) },
+		func(b *strings.Builder, st *coordinator.Status) { printStopped(b, "/d", st) },
+	} {
+		var out strings.Builder
+		print(&out, &coordinator.Status{Runs: []coordinator.RunStatus{named, other}})
+		if n := strings.Count(out.String(), cmd); n != 2 || !strings.Contains(out.String(), "q: resume with: "+cmd) || strings.Contains(out.String(), "r: resume with:") {
+			t.Fatalf("the command appears %d times, want once for each run (r in its reason, q as resume with):\n%s", n, out.String())
+		}
+	}
+}
