@@ -657,7 +657,7 @@ func (t *tracker) writeResume(ri *runInfo, cmd string) {
 	}
 	dir := t.c.EvidenceDir(ri.rec.Name)
 	if err := os.MkdirAll(dir, 0o755); err == nil {
-		_ = checkpoint.WriteFile(filepath.Join(dir, "resume.txt"), []byte(cmd+"\n"))
+		_ = checkpoint.WriteFile(filepath.Join(dir, ResumeName), []byte(cmd+"\n"))
 	}
 }
 
@@ -784,11 +784,12 @@ func writeEvidence(dir, name string, v any) error {
 	return checkpoint.WriteFile(filepath.Join(dir, name), append(b, '\n'))
 }
 
-// ProgressName and FinalName are a run's progress and verdict files in
-// its evidence folder.
+// ProgressName, FinalName and ResumeName are a run's progress, verdict
+// and resume-command files in its evidence folder.
 const (
 	ProgressName = "progress.json"
 	FinalName    = "final.json"
+	ResumeName   = "resume.txt"
 )
 
 // Final is final.json: what a run ended with.

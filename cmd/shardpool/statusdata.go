@@ -148,7 +148,7 @@ func ranHere(evidence string) (files []string, ran bool) {
 	entries, _ := os.ReadDir(evidence)
 	for _, e := range entries {
 		switch e.Name() {
-		case "resume.txt", coordinator.ProgressName, coordinator.FinalName:
+		case coordinator.ResumeName, coordinator.ProgressName, coordinator.FinalName:
 			ran = true
 		}
 		files = append(files, e.Name())
@@ -161,13 +161,13 @@ func ranHere(evidence string) (files []string, ran bool) {
 // DIR/runs/drill/ (a run named drill keeps its own files there beside it,
 // and is listed).
 func drillOnly(files []string) bool {
-	return len(files) == 1 && files[0] == "drill.json"
+	return len(files) == 1 && files[0] == drill.ReportName
 }
 
 // drillSummary is the gist of the drill report in the state directory
 // dir, or nil when no drill ran with it.
 func drillSummary(dir string) *coordinator.DrillSummary {
-	path := filepath.Join(dir, "runs", drill.RunName, "drill.json")
+	path := drill.ReportPath(dir)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -213,7 +213,7 @@ func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinato
 		rs := verdictOf(name, evidence, final.RunSummary)
 		return &rs, nil
 	}
-	resume, _ := os.ReadFile(filepath.Join(evidence, "resume.txt"))
+	resume, _ := os.ReadFile(filepath.Join(evidence, coordinator.ResumeName))
 	ev := &coordinator.RunEvidence{Name: name, Evidence: evidence, Resume: strings.TrimSpace(string(resume))}
 	switch {
 	case progress != nil:

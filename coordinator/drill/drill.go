@@ -65,8 +65,10 @@ const (
 	// RunName names the drill's own run, and DATA/runs/RunName/ is where a
 	// copy of its drill.json lands, where a person looks first.
 	RunName = "drill"
-	cpuN    = 6
-	steps   = 6
+	// ReportName is the drill's report in its run's evidence folder.
+	ReportName = "drill.json"
+	cpuN       = 6
+	steps      = 6
 )
 
 type drill struct {
@@ -648,14 +650,20 @@ func (d *drill) writeReport() {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
 	}
-	d.report.Evidence = filepath.Join(dir, "drill.json")
+	d.report.Evidence = filepath.Join(dir, ReportName)
 	b, _ := json.MarshalIndent(d.report, "", "  ")
 	if err := checkpoint.WriteFile(d.report.Evidence, append(b, '\n')); err != nil {
 		d.say("write drill.json: %v", err)
 	}
-	// A copy where a person looks first: <data>/runs/drill/drill.json.
-	top := filepath.Join(d.cfg.DataDir, "runs", RunName)
-	if err := os.MkdirAll(top, 0o755); err == nil {
-		_ = checkpoint.WriteFile(filepath.Join(top, "drill.json"), append(b, '\n'))
+	// A copy where a person looks first.
+	top := ReportPath(d.cfg.DataDir)
+	if err := os.MkdirAll(filepath.Dir(top), 0o755); err == nil {
+		_ = checkpoint.WriteFile(top, append(b, '\n'))
 	}
+}
+
+// ReportPath is where a drill run with state directory dataDir leaves a
+// copy of its report: DATA/runs/drill/drill.json.
+func ReportPath(dataDir string) string {
+	return filepath.Join(dataDir, "runs", RunName, ReportName)
 }
