@@ -116,15 +116,16 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	used := acc.get()
 	nc, js, err := connect(ctx, *server, &used, "shardpool-forget", 0, nil)
-	if err != nil && *data == "" && !flagSet(fs, "server") && (errors.Is(err, nats.ErrNoServers) || isAuthError(err) || errors.Is(err, errNeedsTLS)) {
+	if defaultUnanswered(fs, *data, err) {
 		// Nothing at the default URL: the run may be a `shardpool run` of
 		// the default state directory, as for status.
-		url, found, store, ferr := forgetTarget(worker.DefaultStateDir(), run)
+		def := worker.DefaultStateDir()
+		url, found, store, ferr := forgetTarget(def, run)
 		switch {
 		case ferr != nil:
 			// Not there either: the first error says what was asked.
 		case store != "":
-			if f, err = forgetInStore(ctx, worker.DefaultStateDir(), store, run); err != nil {
+			if f, err = forgetInStore(ctx, def, store, run); err != nil {
 				return err
 			}
 			return printForgotten(stdout, f, *asJSON)
@@ -142,6 +143,22 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	return printForgotten(stdout, f, *asJSON)
+}
+
+// defaultUnanswered reports whether a client given neither --server nor
+// --data found nothing it may use at the default URL (nothing listens,
+// or another user's coordinator refuses it): a `shardpool run` of the
+// default state directory serves on a port of its own choosing instead.
+func defaultUnanswered(fs *flag.FlagSet, data string, err error) bool {
+	return err != nil && data == "" && !flagSet(fs, "server") &&
+		(errors.Is(err, nats.ErrNoServers) || isAuthError(err) || errors.Is(err, errNeedsTLS))
+}
+
+// resumeApart reports whether a run's resume command needs a line of its
+// own: one that its reason names already (failed shards: "retry them
+// with: ...") is not printed twice.
+func resumeApart(r coordinator.RunStatus) bool {
+	return r.Resume != "" && !strings.Contains(r.Reason, r.Resume)
 }
 
 // dataInstead is the absolute path of --data, which a command takes
@@ -316,10 +333,9 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	used := acc.get()
 	nc, js, err := connect(ctx, url, &used, "shardpool-status", 0, nil)
-	if err != nil && *data == "" && !flagSet(fs, "server") && (errors.Is(err, nats.ErrNoServers) || isAuthError(err) || errors.Is(err, errNeedsTLS)) {
-		// Nothing at the default URL (or another user's coordinator, which
-		// refuses this one): a `shardpool run` with the default state
-		// directory serves on a port of its own choosing.
+	if defaultUnanswered(fs, *data, err) {
+		// The coordinator of a `shardpool run` of the default state
+		// directory, or, once it has ended, that directory's evidence.
 		def := worker.DefaultStateDir()
 		found, tf, ok, ferr := serverFromData(def, run)
 		if ferr == nil && ok {
@@ -372,9 +388,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		for _, why := range r.Waiting {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, why)
 		}
-		// A reason that names the command (failed shards: "retry them
-		// with: ...") already gave it.
-		if r.State == stream.RunBlocked && r.Resume != "" && !strings.Contains(r.Reason, r.Resume) {
+		if r.State == stream.RunBlocked && resumeApart(r) {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}
 		for i, s := range r.Shards {

@@ -261,7 +261,7 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 		if r.Reason != "" {
 			notes = append(notes, fmt.Sprintf("%s: %s", r.Name, r.Reason))
 		}
-		if r.Resume != "" && !strings.Contains(r.Reason, r.Resume) {
+		if resumeApart(r) {
 			notes = append(notes, fmt.Sprintf("%s: resume with: %s", r.Name, r.Resume))
 		}
 	}
