@@ -89,6 +89,11 @@ type Config struct {
 	// cluster share one, and routes between them present it too.
 	// Requires Auth.
 	TokenFile string
+	// Brief, when set, names a holder of the store for a moment (a
+	// `shardpool forget` of a run no coordinator serves): its lock file
+	// says so, and a coordinator that starts on the store meanwhile waits
+	// for it (up to BriefWait) instead of refusing with ErrDataInUse.
+	Brief string
 	// Logger receives structured logs; default discards.
 	Logger *slog.Logger
 }
@@ -252,7 +257,7 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	if err := os.MkdirAll(c.cfg.StoreDir, 0o755); err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
-	lock, holder, err := lockData(c.cfg.StoreDir)
+	lock, holder, err := lockData(c.cfg.StoreDir, c.cfg.Brief)
 	if err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
@@ -602,8 +607,9 @@ const lockName = "coordinator.lock"
 // the same JetStream store: nats-server does not guard its store
 // directory, and two servers on one store corrupt it and run every shard
 // twice. The kernel drops the lock when the process dies, however it dies.
-// The file names the holder for the error the next one gets.
-func lockData(dir string) (*os.File, string, error) {
+// The file names the holder for the error the next one gets; brief, when
+// set, marks a holder for a moment, which the next one waits for.
+func lockData(dir, brief string) (*os.File, string, error) {
 	path := filepath.Join(dir, lockName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
@@ -613,6 +619,17 @@ func lockData(dir string) (*os.File, string, error) {
 	for i := 0; errors.Is(err, unix.EWOULDBLOCK) && i < lockTries && sharedOnly(path); i++ {
 		// Someone looks (LiveIn's shared lock), nobody holds it.
 		time.Sleep(lockPause)
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	for waited := time.Duration(0); errors.Is(err, unix.EWOULDBLOCK); waited += briefPause {
+		// A `forget` holds the store for a moment: a run starting on it
+		// meanwhile starts after it rather than failing. A holder that
+		// has not written its name yet is looked at again shortly.
+		brief, named := holderBrief(path)
+		if !(brief && waited < BriefWait) && !(!named && waited < time.Second) {
+			break
+		}
+		time.Sleep(briefPause)
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	}
 	if err != nil {
@@ -629,10 +646,34 @@ func lockData(dir string) (*os.File, string, error) {
 	}
 	host, _ := os.Hostname()
 	holder := fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
+	if brief != "" {
+		holder = fmt.Sprintf("pid %d on %s since %s %s (%s)\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339), briefMark, brief)
+	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(holder), 0)
 	}
 	return f, holder, nil
+}
+
+// BriefWait bounds how long a coordinator starting on a store waits for a
+// holder that holds it for a moment (Config.Brief): longer than any
+// `forget` takes, short enough that a stuck one is reported.
+var BriefWait = time.Minute
+
+const (
+	briefMark  = "for a moment"
+	briefPause = 50 * time.Millisecond
+)
+
+// holderBrief reports whether the holder of the lock file at path says it
+// holds the store for a moment only, and whether it has named itself yet.
+func holderBrief(path string) (brief, named bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false, true
+	}
+	first, _, _ := strings.Cut(string(data), "\n")
+	return strings.Contains(first, " "+briefMark+" ("), strings.TrimSpace(first) != ""
 }
 
 // startSyncer opens the store for syncfs, makes what Setup wrote durable,

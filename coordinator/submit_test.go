@@ -95,6 +95,70 @@ func TestDataDirIsLocked(t *testing.T) {
 	third.Close()
 }
 
+// TestBriefHolderIsWaitedFor: a coordinator started on a store that a
+// `forget` holds for a moment (Config.Brief) waits for it and starts once
+// it is let go, instead of failing as in use (a `shardpool run` that
+// started while a `forget --data` of it looked failed so). A brief holder
+// that stays past BriefWait is refused, named as one.
+func TestBriefHolderIsWaitedFor(t *testing.T) {
+	data := t.TempDir()
+	start := func(brief string) (*coordinator.Coordinator, error) {
+		c, err := coordinator.New(coordinator.Config{DataDir: data, Listen: "127.0.0.1:0", Brief: brief})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background()); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	brief, err := start("shardpool forget")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	var second *coordinator.Coordinator
+	go func() {
+		var err error
+		second, err = start("")
+		started <- err
+	}()
+	select {
+	case err := <-started:
+		brief.Close()
+		t.Fatalf("coordinator on a store held for a moment returned at once (%v), want it to wait", err)
+	case <-time.After(time.Second):
+	}
+	brief.Close()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatalf("coordinator after the brief holder let go: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("coordinator still waiting 30s after the brief holder let go")
+	}
+
+	// Now the plain one holds the store: a brief one is refused at once,
+	// and a plain one past a brief holder's BriefWait is refused too.
+	if _, err := start("shardpool forget"); !errors.Is(err, coordinator.ErrDataInUse) {
+		t.Fatalf("brief holder on a store a coordinator serves: got %v, want ErrDataInUse", err)
+	}
+	second.Close()
+	brief, err = start("shardpool forget")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer brief.Close()
+	old := coordinator.BriefWait
+	coordinator.BriefWait = 300 * time.Millisecond
+	defer func() { coordinator.BriefWait = old }()
+	if _, err := start(""); !errors.Is(err, coordinator.ErrDataInUse) || !strings.Contains(err.Error(), "for a moment (shardpool forget)") {
+		t.Fatalf("coordinator past BriefWait: got %v, want ErrDataInUse naming the brief holder", err)
+	}
+}
+
 // TestPortInUseIsNamedAtOnce: a second coordinator on a port in use (two
 // users each starting `shardpool coordinator` with its default --listen)
 // waited 30 s and said "jetstream not ready: no listener"; nats-server

@@ -1174,6 +1174,20 @@ func TestForgetWithDataOfARun(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A run's store that no server has opened yet (a run starting now):
+	// nothing to forget, and forget neither holds it nor makes a store
+	// there. (It did, and a run starting at that moment failed as in use.)
+	starting := filepath.Join(data, "stores", "slow")
+	if err := os.MkdirAll(starting, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := forget("slow"); code != 1 || !strings.Contains(out, "run not found") || !strings.Contains(out, "holds no records yet") {
+		t.Fatalf("forget --data of a store not yet opened: exit %d, want 1 and no records yet\n%s", code, out)
+	}
+	if ents, err := os.ReadDir(starting); err != nil || len(ents) != 0 {
+		t.Fatalf("forget --data of a store not yet opened wrote in it (%v): %v", err, ents)
+	}
+
 	slow := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 2, Retries: 2, Command: []string{"sleep", "30"}})
 	p = testenv.Start(t, "run", "--data", data, "--slots", "2", slow)
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {

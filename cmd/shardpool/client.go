@@ -183,6 +183,13 @@ func forgetTarget(dir, run string) (url string, acc access, store string, err er
 	pick := liveFor(lives, run)
 	own := filepath.Join(dir, "stores", run)
 	if _, err := os.Stat(own); err == nil && (pick == nil || pick.Run != run) {
+		if _, err := os.Stat(filepath.Join(own, "jetstream")); errors.Is(err, os.ErrNotExist) {
+			// Made by a run that is starting now, or one that stopped
+			// before its server did: no record of it to forget, and
+			// holding it would keep a starting run waiting.
+			return "", access{}, "", exitErr{code: exitFailure, msg: fmt.Sprintf("forget %s: %v: its store %s holds no records yet (the run is starting, or it stopped before it began)",
+				run, coordinator.ErrRunNotFound, own)}
+		}
 		return "", access{}, own, nil // a `shardpool run` that no longer runs
 	}
 	if pick != nil {
@@ -202,7 +209,9 @@ func forgetTarget(dir, run string) (url string, acc access, store string, err er
 // keeps any other from opening it meanwhile). Only its in-process
 // connection is used; its listener is on loopback, port 0.
 func forgetInStore(ctx context.Context, dir, store, run string) (coordinator.Forgotten, error) {
-	cfg := coordinator.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: true}
+	// Brief: a run of this store that starts meanwhile waits for this
+	// command instead of failing because the store is held.
+	cfg := coordinator.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: true, Brief: "shardpool forget"}
 	if store != filepath.Join(dir, "jetstream") {
 		cfg.StoreDir = store
 	}
