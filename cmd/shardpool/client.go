@@ -63,6 +63,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	visible := false
 	if fi, err := os.Stat(spec.Output); err == nil && fi.IsDir() {
 		visible = true
+		checkOutput(ctx, spec.Output, stderr)
 	}
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd,
 		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible})

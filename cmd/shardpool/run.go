@@ -54,6 +54,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := checkOutputDir(spec); err != nil {
 		return err
 	}
+	checkOutput(ctx, spec.Output, stderr)
 	// A scratch directory the worker cannot use would fail the run only
 	// once it is queued: say so now.
 	if err := checkScratch(*scratch, worker.DefaultName()); err != nil {

@@ -51,3 +51,41 @@ func TestNetworkStoreIsWarnedAbout(t *testing.T) {
 		t.Fatalf("store on local xfs: got warning %q, want none", b.String())
 	}
 }
+
+// TestVolatileStoreAndOutputAreWarnedAbout: a store or output directory on
+// tmpfs (/dev/shm of the fixture, a real machine's mountinfo) gets a
+// warning that it is lost at a reboot, naming the mount and what to
+// change; one on local disk or on NFS (an output's usual place) gets none.
+func TestVolatileStoreAndOutputAreWarnedAbout(t *testing.T) {
+	root, err := filepath.Abs("../../worker/probe/testdata/v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(probe.Config{Root: root, StatFS: magicStatFS{"/home": 0x6969, "/scratch": 0x58465342, "/dev/shm": 0x01021994}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		what, path, fix string
+		want            []string
+	}{
+		{"the store /dev/shm/st/stores/r", "/dev/shm/st/stores/r", "give --data a disk",
+			[]string{"warning: the store /dev/shm/st/stores/r is on tmpfs mounted at /dev/shm", "lost at a reboot", "give --data a disk"}},
+		{"the output directory /dev/shm/out", "/dev/shm/out", "set output in the spec to a directory on a disk",
+			[]string{"warning: the output directory /dev/shm/out is on tmpfs", "set output in the spec"}},
+		{"the output directory /scratch/out", "/scratch/out", "x", nil},
+		{"the output directory /home/alice/out", "/home/alice/out", "x", nil},
+	} {
+		var b strings.Builder
+		warnVolatile(ctx, pr, c.what, c.path, c.fix, &b)
+		if c.want == nil && b.Len() != 0 {
+			t.Errorf("%s: got warning %q, want none", c.path, b.String())
+		}
+		for _, want := range c.want {
+			if !strings.Contains(b.String(), want) {
+				t.Errorf("%s: warning %q lacks %q", c.path, b.String(), want)
+			}
+		}
+	}
+}
