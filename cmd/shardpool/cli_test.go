@@ -1223,3 +1223,31 @@ func TestForgetWithDataOfARun(t *testing.T) {
 		t.Fatalf("run after forget rewrote a committed output's marker (%v): %v then %v", err, before.ModTime(), after.ModTime())
 	}
 }
+
+// TestBlockedReasonOnceOnOneScreen: a run that ends BLOCKED prints its
+// reason in its summary on stdout; its error on stderr repeats the reason
+// only where stderr is not where stdout goes (a terminal shows both, and
+// the reason names up to a dozen shards). Separated, stderr alone says why.
+func TestBlockedReasonOnceOnOneScreen(t *testing.T) {
+	job := testenv.WriteJob(t, testenv.Job{Name: "fails", Shards: 1, Retries: 0, Command: []string{"sh", "-c", "echo broken input >&2; exit 3"}})
+	data := t.TempDir()
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", "--quiet", job)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("run: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	if n := strings.Count(p.Output(), `last output: "broken input"`); n != 1 || !strings.Contains(p.Output(), "shardpool: run fails is BLOCKED (the reason is above)") {
+		t.Fatalf("stdout and stderr on one pipe: the reason appears %d times, want once, and the error pointing to it\n%s", n, p.Output())
+	}
+
+	cmd := exec.Command(testenv.Binary(t), "run", "--data", data, "--slots", "1", "--quiet", "--retry-failed", job)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("run --retry-failed: %v, want exit 3\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), `is BLOCKED: 1 shard(s) failed: s0000 (after 1 attempt(s): exit status 3; last output: "broken input")`) {
+		t.Fatalf("stderr apart from stdout lacks the reason:\n%s", stderr.String())
+	}
+}

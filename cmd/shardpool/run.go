@@ -238,9 +238,27 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
 	if final.State == stream.RunBlocked {
+		if sameFile(stdout, stderr) {
+			// A terminal (or 2>&1) has just shown the reason: once is
+			// enough for a reason that names a dozen shards.
+			return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED (the reason is above)"}
+		}
 		return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED: " + final.Reason}
 	}
 	return nil
+}
+
+// sameFile reports whether a and b write to the same file: one terminal,
+// or both streams redirected to one file or pipe.
+func sameFile(a, b io.Writer) bool {
+	fa, ok1 := a.(*os.File)
+	fb, ok2 := b.(*os.File)
+	if !ok1 || !ok2 {
+		return false
+	}
+	sa, err1 := fa.Stat()
+	sb, err2 := fb.Stat()
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
 // announceDrain says what an interrupted worker does before it exits,
