@@ -1251,3 +1251,47 @@ func TestBlockedReasonOnceOnOneScreen(t *testing.T) {
 		t.Fatalf("stderr apart from stdout lacks the reason:\n%s", stderr.String())
 	}
 }
+
+// TestProfileCommand: `shardpool profile` measures the smallest, median
+// and largest shard, writes profile.json, and where the spec names no
+// malformed input says how to add one; with one declared it runs it as
+// the fourth sample and says nothing of the kind.
+func TestProfileCommand(t *testing.T) {
+	data := t.TempDir()
+	line := func(i int, in string) string {
+		return fmt.Sprintf(`{"id":"s%d","inputs":[%q],"cost":%d}`, i, in, (i+1)*100)
+	}
+	// The command refuses an input that is not a shard's (it lacks "shard").
+	command := []string{"sh", "-c", `grep -q shard "$1" || { echo not a shard >&2; exit 2; }; cp "$1" "$2/"`, "job", "{input}", "{out}"}
+	job := testenv.WriteJob(t, testenv.Job{Name: "prof", Shards: 5, Line: line, Command: command})
+	p := testenv.Start(t, "profile", "--data", data, job)
+	if code := p.Wait(t, 120*time.Second); code != 0 {
+		t.Fatalf("profile: exit %d\n%s", code, p.Output())
+	}
+	for _, want := range []string{"smallest  s0", "median    s2", "largest   s4", "malformed: none declared", "[profile]\n  malformed = [\"PATH\"]", "profile.json: " + filepath.Join(data, "runs", "prof", "profile.json")} {
+		if !strings.Contains(p.Output(), want) {
+			t.Fatalf("profile output lacks %q:\n%s", want, p.Output())
+		}
+	}
+	var rep worker.ProfileReport
+	if b, err := os.ReadFile(filepath.Join(data, "runs", "prof", "profile.json")); err != nil || json.Unmarshal(b, &rep) != nil || len(rep.Samples) < 3 {
+		t.Fatalf("profile.json: %v, %d sample(s), want 3 or more", err, len(rep.Samples))
+	}
+
+	dir := filepath.Dir(job)
+	if err := os.WriteFile(filepath.Join(dir, "bad.txt"), []byte("garbage\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(job, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("\n[profile]\nmalformed = [\"bad.txt\"]\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	p = testenv.Start(t, "profile", "--data", data, job)
+	if code := p.Wait(t, 120*time.Second); code != 0 || !strings.Contains(p.Output(), "malformed-0") || strings.Contains(p.Output(), "none declared") {
+		t.Fatalf("profile with a malformed input declared: exit %d, want 0 with its sample and no hint\n%s", code, p.Output())
+	}
+}

@@ -42,6 +42,10 @@ func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			writeJSON(stdout, rep)
 		} else {
 			printProfile(stdout, rep)
+			if len(spec.Profile.Malformed) == 0 && rep.Error == "" {
+				// The fourth kind of sample is the user's to name.
+				fmt.Fprintf(stdout, "malformed: none declared; to check that bad input fails cleanly (non-zero, within the timeout), add to %s:\n  [profile]\n  malformed = [\"PATH\"]\n", spec.SpecPath)
+			}
 			fmt.Fprintf(stdout, "profile.json: %s\n", filepath.Join(dir, "profile.json"))
 		}
 	}
