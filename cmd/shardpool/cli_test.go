@@ -599,6 +599,9 @@ func TestImpossibleShardBlocksBeforeQueuing(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, p.Output())
 		}
 	}
+	if n := strings.Count(p.Output(), "no worker here can ever run it"); n != 1 {
+		t.Errorf("the reason appears %d times on one pipe, want once (the plan's line; the error points to it):\n%s", n, p.Output())
+	}
 	if _, err := os.Stat(filepath.Join(data, "runs", "t", "plan.json")); err != nil {
 		t.Errorf("plan.json: %v", err)
 	}

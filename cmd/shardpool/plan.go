@@ -80,7 +80,10 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		printPlan(stdout, p)
 	}
 	if p.Blocked != "" {
-		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED: " + p.Blocked}
+		if *asJSON {
+			return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED: " + p.Blocked}
+		}
+		return blockedErr(stdout, stderr, "run "+spec.Name+" is BLOCKED", p.Blocked)
 	}
 	return nil
 }

@@ -72,7 +72,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if pl.Blocked != "" {
 		printPlan(stdout, pl)
-		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED before queuing: " + pl.Blocked}
+		return blockedErr(stdout, stderr, "run "+spec.Name+" is BLOCKED before queuing", pl.Blocked)
 	}
 	log := logger(stderr, *verbose, slog.LevelWarn)
 	// One store per run (DIR/stores/<run>): runs of other names can share
@@ -238,14 +238,20 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
 	if final.State == stream.RunBlocked {
-		if sameFile(stdout, stderr) {
-			// A terminal (or 2>&1) has just shown the reason: once is
-			// enough for a reason that names a dozen shards.
-			return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED (the reason is above)"}
-		}
-		return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED: " + final.Reason}
+		return blockedErr(stdout, stderr, "run "+final.Name+" is BLOCKED", final.Reason)
 	}
 	return nil
+}
+
+// blockedErr is the error of a command whose run is BLOCKED for reason,
+// which it has just printed on stdout. Where stderr is the same file (a
+// terminal, or 2>&1) the error points to it instead of repeating a reason
+// that can name a dozen shards; where they are apart, stderr alone says why.
+func blockedErr(stdout, stderr io.Writer, what, reason string) exitErr {
+	if sameFile(stdout, stderr) {
+		return exitErr{code: exitBlocked, msg: what + " (the reason is above)"}
+	}
+	return exitErr{code: exitBlocked, msg: what + ": " + reason}
 }
 
 // sameFile reports whether a and b write to the same file: one terminal,
