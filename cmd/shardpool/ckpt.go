@@ -20,6 +20,11 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errUsage
 	}
 	switch args[0] {
+	case "-h", "--help", "help":
+		// Asked for: the usage, and exit 0 as every other --help.
+		fmt.Fprintln(stderr, "Usage:", syn)
+		fmt.Fprintln(stderr, "\nRun 'shardpool ckpt COMMAND --help' for a command's flags.")
+		return errHelp
 	case "commit":
 		fs := newFlags("ckpt commit", "shardpool ckpt commit [--retain N] DIR SRC...", stderr)
 		retain := fs.Int("retain", 0, "keep this many verified generations (0 keeps all)")
@@ -149,7 +154,7 @@ func cmdCkpt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return nil
 	}
-	fmt.Fprintln(stderr, "Usage:", syn)
+	fmt.Fprintf(stderr, "shardpool: unknown ckpt command %q\n\nUsage: %s\n", args[0], syn)
 	return errUsage
 }
 

@@ -44,6 +44,26 @@ func TestHelpNamesEveryFlagsArgument(t *testing.T) {
 	}
 }
 
+// TestCkptHelp: `shardpool ckpt --help` prints the subcommands and exits
+// 0, as every --help does; `ckpt` alone and an unknown subcommand are
+// usage errors (exit 2).
+func TestCkptHelp(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want error
+	}{{[]string{"ckpt", "--help"}, errHelp}, {[]string{"ckpt", "-h"}, errHelp}, {[]string{"ckpt", "help"}, errHelp},
+		{[]string{"ckpt"}, errUsage}, {[]string{"ckpt", "comit"}, errUsage}} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), c.args, &stdout, &stderr)
+		if err != c.want || !strings.Contains(stderr.String(), "ckpt commit [--retain N] DIR SRC...") {
+			t.Errorf("%v: %v, want %v and the subcommands\n%s", c.args, err, c.want, stderr.String())
+		}
+		if c.args[len(c.args)-1] == "comit" && !strings.Contains(stderr.String(), `unknown ckpt command "comit"`) {
+			t.Errorf("%v: the error does not name the unknown command\n%s", c.args, stderr.String())
+		}
+	}
+}
+
 // TestTLSAuto: --tls auto serves TLS when any listener, the optional ones
 // (HTTP, a cluster's routes) included, reaches beyond loopback.
 func TestTLSAuto(t *testing.T) {
