@@ -436,11 +436,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	// connections before it has elected the leaders that answer.
 	b, err := stream.WaitBuckets(ctx, w.cfg.JetStream, bucketWait)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it served: nothing to drain
+		}
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
 	}
 	w.b = b
 	st, err := b.Leases.Status(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("worker %s: lease bucket: %w", w.cfg.Name, err)
 	}
 	w.ttl = st.TTL()
