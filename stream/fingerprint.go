@@ -36,6 +36,10 @@ func Fingerprint(s *Spec, manifestHash string) string {
 	return fmt.Sprintf("%016x", xxhash.Sum64(b))
 }
 
+// ChangeManifest is GenerationChanges' entry for a manifest whose content
+// changed (lines added, removed or edited).
+const ChangeManifest = "manifest content"
+
 // GenerationChanges says, in words, which inputs of the fingerprint differ
 // between a run's previous generation (old, with its manifest hash) and a
 // new spec: what a user changed to make the run start over. It is empty
@@ -61,7 +65,7 @@ func GenerationChanges(old *Spec, oldManifest string, cur *Spec, curManifest str
 		out = append(out, fmt.Sprintf("code_rev %s, was %s", orNone(cur.CodeRev), orNone(old.CodeRev)))
 	}
 	if oldManifest != curManifest {
-		out = append(out, "manifest content")
+		out = append(out, ChangeManifest)
 	}
 	for _, k := range changedKeys(old.Files, cur.Files, func(a, b string) bool { return a == b }) {
 		_, was := old.Files[k]

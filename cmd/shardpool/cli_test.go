@@ -1298,3 +1298,82 @@ func TestProfileCommand(t *testing.T) {
 		t.Fatalf("profile with a malformed input declared: exit %d, want 0 with its sample and no hint\n%s", code, p.Output())
 	}
 }
+
+// TestAddedShardsCanRunAlone: lines added to a finished run's manifest
+// make a new generation that runs every shard again; the submission says
+// so and how to run only the added shards. Following that advice runs
+// nothing already committed: the manifest put back verifies and skips the
+// committed outputs, and the added lines, as a run of their own with the
+// same output, commit their shard alone.
+func TestAddedShardsCanRunAlone(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	orig := "{\"id\":\"a\"}\n{\"id\":\"b\"}\n"
+	write("m.jsonl", orig)
+	spec := write("job.toml", "name = \"grow\"\nmanifest = \"m.jsonl\"\noutput = \"out\"\ncommand = [\"sh\", \"-c\", \"echo $0 > $1/r\", \"{id}\", \"{out}\"]\ncode_rev = \"x\"\n")
+	submit := func(path string) string {
+		t.Helper()
+		p := testenv.Start(t, "submit", "--server", env.URL, path)
+		if code := p.Wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("submit %s: exit %d\n%s", path, code, p.Output())
+		}
+		return p.Output()
+	}
+	complete := func(run string) {
+		t.Helper()
+		env.StartWorker("w", map[string]int{"cpu": 2})
+		env.WaitState(run, 60*time.Second, stream.RunComplete)
+		if err := env.StopWorker("w"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit(spec)
+	complete("grow")
+	marker := func(id string) checkpoint.Marker {
+		t.Helper()
+		mk, err := checkpoint.ReadMarker(filepath.Join(dir, "out", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mk
+	}
+	first := map[string]checkpoint.Marker{"a": marker("a"), "b": marker("b")}
+	unchanged := func(when string) {
+		t.Helper()
+		for id, was := range first {
+			if mk := marker(id); mk.Fingerprint != was.Fingerprint || !mk.Time.Equal(was.Time) {
+				t.Fatalf("%s: %s was made again: committed %v under %s, first %v under %s", when, id, mk.Time, mk.Fingerprint, was.Time, was.Fingerprint)
+			}
+		}
+	}
+
+	write("m.jsonl", orig+"{\"id\":\"c\"}\n")
+	out := submit(spec)
+	for _, want := range []string{"changed: manifest content", "only the manifest changed", "put the manifest back as it was", "a run of their own (another name, the same output)"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("submission of an added line does not say %q:\n%s", want, out)
+		}
+	}
+
+	write("m.jsonl", orig)
+	if out := submit(spec); !strings.Contains(out, "replaces") || strings.Contains(out, "only the manifest changed") {
+		t.Fatalf("the manifest put back: want a generation replaced and no advice (none of the other generation's outputs were made)\n%s", out)
+	}
+	complete("grow")
+	unchanged("after the manifest was put back")
+	write("add.jsonl", "{\"id\":\"c\"}\n")
+	added := write("add.toml", "name = \"grow-added\"\nmanifest = \"add.jsonl\"\noutput = \"out\"\ncommand = [\"sh\", \"-c\", \"echo $0 > $1/r\", \"{id}\", \"{out}\"]\ncode_rev = \"x\"\n")
+	submit(added)
+	complete("grow-added")
+	if b, err := os.ReadFile(filepath.Join(dir, "out", "c", "r")); err != nil || string(b) != "c\n" {
+		t.Fatalf("the added shard's output: %q, %v", b, err)
+	}
+	unchanged("after the added lines' own run")
+}

@@ -254,6 +254,10 @@ func printReplaced(w io.Writer, res coordinator.SubmitResult) {
 	fmt.Fprintf(w, "new generation %s replaces %s; changed: %s\n", res.Fingerprint, res.Replaced, coordinator.DescribeChanges(res.Because))
 	if res.ReplacedValidated > 0 {
 		fmt.Fprintf(w, "every shard runs again: the %d output(s) committed by generation %s are made again\n", res.ReplacedValidated, res.Replaced)
+		if len(res.Because) == 1 && res.Because[0] == stream.ChangeManifest {
+			// The usual cause: shards added to a finished run's manifest.
+			fmt.Fprintln(w, "only the manifest changed: the fingerprint covers the whole manifest, so added lines make every shard run again. To run only the added shards: put the manifest back as it was and run or submit again (the outputs still committed under it verify and are skipped), then give the added lines a manifest and a run of their own (another name, the same output)")
+		}
 	}
 }
 
