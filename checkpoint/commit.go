@@ -130,7 +130,7 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 	// inode allocations of a small shard's commit and on NFS one round trip
 	// fewer.
 	mk := Marker{V: formatV, Generation: gen, Manifest: listChecksum(m.Files),
-		Owner: opt.Owner, Fingerprint: opt.Fingerprint, Run: opt.Run, Time: time.Now().UTC(), Files: len(m.Files), Bytes: total,
+		Owner: opt.Owner, Fingerprint: opt.Fingerprint, Run: opt.Run, Inputs: opt.Inputs, Time: time.Now().UTC(), Files: len(m.Files), Bytes: total,
 		Contents: m.Files}
 	// Every file is fsynced before the marker is written. Their directory
 	// entries become durable with the one fsync of tmp below, which precedes

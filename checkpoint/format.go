@@ -47,7 +47,13 @@ type Marker struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	// Run names the shardpool run whose shard this output is (absent in
 	// markers written before 2026-12-01, and in job checkpoints).
-	Run      string    `json:"run,omitempty"`
+	Run string `json:"run,omitempty"`
+	// Inputs is the shard's inputs as they stood when its command started
+	// (InputsStamp: their paths, sizes and modification times):
+	// an output made from inputs that changed since is made again. Absent
+	// for a shard without inputs, in job checkpoints, and in markers
+	// written before 2026-12-02.
+	Inputs   string    `json:"inputs_stamp,omitempty"`
 	Time     time.Time `json:"time"`
 	Files    int       `json:"files"`
 	Bytes    int64     `json:"bytes"`
@@ -69,10 +75,11 @@ func listChecksum(files []File) string {
 
 // Options describe one commit.
 type Options struct {
-	// Owner, Fingerprint and Run are recorded in the marker.
+	// Owner, Fingerprint, Run and Inputs are recorded in the marker.
 	Owner       string
 	Fingerprint string
 	Run         string
+	Inputs      string
 	// Move lets the commit rename source files instead of copying them when
 	// source and destination share a filesystem; the source is consumed.
 	Move bool

@@ -563,7 +563,7 @@ const (
 // the message exists). What was published is durable before it returns.
 // It returns how many shards it requeued and the reasons of the first ten.
 func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int,
-	decide func(r *stream.ShardRecord) (requeueAction, string)) (int, []string, error) {
+	decide func(r *stream.ShardRecord, sh stream.Shard) (requeueAction, string)) (int, []string, error) {
 	keys, err := b.KeysMatching(ctx, b.Shards, run.Name+".*")
 	if err != nil {
 		return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
@@ -591,7 +591,7 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 		if !ok {
 			continue
 		}
-		action, reason := decide(&r)
+		action, reason := decide(&r, sh)
 		switch action {
 		case keep:
 			continue
@@ -628,7 +628,7 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 // retryFailed requeues the run's failed shards in a new retry round, and
 // publishes again the shards an interrupted retry left pending.
 func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, error) {
-	n, _, err := requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord) (requeueAction, string) {
+	n, _, err := requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord, _ stream.Shard) (requeueAction, string) {
 		switch {
 		case r.State == stream.ShardFailed:
 			return reset, "retry requested"
@@ -645,17 +645,22 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 
 // redoUnverified checks the committed output of every validated shard of
 // a COMPLETE run at the destination (marker, file list checksum, names and
-// sizes) and requeues each shard whose output is missing or fails: a run
+// sizes) and requeues each shard whose output is missing or fails, or was
+// made from inputs that have changed since (checkpoint.InputsStamp): a run
 // is not COMPLETE because its record says so once someone has deleted or
-// damaged an output. What is there is kept aside by the commit that
+// damaged an output, or rewritten an input. What is there is kept aside by the commit that
 // replaces it.
 func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, []string, error) {
-	return requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord) (requeueAction, string) {
+	return requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord, sh stream.Shard) (requeueAction, string) {
 		if r.State != stream.ShardValidated {
 			return keep, ""
 		}
-		if _, err := checkpoint.VerifyCommitted(filepath.Join(run.Spec.Output, r.ID), run.Fingerprint, false); err != nil {
+		mk, err := checkpoint.VerifyCommitted(filepath.Join(run.Spec.Output, r.ID), run.Fingerprint, false)
+		if err != nil {
 			return reset, "output failed verification: " + err.Error()
+		}
+		if mk.InputsChanged(sh.Inputs) {
+			return reset, "an input changed since the output was made (size or modification time of " + inputNames(sh.Inputs) + ")"
 		}
 		return keep, ""
 	})
@@ -739,4 +744,13 @@ func restoreLost(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 		}
 	}
 	return n, nil
+}
+
+// inputNames names a shard's inputs for a reason: the first three, and how
+// many more.
+func inputNames(paths []string) string {
+	if len(paths) <= 3 {
+		return strings.Join(paths, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(paths[:3], ", "), len(paths)-3)
 }

@@ -77,6 +77,9 @@ type attemptState struct {
 	// free gives the attempt's slot back (idempotent); it is called once
 	// the command has exited, when the worker has room to conclude aside.
 	free func()
+	// inputs is the stamp of the shard's inputs as the command found
+	// them (checkpoint.InputsStamp), recorded in the output's marker.
+	inputs string
 }
 
 // maxConcluding bounds the attempts of one worker that conclude (commit,
@@ -378,8 +381,8 @@ func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 	return nil
 }
 
-// alreadyDone reports whether the shard is committed for this fingerprint
-// and its output verifies. A record without a verifying output, or an
+// alreadyDone reports whether the shard is committed for this fingerprint,
+// its output verifies, and its inputs have not changed since. A record without a verifying output, or an
 // output without a record, is checked against the other.
 func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 	dst := filepath.Join(a.run.Spec.Output, a.m.ID)
@@ -392,6 +395,11 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 	}
 	if err != nil || validated {
 		return err == nil
+	}
+	if mk.InputsChanged(a.m.Inputs) {
+		// Made from inputs that have changed since: made again (the
+		// submission that queued it again says why).
+		return false
 	}
 	// Committed earlier (for example under another coordinator data dir):
 	// record it as validated so the run's counts see it.
@@ -598,6 +606,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	} else if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input unreadable on host %s: %v", w.host, err)}
 	}
+	// The inputs at their source (staged copies are not what changes), as
+	// the command is about to read them.
+	a.inputs, _ = checkpoint.InputsStamp(a.m.Inputs)
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command names it: directory creation is a
 	// measurable part of a short shard's cost. A job that reads
@@ -993,7 +1004,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 		return err
 	}
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
-		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Move: true,
+		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Inputs: a.inputs, Move: true,
 		Sync: w.outputSync(ctx, spec.Output)})
 	if err != nil {
 		return err
@@ -1133,7 +1144,12 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 		}
 		var cur stream.CommitRecord
 		if stream.Decode(e.Value(), &cur) == nil && cur.Fingerprint == a.m.Fingerprint && cur.State == stream.CommitCommitted {
-			if mk, verr := checkpoint.VerifyQuick(dst); verr == nil && mk.Manifest == cur.Checksum {
+			// The output there is that commit's. It is another attempt's
+			// of this shard, which won, unless it was made from inputs
+			// that have changed since: then this attempt, made from them
+			// as they are, replaces it (a submission queued it again).
+			if mk, verr := checkpoint.VerifyQuick(dst); verr == nil && mk.Manifest == cur.Checksum &&
+				(mk.Inputs == "" || mk.Inputs == a.inputs) {
 				return errCommitLost
 			}
 			if time.Since(cur.Time) < w.ttl && !w.ownerGone(cur.Owner) {

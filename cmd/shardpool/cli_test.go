@@ -1377,3 +1377,75 @@ func TestAddedShardsCanRunAlone(t *testing.T) {
 	}
 	unchanged("after the added lines' own run")
 }
+
+// TestChangedInputIsMadeAgain: a COMPLETE run run again redoes the shard
+// whose input was rewritten in place since its output was made, and only
+// it, saying why; so does a worker that finds the output committed under
+// another state directory. Unchanged, nothing runs again.
+func TestChangedInputIsMadeAgain(t *testing.T) {
+	job := testenv.WriteJob(t, testenv.Job{Name: "inputs", Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})
+	dir := filepath.Dir(job)
+	data := t.TempDir()
+	run := func(data string) string {
+		t.Helper()
+		p := testenv.Start(t, "run", "--data", data, "--slots", "2", "--quiet", job)
+		if code := p.Wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("run: exit %d\n%s", code, p.Output())
+		}
+		return p.Output()
+	}
+	marker := func(id string) checkpoint.Marker {
+		t.Helper()
+		mk, err := checkpoint.ReadMarker(filepath.Join(dir, "out", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mk
+	}
+	rewrite := func(id, body string, at time.Time) {
+		t.Helper()
+		in := filepath.Join(dir, "in", id+".txt")
+		if err := os.WriteFile(in, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(in, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(data)
+	first := map[string]checkpoint.Marker{"s0000": marker("s0000"), "s0002": marker("s0002")}
+	if first["s0000"].Inputs == "" {
+		t.Fatalf("the marker records no inputs stamp: %+v", first["s0000"])
+	}
+	same := func(when string) {
+		t.Helper()
+		for id, was := range first {
+			if mk := marker(id); !mk.Time.Equal(was.Time) {
+				t.Fatalf("%s: %s was made again (committed %v, first %v): its input did not change", when, id, mk.Time, was.Time)
+			}
+		}
+	}
+
+	rewrite("s0001", "shard 1, new data\n", time.Now().Add(time.Hour))
+	out := run(data)
+	if !strings.Contains(out, "1 committed output(s)") || !strings.Contains(out, "s0001 (an input changed since the output was made") {
+		t.Fatalf("run after an input was rewritten does not say it redoes s0001 for it:\n%s", out)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "out", "s0001", "s0001.txt")); err != nil || string(b) != "shard 1, new data\n" {
+		t.Fatalf("s0001's output after its input changed: %q, %v", b, err)
+	}
+	same("after s0001's input changed")
+	if out := run(data); strings.Contains(out, "queued again") {
+		t.Fatalf("run with nothing changed queued something again:\n%s", out)
+	}
+
+	// Another state directory: no records, only the committed outputs. The
+	// worker skips those whose inputs are as they were and makes s0001
+	// again.
+	rewrite("s0001", "shard 1, newer data\n", time.Now().Add(2*time.Hour))
+	run(t.TempDir())
+	if b, err := os.ReadFile(filepath.Join(dir, "out", "s0001", "s0001.txt")); err != nil || string(b) != "shard 1, newer data\n" {
+		t.Fatalf("s0001's output, committed under another state directory, after its input changed: %q, %v", b, err)
+	}
+	same("under another state directory")
+}

@@ -281,7 +281,7 @@ func printRedone(w io.Writer, res coordinator.SubmitResult) {
 	if n := res.Redone - len(res.RedoneIDs); n > 0 {
 		more = fmt.Sprintf(" and %d more", n)
 	}
-	fmt.Fprintf(w, "%d committed output(s) missing or failing verification at the destination, queued again: %s%s\n",
+	fmt.Fprintf(w, "%d committed output(s) missing, failing verification at the destination, or made from inputs changed since, queued again: %s%s\n",
 		res.Redone, strings.Join(res.RedoneIDs, ", "), more)
 }
 

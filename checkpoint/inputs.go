@@ -1,0 +1,41 @@
+package checkpoint
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// InputsStamp identifies the state of a shard's inputs cheaply: xxhash64
+// over each input's path, size and modification time (nanoseconds), in
+// order. Their content is not read: hashing every input of every shard at
+// each submission would cost as much as staging them. An input rewritten
+// in place changes its modification time, and so its stamp. It is "" for
+// a shard without inputs, and an error when an input cannot be looked at.
+func InputsStamp(paths []string) (string, error) {
+	if len(paths) == 0 {
+		return "", nil
+	}
+	h := xxhash.New()
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00%d\n", p, fi.Size(), fi.ModTime().UnixNano())
+	}
+	return fmt.Sprintf("%016x", h.Sum64()), nil
+}
+
+// InputsChanged reports whether the marker records inputs (Inputs) that
+// differ from inputs as they stand now. Inputs it cannot look at are not
+// taken for changed: whoever runs the shard checks them and says what is
+// wrong.
+func (m Marker) InputsChanged(inputs []string) bool {
+	if m.Inputs == "" {
+		return false
+	}
+	cur, err := InputsStamp(inputs)
+	return err == nil && cur != m.Inputs
+}
