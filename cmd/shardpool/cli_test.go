@@ -1336,14 +1336,7 @@ func TestAddedShardsCanRunAlone(t *testing.T) {
 	}
 	submit(spec)
 	complete("grow")
-	marker := func(id string) checkpoint.Marker {
-		t.Helper()
-		mk, err := checkpoint.ReadMarker(filepath.Join(dir, "out", id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mk
-	}
+	marker := func(id string) checkpoint.Marker { return outputMarker(t, dir, id) }
 	first := map[string]checkpoint.Marker{"a": marker("a"), "b": marker("b")}
 	unchanged := func(when string) {
 		t.Helper()
@@ -1394,14 +1387,7 @@ func TestChangedInputIsMadeAgain(t *testing.T) {
 		}
 		return p.Output()
 	}
-	marker := func(id string) checkpoint.Marker {
-		t.Helper()
-		mk, err := checkpoint.ReadMarker(filepath.Join(dir, "out", id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mk
-	}
+	marker := func(id string) checkpoint.Marker { return outputMarker(t, dir, id) }
 	rewrite := func(id, body string, at time.Time) {
 		t.Helper()
 		in := filepath.Join(dir, "in", id+".txt")
@@ -1448,4 +1434,15 @@ func TestChangedInputIsMadeAgain(t *testing.T) {
 		t.Fatalf("s0001's output, committed under another state directory, after its input changed: %q, %v", b, err)
 	}
 	same("under another state directory")
+}
+
+// outputMarker is the marker of shard id's committed output under the
+// job directory dir (output "out").
+func outputMarker(t *testing.T, dir, id string) checkpoint.Marker {
+	t.Helper()
+	mk, err := checkpoint.ReadMarker(filepath.Join(dir, "out", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mk
 }
