@@ -625,8 +625,10 @@ func lockData(dir, brief string) (*os.File, string, error) {
 		// A `forget` holds the store for a moment: a run starting on it
 		// meanwhile starts after it rather than failing. A holder that
 		// has not written its name yet is looked at again shortly.
-		brief, named := holderBrief(path)
-		if !(brief && waited < BriefWait) && !(!named && waited < time.Second) {
+		isBrief, named := holderBrief(path)
+		waitBrief := isBrief && waited < BriefWait
+		waitName := !named && waited < time.Second
+		if !waitBrief && !waitName {
 			break
 		}
 		time.Sleep(briefPause)
@@ -645,10 +647,11 @@ func lockData(dir, brief string) (*os.File, string, error) {
 		return nil, "", fmt.Errorf("lock %s: %w", path, err)
 	}
 	host, _ := os.Hostname()
-	holder := fmt.Sprintf("pid %d on %s since %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
+	holder := fmt.Sprintf("pid %d on %s since %s", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339))
 	if brief != "" {
-		holder = fmt.Sprintf("pid %d on %s since %s %s (%s)\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339), briefMark, brief)
+		holder += fmt.Sprintf(" %s (%s)", briefMark, brief)
 	}
+	holder += "\n"
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(holder), 0)
 	}

@@ -648,8 +648,8 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 // sizes) and requeues each shard whose output is missing or fails, or was
 // made from inputs that have changed since (checkpoint.InputsStamp): a run
 // is not COMPLETE because its record says so once someone has deleted or
-// damaged an output, or rewritten an input. What is there is kept aside by the commit that
-// replaces it.
+// damaged an output, or rewritten an input. A damaged output is kept aside
+// by the commit that replaces it.
 func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, []string, error) {
 	return requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord, sh stream.Shard) (requeueAction, string) {
 		if r.State != stream.ShardValidated {

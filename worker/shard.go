@@ -382,8 +382,9 @@ func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 }
 
 // alreadyDone reports whether the shard is committed for this fingerprint,
-// its output verifies, and its inputs have not changed since. A record without a verifying output, or an
-// output without a record, is checked against the other.
+// its output verifies, and its inputs have not changed since. A record
+// without a verifying output, or an output without a record, is checked
+// against the other.
 func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 	dst := filepath.Join(a.run.Spec.Output, a.m.ID)
 	// A validated record's output was read back by its committer: a quick
@@ -397,8 +398,7 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 		return err == nil
 	}
 	if mk.InputsChanged(a.m.Inputs) {
-		// Made from inputs that have changed since: made again (the
-		// submission that queued it again says why).
+		w.admission(a.m.Run, a.m.ID, a.m.Class, "redo", "the output at "+dst+" was made from inputs that have changed since (size or modification time): made again")
 		return false
 	}
 	// Committed earlier (for example under another coordinator data dir):

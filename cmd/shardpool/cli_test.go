@@ -1429,7 +1429,12 @@ func TestChangedInputIsMadeAgain(t *testing.T) {
 	// worker skips those whose inputs are as they were and makes s0001
 	// again.
 	rewrite("s0001", "shard 1, newer data\n", time.Now().Add(2*time.Hour))
-	run(t.TempDir())
+	other := t.TempDir()
+	run(other)
+	if b, err := os.ReadFile(filepath.Join(other, "runs", "inputs", "admission.log")); err != nil ||
+		!strings.Contains(string(b), "shard=s0001 class=cpu decision=redo the output at") {
+		t.Fatalf("admission.log under another state directory does not say why s0001 ran again (%v):\n%s", err, b)
+	}
 	if b, err := os.ReadFile(filepath.Join(dir, "out", "s0001", "s0001.txt")); err != nil || string(b) != "shard 1, newer data\n" {
 		t.Fatalf("s0001's output, committed under another state directory, after its input changed: %q, %v", b, err)
 	}
