@@ -1451,3 +1451,27 @@ func outputMarker(t *testing.T, dir, id string) checkpoint.Marker {
 	}
 	return mk
 }
+
+// TestRunWarnsWhenEveryShardFails: a command that fails for every shard
+// ends BLOCKED only once every shard has failed; run warns as soon as
+// several have failed and none succeeded, naming the command that shows
+// their reasons. A run whose shards succeed says nothing of the kind.
+func TestRunWarnsWhenEveryShardFails(t *testing.T) {
+	data := t.TempDir()
+	// Slow enough that the run's record is updated while shards remain
+	// (a run over before its next update has no one to warn).
+	bad := testenv.WriteJob(t, testenv.Job{Name: "bad", Shards: 20, Retries: 0, Command: []string{"sh", "-c", "sleep 0.3; exit 1"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", bad)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("run: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	if n := strings.Count(p.Output(), "none succeeded: the command may fail for every shard"); n != 1 ||
+		!strings.Contains(p.Output(), "Their reasons: shardpool status --data "+data+" bad") {
+		t.Fatalf("a run whose every shard fails: the warning appears %d times, want once with the status command\n%s", n, p.Output())
+	}
+	good := testenv.WriteJob(t, testenv.Job{Name: "good", Shards: 12, Command: []string{"cp", "{input}", "{out}/"}})
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", good)
+	if code := p.Wait(t, 60*time.Second); code != 0 || strings.Contains(p.Output(), "may fail for every shard") {
+		t.Fatalf("a run whose shards succeed: exit %d, want 0 and no warning\n%s", code, p.Output())
+	}
+}

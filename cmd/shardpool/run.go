@@ -146,7 +146,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if u := coord.StatusURL(); u != "" {
 		fmt.Fprintf(stdout, "status: %s  (curl%s -H \"Authorization: Bearer $(cat %s)\" %s); Prometheus metrics at %s\n", u, cacert, shellQuote(coord.TokenFile()), u, metricsURL(u))
 	}
-	fmt.Fprintf(stdout, "follow it from another terminal: shardpool status --data %s %s\n", shellQuote(absData), spec.Name)
+	follow := fmt.Sprintf("shardpool status --data %s %s", shellQuote(absData), spec.Name)
+	fmt.Fprintf(stdout, "follow it from another terminal: %s\n", follow)
 
 	*grace = graceUnderSlurm(ctx, *grace, stderr)
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
@@ -192,7 +193,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 {
 		since = submitted
 	}
-	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, since, progressOut(stderr, *quiet), coord.StoreFull, wk.OthersLimit)
+	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, follow, since, progressOut(stderr, *quiet), coord.StoreFull, wk.OthersLimit)
 	// The wait ended with the worker's drain, not with a verdict or an
 	// interrupt.
 	drainedFirst := waitErr != nil && ctx.Err() == nil && drained()
@@ -200,7 +201,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		// The drain's last shards may have been the run's last: the
 		// verdict follows their records by a moment.
 		vctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		if f, err := waitRun(vctx, coord.JetStream(), spec.Name, since, io.Discard, coord.StoreFull, wk.OthersLimit); err == nil {
+		if f, err := waitRun(vctx, coord.JetStream(), spec.Name, follow, since, io.Discard, coord.StoreFull, wk.OthersLimit); err == nil {
 			final, waitErr = f, nil
 		}
 		cancel()
@@ -393,7 +394,7 @@ const storeFullFor = 5 * time.Second
 // verdict last updated before since. full, when set, says why the
 // coordinator's store refuses writes; a store full for storeFullFor ends
 // the wait with errStoreFull.
-func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time.Time, progress io.Writer, full func() string, cpuLimit func() (string, int64)) (*stream.RunRecord, error) {
+func waitRun(ctx context.Context, js jetstream.JetStream, run, follow string, since time.Time, progress io.Writer, full func() string, cpuLimit func() (string, int64)) (*stream.RunRecord, error) {
 	kv, err := js.KeyValue(ctx, stream.BucketRuns)
 	if err != nil {
 		return nil, err
@@ -412,6 +413,7 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 	var lastAt time.Time
 	stalled := ""                       // the reason last printed for pending shards that do not run
 	limited, limitedKey := "", int64(0) // the CPU limit others' use sets, as last printed
+	warnedFailing := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -476,9 +478,20 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, since time
 			if done {
 				return &r, nil
 			}
+			// Every shard to end so far failed: likely a command that fails
+			// for all of them, which would take the whole run to say so.
+			if !warnedFailing && r.Counts.Failed >= failingWarnAt && r.Counts.Validated == 0 {
+				p.note(fmt.Sprintf("warning: the first %d shard(s) to end all failed after their retries and none succeeded: the command may fail for every shard. "+
+					"Their reasons: %s; Ctrl-C stops the run and keeps its state", r.Counts.Failed, follow))
+				warnedFailing = true
+			}
 		}
 	}
 }
+
+// failingWarnAt is how many shards must have failed, with none validated,
+// before run warns that the command may fail for every shard.
+const failingWarnAt = 5
 
 // stallAfter is how long shards may be pending with none running before
 // run says why.
