@@ -49,7 +49,7 @@ type Marker struct {
 	// markers written before 2026-12-01, and in job checkpoints).
 	Run string `json:"run,omitempty"`
 	// Inputs is the shard's inputs as they stood when its command started
-	// (InputsStamp: their paths, sizes and modification times):
+	// (InputsStamp: their sizes and modification times):
 	// an output made from inputs that changed since is made again. Absent
 	// for a shard without inputs, in job checkpoints, and in markers
 	// written before 2026-12-02.

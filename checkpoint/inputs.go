@@ -8,11 +8,13 @@ import (
 )
 
 // InputsStamp identifies the state of a shard's inputs cheaply: xxhash64
-// over each input's path, size and modification time (nanoseconds), in
-// order. Their content is not read: hashing every input of every shard at
-// each submission would cost as much as staging them. An input rewritten
-// in place changes its modification time, and so its stamp. It is "" for
-// a shard without inputs, and an error when an input cannot be looked at.
+// over each input's size and modification time (nanoseconds), in order.
+// Their content is not read: hashing every input of every shard at each
+// submission would cost as much as staging them. An input rewritten in
+// place changes its modification time, and so its stamp. Paths are left
+// out: the manifest names the inputs (and is in the fingerprint), and a
+// project directory moved as a whole keeps its stamps. It is "" for a
+// shard without inputs, and an error when an input cannot be looked at.
 func InputsStamp(paths []string) (string, error) {
 	if len(paths) == 0 {
 		return "", nil
@@ -23,7 +25,7 @@ func InputsStamp(paths []string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(h, "%s\x00%d\x00%d\n", p, fi.Size(), fi.ModTime().UnixNano())
+		fmt.Fprintf(h, "%d\x00%d\n", fi.Size(), fi.ModTime().UnixNano())
 	}
 	return fmt.Sprintf("%016x", h.Sum64()), nil
 }

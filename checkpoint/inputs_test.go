@@ -10,9 +10,10 @@ import (
 )
 
 // TestInputsStamp: the stamp of a shard's inputs changes when an input is
-// rewritten (size or modification time), renamed or reordered, and not
-// when nothing changed; no inputs is "", a missing input an error; a
-// marker without a stamp never says its inputs changed.
+// rewritten (size or modification time) or the inputs are reordered, and
+// not when nothing changed nor when the directory that holds them moved;
+// no inputs is "", a missing input an error; a marker without a stamp
+// never says its inputs changed.
 func TestInputsStamp(t *testing.T) {
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
@@ -35,7 +36,7 @@ func TestInputsStamp(t *testing.T) {
 		return s
 	}
 	write(a, "one", at)
-	write(b, "two", at)
+	write(b, "two!", at)
 	first := stamp(a, b)
 	if first == "" || stamp(a, b) != first {
 		t.Fatalf("stamp %q, then %q: want one non-empty stamp for unchanged inputs", first, stamp(a, b))
@@ -54,6 +55,16 @@ func TestInputsStamp(t *testing.T) {
 	write(a, "one", at)
 	if stamp(a, b) != first {
 		t.Error("content, size and time as they were: another stamp")
+	}
+	moved := filepath.Join(t.TempDir(), "moved")
+	if err := os.Rename(dir, moved); err != nil {
+		t.Fatal(err)
+	}
+	if stamp(filepath.Join(moved, "a"), filepath.Join(moved, "b")) != first {
+		t.Error("the inputs' directory moved (mv keeps sizes and times): another stamp")
+	}
+	if err := os.Rename(moved, dir); err != nil {
+		t.Fatal(err)
 	}
 	if s, err := checkpoint.InputsStamp(nil); s != "" || err != nil {
 		t.Errorf("no inputs: %q, %v; want \"\" and no error", s, err)
