@@ -37,11 +37,12 @@ type SubmitOptions struct {
 	// Hashes caches input checksums for classes that stage (by path, size
 	// and mtime); nil hashes without a cache file.
 	Hashes *staging.Hashes
-	// Reverify, for a resubmitted run that is COMPLETE, checks every
-	// committed output at the destination from this host and redoes the
-	// shards whose output is missing or fails (a new retry round). Set it
-	// where the output directory is visible: `run` always, `submit` when
-	// the directory exists here.
+	// Reverify, for a resubmitted run that is COMPLETE or BLOCKED (nothing
+	// running either way), checks every committed output at the
+	// destination from this host and redoes the shards whose output is
+	// missing or fails, or was made from inputs changed since (a new retry
+	// round). Set it where the output directory is visible: `run` always,
+	// `submit` when the directory exists here.
 	Reverify bool
 }
 
@@ -135,7 +136,9 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			}
 			res.Restored = n
 		}
-		if opt.Reverify && prev.State == stream.RunComplete {
+		// A BLOCKED run too: its validated shards would otherwise be
+		// checked only once a retry has made it COMPLETE, at the run after.
+		if opt.Reverify && (prev.State == stream.RunComplete || prev.State == stream.RunBlocked) {
 			n, why, err := redoUnverified(ctx, js, b, prev, man, settings)
 			if err != nil {
 				return res, err

@@ -1475,3 +1475,43 @@ func TestRunWarnsWhenEveryShardFails(t *testing.T) {
 		t.Fatalf("a run whose shards succeed: exit %d, want 0 and no warning\n%s", code, p.Output())
 	}
 }
+
+// TestBlockedRunRemakesChangedInputs: a BLOCKED run retried is checked as
+// a COMPLETE one is: a validated shard whose input was rewritten since is
+// made again along with the failed shard's retry, not left stale until a
+// run after the retry.
+func TestBlockedRunRemakesChangedInputs(t *testing.T) {
+	// s0000 fails until a file "fixed" exists beside the spec; the others
+	// copy their input.
+	job := testenv.WriteJob(t, testenv.Job{Name: "mixed", Shards: 3, Retries: 0,
+		Command: []string{"sh", "-c", `[ "$0" != s0000 ] || [ -e fixed ] || exit 3; cp "$1" "$2/"`, "{id}", "{input}", "{out}"}})
+	dir := filepath.Dir(job)
+	data := t.TempDir()
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", "--quiet", job)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("first run: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	kept := outputMarker(t, dir, "s0002")
+	in := filepath.Join(dir, "in", "s0001.txt")
+	if err := os.WriteFile(in, []byte("rewritten\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(in, later, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fixed"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", "--quiet", "--retry-failed", job)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "retried 1 failed shard(s)") ||
+		!strings.Contains(p.Output(), "s0001 (an input changed since the output was made") {
+		t.Fatalf("retry of a BLOCKED run with an input rewritten: exit %d, want 0, the failed shard retried and s0001 made again\n%s", code, p.Output())
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "out", "s0001", "s0001.txt")); err != nil || string(b) != "rewritten\n" {
+		t.Fatalf("s0001's output: %q, %v; want the rewritten input's copy", b, err)
+	}
+	if mk := outputMarker(t, dir, "s0002"); !mk.Time.Equal(kept.Time) {
+		t.Fatalf("s0002, whose input did not change, was made again: %v, first %v", mk.Time, kept.Time)
+	}
+}
