@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/cespare/xxhash/v2"
@@ -16,18 +17,28 @@ import (
 // project directory moved as a whole keeps its stamps. It is "" for a
 // shard without inputs, and an error when an input cannot be looked at.
 func InputsStamp(paths []string) (string, error) {
-	if len(paths) == 0 {
-		return "", nil
-	}
-	h := xxhash.New()
+	infos := make([]fs.FileInfo, 0, len(paths))
 	for _, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil {
 			return "", err
 		}
+		infos = append(infos, fi)
+	}
+	return StampOf(infos), nil
+}
+
+// StampOf is InputsStamp of inputs already looked at: their FileInfos, in
+// the manifest's order ("" for none).
+func StampOf(infos []fs.FileInfo) string {
+	if len(infos) == 0 {
+		return ""
+	}
+	h := xxhash.New()
+	for _, fi := range infos {
 		fmt.Fprintf(h, "%d\x00%d\n", fi.Size(), fi.ModTime().UnixNano())
 	}
-	return fmt.Sprintf("%016x", h.Sum64()), nil
+	return fmt.Sprintf("%016x", h.Sum64())
 }
 
 // InputsChanged reports whether the marker records inputs (Inputs) that

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -568,30 +569,37 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 // is left to the command, which runs under its time limit.
 const inputCheckWait = 5 * time.Second
 
-// checkInputs stats each input and returns the first error; it gives up
-// after wait without one (a stat on a hung NFS mount can block for good,
-// and this goroutine must not).
-func checkInputs(paths []string, wait time.Duration) error {
+// checkInputs stats each input and returns what it found, or the first
+// error; it gives up after wait with neither (a stat on a hung NFS mount
+// can block for good, and this goroutine must not).
+func checkInputs(paths []string, wait time.Duration) ([]fs.FileInfo, error) {
 	if len(paths) == 0 {
-		return nil
+		return nil, nil
 	}
-	done := make(chan error, 1)
+	type found struct {
+		infos []fs.FileInfo
+		err   error
+	}
+	done := make(chan found, 1)
 	go func() {
+		infos := make([]fs.FileInfo, 0, len(paths))
 		for _, p := range paths {
-			if _, err := os.Stat(p); err != nil {
-				done <- err
+			fi, err := os.Stat(p)
+			if err != nil {
+				done <- found{err: err}
 				return
 			}
+			infos = append(infos, fi)
 		}
-		done <- nil
+		done <- found{infos: infos}
 	}()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case err := <-done:
-		return err
+	case f := <-done:
+		return f.infos, f.err
 	case <-t.C:
-		return nil
+		return nil, nil
 	}
 }
 
@@ -601,14 +609,20 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	// (deleted, moved, a mount this host lacks) fails the attempt with
 	// that reason instead of whatever the command makes of it.
 	var pe *fs.PathError
-	if err := checkInputs(v.Inputs, inputCheckWait); errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) {
+	infos, err := checkInputs(v.Inputs, inputCheckWait)
+	if errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input %s is missing on host %s (it was there at submit)", pe.Path, w.host)}
 	} else if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input unreadable on host %s: %v", w.host, err)}
 	}
-	// The inputs at their source (staged copies are not what changes), as
-	// the command is about to read them.
-	a.inputs, _ = checkpoint.InputsStamp(a.m.Inputs)
+	// The inputs' stamp is of their source as the command is about to read
+	// it, from the look just taken; staged copies are not what changes, so
+	// their sources are looked at (under the same bound). A look that gave
+	// up leaves no stamp: never taken for changed.
+	if !slices.Equal(v.Inputs, a.m.Inputs) {
+		infos, _ = checkInputs(a.m.Inputs, inputCheckWait)
+	}
+	a.inputs = checkpoint.StampOf(infos)
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command names it: directory creation is a
 	// measurable part of a short shard's cost. A job that reads
