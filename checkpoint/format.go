@@ -49,10 +49,10 @@ type Marker struct {
 	// markers written before 2026-12-01, and in job checkpoints).
 	Run string `json:"run,omitempty"`
 	// Inputs is the shard's inputs as they stood when its command started
-	// (InputsStamp: their sizes and modification times):
-	// an output made from inputs that changed since is made again. Absent
-	// for a shard without inputs, in job checkpoints, and in markers
-	// written before 2026-12-02.
+	// (InputsStamp: their sizes and modification times): an output made
+	// from inputs that changed since is made again. Absent for a shard
+	// without inputs, in job checkpoints, and in markers written before
+	// 2026-12-02.
 	Inputs   string    `json:"inputs_stamp,omitempty"`
 	Time     time.Time `json:"time"`
 	Files    int       `json:"files"`

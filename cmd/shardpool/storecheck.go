@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -19,12 +18,9 @@ func checkStore(ctx context.Context, store string, w io.Writer) {
 }
 
 // checkOutput warns (warnVolatile) about an output directory in memory.
-// A path this host does not have (a submit for other hosts' storage) is
-// not looked at.
+// Its callers know the directory is there: `run` has made it, `submit`
+// calls it only where this host has it.
 func checkOutput(ctx context.Context, output string, w io.Writer) {
-	if _, err := os.Stat(output); err != nil {
-		return
-	}
 	if pr, err := probe.New(probe.Config{}); err == nil {
 		warnVolatile(ctx, pr, "the output directory "+output, output, "set output in the spec to a directory on a disk", w)
 	}
