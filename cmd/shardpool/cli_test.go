@@ -1515,3 +1515,61 @@ func TestBlockedRunRemakesChangedInputs(t *testing.T) {
 		t.Fatalf("s0002, whose input did not change, was made again: %v, first %v", mk.Time, kept.Time)
 	}
 }
+
+// TestRunOutlivesItsReader: `shardpool run` whose standard output and
+// error are a pipe nobody reads any more (`run | head`, a tee that died
+// with its terminal) goes on to COMPLETE. Go's default killed it with
+// SIGPIPE at its first line, mid-run, with no drain.
+func TestRunOutlivesItsReader(t *testing.T) {
+	job := testenv.WriteJob(t, testenv.Job{Name: "piped", Shards: 6, Command: []string{"sh", "-c", `sleep 0.2; cp "$0" "$1/"`, "{input}", "{out}"}})
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testenv.Binary(t), "run", "--data", t.TempDir(), "--slots", "2", job)
+	cmd.Env = append(os.Environ(), "SHARDPOOL_HOST_LEDGER="+testenv.LedgerDir(t))
+	cmd.Stdout, cmd.Stderr = w, w
+	r.Close() // the reader is gone before the first line
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("run with its reader gone: still running after 60 s")
+	}
+	if err != nil {
+		t.Fatalf("run with its reader gone: %v (%s), want exit 0 (COMPLETE)", err, cmd.ProcessState)
+	}
+	for i := range 6 {
+		outputMarker(t, filepath.Dir(job), fmt.Sprintf("s%04d", i)) // fails t where none is committed
+	}
+}
+
+// TestNohupRunIgnoresHangup: a run started under nohup keeps running when
+// its terminal hangs up (SIGHUP to its process group), as nohup means; one
+// started plainly drains on SIGHUP (TestWorkerSIGTERMDrainsAndExitsZero).
+// Go installed a handler for SIGHUP, ignored or not, and the run stopped.
+func TestNohupRunIgnoresHangup(t *testing.T) {
+	nohup, err := exec.LookPath("nohup")
+	if err != nil {
+		t.Fatalf("nohup (coreutils) is needed: %v", err)
+	}
+	job := testenv.WriteJob(t, testenv.Job{Name: "nohup", Shards: 4, Command: []string{"sh", "-c", `sleep 1; cp "$0" "$1/"`, "{input}", "{out}"}})
+	p := testenv.StartCmd(t, nohup, testenv.Binary(t), "run", "--data", t.TempDir(), "--slots", "2", job)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		return strings.Contains(p.Output(), "follow it from another terminal"), "the run has not started:\n" + p.Output()
+	})
+	time.Sleep(300 * time.Millisecond) // shards running
+	p.Signal(syscall.SIGHUP)
+	if code := p.Wait(t, 60*time.Second); code != 0 || strings.Contains(p.Output(), "stopping") {
+		t.Fatalf("nohup run after a hangup: exit %d, want 0 (COMPLETE) and no drain\n%s", code, p.Output())
+	}
+	for i := range 4 {
+		outputMarker(t, filepath.Dir(job), fmt.Sprintf("s%04d", i)) // fails t where none is committed
+	}
+}

@@ -18,11 +18,46 @@ func main() {
 	// (ssh disconnects) drains as on SIGTERM; by Go's default it would
 	// die on the spot, and every shard it ran would wait out its lease
 	// and be charged an attempt.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
+	if len(os.Args) > 1 && longLived[os.Args[1]] {
+		keepOnBrokenPipe()
+	}
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	profStop()
 	os.Exit(exitCode(err, os.Stderr))
+}
+
+// stopSignals stop a command as Ctrl-C does. SIGINT and SIGHUP are left
+// out where the process started with them ignored: under nohup, or as a
+// background job of a script. Go would otherwise catch them once asked
+// to, and `nohup shardpool run ... &` would drain and stop when the
+// terminal closed. (Computed before any signal.Notify, which would make
+// them look caught; children inherit the ignored ones, as nohup means.)
+var stopSignals = func() []os.Signal {
+	sigs := []os.Signal{syscall.SIGTERM}
+	for _, s := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
+		if !signal.Ignored(s) {
+			sigs = append(sigs, s)
+		}
+	}
+	return sigs
+}()
+
+// longLived are the commands that hold shards, a store or a staging copy
+// for as long as they run.
+var longLived = map[string]bool{"run": true, "coordinator": true, "worker": true, "stage": true}
+
+// keepOnBrokenPipe lets writes to a standard output or error whose reader
+// has gone (`shardpool run ... | head`, a `tee` that died with its
+// terminal, a restarted journald) fail with EPIPE instead of killing the
+// process, Go's default for file descriptors 1 and 2. A run, coordinator
+// or worker killed that way stopped mid-shard without draining. What it
+// would have printed is lost; the evidence folder has it all. The signal
+// stays at its default in children: only a handler is installed, and
+// exec resets handlers.
+func keepOnBrokenPipe() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 // profStop ends the developer profiles of a devprof build (devprof.go).

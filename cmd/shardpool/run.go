@@ -280,7 +280,7 @@ func announceDrain(stderr io.Writer, wk *worker.Worker, grace time.Duration) fun
 		fmt.Fprintln(stderr, "stopping")
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sig, stopSignals...)
 	done := make(chan struct{})
 	go func() {
 		select {
