@@ -469,7 +469,11 @@ func (w *Worker) putRecord(ctx context.Context, a *attemptState) error {
 func (w *Worker) finish(ctx context.Context, a *attemptState, state, reason string, payload *stream.ShardMsg) error {
 	a.rec.State, a.rec.Reason, a.rec.Owner, a.rec.Payload = state, reason, nil, payload
 	a.rec.Retry = a.m.Retry
-	return w.putRecord(ctx, a)
+	if err := w.putRecord(ctx, a); err != nil {
+		return err
+	}
+	w.countEnded(a.m.Run, state)
+	return nil
 }
 
 // runAttempt runs an attempt whose lease is held. pre, when set, delivers

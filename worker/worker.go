@@ -179,6 +179,7 @@ type Worker struct {
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
 	hurryOnce  sync.Once
 	drain      chan struct{} // closed by Drain: fetch no more, let the running shards end
+	ended      sync.Map      // run name -> *endedCount: shards this worker concluded (Ended)
 	drainOnce  sync.Once
 	drainWhy   string // why Drain was called, for reports and the admission log
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
@@ -349,6 +350,37 @@ func (w *Worker) Drain(why string) {
 		w.mu.Unlock()
 		close(w.drain)
 	})
+}
+
+// endedCount is what a worker concluded for one run.
+type endedCount struct{ validated, failed atomic.Int64 }
+
+// countEnded notes a shard of run that this worker concluded in state.
+func (w *Worker) countEnded(run, state string) {
+	c, ok := w.ended.Load(run)
+	if !ok {
+		c, _ = w.ended.LoadOrStore(run, &endedCount{})
+	}
+	switch n := c.(*endedCount); state {
+	case stream.ShardValidated:
+		n.validated.Add(1)
+	case stream.ShardFailed:
+		n.failed.Add(1)
+	}
+}
+
+// Ended is how many shards of run this worker has concluded since it
+// started: validated (a skip of an output already committed included),
+// and failed after their retries. Unlike the run's record, it counts
+// nothing from before this process, so a run resumed after a fix is
+// judged on its new attempts alone (shardpool run's --halt).
+func (w *Worker) Ended(run string) (validated, failed int64) {
+	c, ok := w.ended.Load(run)
+	if !ok {
+		return 0, 0
+	}
+	n := c.(*endedCount)
+	return n.validated.Load(), n.failed.Load()
 }
 
 // drainReason is why Drain was called, or "" before.

@@ -1452,18 +1452,19 @@ func outputMarker(t *testing.T, dir, id string) checkpoint.Marker {
 	return mk
 }
 
-// TestRunWarnsWhenEveryShardFails: a command that fails for every shard
-// ends BLOCKED only once every shard has failed; run warns as soon as
-// several have failed and none succeeded, naming the command that shows
-// their reasons. A run whose shards succeed says nothing of the kind.
+// TestRunWarnsWhenEveryShardFails: with --halt 0, a command that fails
+// for every shard ends BLOCKED only once every shard has failed; run warns
+// as soon as several have failed and none succeeded, naming the command
+// that shows their reasons. A run whose shards succeed says nothing of the
+// kind. (By default the run halts instead: TestRunHaltsWhenEveryShardFails.)
 func TestRunWarnsWhenEveryShardFails(t *testing.T) {
 	data := t.TempDir()
 	// Slow enough that the run's record is updated while shards remain
 	// (a run over before its next update has no one to warn).
 	bad := testenv.WriteJob(t, testenv.Job{Name: "bad", Shards: 20, Retries: 0, Command: []string{"sh", "-c", "sleep 0.3; exit 1"}})
-	p := testenv.Start(t, "run", "--data", data, "--slots", "2", bad)
-	if code := p.Wait(t, 60*time.Second); code != 3 {
-		t.Fatalf("run: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", "--halt", "0", bad)
+	if code := p.Wait(t, 60*time.Second); code != 3 || !strings.Contains(p.Output(), "(0 validated, 20 failed of 20)") {
+		t.Fatalf("run --halt 0: exit %d, want 3 (BLOCKED) with every shard run\n%s", code, p.Output())
 	}
 	if n := strings.Count(p.Output(), "none succeeded: the command may fail for every shard"); n != 1 ||
 		!strings.Contains(p.Output(), "Their reasons: shardpool status --data "+data+" bad") {
@@ -1473,6 +1474,53 @@ func TestRunWarnsWhenEveryShardFails(t *testing.T) {
 	p = testenv.Start(t, "run", "--data", data, "--slots", "2", good)
 	if code := p.Wait(t, 60*time.Second); code != 0 || strings.Contains(p.Output(), "may fail for every shard") {
 		t.Fatalf("a run whose shards succeed: exit %d, want 0 and no warning\n%s", code, p.Output())
+	}
+}
+
+// TestRunHaltsWhenEveryShardFails: by default a run stops fetching once
+// the first 5 shards to end have all failed, lets the running ones end,
+// keeps the rest queued and says how to go on. After the fix, a plain run
+// is judged on its own attempts, not halted at once by the failures
+// recorded before it, and --retry-failed completes the run.
+func TestRunHaltsWhenEveryShardFails(t *testing.T) {
+	job := testenv.WriteJob(t, testenv.Job{Name: "broken", Shards: 20, Retries: 0,
+		Command: []string{"sh", "-c", `[ -e fixed ] || { sleep 0.1; echo "tool missing" >&2; exit 1; }; cp "$0" "$1/"`, "{input}", "{out}"}})
+	dir, data := filepath.Dir(job), t.TempDir()
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", job)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("run of a command that fails for every shard: exit %d, want 3\n%s", code, p.Output())
+	}
+	out := p.Output()
+	m := regexp.MustCompile(`halted: the first (\d+) shard\(s\) to end all failed after their retries and none succeeded`).FindStringSubmatch(out)
+	if m == nil || !strings.Contains(out, "the rest stay queued") || !strings.Contains(out, "--retry-failed") ||
+		!regexp.MustCompile(`(?m)^  s\d{4}: after 1 attempt\(s\): exit status 1; last output: "tool missing" \(log: /`).MatchString(out) {
+		t.Fatalf("halted run: want the halt, the failed shards' reasons and logs, and how to go on\n%s", out)
+	}
+	if n, _ := strconv.Atoi(m[1]); n < 5 || n >= 20 {
+		t.Fatalf("halted after %d failed shards, want at least 5 and fewer than 20\n%s", n, out)
+	}
+	st := testenv.Start(t, "status", "--data", data, "--json", "broken")
+	if code := st.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("status: exit %d\n%s", code, st.Output())
+	}
+	var failed int
+	if m := regexp.MustCompile(`"failed":\s*(\d+)`).FindStringSubmatch(st.Output()); m != nil {
+		failed, _ = strconv.Atoi(m[1])
+	}
+	if failed < 5 || failed > 10 {
+		t.Fatalf("after the halt %d shard(s) failed, want 5 to 10 (2 slots ending what they ran)\n%s", failed, st.Output())
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fixed"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", job)
+	want := fmt.Sprintf("(%d validated, %d failed of 20)", 20-failed, failed)
+	if code := p.Wait(t, 60*time.Second); code != 3 || strings.Contains(p.Output(), "halted") || !strings.Contains(p.Output(), want) {
+		t.Fatalf("plain run after the fix: exit %d, want 3 (BLOCKED on the %d failed before), no halt, %s\n%s", code, failed, want, p.Output())
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", "--retry-failed", job)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "(20 validated, 0 failed of 20)") {
+		t.Fatalf("run --retry-failed after the fix: exit %d, want 0 (COMPLETE)\n%s", code, p.Output())
 	}
 }
 

@@ -82,7 +82,7 @@ Usage:
   shardpool version
 
 Run 'shardpool COMMAND --help' for a command's flags.
-Exit codes: 0 ok/COMPLETE, 1 error, 2 usage, 3 BLOCKED, 4 verification failed or nothing verified, 130 interrupted.
+Exit codes: 0 ok/COMPLETE, 1 error, 2 usage, 3 BLOCKED or halted, 4 verification failed or nothing verified, 130 interrupted.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {

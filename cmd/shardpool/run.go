@@ -37,6 +37,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	leaseTTL := fs.Duration("lease-ttl", stream.DefaultLeaseTTL, "lease TTL and ack wait")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	retryFailed := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
+	halt := fs.Int64("halt", 5, "stop fetching once the first `N` shards this run ends have all failed after their retries, none validated (0: run every shard whatever fails)")
 	syncMode := registerSync(fs)
 	scratch := fs.String("scratch", "", "local scratch `DIR` (default $TMPDIR/shardpool-<name>-<uid>)")
 	quiet := fs.Bool("quiet", false, "no progress display")
@@ -193,15 +194,37 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 {
 		since = submitted
 	}
-	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, follow, since, progressOut(stderr, *quiet), coord.StoreFull, wk.OthersLimit)
+	wo := waitOpts{follow: follow, since: since, progress: progressOut(stderr, *quiet), full: coord.StoreFull, cpuLimit: wk.OthersLimit,
+		ended: func() (int64, int64) { return wk.Ended(spec.Name) }, haltAt: *halt}
+	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, wo)
+	var halted errHalted
+	haltedWhy := ""
+	if errors.As(waitErr, &halted) {
+		// Like SIGUSR1's drain: no more fetches; the running shards may
+		// yet succeed, and end as they would.
+		if n := wk.Running(); n > 0 {
+			fmt.Fprintf(stderr, "halting: %s; %d running shard(s) end as they would, no more start (Ctrl-C stops them now)\n", halted, n)
+		}
+		wk.Drain("halted: " + halted.Error())
+		select {
+		case <-workerDone:
+			// Read while the coordinator serves them: after it stops,
+			// status --data has the evidence only, and a halted run has
+			// no verdict there.
+			haltedWhy = failedReasons(ctx, coord.JetStream(), spec.Name, 5)
+		case <-ctx.Done():
+			waitErr = ctx.Err() // interrupted while halting: as any interrupt
+		}
+	}
 	// The wait ended with the worker's drain, not with a verdict or an
 	// interrupt.
-	drainedFirst := waitErr != nil && ctx.Err() == nil && drained()
+	drainedFirst := waitErr != nil && ctx.Err() == nil && (drained() || halted.failed > 0)
 	if drainedFirst {
 		// The drain's last shards may have been the run's last: the
 		// verdict follows their records by a moment.
 		vctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		if f, err := waitRun(vctx, coord.JetStream(), spec.Name, follow, since, io.Discard, coord.StoreFull, wk.OthersLimit); err == nil {
+		wo.progress, wo.ended = io.Discard, nil
+		if f, err := waitRun(vctx, coord.JetStream(), spec.Name, wo); err == nil {
 			final, waitErr = f, nil
 		}
 		cancel()
@@ -220,6 +243,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if errors.As(waitErr, &full) {
 		fmt.Fprintf(stdout, "stopped: the coordinator's store is full: %s\nstate is kept in %s; free space there, then resume with: %s\n", full.why, absData, resume)
 		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store is full: " + full.why}
+	}
+	if waitErr != nil && drainedFirst && halted.failed > 0 {
+		fmt.Fprintf(stdout, "halted: %s, so the command may fail for every shard; the rest stay queued and state is kept in %s\n%s"+
+			"once the cause is fixed outside the spec: %s\n"+
+			"once the spec is changed (a new generation): %s\n"+
+			"(--halt 0 runs every shard whatever fails)\n", halted, absData, haltedWhy, retry, resume)
+		return blockedErr(stdout, stderr, "run "+spec.Name+" halted", halted.Error())
 	}
 	if waitErr != nil && drainedFirst {
 		fmt.Fprintf(stdout, "drained (SIGUSR1): the running shards ended, the rest stay queued; state is kept in %s\nresume with: %s\n", absData, resume)
@@ -390,11 +420,67 @@ func (e errStoreFull) Error() string { return "store full: " + e.why }
 // storeFullFor is how long the store must stay full before `run` stops.
 const storeFullFor = 5 * time.Second
 
+// waitOpts is what waitRun watches besides the run record.
+type waitOpts struct {
+	follow   string    // the status command of the run, for the notes
+	since    time.Time // a verdict last updated before it is stale
+	progress io.Writer // nil: no progress display
+	// full says why the coordinator's store refuses writes, "" while it
+	// takes them; a store full for storeFullFor ends the wait with
+	// errStoreFull.
+	full func() string
+	// cpuLimit is the limit others' CPU use sets on the local worker.
+	cpuLimit func() (string, int64)
+	// ended is what the local worker concluded of the run since it
+	// started (worker.Ended): haltAt shards failed with none validated
+	// ends the wait with errHalted (0: never); failingWarnAt of them
+	// short of haltAt is warned about.
+	ended  func() (validated, failed int64)
+	haltAt int64
+}
+
+// failedReasons lists up to max failed shards of run with their reasons
+// and attempt logs, one per line, from the records the coordinator
+// serves; "" when it cannot read them.
+func failedReasons(ctx context.Context, js jetstream.JetStream, run string, max int) string {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := coordinator.ReadStatus(rctx, js, run)
+	if err != nil || len(st.Runs) != 1 {
+		return ""
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range st.Runs[0].Shards {
+		if r.State != stream.ShardFailed {
+			continue
+		}
+		if n++; n > max {
+			continue
+		}
+		fmt.Fprintf(&b, "  %s: %s", r.ID, r.Reason)
+		if k := len(r.Attempts); k > 0 && r.Attempts[k-1].Log != "" {
+			fmt.Fprintf(&b, " (log: %s)", r.Attempts[k-1].Log)
+		}
+		b.WriteString("\n")
+	}
+	if n > max {
+		fmt.Fprintf(&b, "  and %d more failed\n", n-max)
+	}
+	return b.String()
+}
+
+// errHalted ends a run's wait when the first failed shards to end all
+// failed after their retries (--halt).
+type errHalted struct{ failed int64 }
+
+func (e errHalted) Error() string {
+	return fmt.Sprintf("the first %d shard(s) to end all failed after their retries and none succeeded", e.failed)
+}
+
 // waitRun follows the run record until COMPLETE or BLOCKED, ignoring a
-// verdict last updated before since. full, when set, says why the
-// coordinator's store refuses writes; a store full for storeFullFor ends
-// the wait with errStoreFull.
-func waitRun(ctx context.Context, js jetstream.JetStream, run, follow string, since time.Time, progress io.Writer, full func() string, cpuLimit func() (string, int64)) (*stream.RunRecord, error) {
+// verdict last updated before o.since.
+func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts) (*stream.RunRecord, error) {
 	kv, err := js.KeyValue(ctx, stream.BucketRuns)
 	if err != nil {
 		return nil, err
@@ -404,7 +490,7 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run, follow string, si
 		return nil, err
 	}
 	defer stream.StopWatch(w)
-	p := newProgress(progress)
+	p := newProgress(o.progress)
 	defer p.done()
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
@@ -414,14 +500,39 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run, follow string, si
 	stalled := ""                       // the reason last printed for pending shards that do not run
 	limited, limitedKey := "", int64(0) // the CPU limit others' use sets, as last printed
 	warnedFailing := false
+	// judge is the check of what the local worker concluded: the halt, or
+	// the warning short of it. It runs often (two atomic loads), so that
+	// a command failing in milliseconds halts near haltAt, not at the
+	// record's next update.
+	judge := func() error {
+		if o.ended == nil {
+			return nil
+		}
+		switch ok, failed := o.ended(); {
+		case ok > 0:
+		case o.haltAt > 0 && failed >= o.haltAt:
+			return errHalted{failed: failed}
+		case !warnedFailing && failed >= failingWarnAt:
+			p.note(fmt.Sprintf("warning: the first %d shard(s) to end all failed after their retries and none succeeded: the command may fail for every shard. "+
+				"Their reasons: %s; Ctrl-C stops the run and keeps its state", failed, o.follow))
+			warnedFailing = true
+		}
+		return nil
+	}
+	judgeTick := time.NewTicker(20 * time.Millisecond)
+	defer judgeTick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-judgeTick.C:
+			if err := judge(); err != nil {
+				return nil, err
+			}
 		case <-check.C:
 			why := ""
-			if full != nil {
-				why = full()
+			if o.full != nil {
+				why = o.full()
 			}
 			switch {
 			case why == "":
@@ -434,8 +545,8 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run, follow string, si
 			// Fewer shards at once because others keep CPUs busy, and
 			// back to the whole host: said when it starts and ends, not
 			// as the measured use moves.
-			if cpuLimit != nil {
-				now, key := cpuLimit()
+			if o.cpuLimit != nil {
+				now, key := o.cpuLimit()
 				switch {
 				case now != "" && (limited == "" || key != limitedKey):
 					p.note("cpu: " + now)
@@ -465,7 +576,7 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run, follow string, si
 				return nil, err
 			}
 			done := r.State == stream.RunComplete || r.State == stream.RunBlocked
-			if done && r.Updated.Before(since) {
+			if done && r.Updated.Before(o.since) {
 				continue
 			}
 			if r.Counts != last || lastAt.IsZero() {
@@ -478,19 +589,13 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run, follow string, si
 			if done {
 				return &r, nil
 			}
-			// Every shard to end so far failed: likely a command that fails
-			// for all of them, which would take the whole run to say so.
-			if !warnedFailing && r.Counts.Failed >= failingWarnAt && r.Counts.Validated == 0 {
-				p.note(fmt.Sprintf("warning: the first %d shard(s) to end all failed after their retries and none succeeded: the command may fail for every shard. "+
-					"Their reasons: %s; Ctrl-C stops the run and keeps its state", r.Counts.Failed, follow))
-				warnedFailing = true
-			}
 		}
 	}
 }
 
 // failingWarnAt is how many shards must have failed, with none validated,
-// before run warns that the command may fail for every shard.
+// before run warns that the command may fail for every shard (where
+// --halt does not stop it first).
 const failingWarnAt = 5
 
 // stallAfter is how long shards may be pending with none running before
