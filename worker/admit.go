@@ -29,7 +29,7 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 		return 0, fmt.Sprintf("class %s: %v: not fetching; looking again every %s", class, err, scratchRecheck)
 	}
 	if !w.cfg.Auto {
-		slots := w.cfg.Slots[class]
+		slots := w.fixedSlots(class)
 		w.publishFixed(class, max(slots-inflight, 0))
 		return slots - inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
 	}

@@ -34,6 +34,10 @@ type Config struct {
 	// exactly the classes listed with a positive count. With Auto it is an
 	// optional cap per class.
 	Slots map[string]int
+	// SlotsEach, without Auto, is the fixed number of slots of every class
+	// of the active runs, served as they appear (`shardpool worker --slots
+	// N`); a class in Slots keeps its own count.
+	SlotsEach int
 	// Auto computes each class's slots from the host's budget and the
 	// class's peak (plan.Compute), serves every class of the active runs,
 	// and checks live headroom before each fetch.
@@ -178,8 +182,9 @@ type Worker struct {
 	poke       chan struct{}       // reportSoon: a report ahead of the period
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
 	hurryOnce  sync.Once
-	drain      chan struct{} // closed by Drain: fetch no more, let the running shards end
-	ended      sync.Map      // run name -> *endedCount: shards this worker concluded (Ended)
+	drain      chan struct{}  // closed by Drain: fetch no more, let the running shards end
+	fixed      map[string]int // under mu, without Auto: the slots of each class served (Slots, and SlotsEach as classes appear)
+	ended      sync.Map       // run name -> *endedCount: shards this worker concluded (Ended)
 	drainOnce  sync.Once
 	drainWhy   string // why Drain was called, for reports and the admission log
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
@@ -237,8 +242,11 @@ func New(cfg Config) (*Worker, error) {
 	if !stream.ValidWorkerName(cfg.Name) {
 		return nil, fmt.Errorf("%w: Name %q must match [A-Za-z0-9_-]{1,64}", ErrConfig, cfg.Name)
 	}
-	if len(cfg.Slots) == 0 && !cfg.Auto {
-		return nil, fmt.Errorf("%w: Slots: no class to serve (set slots or Auto)", ErrConfig)
+	if cfg.SlotsEach < 0 {
+		return nil, fmt.Errorf("%w: SlotsEach: %d slots", ErrConfig, cfg.SlotsEach)
+	}
+	if len(cfg.Slots) == 0 && !cfg.Auto && cfg.SlotsEach == 0 {
+		return nil, fmt.Errorf("%w: Slots: no class to serve (set Slots, SlotsEach or Auto)", ErrConfig)
 	}
 	for c, n := range cfg.Slots {
 		if !stream.ValidClass(c) {
@@ -322,7 +330,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -594,6 +602,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	sort.Strings(classes)
+	// Every class of the active runs, as they appear: measured (Auto) or
+	// SlotsEach apiece.
+	discover := w.cfg.Auto || w.cfg.SlotsEach > 0
 	// The fetch loops end on a drain as on a shutdown; the shards they
 	// started end only on the shutdown (ctx).
 	fetchCtx, stopFetch := context.WithCancel(gctx)
@@ -603,6 +614,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer w.mu.Unlock()
 		if w.draining {
 			return
+		}
+		if !w.cfg.Auto {
+			if _, ok := w.fixed[class]; !ok {
+				w.fixed[class] = w.cfg.SlotsEach
+			}
 		}
 		w.serving.Add(1)
 		g.Go(func() error {
@@ -639,13 +655,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		shards.Wait()
 		return errDrained
 	})
-	if w.cfg.Auto || w.ledger != nil {
+	if discover || w.ledger != nil {
 		// The classes' peaks of the active runs, for admission and for what
-		// this worker's shards hold; in auto mode, serve every class of
-		// those runs as they appear.
+		// this worker's shards hold; in auto mode or with SlotsEach, serve
+		// every class of those runs as they appear.
 		served := map[string]bool{}
-		for _, c := range classes {
-			served[c] = true
+		for c := range w.cfg.Slots {
+			served[c] = true // CLASS=0: not served
 		}
 		g.Go(func() error {
 			t := time.NewTicker(w.cfg.ReportEvery)
@@ -664,7 +680,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			seen := map[string]string{}
 			for {
 				for _, c := range w.refreshPeaks(gctx) {
-					if w.cfg.Auto && !served[c] {
+					if discover && !served[c] {
 						served[c] = true
 						startServe(c)
 					}
@@ -970,6 +986,22 @@ func (w *Worker) count(ok bool) {
 	w.mu.Unlock()
 }
 
+// reportedSlots are the slots a report gives, under mu: the caps of an
+// auto worker, the fixed slots of each class served otherwise.
+func (w *Worker) reportedSlots() map[string]int {
+	if w.cfg.Auto {
+		return w.cfg.Slots
+	}
+	return maps.Clone(w.fixed)
+}
+
+// fixedSlots is the configured number of slots of class, without Auto.
+func (w *Worker) fixedSlots(class string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fixed[class]
+}
+
 func (w *Worker) snapshot() stream.WorkerReport {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -995,7 +1027,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	if w.stager != nil {
 		staged = w.stager.Ready(stream.StagedAdvertised)
 	}
-	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Slots: w.cfg.Slots,
+	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
 }
 

@@ -218,10 +218,10 @@ func connect(ctx context.Context, url string, acc *access, name string, wait tim
 }
 
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("worker", "shardpool worker --server URL [--slots CLASS=N,...] [--scratch DIR] [--name NAME]", stderr)
+	fs := newFlags("worker", "shardpool worker --server URL [--slots auto|N|CLASS=N,...] [--scratch DIR] [--name NAME]", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	slots := &slotsFlag{auto: true}
-	fs.Var(slots, "slots", "`SLOTS`: auto (from this host's budget and each class's peak; serves every class of the active runs) or CLASS=N,...")
+	fs.Var(slots, "slots", "`SLOTS`: auto (from this host's budget and each class's peak), N (for each class), both serving every class of the active runs as they appear, or CLASS=N,... (those classes only)")
 	scratch := fs.String("scratch", "", "local scratch `DIR` (default $TMPDIR/shardpool-<name>-<uid>)")
 	name := fs.String("name", worker.DefaultName(), "worker `NAME` (unique per worker)")
 	data := fs.String("data", worker.DefaultStateDir(), "`DIR` where this worker writes evidence (runs/<run>/)")
@@ -247,9 +247,9 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer nc.Close()
-	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), Auto: slots.auto, Scratch: *scratch,
+	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
 		StateDir: *data, Grace: *grace, IdleExit: *idleExit, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
-		OnServing: func() { fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.String(), *server) }})
+		OnServing: func() { fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.describe(), *server) }})
 	if err != nil {
 		return err
 	}

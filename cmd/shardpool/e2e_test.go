@@ -854,3 +854,52 @@ func TestWorkerIdleExit(t *testing.T) {
 		t.Errorf("the worker does not say why it left:\n%s", w.Output())
 	}
 }
+
+// TestWorkerSlotsForEachClass: `shardpool worker --slots N`, as `run
+// --slots N` has it, gives N fixed slots to every class of the runs it
+// learns of, classes that appear after it started included. Before, the
+// worker refused to start ("no class to serve") unless each class was
+// named.
+func TestWorkerSlotsForEachClass(t *testing.T) {
+	c := startCluster(t, "10s")
+	w := c.worker("w1", "--slots", "2")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(w.Output(), "serving 2 slot(s) of each class"), "worker output: " + w.Output()
+	})
+	events := filepath.Join(t.TempDir(), "events")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 6, Extra: "[class.io]\ncpus = 1\n",
+		Command: []string{"sh", "-c", `case $1 in *[13579]) c=io;; *) c=cpu;; esac; echo "+$c" >> "$0"; sleep 1; echo "-$c" >> "$0"; cp "$2" "$3/"`, events, "{id}", "{input}", "{out}"},
+		Line: func(i int, in string) string {
+			class := "cpu"
+			if i%2 == 1 {
+				class = "io"
+			}
+			return fmt.Sprintf(`{"id":"s%04d","inputs":[%q],"class":%q}`, i, in, class)
+		}})
+	c.submit(spec)
+	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
+	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 6)
+	b, err := os.ReadFile(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, most, total := map[string]int{}, map[string]int{}, 0
+	mostTotal := 0
+	for _, ev := range strings.Fields(string(b)) {
+		d := 1
+		if ev[0] == '-' {
+			d = -1
+		}
+		now[ev[1:]] += d
+		total += d
+		most[ev[1:]] = max(most[ev[1:]], now[ev[1:]])
+		mostTotal = max(mostTotal, total)
+	}
+	if most["cpu"] != 2 || most["io"] != 2 || mostTotal < 3 {
+		t.Fatalf("shards at once: cpu %d, io %d, in all %d; want 2 per class and more than 2 in all\n%s", most["cpu"], most["io"], mostTotal, b)
+	}
+	st := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+	if code := st.Wait(t, 30*time.Second); code != 0 || !regexp.MustCompile(`(?m)^w1\s+\S+\s+cpu=2,io=2\s`).MatchString(st.Output()) {
+		t.Fatalf("status: exit %d, want w1 with cpu=2,io=2 slots\n%s", code, st.Output())
+	}
+}

@@ -144,6 +144,23 @@ func (s *slotsFlag) Set(v string) error {
 	return nil
 }
 
+// describe is what a worker serves, in words.
+func (s *slotsFlag) describe() string {
+	if n := s.each(); n > 0 {
+		return fmt.Sprintf("%d slot(s) of each class of the active runs", n)
+	}
+	return s.String()
+}
+
+// each is N of a plain `--slots N`, for a worker that learns its classes
+// from the runs; 0 for auto or CLASS=N,....
+func (s *slotsFlag) each() int {
+	if s.auto || len(s.byClass) > 0 {
+		return 0
+	}
+	return s.all
+}
+
 // forClasses resolves the flag for the given classes.
 func (s *slotsFlag) forClasses(classes []string) map[string]int {
 	out := map[string]int{}
