@@ -83,6 +83,12 @@ type RunEvidence struct {
 	Evidence string `json:"evidence"`
 	// Why there is no verdict: none was written, or final.json is unreadable.
 	Why string `json:"why"`
+	// Stopped is why the `shardpool run` of it stopped, where it said so
+	// (stopped.json): halted, drained, interrupted; Failed, for a halt,
+	// the failed shards it named.
+	Stopped    string   `json:"stopped,omitempty"`
+	Failed     []string `json:"failed,omitempty"`
+	MoreFailed int      `json:"more_failed,omitempty"`
 	// Resume is the command that resumes the run (resume.txt).
 	Resume string `json:"resume,omitempty"`
 	// From progress.json, where the run wrote one (absent otherwise): its

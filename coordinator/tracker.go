@@ -792,6 +792,39 @@ const (
 	ResumeName   = "resume.txt"
 )
 
+// StoppedName is the file in a run's evidence folder that says why a
+// `shardpool run` stopped before its verdict: halted, drained,
+// interrupted, its store full, its worker failed.
+const StoppedName = "stopped.json"
+
+// StoppedVersion is Stopped.V.
+const StoppedVersion = 1
+
+// Stopped is stopped.json. It speaks for the run only while no
+// progress.json is newer: a later run of it has moved on.
+type Stopped struct {
+	V   int    `json:"v"`
+	Run string `json:"run"`
+	// Why is the stop in words ("halted: the first 5 shard(s) ...").
+	Why string `json:"why"`
+	// Failed holds up to 5 failed shards with their reasons and logs,
+	// one per line, where the stop was a halt.
+	Failed []string `json:"failed,omitempty"`
+	// MoreFailed is how many more had failed when it stopped.
+	MoreFailed int       `json:"more_failed,omitempty"`
+	Written    time.Time `json:"written"`
+}
+
+// WriteStopped writes s as the stopped.json of the evidence folder dir.
+func WriteStopped(dir string, s Stopped) error {
+	s.V, s.Written = StoppedVersion, time.Now().UTC()
+	return writeEvidence(dir, StoppedName, s)
+}
+
+// ReadStopped reads the stopped.json of the evidence folder dir; it
+// returns nil and no error when there is none.
+func ReadStopped(dir string) (*Stopped, error) { return readEvidence[Stopped](dir, StoppedName) }
+
 // Final is final.json: what a run ended with.
 type Final struct {
 	RunSummary

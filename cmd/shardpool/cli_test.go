@@ -1499,16 +1499,22 @@ func TestRunHaltsWhenEveryShardFails(t *testing.T) {
 	if n, _ := strconv.Atoi(m[1]); n < 5 || n >= 20 {
 		t.Fatalf("halted after %d failed shards, want at least 5 and fewer than 20\n%s", n, out)
 	}
-	st := testenv.Start(t, "status", "--data", data, "--json", "broken")
-	if code := st.Wait(t, 30*time.Second); code != 0 {
-		t.Fatalf("status: exit %d\n%s", code, st.Output())
+	// The halt is in the evidence: status --data says so once the run
+	// has exited, with the shards that failed.
+	st := testenv.Start(t, "status", "--data", data, "broken")
+	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "stopped while RUNNING (halted: the first ") ||
+		!regexp.MustCompile(`(?m)^broken: failed: s\d{4}: after 1 attempt\(s\): exit status 1`).MatchString(st.Output()) {
+		t.Fatalf("status --data of the halted run: exit %d, want the halt and the failed shards\n%s", code, st.Output())
 	}
-	var failed int
-	if m := regexp.MustCompile(`"failed":\s*(\d+)`).FindStringSubmatch(st.Output()); m != nil {
-		failed, _ = strconv.Atoi(m[1])
+	st = testenv.Start(t, "status", "--data", data, "--json", "broken")
+	var doc coordinator.Status
+	if code := st.Wait(t, 30*time.Second); code != 0 || json.Unmarshal([]byte(st.Output()), &doc) != nil || len(doc.NoVerdict) != 1 ||
+		doc.NoVerdict[0].Counts == nil || !strings.HasPrefix(doc.NoVerdict[0].Stopped, "halted: ") || len(doc.NoVerdict[0].Failed) != 5 {
+		t.Fatalf("status --data --json of the halted run: exit %d, want the halt, 5 failed shards named and the counts\n%s", code, st.Output())
 	}
-	if failed < 5 || failed > 10 {
-		t.Fatalf("after the halt %d shard(s) failed, want 5 to 10 (2 slots ending what they ran)\n%s", failed, st.Output())
+	failed := doc.NoVerdict[0].Counts.Failed
+	if failed < 5 || failed > 10 || doc.NoVerdict[0].MoreFailed != failed-5 {
+		t.Fatalf("after the halt %d shard(s) failed (%d more than named), want 5 to 10 (2 slots ending what they ran)\n%s", failed, doc.NoVerdict[0].MoreFailed, st.Output())
 	}
 	if err := os.WriteFile(filepath.Join(dir, "fixed"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -1521,6 +1527,9 @@ func TestRunHaltsWhenEveryShardFails(t *testing.T) {
 	p = testenv.Start(t, "run", "--data", data, "--slots", "2", "--retry-failed", job)
 	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "(20 validated, 0 failed of 20)") {
 		t.Fatalf("run --retry-failed after the fix: exit %d, want 0 (COMPLETE)\n%s", code, p.Output())
+	}
+	if _, err := os.Stat(filepath.Join(data, "runs", "broken", coordinator.StoppedName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the halt's %s outlived the runs after it: %v", coordinator.StoppedName, err)
 	}
 }
 

@@ -94,6 +94,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return err
 	}
+	// This run speaks for the evidence now: a stop recorded by an earlier
+	// one no longer holds.
+	if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), coordinator.StoppedName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Warn("remove "+coordinator.StoppedName, "err", err)
+	}
 	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	retry := fmt.Sprintf("shardpool run --data %s --retry-failed %s", shellQuote(absData), shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()
@@ -198,7 +203,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		ended: func() (int64, int64) { return wk.Ended(spec.Name) }, haltAt: *halt}
 	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, wo)
 	var halted errHalted
-	haltedWhy := ""
+	var haltedWhy []string
+	haltedMore := 0
 	if errors.As(waitErr, &halted) {
 		// Like SIGUSR1's drain: no more fetches; the running shards may
 		// yet succeed, and end as they would.
@@ -211,7 +217,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			// Read while the coordinator serves them: after it stops,
 			// status --data has the evidence only, and a halted run has
 			// no verdict there.
-			haltedWhy = failedReasons(ctx, coord.JetStream(), spec.Name, 5)
+			haltedWhy, haltedMore = failedReasons(ctx, coord.JetStream(), spec.Name, 5)
 		case <-ctx.Done():
 			waitErr = ctx.Err() // interrupted while halting: as any interrupt
 		}
@@ -239,27 +245,45 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		log.Error("shutdown", "err", err)
 	}
 	evidence := coord.EvidenceDir(spec.Name)
+	// Why the run stopped before its verdict, in its evidence: status
+	// --data reads it once no coordinator serves the run.
+	stopped := func(why string, failed []string, more int) {
+		if err := coordinator.WriteStopped(evidence, coordinator.Stopped{Run: spec.Name, Why: why, Failed: failed, MoreFailed: more}); err != nil {
+			log.Warn("write "+coordinator.StoppedName, "err", err)
+		}
+	}
 	var full errStoreFull
 	if errors.As(waitErr, &full) {
+		stopped("its store was full: "+full.why, nil, 0)
 		fmt.Fprintf(stdout, "stopped: the coordinator's store is full: %s\nstate is kept in %s; free space there, then resume with: %s\n", full.why, absData, resume)
 		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store is full: " + full.why}
 	}
 	if waitErr != nil && drainedFirst && halted.failed > 0 {
-		fmt.Fprintf(stdout, "halted: %s, so the command may fail for every shard; the rest stay queued and state is kept in %s\n%s"+
-			"once the cause is fixed outside the spec: %s\n"+
+		stopped("halted: "+halted.Error(), haltedWhy, haltedMore)
+		fmt.Fprintf(stdout, "halted: %s, so the command may fail for every shard; the rest stay queued and state is kept in %s\n", halted, absData)
+		for _, l := range haltedWhy {
+			fmt.Fprintf(stdout, "  %s\n", l)
+		}
+		if haltedMore > 0 {
+			fmt.Fprintf(stdout, "  and %d more failed\n", haltedMore)
+		}
+		fmt.Fprintf(stdout, "once the cause is fixed outside the spec: %s\n"+
 			"once the spec is changed (a new generation): %s\n"+
-			"(--halt 0 runs every shard whatever fails)\n", halted, absData, haltedWhy, retry, resume)
+			"(--halt 0 runs every shard whatever fails)\n", retry, resume)
 		return blockedErr(stdout, stderr, "run "+spec.Name+" halted", halted.Error())
 	}
 	if waitErr != nil && drainedFirst {
+		stopped("drained on SIGUSR1", nil, 0)
 		fmt.Fprintf(stdout, "drained (SIGUSR1): the running shards ended, the rest stay queued; state is kept in %s\nresume with: %s\n", absData, resume)
 		return exitErr{code: exitInterrupted, msg: "run " + spec.Name + " drained on SIGUSR1 before it completed; resume with: " + resume}
 	}
 	if waitErr != nil && ctx.Err() == nil && workerErr != nil {
+		stopped("its worker stopped: "+workerErr.Error(), nil, 0)
 		fmt.Fprintf(stdout, "the worker stopped; state is kept in %s\nresume with: %s\n", absData, resume)
 		return fmt.Errorf("run %s: %w", spec.Name, workerErr)
 	}
 	if waitErr != nil {
+		stopped("interrupted (SIGINT, SIGTERM or SIGHUP)", nil, 0)
 		fmt.Fprintf(stdout, "interrupted; state is kept in %s\nresume with: %s\n", absData, resume)
 		return waitErr
 	}
@@ -439,35 +463,31 @@ type waitOpts struct {
 	haltAt int64
 }
 
-// failedReasons lists up to max failed shards of run with their reasons
-// and attempt logs, one per line, from the records the coordinator
-// serves; "" when it cannot read them.
-func failedReasons(ctx context.Context, js jetstream.JetStream, run string, max int) string {
+// failedReasons lists up to most failed shards of run with their reasons
+// and attempt logs, a line each, from the records the coordinator
+// serves, and how many more failed; none when it cannot read them.
+func failedReasons(ctx context.Context, js jetstream.JetStream, run string, most int) (lines []string, more int) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st, err := coordinator.ReadStatus(rctx, js, run)
 	if err != nil || len(st.Runs) != 1 {
-		return ""
+		return nil, 0
 	}
-	var b strings.Builder
 	n := 0
 	for _, r := range st.Runs[0].Shards {
 		if r.State != stream.ShardFailed {
 			continue
 		}
-		if n++; n > max {
+		if n++; n > most {
 			continue
 		}
-		fmt.Fprintf(&b, "  %s: %s", r.ID, r.Reason)
+		line := r.ID + ": " + r.Reason
 		if k := len(r.Attempts); k > 0 && r.Attempts[k-1].Log != "" {
-			fmt.Fprintf(&b, " (log: %s)", r.Attempts[k-1].Log)
+			line += " (log: " + r.Attempts[k-1].Log + ")"
 		}
-		b.WriteString("\n")
+		lines = append(lines, line)
 	}
-	if n > max {
-		fmt.Fprintf(&b, "  and %d more failed\n", n-max)
-	}
-	return b.String()
+	return lines, max(n-len(lines), 0)
 }
 
 // errHalted ends a run's wait when the first failed shards to end all

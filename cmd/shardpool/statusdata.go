@@ -219,7 +219,11 @@ func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinato
 	case progress != nil:
 		counts := progress.Counts
 		ev.State, ev.Fingerprint, ev.Counts, ev.Recorded = progress.State, progress.Fingerprint, &counts, progress.Written
-		ev.Why = fmt.Sprintf("no verdict recorded: stopped while %s (interrupted or killed); its counts as recorded %s", progress.State,
+		how := "interrupted or killed"
+		if sp, err := coordinator.ReadStopped(evidence); err == nil && sp != nil && !sp.Written.Before(progress.Written) {
+			how, ev.Stopped, ev.Failed, ev.MoreFailed = sp.Why, sp.Why, sp.Failed, sp.MoreFailed
+		}
+		ev.Why = fmt.Sprintf("no verdict recorded: stopped while %s (%s); its counts as recorded %s", progress.State, how,
 			progress.Written.Local().Format("2006-01-02 15:04:05"))
 		if final != nil {
 			prev := verdictOf(name, evidence, final.RunSummary)
@@ -273,6 +277,12 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\n", n.Name)
 		}
 		notes = append(notes, fmt.Sprintf("%s: %s", n.Name, n.Why))
+		for _, f := range n.Failed {
+			notes = append(notes, fmt.Sprintf("%s: failed: %s", n.Name, f))
+		}
+		if n.MoreFailed > 0 {
+			notes = append(notes, fmt.Sprintf("%s: and %d more failed", n.Name, n.MoreFailed))
+		}
 		if p := n.Previous; p != nil {
 			what := "an earlier verdict of this generation"
 			if p.Fingerprint != n.Fingerprint {
