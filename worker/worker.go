@@ -660,8 +660,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		// this worker's shards hold; in auto mode or with SlotsEach, serve
 		// every class of those runs as they appear.
 		served := map[string]bool{}
-		for c := range w.cfg.Slots {
-			served[c] = true // CLASS=0: not served
+		for c, n := range w.cfg.Slots {
+			// With fixed slots CLASS=0 keeps the class away; in auto mode
+			// 0 is no cap, and the class is served as it appears.
+			served[c] = n > 0 || !w.cfg.Auto
 		}
 		g.Go(func() error {
 			t := time.NewTicker(w.cfg.ReportEvery)
