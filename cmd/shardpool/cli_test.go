@@ -1486,7 +1486,11 @@ func TestRunHaltsWhenEveryShardFails(t *testing.T) {
 	job := testenv.WriteJob(t, testenv.Job{Name: "broken", Shards: 20, Retries: 0,
 		Command: []string{"sh", "-c", `[ -e fixed ] || { sleep 0.1; echo "tool missing" >&2; exit 1; }; cp "$0" "$1/"`, "{input}", "{out}"}})
 	dir, data := filepath.Dir(job), t.TempDir()
-	p := testenv.Start(t, "run", "--data", data, "--slots", "2", job)
+	p := testenv.Start(t, "run", "--data", data, "--halt", "-1", job)
+	if code := p.Wait(t, 30*time.Second); code != 2 || !strings.Contains(p.Output(), "--halt -1: want a number of shards") {
+		t.Fatalf("run --halt -1: exit %d, want 2 (usage) naming the flag\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", job)
 	if code := p.Wait(t, 60*time.Second); code != 3 {
 		t.Fatalf("run of a command that fails for every shard: exit %d, want 3\n%s", code, p.Output())
 	}
