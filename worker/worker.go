@@ -30,9 +30,9 @@ type Config struct {
 	JetStream jetstream.JetStream
 	// Name identifies the worker in leases and reports. Default: host name.
 	Name string
-	// Slots is the number of concurrent shards per class: the worker serves
-	// exactly the classes listed with a positive count. With Auto it is an
-	// optional cap per class.
+	// Slots is the number of concurrent shards per class: alone, the worker
+	// serves exactly the classes listed with a positive count. With Auto it
+	// is an optional cap per class (0: none).
 	Slots map[string]int
 	// SlotsEach, without Auto, is the fixed number of slots of every class
 	// of the active runs, served as they appear (`shardpool worker --slots
