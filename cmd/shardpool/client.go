@@ -402,6 +402,14 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		for _, why := range r.Waiting {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, why)
 		}
+		if c := r.Counts; c.Failed >= failingWarnAt && c.Validated == 0 && c.Pending+c.Running > 0 &&
+			r.State != stream.RunBlocked && r.State != stream.RunComplete {
+			// A `shardpool run` halts here (--halt); workers of a submitted
+			// run serve other runs too and go on: say what stops them.
+			fmt.Fprintf(w, "%s: warning: %d shard(s) failed after their retries and none has been validated: the command may fail for every shard, "+
+				"and the workers go on with the other %d. SIGUSR1 drains a worker (its running shards end, it fetches no more); "+
+				"once the cause is fixed, submit again (--retry-failed for the failed ones)\n", r.Name, c.Failed, c.Pending+c.Running)
+		}
 		if r.State == stream.RunBlocked && resumeApart(r) {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}

@@ -903,3 +903,27 @@ func TestWorkerSlotsForEachClass(t *testing.T) {
 		t.Fatalf("status: exit %d, want w1 with cpu=2,io=2 slots\n%s", code, st.Output())
 	}
 }
+
+// TestStatusWarnsWhenEveryShardFails: a submitted run has no `run` to halt
+// it, and its workers go on; status says, while the run is under way,
+// that every shard so far failed and how to stop the workers.
+func TestStatusWarnsWhenEveryShardFails(t *testing.T) {
+	c := startCluster(t, "10s")
+	spec := testenv.WriteJob(t, testenv.Job{Name: "broken", Shards: 40, Retries: 0, Command: []string{"sh", "-c", "sleep 0.2; exit 1"}})
+	c.submit(spec)
+	w := c.worker("w1", "--slots", "2")
+	status := func() string {
+		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token(), "broken")
+		p.Wait(t, 30*time.Second)
+		return p.Output()
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		out := status()
+		return strings.Contains(out, "broken: warning: ") && strings.Contains(out, "failed after their retries and none has been validated") &&
+			strings.Contains(out, "SIGUSR1 drains a worker"), "status:\n" + out
+	})
+	w.SignalMain(syscall.SIGUSR1)
+	if code := w.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("worker drained on SIGUSR1: exit %d\n%s", code, w.Output())
+	}
+}
