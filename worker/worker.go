@@ -183,7 +183,7 @@ type Worker struct {
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
 	hurryOnce  sync.Once
 	drain      chan struct{}  // closed by Drain: fetch no more, let the running shards end
-	fixed      map[string]int // under mu, without Auto: the slots of each class served (Slots, and SlotsEach as classes appear)
+	fixed      map[string]int // under mu, without Auto, for reports: the slots of each class served (Slots, and SlotsEach as classes appear)
 	ended      sync.Map       // run name -> *endedCount: shards this worker concluded (Ended)
 	drainOnce  sync.Once
 	drainWhy   string // why Drain was called, for reports and the admission log
@@ -616,9 +616,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			return
 		}
 		if !w.cfg.Auto {
-			if _, ok := w.fixed[class]; !ok {
-				w.fixed[class] = w.cfg.SlotsEach
-			}
+			w.fixed[class] = w.fixedSlots(class)
 		}
 		w.serving.Add(1)
 		g.Go(func() error {
@@ -997,11 +995,14 @@ func (w *Worker) reportedSlots() map[string]int {
 	return maps.Clone(w.fixed)
 }
 
-// fixedSlots is the configured number of slots of class, without Auto.
+// fixedSlots is the configured number of slots of class, without Auto:
+// its own in Slots, else SlotsEach. Read from the configuration, it takes
+// no lock on the fetch path.
 func (w *Worker) fixedSlots(class string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.fixed[class]
+	if n, ok := w.cfg.Slots[class]; ok {
+		return n
+	}
+	return w.cfg.SlotsEach
 }
 
 func (w *Worker) snapshot() stream.WorkerReport {
