@@ -528,9 +528,6 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 	// a command failing in milliseconds halts near haltAt, not at the
 	// record's next update.
 	judge := func() error {
-		if o.ended == nil {
-			return nil
-		}
 		switch ok, failed := o.ended(); {
 		case ok > 0:
 		case o.haltAt > 0 && failed >= o.haltAt:
@@ -542,13 +539,17 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 		}
 		return nil
 	}
-	judgeTick := time.NewTicker(20 * time.Millisecond)
-	defer judgeTick.Stop()
+	var judgeC <-chan time.Time // nil, so never ready, without o.ended
+	if o.ended != nil {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		judgeC = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-judgeTick.C:
+		case <-judgeC:
 			if err := judge(); err != nil {
 				return nil, err
 			}
