@@ -201,7 +201,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	if prev == nil {
 		res.NewRun = true
 	}
-	if rev, err = putRun(ctx, b.Runs, &rec, rev, prev == nil); err != nil {
+	if rev, err = putNewGeneration(ctx, b, &rec, prev, rev); err != nil {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
 	if err := describeInputs(ctx, spec, man, opt.Hashes); err != nil {
@@ -392,6 +392,33 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 		}
 		if rec.Fingerprint != prev.Fingerprint {
 			return nil, 0, fmt.Errorf("update settings: the run became generation %s meanwhile", rec.Fingerprint)
+		}
+		rev = e.Revision()
+	}
+}
+
+// putNewGeneration writes rec, a new run or a new generation of prev read
+// at rev. The tracker may write prev's record in between (its counts, its
+// state as the previous submission takes effect): that is re-read, and rec
+// replaces it all the same while it is still prev's generation. Another
+// generation written meanwhile (a concurrent submission) is refused, as a
+// run created meanwhile is.
+func putNewGeneration(ctx context.Context, b *stream.Buckets, rec, prev *stream.RunRecord, rev uint64) (uint64, error) {
+	for {
+		n, err := putRun(ctx, b.Runs, rec, rev, prev == nil)
+		if err == nil || prev == nil || !stream.IsConflict(err) {
+			return n, err
+		}
+		e, err := b.Runs.Get(ctx, rec.Name)
+		if err != nil {
+			return 0, err
+		}
+		var cur stream.RunRecord
+		if err := stream.Decode(e.Value(), &cur); err != nil {
+			return 0, err
+		}
+		if cur.Fingerprint != prev.Fingerprint {
+			return 0, fmt.Errorf("the run became generation %s meanwhile", cur.Fingerprint)
 		}
 		rev = e.Revision()
 	}

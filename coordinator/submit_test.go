@@ -287,3 +287,60 @@ func TestRetryWithAChangedJobIsRefused(t *testing.T) {
 		t.Fatalf("new generation: got %+v, want generation %s replaced because of file ./job.sh, 2 published", res, first.Fingerprint)
 	}
 }
+
+// TestNewGenerationWhileTheRecordIsWritten: a new generation is submitted
+// while the run's record is being written (as the tracker does, judging the
+// previous submission). The submission re-reads the record and replaces
+// it; before, it failed with "key revision mismatch" (seen in the CLI
+// suite, TestAddedShardsCanRunAlone).
+func TestNewGenerationWhileTheRecordIsWritten(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "manifest.jsonl"), []byte("{\"id\":\"a\"}\n{\"id\":\"b\"}\n"), 0o644)
+	spec := func(rev string) string {
+		p := filepath.Join(dir, rev+".toml")
+		os.WriteFile(p, []byte("name = \"busy\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"true\"]\ncode_rev = \""+rev+"\"\n"), 0o644)
+		return p
+	}
+	env.Submit(spec("r0"), coordinator.SubmitOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kv, err := env.JS.KeyValue(ctx, stream.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { writes <- n }()
+		for ctx.Err() == nil {
+			e, err := kv.Get(ctx, "busy")
+			if err != nil {
+				continue
+			}
+			var r stream.RunRecord
+			if stream.Decode(e.Value(), &r) != nil {
+				continue
+			}
+			r.Updated = time.Now().UTC()
+			b, _ := stream.Encode(&r)
+			if _, err := kv.Update(ctx, "busy", b, e.Revision()); err == nil {
+				n++
+			}
+		}
+	}()
+	for i := 1; i <= 10; i++ {
+		rev := fmt.Sprintf("r%d", i)
+		res, err := env.TrySubmit(spec(rev), coordinator.SubmitOptions{})
+		if err != nil {
+			t.Fatalf("submission %d of a new generation while the record is written: %v", i, err)
+		}
+		if r, err := env.Run("busy"); err != nil || r.Fingerprint != res.Fingerprint || r.Spec.CodeRev != rev {
+			t.Fatalf("after submission %d: record %s (code_rev %s), %v; want %s (code_rev %s)", i, r.Fingerprint, r.Spec.CodeRev, err, res.Fingerprint, rev)
+		}
+	}
+	cancel()
+	if n := <-writes; n < 10 {
+		t.Fatalf("the record was written %d times meanwhile: too few to race the submissions", n)
+	}
+}
