@@ -132,7 +132,7 @@ func writableDir(dir string) bool {
 func (c *cgroups) describe() string {
 	switch c.mode {
 	case "v1":
-		return "enforced: a cgroup v1 memory and cpu cgroup per shard, under the worker's own"
+		return "enforced: a cgroup v1 memory and cpu cgroup per shard, under the worker's own cgroups"
 	case "v2":
 		return "enforced: a cgroup v2 cgroup per shard beside the worker's, in its delegated cgroup"
 	}
