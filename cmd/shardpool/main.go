@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 )
 
@@ -18,7 +19,7 @@ func main() {
 	// (ssh disconnects) drains as on SIGTERM; by Go's default it would
 	// die on the spot, and every shard it ran would wait out its lease
 	// and be charged an attempt.
-	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
+	ctx, stop := stopContext()
 	if len(os.Args) > 1 && longLived[os.Args[1]] {
 		keepOnBrokenPipe()
 	}
@@ -43,6 +44,66 @@ var stopSignals = func() []os.Signal {
 	}
 	return sigs
 }()
+
+// stops counts the stop signals the process got: the first ends the
+// command's context, and each one after it calls the hurry that a
+// draining command set (onStopAgain).
+var stops struct {
+	mu    sync.Mutex
+	n     int
+	again func()
+}
+
+// stopContext is signal.NotifyContext for stopSignals, whose handler also
+// hears the signals after the first: a second Ctrl-C sent before a
+// draining command has said "interrupt again" is kept for it rather than
+// lost in a channel nobody reads.
+func stopContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, stopSignals...)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-sig:
+				stops.mu.Lock()
+				stops.n++
+				n, again := stops.n, stops.again
+				stops.mu.Unlock()
+				if n == 1 {
+					cancel()
+				} else if again != nil {
+					again()
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sig)
+		close(done)
+		cancel()
+	}
+}
+
+// onStopAgain has every stop signal after the first call f, at once if
+// one came already; the returned func stops that.
+func onStopAgain(f func()) func() {
+	stops.mu.Lock()
+	stops.again = f
+	late := stops.n > 1
+	stops.mu.Unlock()
+	if late {
+		f()
+	}
+	return func() {
+		stops.mu.Lock()
+		stops.again = nil
+		stops.mu.Unlock()
+	}
+}
 
 // longLived are the commands that hold shards, a store or a staging copy
 // for as long as they run.

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -328,29 +329,22 @@ func sameFile(a, b io.Writer) bool {
 // announceDrain says what an interrupted worker does before it exits,
 // which can take the whole grace period, and lets a second SIGINT or
 // SIGTERM cut it short (worker.Hurry). Before, a Ctrl-C showed nothing for
-// up to --grace, and a second one did nothing. The returned func stops
-// listening.
+// up to --grace, and a second one did nothing. A second signal that came
+// before this was called (stopContext keeps it) cuts it short at once.
+// The returned func stops listening.
 func announceDrain(stderr io.Writer, wk *worker.Worker, grace time.Duration) func() {
 	if n := wk.Running(); n > 0 {
 		fmt.Fprintf(stderr, "stopping: %d running shard(s) get SIGTERM and %s to end, then SIGKILL; their attempts are not counted (interrupt again to kill them now)\n", n, grace)
 	} else {
 		fmt.Fprintln(stderr, "stopping")
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, stopSignals...)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-sig:
+	var once sync.Once
+	return onStopAgain(func() {
+		once.Do(func() {
 			fmt.Fprintln(stderr, "stopping now: SIGKILL to the running shards")
 			wk.Hurry()
-		case <-done:
-		}
-	}()
-	return func() {
-		signal.Stop(sig)
-		close(done)
-	}
+		})
+	})
 }
 
 // drainOnSignal drains wk on SIGUSR1, which Slurm sends ahead of a job's
