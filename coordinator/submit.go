@@ -226,27 +226,14 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 		}
 	}
-	// Mark queued with compare-and-set: the tracker may have written state
-	// in between, so re-read on conflict.
-	for {
-		rec.Queued = true
-		if rec.State == stream.RunPrepared {
-			rec.State = stream.RunQueued
+	// Mark queued; the tracker may have written state in between.
+	if rec, _, err = changeRun(ctx, b, rec, rev, func(r *stream.RunRecord) {
+		r.Queued, r.Updated = true, time.Now().UTC()
+		if r.State == stream.RunPrepared {
+			r.State = stream.RunQueued
 		}
-		rec.Updated = time.Now().UTC()
-		if _, err := putRun(ctx, b.Runs, &rec, rev, false); err == nil {
-			break
-		} else if !stream.IsConflict(err) {
-			return res, fmt.Errorf("submit %s: mark queued: %w", spec.Name, err)
-		}
-		e, err := b.Runs.Get(ctx, spec.Name)
-		if err != nil {
-			return res, fmt.Errorf("submit %s: mark queued: %w", spec.Name, err)
-		}
-		if err := stream.Decode(e.Value(), &rec); err != nil {
-			return res, err
-		}
-		rev = e.Revision()
+	}); err != nil {
+		return res, fmt.Errorf("submit %s: mark queued: %w", spec.Name, err)
 	}
 	// What was published and the QUEUED state must survive a host crash
 	// before the producer is told so.
@@ -359,39 +346,60 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 	if len(changed) == 0 && !commands {
 		return nil, prev.Settings, nil
 	}
-	rec := *prev
-	for {
-		rec.Spec = *spec
+	rec, _, err := changeRun(ctx, b, *prev, rev, func(r *stream.RunRecord) {
+		r.Spec = *spec
 		if len(changed) > 0 {
-			rec.Settings++
+			r.Settings++
 		}
 		if measured {
-			rec.MeasuredMemory = opt.MeasuredMemory
+			r.MeasuredMemory = opt.MeasuredMemory
 		}
 		if opt.Resume != "" {
-			rec.Resume = opt.Resume
+			r.Resume = opt.Resume
 		}
 		if opt.Retry != "" {
-			rec.RetryCmd = opt.Retry
+			r.RetryCmd = opt.Retry
 		}
-		rec.Updated = time.Now().UTC()
-		_, err := putRun(ctx, b.Runs, &rec, rev, false)
-		if err == nil {
-			return changed, rec.Settings, nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("update settings: %w", err)
+	}
+	return changed, rec.Settings, nil
+}
+
+// changeRun applies change to the run record cur, read at revision rev,
+// and writes it with compare-and-set. When someone wrote the record in
+// between (the tracker, judging the run), it reads it again and applies
+// change to that, as long as it is still cur's generation. A rev of 0
+// reads the record first. It returns the record written and its
+// revision. Updated is change's to set: it dates the run's state, and
+// `run` takes a BLOCKED or COMPLETE record updated after its submission
+// began for the verdict, so a change of the spec part alone (settings)
+// must leave it as it was.
+func changeRun(ctx context.Context, b *stream.Buckets, cur stream.RunRecord, rev uint64, change func(*stream.RunRecord)) (stream.RunRecord, uint64, error) {
+	fp := cur.Fingerprint
+	for {
+		if rev != 0 {
+			r := cur
+			change(&r)
+			n, err := putRun(ctx, b.Runs, &r, rev, false)
+			if err == nil {
+				return r, n, nil
+			}
+			if !stream.IsConflict(err) {
+				return r, 0, err
+			}
 		}
-		if !stream.IsConflict(err) {
-			return nil, 0, fmt.Errorf("update settings: %w", err)
-		}
-		e, err := b.Runs.Get(ctx, spec.Name)
+		e, err := b.Runs.Get(ctx, cur.Name)
 		if err != nil {
-			return nil, 0, fmt.Errorf("update settings: %w", err)
+			return cur, 0, err
 		}
-		rec = stream.RunRecord{}
-		if err := stream.Decode(e.Value(), &rec); err != nil {
-			return nil, 0, err
+		cur = stream.RunRecord{}
+		if err := stream.Decode(e.Value(), &cur); err != nil {
+			return cur, 0, err
 		}
-		if rec.Fingerprint != prev.Fingerprint {
-			return nil, 0, fmt.Errorf("update settings: the run became generation %s meanwhile", rec.Fingerprint)
+		if cur.Fingerprint != fp {
+			return cur, 0, fmt.Errorf("the run became generation %s meanwhile", cur.Fingerprint)
 		}
 		rev = e.Revision()
 	}

@@ -1477,6 +1477,39 @@ func TestRunWarnsWhenEveryShardFails(t *testing.T) {
 	}
 }
 
+// TestRetryWithChangedSettingsWaitsForItsVerdict: a BLOCKED run retried
+// with a setting changed outside the fingerprint (retries) has its record
+// rewritten by the submission before the tracker has seen the retry. That
+// write is not a verdict: `run` used to take the stale BLOCKED for one and
+// exit 3 at once, with the shards it had just requeued still to run.
+func TestRetryWithChangedSettingsWaitsForItsVerdict(t *testing.T) {
+	job := testenv.WriteJob(t, testenv.Job{Shards: 4, Retries: 0,
+		Command: []string{"sh", "-c", `[ -e fixed ] || exit 4; cp "$0" "$1/"`, "{input}", "{out}"}})
+	dir, data := filepath.Dir(job), t.TempDir()
+	p := testenv.Start(t, "run", "--data", data, "--halt", "0", job)
+	if code := p.Wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("run of a failing command: exit %d, want 3\n%s", code, p.Output())
+	}
+	if err := os.WriteFile(filepath.Join(dir, "fixed"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := os.ReadFile(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := strings.Replace(string(spec), "retries = 0", "retries = 1", 1)
+	if changed == string(spec) {
+		t.Fatalf("no retries line to change in the spec:\n%s", spec)
+	}
+	if err := os.WriteFile(job, []byte(changed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--retry-failed", job)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "retries 0 -> 1") || !strings.Contains(p.Output(), "COMPLETE") {
+		t.Fatalf("run --retry-failed with retries changed: exit %d, want 0 (COMPLETE) and the change named\n%s", code, p.Output())
+	}
+}
+
 // TestRunHaltsWhenEveryShardFails: by default a run stops fetching once
 // the first 5 shards to end have all failed, lets the running ones end,
 // keeps the rest queued and says how to go on. After the fix, a plain run
