@@ -38,9 +38,10 @@ type Forgotten struct {
 // records it validated without running its command.
 //
 // Refused, changing nothing: a run that is not COMPLETE or BLOCKED
-// (ErrRunActive). Leases are not looked at: a validated shard's lease is
-// left to expire, and in a COMPLETE or BLOCKED run no shard's record says
-// it runs. A submission right after publishes shard IDs the queue still
+// (ErrRunActive), or a halted one whose running shards have not ended.
+// Leases are not looked at: a validated shard's lease is left to expire,
+// and otherwise in a COMPLETE or BLOCKED run no shard's record says it
+// runs. A submission right after publishes shard IDs the queue still
 // remembers (its duplicate window, 10 minutes): Submit publishes those
 // again under IDs of their own (restoreLost).
 func Forget(ctx context.Context, js jetstream.JetStream, run string) (Forgotten, error) {
@@ -64,6 +65,12 @@ func Forget(ctx context.Context, js jetstream.JetStream, run string) (Forgotten,
 	if r.State != stream.RunComplete && r.State != stream.RunBlocked {
 		return out, fmt.Errorf("forget %s: %w: it is %s (%d pending, %d running); a run is forgotten once it is COMPLETE or BLOCKED",
 			run, ErrRunActive, r.State, r.Counts.Pending, r.Counts.Running)
+	}
+	if r.Counts.Running > 0 {
+		// A halted run (BLOCKED with shards still running): its workers
+		// would record and commit them after the records are gone.
+		return out, fmt.Errorf("forget %s: %w: it is %s with %d shard(s) still running (%s); it can be forgotten once they end",
+			run, ErrRunActive, r.State, r.Counts.Running, r.Halted)
 	}
 	removed, err := b.PurgeRun(ctx, run)
 	out.Removed = removed

@@ -117,6 +117,10 @@ type RunStatus struct {
 	Submitted   time.Time                `json:"submitted"`
 	Updated     time.Time                `json:"updated"`
 	ClassCounts map[string]stream.Counts `json:"class_counts,omitempty"`
+	// Halt is the run's --halt (0: the coordinator never halts it);
+	// Halted says why it halted, while it is.
+	Halt   int    `json:"halt,omitempty"`
+	Halted string `json:"halted,omitempty"`
 	// Waiting says why queued shards are not running, per class.
 	Waiting []string             `json:"waiting,omitempty"`
 	Shards  []stream.ShardRecord `json:"shards,omitempty"`
@@ -193,6 +197,9 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		caps[q.Class] = q
 	}
 	for i := range st.Runs {
+		if st.Runs[i].Halted != "" {
+			continue // its pending shards are held back, not waiting: its reason says so
+		}
 		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
 		if why := unqueued(ctx, js, st.Runs[i]); why != "" {
 			st.Runs[i].Waiting = append(st.Runs[i].Waiting, why)
@@ -240,7 +247,7 @@ func unqueued(ctx context.Context, js jetstream.JetStream, r RunStatus) string {
 func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shards bool) (RunStatus, error) {
 	rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
 		Resume: resumeCommand(r), Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
-		ClassCounts: r.ClassCounts}
+		ClassCounts: r.ClassCounts, Halt: r.Halt, Halted: r.Halted}
 	if shards {
 		var err error
 		if rs.Shards, err = unfinished(ctx, b, r); err != nil {

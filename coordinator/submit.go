@@ -37,6 +37,11 @@ type SubmitOptions struct {
 	// Hashes caches input checksums for classes that stage (by path, size
 	// and mtime); nil hashes without a cache file.
 	Hashes *staging.Hashes
+	// Halt, when above 0, has the coordinator halt the run once that many
+	// shards have failed after their retries with none validated since this
+	// submission (RunRecord.Halt). A submission of a halted run queues its
+	// held shards again.
+	Halt int
 	// Reverify, for a resubmitted run that is COMPLETE or BLOCKED (nothing
 	// running either way), checks every committed output at the
 	// destination from this host and redoes the shards whose output is
@@ -60,8 +65,12 @@ type SubmitResult struct {
 	// RedoneIDs names up to ten of them, with why.
 	RedoneIDs []string `json:"redone_ids,omitempty"`
 	// Restored counts unfinished shards whose queued message the store had
-	// lost (a full disk under it, say) and that were published again.
+	// lost (a full disk under it, say), or that a halt had taken off the
+	// queue, and that were published again.
 	Restored int `json:"restored,omitempty"`
+	// Unhalted is why the run had been halted, when this submission
+	// queued its held shards again.
+	Unhalted string `json:"unhalted,omitempty"`
 	// Changed lists the settings outside the fingerprint (retries, timeout,
 	// staging, paths of the spec, manifest and command directory, profile
 	// settings, measured peaks) that a resubmission of the same generation
@@ -122,6 +131,14 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 		}
 		res.Changed = changed
+		if prev.Halted != "" {
+			// The halt's purge goes first (the coordinator's may not have
+			// run yet): what restoreLost below publishes again comes after
+			// the halt's bound and is never taken off the queue.
+			if err := PurgeHalted(ctx, js, prev); err != nil {
+				return res, fmt.Errorf("submit %s: take the halted run's messages off the queue: %w", spec.Name, err)
+			}
+		}
 		if opt.RetryFailed {
 			n, err := retryFailed(ctx, js, b, prev, man, settings)
 			if err != nil {
@@ -130,7 +147,12 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			res.Retried, res.State = n, stream.RunRunning
 		}
 		if prev.State != stream.RunComplete {
-			n, err := restoreLost(ctx, js, b, prev, man, settings)
+			// The shards just retried are unfinished again, not failed:
+			// the check of how many messages the run should have must not
+			// count them twice.
+			cur := *prev
+			cur.Counts.Failed = max(cur.Counts.Failed-res.Retried, 0)
+			n, err := restoreLost(ctx, js, b, &cur, man, settings)
 			if err != nil {
 				return res, err
 			}
@@ -145,6 +167,18 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			}
 			if n > 0 {
 				res.Redone, res.RedoneIDs, res.State = n, why, stream.RunRunning
+			}
+		}
+		// Last, once its held shards are queued again: a submission that
+		// stops before this leaves the run halted, and the next one puts
+		// them back.
+		if prev.Halted != "" || prev.Halt != opt.Halt || opt.RetryFailed {
+			lifted, err := setHalt(ctx, b, prev, opt.Halt, res.Retried)
+			if err != nil {
+				return res, fmt.Errorf("submit %s: %w", spec.Name, err)
+			}
+			if lifted {
+				res.Unhalted, res.State = prev.Halted, stream.RunRunning
 			}
 		}
 		return res, nil
@@ -187,6 +221,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		Name: spec.Name, Fingerprint: fp, Spec: *spec, ManifestSHA: man.Hash, Classes: classes,
 		State: stream.RunPrepared, Counts: stream.Counts{Total: len(man.Shards), Pending: len(man.Shards)},
 		MeasuredMemory: opt.MeasuredMemory, Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
+		Halt: opt.Halt,
 	}
 	if prev != nil && prev.Fingerprint != fp {
 		res.NewRun = true
@@ -367,6 +402,34 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 	return changed, rec.Settings, nil
 }
 
+// setHalt writes a submission's halt into the run record of the same
+// generation: the threshold, the halt prev had lifted, and the counts from
+// which failures are counted again (those of the record, less the shards
+// a --retry-failed just reset). A halt the coordinator recorded while the
+// submission ran stands: its purge may have taken what this submission
+// published, and the next submission puts that back. It reports whether
+// it lifted a halt.
+func setHalt(ctx context.Context, b *stream.Buckets, prev *stream.RunRecord, halt, retried int) (bool, error) {
+	lifted := false
+	_, _, err := changeRun(ctx, b, *prev, 0, func(r *stream.RunRecord) {
+		r.Halt, lifted = halt, false
+		if r.Halted != "" && r.HaltSeq != prev.HaltSeq {
+			return
+		}
+		lifted = r.Halted != ""
+		r.Halted, r.HaltSeq = "", 0
+		r.HaltBase = stream.Counts{Failed: max(r.Counts.Failed-retried, 0), Validated: r.Counts.Validated}
+		if lifted && r.State == stream.RunBlocked {
+			// Its held shards are queued again; the tracker says the rest.
+			r.State, r.Reason, r.Updated = stream.RunRunning, "", time.Now().UTC()
+		}
+	})
+	if err != nil {
+		return false, fmt.Errorf("set halt: %w", err)
+	}
+	return lifted, nil
+}
+
 // changeRun applies change to the run record cur, read at revision rev,
 // and writes it with compare-and-set. When someone wrote the record in
 // between (the tracker, judging the run), it reads it again and applies
@@ -374,8 +437,8 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 // reads the record first. It returns the record written and its
 // revision. Updated is change's to set: it dates the run's state, and
 // `run` takes a BLOCKED or COMPLETE record updated after its submission
-// began for the verdict, so a change of the spec part alone (settings)
-// must leave it as it was.
+// began for the verdict, so a change of the spec part alone (settings,
+// the halt's threshold) must leave it as it was.
 func changeRun(ctx context.Context, b *stream.Buckets, cur stream.RunRecord, rev uint64, change func(*stream.RunRecord)) (stream.RunRecord, uint64, error) {
 	fp := cur.Fingerprint
 	for {

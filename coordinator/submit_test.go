@@ -344,3 +344,85 @@ func TestNewGenerationWhileTheRecordIsWritten(t *testing.T) {
 		t.Fatalf("the record was written %d times meanwhile: too few to race the submissions", n)
 	}
 }
+
+// TestHaltedRunIsQueuedAgain: a halted run's queued messages go, and a
+// submission of it puts them back and lifts the halt. The halt's purge is
+// bounded by the stream sequence it recorded: a purge that comes late
+// (the coordinator's, after the submission) takes none of the messages
+// the submission published.
+func TestHaltedRunIsQueuedAgain(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 6, Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{Halt: 5})
+	ctx := context.Background()
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := func() uint64 {
+		t.Helper()
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects("t")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+		return n
+	}
+	if n := queued(); n != 6 {
+		t.Fatalf("queued %d, want 6", n)
+	}
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Halt the run as the tracker does: the record first, then the purge.
+	e, err := b.Runs.Get(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r stream.RunRecord
+	if err := stream.Decode(e.Value(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Halt != 5 {
+		t.Fatalf("run record halt %d, want 5 (SubmitOptions.Halt)", r.Halt)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Halted, r.HaltSeq, r.State = "halted: a test", info.State.LastSeq+1, stream.RunBlocked
+	data, _ := stream.Encode(&r)
+	if _, err := b.Runs.Update(ctx, "t", data, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	halted := r
+	// The submission comes before the tracker's purge: it purges first
+	// itself, then publishes the held shards again.
+	res := env.Submit(spec, coordinator.SubmitOptions{Halt: 5})
+	if res.Unhalted != "halted: a test" || res.Restored != 6 {
+		t.Fatalf("submit of the halted run: unhalted %q, restored %d; want the halt's reason and 6", res.Unhalted, res.Restored)
+	}
+	if n := queued(); n != 6 {
+		t.Fatalf("queued after the submission %d, want 6", n)
+	}
+	// The late purge of the halt takes nothing the submission published.
+	if err := coordinator.PurgeHalted(ctx, env.JS, &halted); err != nil {
+		t.Fatal(err)
+	}
+	if n := queued(); n != 6 {
+		t.Fatalf("queued after the halt's late purge %d, want 6: it took messages published after the halt", n)
+	}
+	cur, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.Halted != "" || cur.HaltSeq != 0 || cur.Halt != 5 {
+		t.Fatalf("run record after the submission: halted %q, halt_seq %d, halt %d; want the halt lifted and --halt kept", cur.Halted, cur.HaltSeq, cur.Halt)
+	}
+	env.StartWorker("w1", map[string]int{"cpu": 2})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+}

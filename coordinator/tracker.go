@@ -49,6 +49,9 @@ type runInfo struct {
 	progress       progressKey
 	progressAt     time.Time
 	progressFailed bool
+	// purged is the HaltSeq of the halt whose messages this tracker took
+	// off the queue (0: none yet since it started).
+	purged uint64
 }
 
 // tracker keeps run state from shard records. Only its loop goroutine
@@ -322,6 +325,8 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 		}
 		ri.verifiedFP = ri.rec.Fingerprint
 		return stream.RunComplete, c, reason
+	case ri.rec.Halted != "":
+		return stream.RunBlocked, c, haltedReason(&ri.rec, c)
 	case c.Pending <= 0 && c.Running == 0 && c.Failed > 0:
 		return stream.RunBlocked, c, fmt.Sprintf("%d shard(s) failed: %s; retry them with: %s", c.Failed, ri.failedIDs(3), retryCommand(ri.rec))
 	case c.Running+c.Validated+c.Failed > 0:
@@ -617,6 +622,7 @@ func (t *tracker) flush(ctx context.Context, final bool) {
 		if ri.dirty {
 			t.flushRun(ctx, name, ri)
 		}
+		t.purgeHalted(ctx, ri)
 		t.maybeProgress(ri, final)
 	}
 }
@@ -626,6 +632,10 @@ func (t *tracker) flush(ctx context.Context, final bool) {
 func (t *tracker) flushRun(ctx context.Context, name string, ri *runInfo) {
 	state, counts, reason := t.derive(ctx, ri)
 	classes := ri.classCounts()
+	if state == stream.RunRunning && shouldHalt(&ri.rec, counts) {
+		t.halt(ctx, name, ri, counts, classes)
+		return
+	}
 	if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) && !ri.retried {
 		ri.dirty = false
 		t.maybeEvidence(ri)
@@ -649,6 +659,88 @@ func (t *tracker) flushRun(ctx context.Context, name string, ri *runInfo) {
 	}
 	ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
 	t.maybeEvidence(ri)
+}
+
+// shouldHalt says whether a running run has reached its halt: Halt shards
+// failed after their retries since the submission that set HaltBase, and
+// none validated since, with shards left to hold back.
+func shouldHalt(r *stream.RunRecord, c stream.Counts) bool {
+	return r.Halt > 0 && r.Halted == "" && c.Pending > 0 &&
+		c.Failed-r.HaltBase.Failed >= r.Halt && c.Validated <= r.HaltBase.Validated
+}
+
+// halt stops a run whose command seems to fail for every shard (Halt): it
+// records why, with the stream sequence before which the run's messages
+// go, and then takes those messages off the queue, so that workers start
+// none of its shards; the ones running end as they would. The run is
+// BLOCKED until a submission puts its messages back (Submit). The bound
+// keeps the purge from taking what that submission published, whenever
+// it runs.
+func (t *tracker) halt(ctx context.Context, name string, ri *runInfo, c stream.Counts, classes map[string]stream.Counts) {
+	s, err := t.c.js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.c.log.Warn("halt: read the work queue", "run", name, "err", err)
+		return // the next flush tries again
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.c.log.Warn("halt: read the work queue", "run", name, "err", err)
+		return
+	}
+	r := ri.rec
+	r.Halted = fmt.Sprintf("halted: %d shard(s) failed after their retries since the run was submitted, none validated, so the command may fail for every shard: %s",
+		c.Failed-r.HaltBase.Failed, ri.failedIDs(3))
+	r.HaltSeq = info.State.LastSeq + 1
+	r.State, r.Counts, r.ClassCounts, r.Reason, r.Updated = stream.RunBlocked, c, classes, haltedReason(&r, c), time.Now().UTC()
+	r.Evidence = t.c.EvidenceDir(name)
+	data, err := stream.Encode(&r)
+	if err != nil {
+		return
+	}
+	rev, err := t.c.b.Runs.Update(ctx, name, data, ri.rev)
+	if err != nil {
+		return // a submission wrote in between: judged again from it
+	}
+	t.c.log.Warn("run halted", "run", name, "why", r.Halted)
+	ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
+	t.purgeHalted(ctx, ri)
+	t.maybeEvidence(ri)
+}
+
+// purgeHalted takes a halted run's queued messages off the queue, once per
+// halt and tracker (again after a restart: a halt recorded just before a
+// crash may not have purged yet; purging twice is harmless).
+func (t *tracker) purgeHalted(ctx context.Context, ri *runInfo) {
+	if ri.rec.Halted == "" || ri.purged == ri.rec.HaltSeq {
+		return
+	}
+	if err := PurgeHalted(ctx, t.c.js, &ri.rec); err != nil {
+		t.c.log.Warn("halt: take the run's messages off the queue", "run", ri.rec.Name, "err", err)
+		return // tried again at the next flush
+	}
+	ri.purged = ri.rec.HaltSeq
+}
+
+// PurgeHalted removes the queued messages of the halted run r that were
+// published before its HaltSeq. Messages a worker holds go too: its
+// attempt ends as it would, and its record says how.
+func PurgeHalted(ctx context.Context, js jetstream.JetStream, r *stream.RunRecord) error {
+	s, err := js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return err
+	}
+	return s.Purge(ctx, jetstream.WithPurgeSubject(stream.RunSubjects(r.Name)), jetstream.WithPurgeSequence(r.HaltSeq))
+}
+
+// haltedReason is a halted run's reason: why, what was held back, and how
+// to go on.
+func haltedReason(r *stream.RunRecord, c stream.Counts) string {
+	running := ""
+	if c.Running > 0 {
+		running = fmt.Sprintf(" (%d running end as they would)", c.Running)
+	}
+	return fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s. Once the cause is fixed, retry with: %s "+
+		"(or submit the changed spec; either queues them again)", r.Halted, c.Pending, running, retryCommand(*r))
 }
 
 func (t *tracker) writeResume(ri *runInfo, cmd string) {

@@ -190,6 +190,15 @@ type RunRecord struct {
 	Evidence    string            `json:"evidence,omitempty"`
 	Submitted   time.Time         `json:"submitted"`
 	Updated     time.Time         `json:"updated"`
+	// Halt is how many shards may fail, with none validated since
+	// HaltBase, before the coordinator halts the run (0: never; `submit
+	// --halt`). Halted says why it halted: the run is BLOCKED, and its
+	// queued messages published before stream sequence HaltSeq are taken
+	// off the queue, until a submission puts them back.
+	Halt     int    `json:"halt,omitempty"`
+	HaltBase Counts `json:"halt_base,omitzero"`
+	Halted   string `json:"halted,omitempty"`
+	HaltSeq  uint64 `json:"halt_seq,omitempty"`
 }
 
 // Lease is key <run>.<id> in the leases bucket; its life is the bucket TTL.

@@ -26,14 +26,18 @@ import (
 )
 
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--json] SPEC", stderr)
+	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--halt N] [--json] SPEC", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
+	halt := fs.Int("halt", 5, "the coordinator halts the run (BLOCKED, its queued shards held back until it is submitted again) once `N` shards have failed after their retries with none validated since this submission (0: run every shard whatever fails)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	spec, man, err := parseSpec(fs, args)
 	if err != nil {
 		return err
+	}
+	if *halt < 0 {
+		return exitErr{code: exitUsage, msg: fmt.Sprintf("submit: --halt %d: want a number of shards, or 0 never to halt", *halt)}
 	}
 	plan.SplitOutliers(spec, man)
 	used := acc.get()
@@ -65,7 +69,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		visible = true
 		checkOutput(ctx, spec.Output, stderr)
 	}
-	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd,
+	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd, Halt: *halt,
 		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible})
 	if err != nil {
 		return err
@@ -266,12 +270,15 @@ func printRetried(w io.Writer, res coordinator.SubmitResult) {
 	if res.Retried > 0 {
 		fmt.Fprintf(w, "retried %d failed shard(s)\n", res.Retried)
 	}
+	if res.Unhalted != "" {
+		fmt.Fprintf(w, "the run had %s\n%d held shard(s) queued again; the count toward --halt starts over\n", res.Unhalted, res.Restored)
+	}
 }
 
 // printRedone names the committed shards queued again because their
 // output was missing or failed verification.
 func printRedone(w io.Writer, res coordinator.SubmitResult) {
-	if res.Restored > 0 {
+	if res.Restored > 0 && res.Unhalted == "" {
 		fmt.Fprintf(w, "%d unfinished shard(s) had no queued message (a run forgotten and submitted again, or a store that lost messages after a full disk): published again\n", res.Restored)
 	}
 	if res.Redone == 0 {
@@ -404,11 +411,15 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		}
 		if c := r.Counts; c.Failed >= failingWarnAt && c.Validated == 0 && c.Pending+c.Running > 0 &&
 			r.State != stream.RunBlocked && r.State != stream.RunComplete {
-			// A `shardpool run` halts here (--halt); workers of a submitted
-			// run serve other runs too and go on: say what stops them.
+			// A `shardpool run` halts by itself (run --halt), a submitted
+			// run at its --halt (the coordinator): say what stops the rest.
+			next := fmt.Sprintf("the workers go on with the other %d", c.Pending+c.Running)
+			if r.Halt > 0 {
+				next += fmt.Sprintf(" until %d have failed since it was submitted, when the coordinator halts the run (submit --halt)", r.Halt)
+			}
 			fmt.Fprintf(w, "%s: warning: %d shard(s) failed after their retries and none has been validated: the command may fail for every shard, "+
-				"and the workers go on with the other %d. SIGUSR1 drains a worker (its running shards end, it fetches no more); "+
-				"once the cause is fixed, submit again (--retry-failed for the failed ones)\n", r.Name, c.Failed, c.Pending+c.Running)
+				"and %s. SIGUSR1 drains a worker (its running shards end, it fetches no more); "+
+				"once the cause is fixed, submit again (--retry-failed for the failed ones)\n", r.Name, c.Failed, next)
 		}
 		if r.State == stream.RunBlocked && resumeApart(r) {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
@@ -431,6 +442,11 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 						detail += "; that worker is disconnected (" + wk.Disconnected + "): if it is gone, the shard is redelivered once its lease expires; if it reconnects in time, it carries on"
 					}
 				}
+			}
+			if r.Halted != "" && s.State == stream.ShardPending {
+				// Its retry is not due: the halt took its message off the queue.
+				detail, _, _ = strings.Cut(detail, "; retry in ")
+				detail += "; held: the run is halted"
 			}
 			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))
 		}

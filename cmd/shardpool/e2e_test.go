@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -910,7 +911,8 @@ func TestWorkerSlotsForEachClass(t *testing.T) {
 func TestStatusWarnsWhenEveryShardFails(t *testing.T) {
 	c := startCluster(t, "10s")
 	spec := testenv.WriteJob(t, testenv.Job{Name: "broken", Shards: 40, Retries: 0, Command: []string{"sh", "-c", "sleep 0.2; exit 1"}})
-	c.submit(spec)
+	// Not halted by the coordinator (TestSubmittedRunHalts): it warns.
+	c.submit(spec, "--halt", "0")
 	w := c.worker("w1", "--slots", "2")
 	status := func() string {
 		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token(), "broken")
@@ -925,5 +927,76 @@ func TestStatusWarnsWhenEveryShardFails(t *testing.T) {
 	w.SignalMain(syscall.SIGUSR1)
 	if code := w.Wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("worker drained on SIGUSR1: exit %d\n%s", code, w.Output())
+	}
+}
+
+// TestSubmittedRunHalts: a submitted run whose first shards all fail
+// (--halt 3) is halted by the coordinator: BLOCKED with the reason, its
+// queued messages taken off the queue so that no worker starts another of
+// its shards, while the shard running at the halt ends as it would (its
+// message gone, its ack must not hang the worker). Once the cause is
+// fixed, --retry-failed queues the failed and the held shards again and
+// the run completes, each shard validated once.
+func TestSubmittedRunHalts(t *testing.T) {
+	c := startCluster(t, "10s")
+	fixed := filepath.Join(t.TempDir(), "fixed")
+	const n = 30
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 0, Command: []string{"sh", "-c",
+		`if [ "$1" = s0000 ]; then sleep 3; cp "$3" "$4/"; exit 0; fi; sleep 0.1; [ -e "$2" ] || { echo "no tool here" >&2; exit 9; }; cp "$3" "$4/"`,
+		"sh", "{id}", fixed, "{input}", "{out}"}})
+	bad := testenv.Start(t, "submit", "--server", c.url, "--token-file", c.token(), "--halt", "-1", spec)
+	if code := bad.Wait(t, 30*time.Second); code != 2 || !strings.Contains(bad.Output(), "--halt -1") {
+		t.Fatalf("submit --halt -1: exit %d, want 2 (usage) naming the flag\n%s", code, bad.Output())
+	}
+	c.submit(spec, "--halt", "3")
+	w := c.worker("w1", "--slots", "2")
+	r := testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunBlocked)
+	if !strings.HasPrefix(r.Halted, "halted: ") || !strings.Contains(r.Reason, "taken off the queue") || !strings.Contains(r.Reason, "--retry-failed") {
+		t.Fatalf("halted run: halted %q, reason %q; want why, what was held and how to go on", r.Halted, r.Reason)
+	}
+	ctx := context.Background()
+	s, err := c.js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects("t")))
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(info.State.Subjects) == 0, fmt.Sprintf("queued messages of the halted run: %v", info.State.Subjects)
+	})
+	// The shard running at the halt ends validated; nothing else starts.
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		rec, err := stream.ReadRun(ctx, c.js, "t")
+		return err == nil && rec.Counts.Validated == 1 && rec.Counts.Running == 0, fmt.Sprintf("counts %+v, err %v", rec.Counts, err)
+	})
+	before, _ := stream.ReadRun(ctx, c.js, "t")
+	time.Sleep(1500 * time.Millisecond)
+	after, _ := stream.ReadRun(ctx, c.js, "t")
+	if after.Counts != before.Counts || after.State != stream.RunBlocked || after.Counts.Failed < 3 || after.Counts.Failed > 6 {
+		t.Fatalf("after the halt: %s %+v, then %s %+v; want BLOCKED with 3 to 6 failed (the halt at 3, one slot), and no shard started since",
+			before.State, before.Counts, after.State, after.Counts)
+	}
+	p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token(), "--json", "t")
+	if code := p.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("status --json: exit %d\n%s", code, p.Output())
+	}
+	var st coordinator.Status
+	if err := json.Unmarshal([]byte(p.Output()), &st); err != nil || len(st.Runs) != 1 || st.Runs[0].Halted != r.Halted || st.Runs[0].Halt != 3 || len(st.Runs[0].Waiting) != 0 {
+		t.Fatalf("status --json: %v; want the run with halt 3, its halt's reason and no waiting lines\n%s", err, p.Output())
+	}
+	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := c.submit(spec, "--retry-failed", "--halt", "3")
+	if !strings.Contains(out, "the run had halted: ") || !strings.Contains(out, "held shard(s) queued again") {
+		t.Fatalf("submit --retry-failed of the halted run:\n%s\nwant what it lifted and how many it queued again", out)
+	}
+	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
+	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), n)
+	w.SignalMain(syscall.SIGTERM)
+	if code := w.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("worker exit %d\n%s", code, w.Output())
 	}
 }
