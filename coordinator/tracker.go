@@ -642,23 +642,33 @@ func (t *tracker) flushRun(ctx context.Context, name string, ri *runInfo) {
 		return
 	}
 	r := ri.rec
-	r.State, r.Counts, r.ClassCounts, r.Reason, r.Updated = state, counts, classes, reason, time.Now().UTC()
-	r.Evidence = t.c.EvidenceDir(name)
-	data, err := stream.Encode(&r)
-	if err != nil {
+	r.State, r.Counts, r.ClassCounts, r.Reason = state, counts, classes, reason
+	was := ri.rec.State
+	if !t.writeRun(ctx, ri, r) {
 		return
 	}
-	rev, err := t.c.b.Runs.Update(ctx, name, data, ri.rev)
-	if err != nil {
-		// Submit wrote in between: its update arrives through the watch
-		// and the next flush retries from it.
-		return
-	}
-	if r.State != ri.rec.State {
+	if r.State != was {
 		t.c.log.Info("run state", "run", name, "state", r.State, "reason", r.Reason)
 	}
-	ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
 	t.maybeEvidence(ri)
+}
+
+// writeRun writes r, the tracker's judgement of ri's run, over the record
+// it last read (compare-and-set), dated now. When a submission wrote in
+// between it writes nothing: that update arrives through the watch, and
+// the next flush judges again from it.
+func (t *tracker) writeRun(ctx context.Context, ri *runInfo, r stream.RunRecord) bool {
+	r.Updated, r.Evidence = time.Now().UTC(), t.c.EvidenceDir(r.Name)
+	data, err := stream.Encode(&r)
+	if err != nil {
+		return false
+	}
+	rev, err := t.c.b.Runs.Update(ctx, r.Name, data, ri.rev)
+	if err != nil {
+		return false
+	}
+	ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
+	return true
 }
 
 // shouldHalt says whether a running run has reached its halt: Halt shards
@@ -691,18 +701,11 @@ func (t *tracker) halt(ctx context.Context, name string, ri *runInfo, c stream.C
 	r.Halted = fmt.Sprintf("halted: %d shard(s) failed after their retries since the run was submitted, none validated, so the command may fail for every shard: %s",
 		c.Failed-r.HaltBase.Failed, ri.failedIDs(3))
 	r.HaltSeq = info.State.LastSeq + 1
-	r.State, r.Counts, r.ClassCounts, r.Reason, r.Updated = stream.RunBlocked, c, classes, haltedReason(&r, c), time.Now().UTC()
-	r.Evidence = t.c.EvidenceDir(name)
-	data, err := stream.Encode(&r)
-	if err != nil {
+	r.State, r.Counts, r.ClassCounts, r.Reason = stream.RunBlocked, c, classes, haltedReason(&r, c)
+	if !t.writeRun(ctx, ri, r) {
 		return
 	}
-	rev, err := t.c.b.Runs.Update(ctx, name, data, ri.rev)
-	if err != nil {
-		return // a submission wrote in between: judged again from it
-	}
 	t.c.log.Warn("run halted", "run", name, "why", r.Halted)
-	ri.rec, ri.rev, ri.dirty, ri.retried = r, rev, false, false
 	t.purgeHalted(ctx, ri)
 	t.maybeEvidence(ri)
 }
