@@ -749,8 +749,17 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 	recheck := time.NewTimer(time.Second)
 	defer recheck.Stop()
 	for {
-		n, why := w.admit(ctx, class, g.count())
-		w.setWait(class, n, why)
+		inflight := g.count()
+		n, why := w.admit(ctx, class, inflight)
+		if n <= 0 && inflight > 0 && g.requested() >= inflight {
+			// Every slot taken is an open fetch waiting for a shard: this
+			// worker is ready, and holds back none of the class's queued
+			// shards (a retry's delay does). Saying "2 of 2 slots in use"
+			// with nothing running sent users looking for a busy worker.
+			w.setWait(class, 1, "")
+		} else {
+			w.setWait(class, n, why)
+		}
 		if n <= 0 {
 			if why != lastWhy {
 				w.hostLog(class, "wait", why)

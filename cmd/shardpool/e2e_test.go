@@ -1000,3 +1000,38 @@ func TestSubmittedRunHalts(t *testing.T) {
 		t.Fatalf("worker exit %d\n%s", code, w.Output())
 	}
 }
+
+// TestRetryDelayIsNotABusyWorker: while a failed shard waits out its
+// retry's delay, the worker's slots hold only open fetches. status used
+// to say the shard waited because "2 of 2 slots of class cpu in use",
+// with nothing running; it now gives no waiting line, and the shard's own
+// line says when it is retried.
+func TestRetryDelayIsNotABusyWorker(t *testing.T) {
+	c := startCluster(t, "10s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 3, Command: []string{"sh", "-c", `[ "$SHARDPOOL_ATTEMPT" -ge 4 ] || exit 5; cp "$0" "$1/"`, "{input}", "{out}"}})
+	c.submit(spec)
+	w := c.worker("w1", "--slots", "2")
+	var seen int
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token(), "--json", "t")
+		p.Wait(t, 30*time.Second)
+		var st coordinator.Status
+		if err := json.Unmarshal([]byte(p.Output()), &st); err != nil || len(st.Runs) != 1 {
+			return false, fmt.Sprintf("status --json: %v\n%s", err, p.Output())
+		}
+		r := st.Runs[0]
+		delayed := r.Counts.Running == 0 && len(r.Shards) == 1 && strings.Contains(r.Shards[0].Reason, "; retry in ")
+		reported := len(st.Workers) == 1 && st.Workers[0].Slots["cpu"] == 2 && st.Workers[0].Running["cpu"] == 0
+		if delayed && reported {
+			if len(r.Waiting) > 0 {
+				t.Fatalf("a shard in its retry's delay, nothing running: status says it waits for the worker: %q\n%s", r.Waiting, p.Output())
+			}
+			seen++
+		}
+		// Looked at several times within the delays (1, 2 and 4 s).
+		return seen >= 5, fmt.Sprintf("looked at a delayed shard %d time(s) of 5; last status:\n%s", seen, p.Output())
+	})
+	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	w.SignalMain(syscall.SIGTERM)
+	w.Wait(t, 30*time.Second)
+}
