@@ -36,12 +36,13 @@ func TestTLSCoordinatorAndItsClients(t *testing.T) {
 		return strings.Contains(w.Output(), "waiting up to"), "worker output: " + w.Output()
 	})
 	c.coord = testenv.Start(t, "coordinator", "--data", c.data, "--listen", c.addr, "--http", "", "--tls", "on")
+	// Its log's "coordinator ready" can come before the lines for people,
+	// which follow it on the other stream: wait for those.
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		return strings.Contains(c.coord.Output(), "coordinator ready"), "coordinator output: " + c.coord.Output()
+		out := c.coord.Output()
+		return strings.Contains(out, "--tls-ca "+ca) && strings.Contains(out, "tls://"),
+			"the coordinator does not say it serves TLS and where its authority is:\n" + out
 	})
-	if out := c.coord.Output(); !strings.Contains(out, "--tls-ca "+ca) || !strings.Contains(out, "tls://") {
-		t.Fatalf("the coordinator does not say it serves TLS and where its authority is:\n%s", out)
-	}
 	spec := testenv.WriteJob(t, testenv.Job{Name: "sealed", Shards: 4, Command: []string{"cp", "{input}", "{out}/"}})
 
 	// The token copied alone: the client is told where the authority is.
