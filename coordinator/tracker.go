@@ -743,7 +743,7 @@ func haltedReason(r *stream.RunRecord, c stream.Counts) string {
 		running = fmt.Sprintf(" (%d running end as they would)", c.Running)
 	}
 	return fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s. Once the cause is fixed, retry with: %s "+
-		"(or submit the changed spec; either queues them again)", r.Halted, c.Pending, running, retryCommand(*r))
+		"(or submit it again to queue only them; a changed spec runs every shard again)", r.Halted, c.Pending, running, retryCommand(*r))
 }
 
 func (t *tracker) writeResume(ri *runInfo, cmd string) {
