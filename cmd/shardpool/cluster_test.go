@@ -155,9 +155,11 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	testenv.WaitState(t, js, "t", 90*time.Second, stream.RunComplete)
 	validatedOnce(t, js, "t", filepath.Join(filepath.Dir(spec), "out"), 30)
 	took := 0
+	var tracker *node
 	for _, n := range nodes {
 		if n != leader && leads.MatchString(n.p.Output()) {
 			took++
+			tracker = n
 		}
 	}
 	if took != 1 {
@@ -177,6 +179,32 @@ func clusterLosesOne(t *testing.T, tlsMode string) {
 	st = testenv.Start(t, "status", "--data", leader.data, "t")
 	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "COMPLETE") {
 		t.Fatalf("status --data of a cluster's coordinator: exit %d\n%s", code, st.Output())
+	}
+	w.SignalMain(syscall.SIGTERM)
+	w.Wait(t, 30*time.Second)
+	stopLastTracker(t, nodes[0].p, nodes[1].p, nodes[2].p, tracker.p)
+}
+
+// stopLastTracker stops the coordinators of a cluster, the one that
+// tracks the runs last, when no majority is left: it used to take 10 s to
+// exit, silent, its run watches' consumer deletions each waiting out the
+// JetStream request timeout (stream.StopWatch).
+func stopLastTracker(t *testing.T, all ...*testenv.Proc) {
+	tracker := all[len(all)-1]
+	for _, p := range all[:len(all)-1] {
+		if p == tracker {
+			continue
+		}
+		p.SignalMain(syscall.SIGTERM)
+		if code := p.Wait(t, 30*time.Second); code != 0 {
+			t.Errorf("coordinator stopped with SIGTERM: exit %d\n%s", code, p.Output())
+		}
+	}
+	start := time.Now()
+	tracker.SignalMain(syscall.SIGTERM)
+	code := tracker.Wait(t, 30*time.Second)
+	if d := time.Since(start); code != 0 || d > 6*time.Second {
+		t.Errorf("the tracking coordinator, left without a majority, stopped with SIGTERM: exit %d after %s, want 0 within 6 s\n%s", code, d.Round(time.Millisecond), tracker.Output())
 	}
 }
 
