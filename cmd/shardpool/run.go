@@ -584,6 +584,12 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 			}
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					// nats.go ends the watch when ctx ends: an interrupt,
+					// not a lost watch (select picks either when both are
+					// ready).
+					return nil, ctx.Err()
+				}
 				return nil, fmt.Errorf("watch of run %s ended", run)
 			}
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
