@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -603,6 +602,12 @@ func checkStagedSizes(man *stream.Manifest) error {
 	return nil
 }
 
+// PackDir is where a run's packs of many small inputs go (one per shard
+// and state of its inputs; see staging.DescribeShard).
+func PackDir(spec *stream.Spec) string {
+	return filepath.Join(spec.Output, ".shardpool", "packs")
+}
+
 // describeInputs records size, mtime and checksums of the inputs of every
 // shard whose class stages, once per run (cached across submissions).
 func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest, h *staging.Hashes) error {
@@ -611,35 +616,14 @@ func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest
 	}
 	for i := range man.Shards {
 		sh := &man.Shards[i]
-		if !spec.StageFor(sh.Class) || len(sh.Files) == len(sh.Inputs) {
+		if !spec.StageFor(sh.Class) || len(sh.Files) == len(sh.Inputs) || staging.Packed(sh.Files) {
 			continue
 		}
-		sh.Files = sh.Files[:0]
-		if staging.ShouldPack(sh.Inputs, sh.Cost) {
-			pack := filepath.Join(spec.Output, ".shardpool", "packs", fmt.Sprintf("%s-%s.tar", sh.ID, stream.Fingerprint(spec, man.Hash)[:8]))
-			if err := os.MkdirAll(filepath.Dir(pack), 0o755); err != nil {
-				return err
-			}
-			if _, err := os.Stat(pack); err != nil {
-				if _, err := staging.Pack(ctx, pack, sh.Inputs); err != nil {
-					return fmt.Errorf("shard %s (%s line %d): %w", sh.ID, man.Path, sh.Line, err)
-				}
-			}
-			f, err := h.Describe(ctx, pack)
-			if err != nil {
-				return err
-			}
-			f.Pack = true
-			sh.Files = append(sh.Files, f)
-			continue
+		files, err := staging.DescribeShard(ctx, h, PackDir(spec), sh.ID, sh.Inputs, sh.Cost)
+		if err != nil {
+			return fmt.Errorf("shard %s (%s line %d): %w", sh.ID, man.Path, sh.Line, err)
 		}
-		for _, in := range sh.Inputs {
-			f, err := h.Describe(ctx, in)
-			if err != nil {
-				return fmt.Errorf("shard %s (%s line %d): %w", sh.ID, man.Path, sh.Line, err)
-			}
-			sh.Files = append(sh.Files, f)
-		}
+		sh.Files = files
 	}
 	return h.Save()
 }

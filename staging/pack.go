@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/shardpool/shardpool/stream"
 )
 
 // PackManifestName is the first member of a pack: every file with its size
@@ -67,10 +69,14 @@ func Pack(ctx context.Context, dst string, files []string) ([]PackEntry, error) 
 		}
 		entries = append(entries, PackEntry{Name: name, Size: size, XXH64: sum})
 	}
-	out, err := os.Create(dst)
+	// Written aside and renamed: a pack cut short (a crash, a full disk)
+	// is never found in dst's place.
+	part := dst + ".part"
+	out, err := os.Create(part)
 	if err != nil {
 		return nil, err
 	}
+	defer os.Remove(part) // a no-op once renamed
 	defer out.Close()
 	tw := tar.NewWriter(out)
 	man, _ := json.Marshal(entries)
@@ -98,7 +104,70 @@ func Pack(ctx context.Context, dst string, files []string) ([]PackEntry, error) 
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	return entries, out.Sync()
+	if err := out.Sync(); err != nil {
+		return nil, err
+	}
+	if err := out.Close(); err != nil {
+		return nil, err
+	}
+	return entries, os.Rename(part, dst)
+}
+
+// PackPath is where the pack of a shard's inputs goes in dir: named by the
+// shard and by its inputs' paths, sizes and modification times, so that
+// inputs rewritten since a pack was made get a pack of their own instead
+// of the stale one.
+func PackPath(dir, id string, inputs []string) (string, error) {
+	d := xxhash.New()
+	for _, in := range inputs {
+		st, err := os.Stat(in)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(d, "%s\x00%d\x00%d\x00", in, st.Size(), st.ModTime().UnixNano())
+	}
+	return filepath.Join(dir, fmt.Sprintf("%s-%016x.tar", id, d.Sum64())), nil
+}
+
+// DescribeShard describes a shard's inputs as the worker stages them: one
+// pack of them all where ShouldPack (made in packDir unless it is there
+// already), else each input. Both submit and `shardpool stage` use it, so
+// that what is staged ahead is what the worker looks for.
+func DescribeShard(ctx context.Context, h *Hashes, packDir, id string, inputs []string, cost int64) ([]stream.InputFile, error) {
+	if ShouldPack(inputs, cost) {
+		pack, err := PackPath(packDir, id, inputs)
+		if err != nil {
+			return nil, fmt.Errorf("pack: %w", err)
+		}
+		if _, err := os.Stat(pack); err != nil {
+			if err := os.MkdirAll(packDir, 0o755); err != nil {
+				return nil, err
+			}
+			if _, err := Pack(ctx, pack, inputs); err != nil {
+				return nil, err
+			}
+		}
+		f, err := h.Describe(ctx, pack)
+		if err != nil {
+			return nil, err
+		}
+		f.Pack = true
+		return []stream.InputFile{f}, nil
+	}
+	files := make([]stream.InputFile, 0, len(inputs))
+	for _, in := range inputs {
+		f, err := h.Describe(ctx, in)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// Packed reports whether files is a shard's inputs in one pack.
+func Packed(files []stream.InputFile) bool {
+	return len(files) == 1 && files[0].Pack
 }
 
 // Unpack extracts a pack into dir, verifying every file against the pack's

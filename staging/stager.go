@@ -200,11 +200,16 @@ func key(f stream.InputFile) string {
 // Stage copies files to local scratch (or reuses verified copies) and
 // returns their local paths in order. extra is the space the shard needs
 // besides its inputs (expected output and checkpoints); it is reserved
-// until Release.
+// until Release. A pack's unpacked copy (at most the pack's size) is
+// reserved too: the worker unpacks it into the same scratch.
 func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int64) (*Staged, error) {
 	start := time.Now()
 	st := &Staged{s: s, Paths: make([]string, len(files))}
-	need := extra
+	need, what := extra, "inputs not yet staged"
+	if Packed(files) {
+		need += files[0].Size
+		what = "inputs not yet staged, the unpacked copy of their pack"
+	}
 	s.mu.Lock()
 	for _, f := range files {
 		k := key(f)
@@ -222,8 +227,8 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 	}
 	if need > free-s.reserved {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("stage: %w: the shard needs %s (inputs not yet staged plus %s declared scratch), %s is free at %s and %s is reserved by other shards",
-			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved))
+		return nil, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s is reserved by other shards",
+			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved))
 	}
 	s.reserved += need
 	st.reserved = need
@@ -500,15 +505,6 @@ func verifiedPrefix(part string, f stream.InputFile, ch *chunker) (int64, error)
 		good += ChunkSize
 	}
 	return good, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // Release returns the shard's reservation and references; unreferenced

@@ -199,6 +199,57 @@ func TestPackRoundTrip(t *testing.T) {
 	}
 }
 
+// TestRewrittenInputGetsANewPack: a shard's pack is made once and found
+// again while its inputs stay as they were; an input rewritten since (a
+// corpus regenerated between submissions) gets a pack of its own, made
+// from what the input holds now, never the stale one.
+func TestRewrittenInputGetsANewPack(t *testing.T) {
+	ctx := context.Background()
+	src, packs := t.TempDir(), t.TempDir()
+	var files []string
+	for i := range staging.PackMinFiles {
+		p := filepath.Join(src, fmt.Sprintf("f%03d.txt", i))
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("old %d\n", i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, p)
+	}
+	h := staging.LoadHashes("")
+	first, err := staging.DescribeShard(ctx, h, packs, "s1", files, 2048)
+	if err != nil || !staging.Packed(first) {
+		t.Fatalf("describe: %+v %v, want one pack", first, err)
+	}
+	again, err := staging.DescribeShard(ctx, h, packs, "s1", files, 2048)
+	if err != nil || again[0].Path != first[0].Path || again[0].XXH64 != first[0].XXH64 {
+		t.Fatalf("unchanged inputs: %+v %v, want the pack %s found again", again, err, first[0].Path)
+	}
+	if err := os.WriteFile(files[7], []byte("new 7, longer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Minute)
+	os.Chtimes(files[7], later, later)
+	fresh, err := staging.DescribeShard(ctx, h, packs, "s1", files, 2048)
+	if err != nil || !staging.Packed(fresh) || fresh[0].Path == first[0].Path {
+		t.Fatalf("after a rewrite: %+v %v, want a pack other than %s", fresh, err, first[0].Path)
+	}
+	paths, err := staging.Unpack(ctx, fresh[0].Path, t.TempDir())
+	if err != nil || len(paths) != len(files) {
+		t.Fatalf("unpack: %d files, %v", len(paths), err)
+	}
+	if b, _ := os.ReadFile(paths[7]); string(b) != "new 7, longer\n" {
+		t.Fatalf("the new pack holds %q for the rewritten input", b)
+	}
+	left, _ := filepath.Glob(filepath.Join(packs, "*.part"))
+	if len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+	// Fewer inputs than a pack is for: each is described as itself.
+	each, err := staging.DescribeShard(ctx, h, packs, "s2", files[:3], 30)
+	if err != nil || len(each) != 3 || staging.Packed(each) || each[2].Path != files[2] {
+		t.Fatalf("three inputs: %+v %v, want each described", each, err)
+	}
+}
+
 // TestInterruptedCopyResumes SIGKILLs `shardpool stage` mid-file and checks
 // that the next run keeps the verified prefix of the .part.
 func TestInterruptedCopyResumes(t *testing.T) {

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -863,8 +864,64 @@ func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
 		t.Fatalf("the command saw %d lines in order %q..., want every input in manifest order", strings.Count(string(all), "\n"), string(all)[:min(20, len(all))])
 	}
 	first, _ := os.ReadFile(filepath.Join(out, "many", "first"))
-	if !strings.HasSuffix(strings.TrimSpace(string(first)), "tiny-0000.txt") || strings.HasPrefix(string(first), dir) {
+	// The unpacked copy is in the attempt's own ".in" directory, not the
+	// stager's cache (where each input would be, staged one by one).
+	if !strings.HasSuffix(strings.TrimSpace(string(first)), ".in/tiny-0000.txt") || strings.HasPrefix(string(first), dir) {
 		t.Fatalf("{inputs} pointed at %q, want the unpacked local copy", first)
+	}
+	log, err := os.ReadFile(filepath.Join(env.Data, "runs", "t", "staging.jsonl"))
+	if err != nil || !strings.Contains(string(log), `"files":1,`) {
+		t.Fatalf("staging.jsonl: %v\n%s\nwant one file staged (the pack)", err, log)
+	}
+}
+
+// TestFailedUnpackFailsTheAttempt: many small inputs come as one pack,
+// which the worker unpacks into its scratch. A scratch without room for
+// the unpacked copy refuses the shard before copying, with the numbers;
+// one whose unpack fails all the same (here, out of inodes, which the
+// reservation does not count) fails the attempt with the reason. Before,
+// that error was dropped: the command ran on no inputs, exited 0, and its
+// output was validated.
+func TestFailedUnpackFailsTheAttempt(t *testing.T) {
+	for _, tc := range []struct{ name, tmpfs, want string }{
+		{"bytes", "2560k", "the unpacked copy of their pack"},
+		{"inodes", "16m,nr_inodes=128", "unpack: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := testenv.New(t, testenv.Options{NoWorkers: true})
+			testenv.SmallTmpfs(t, filepath.Join(env.Data, "scratch", "w1"), tc.tmpfs)
+			env.StartWorker("w1", map[string]int{"cpu": 1})
+			dir := t.TempDir()
+			var inputs []string
+			for i := range staging.PackMinFiles {
+				p := filepath.Join(dir, fmt.Sprintf("part-%04d", i))
+				if err := os.WriteFile(p, bytes.Repeat([]byte{byte(i)}, 6<<10), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				inputs = append(inputs, p)
+			}
+			inJSON, _ := json.Marshal(inputs)
+			ran := filepath.Join(t.TempDir(), "ran")
+			spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\n",
+				Command: []string{"sh", "-c", `echo "$#" >> "$0"; cat "$@" > "$SHARDPOOL_OUT/all"`, ran, "{inputs}"},
+				Line:    func(int, string) string { return `{"id":"many","inputs":` + string(inJSON) + `}` }})
+			env.Submit(spec, coordinator.SubmitOptions{})
+			env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+			if b, err := os.ReadFile(ran); err == nil {
+				t.Fatalf("the command ran, with %s input(s), on a scratch without room for them", strings.TrimSpace(string(b)))
+			}
+			rec, err := env.Shard("t", "many")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State != stream.ShardFailed || len(rec.Attempts) != 1 {
+				t.Fatalf("shard %s with attempts %+v, want failed after one", rec.State, rec.Attempts)
+			}
+			at := rec.Attempts[0]
+			if at.Outcome != stream.OutcomeStage || !strings.Contains(at.Reason, tc.want) || !strings.Contains(at.Reason, "space") {
+				t.Fatalf("attempt %s: %q, want a staging failure naming %q and the space", at.Outcome, at.Reason, tc.want)
+			}
+		})
 	}
 }
 

@@ -807,7 +807,7 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
 	}
 	files := m.Files
-	if len(files) != len(m.Inputs) {
+	if len(files) != len(m.Inputs) && !staging.Packed(files) {
 		// Submitted without descriptions: describe here (reads each input once more).
 		h := staging.LoadHashes("")
 		files = nil
@@ -826,21 +826,33 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 		}
 		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
 	}
-	if len(files) == 1 && files[0].Pack {
+	if staging.Packed(files) {
 		// Many small inputs came as one pack: unpack a verified working copy.
-		dir := unpackDir
-		if err := os.MkdirAll(dir, 0o755); err == nil {
-			staged.Paths, err = staging.Unpack(ctx, staged.Paths[0], dir)
-		}
+		// An error here must fail the attempt: the command would otherwise
+		// run on no inputs (or some of them) and could exit 0.
+		paths, err := unpack(ctx, staged.Paths[0], unpackDir)
 		if err != nil {
 			staged.Release()
+			if ctx.Err() == nil {
+				w.admission(m.Run, m.ID, m.Class, "stage-failed", "unpack: "+err.Error())
+			}
 			return nil, result{outcome: stream.OutcomeStage, reason: "unpack: " + err.Error()}
 		}
+		staged.Paths = paths
 	}
 	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.StageSeconds = staged.Stats.Seconds
 	w.stagingLog(m, a.attempt, staged.Stats)
 	return staged, result{}
+}
+
+// unpack extracts a staged pack into dir (made here) and returns the
+// unpacked inputs' paths.
+func unpack(ctx context.Context, pack, dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return staging.Unpack(ctx, pack, dir)
 }
 
 // stagingLog appends one line per staging to runs/<run>/staging.jsonl

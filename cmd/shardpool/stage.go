@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
@@ -85,13 +86,11 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rep := StageReport{Run: spec.Name, Scratch: *scratch}
 	start := time.Now()
 	for _, sh := range man.Shards {
-		var files []stream.InputFile
-		for _, in := range sh.Inputs {
-			f, err := hashes.Describe(ctx, in)
-			if err != nil {
-				return fmt.Errorf("%s line %d: %w", man.Path, sh.Line, err)
-			}
-			files = append(files, f)
+		// What the worker will look for: a shard of many small inputs is
+		// staged as the pack submit makes (made here if it is not there).
+		files, err := staging.DescribeShard(ctx, hashes, coordinator.PackDir(spec), sh.ID, sh.Inputs, sh.Cost)
+		if err != nil {
+			return fmt.Errorf("%s line %d: shard %s: %w", man.Path, sh.Line, sh.ID, err)
 		}
 		staged, err := st.Stage(ctx, files, 0)
 		if err != nil {
