@@ -26,6 +26,7 @@ type shardInfo struct {
 	fp, state, reason, class string
 	output                   *stream.Output
 	attempts, retry          int
+	rev                      uint64 // the record's revision
 }
 
 type runInfo struct {
@@ -52,6 +53,12 @@ type runInfo struct {
 	// purged is the HaltSeq of the halt whose messages this tracker took
 	// off the queue (0: none yet since it started).
 	purged uint64
+	// forgotten is set when the run record was removed (`forget`): the
+	// next record of the run reads its shard records from the store.
+	// floor is the shard bucket's last revision at that read: watch
+	// events up to it are in what was read, or were purged with the run.
+	forgotten bool
+	floor     uint64
 }
 
 // tracker keeps run state from shard records. Only its loop goroutine
@@ -132,7 +139,7 @@ func (t *tracker) run(ctx context.Context) error {
 				flush(ctx)
 				continue
 			}
-			t.onRun(e)
+			t.onRun(ctx, e)
 		case e, ok := <-sw.Updates():
 			if !ok {
 				if ctx.Err() != nil {
@@ -219,9 +226,13 @@ func (t *tracker) info(run string) *runInfo {
 	return ri
 }
 
-func (t *tracker) onRun(e jetstream.KeyValueEntry) {
+func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(t.runs, e.Key())
+		// Forgotten: its shard records were purged from the store without
+		// a watch event each. The two watches are not ordered between
+		// them, so records of the run submitted again may have arrived
+		// already; the next run record reads them afresh.
+		t.runs[e.Key()] = &runInfo{shards: map[string]*shardInfo{}, n: map[string]int{}, byClass: map[string]map[string]int{}, forgotten: true}
 		return
 	}
 	var r stream.RunRecord
@@ -242,6 +253,49 @@ func (t *tracker) onRun(e jetstream.KeyValueEntry) {
 		ri.verifiedFP, ri.evidence = "", ""
 		t.writeResume(ri, r.Resume)
 	}
+	if ri.forgotten {
+		t.reload(ctx, r.Name, ri)
+	}
+}
+
+// reload replaces what ri holds of its shards with the records in the
+// store, for a run submitted again after it was forgotten. Watch events
+// up to the bucket's last revision before the read are then stale: the
+// record read is as new or newer, or was purged with the forgotten run.
+// When the store cannot be read, the run goes on from the watch alone.
+func (t *tracker) reload(ctx context.Context, name string, ri *runInfo) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := t.c.b.Shards.Status(ctx)
+	var last uint64
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && err == nil {
+		last = bs.StreamInfo().State.LastSeq
+	}
+	keys, kerr := t.c.b.KeysMatching(ctx, t.c.b.Shards, name+".*")
+	if last == 0 || kerr != nil {
+		t.c.log.Warn("tracker: cannot read the shard records of a run submitted again after it was forgotten; counting from the watch", "run", name, "err", errors.Join(err, kerr))
+		ri.forgotten = false
+		return
+	}
+	var entries []jetstream.KeyValueEntry
+	for _, k := range keys {
+		e, err := t.c.b.Shards.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			t.c.log.Warn("tracker: cannot read the shard records of a run submitted again after it was forgotten; counting from the watch", "run", name, "err", err)
+			ri.forgotten = false
+			return
+		}
+		entries = append(entries, e)
+	}
+	ri.shards, ri.n, ri.byClass = map[string]*shardInfo{}, map[string]int{}, map[string]map[string]int{}
+	ri.forgotten, ri.floor, ri.dirty = false, 0, true
+	for _, e := range entries {
+		t.onShard(e)
+	}
+	ri.floor = last
 }
 
 // onShard applies one shard record; it reports whether every shard of the
@@ -254,6 +308,9 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 	}
 	ri := t.info(run)
 	old := ri.shards[id]
+	if e.Revision() <= ri.floor || (old != nil && e.Revision() <= old.rev) {
+		return false // already read from the store (see reload)
+	}
 	if old != nil && old.fp == ri.rec.Fingerprint {
 		ri.add(old, -1)
 	}
@@ -268,7 +325,7 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 		delete(ri.shards, id)
 		return false
 	}
-	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, class: r.Class, output: r.Output, attempts: len(r.Attempts), retry: r.Retry}
+	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, class: r.Class, output: r.Output, attempts: len(r.Attempts), retry: r.Retry, rev: e.Revision()}
 	if old != nil && old.fp == si.fp && si.retry > old.retry {
 		ri.retried = true
 	}
