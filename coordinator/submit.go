@@ -265,6 +265,11 @@ func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		r.Queued, r.Updated = true, time.Now().UTC()
 		if r.State == stream.RunPrepared {
 			r.State = stream.RunQueued
+			if c := r.Counts; c.Running+c.Validated+c.Failed > 0 {
+				// Workers took what was published before this write, and
+				// the tracker counted them: as it would judge the run.
+				r.State = stream.RunRunning
+			}
 		}
 	}); err != nil {
 		return res, fmt.Errorf("submit %s: mark queued: %w", spec.Name, err)
