@@ -717,7 +717,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // memory check), never more.
 func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, class string, shards *sync.WaitGroup) error {
 	var cons jetstream.Consumer
-	for cons == nil {
+	for {
 		c, err := w.cfg.JetStream.Consumer(ctx, stream.StreamShards, class)
 		if err == nil {
 			cons = c
