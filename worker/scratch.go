@@ -21,7 +21,9 @@ import (
 // without a journal), so every deletion made later creations slower.
 //
 // A pair is <scratch>/<run>/p<pid>-<n>.out and .tmp: the pid keeps two
-// workers that share a scratch directory apart. The pool is emptied and
+// workers that share a scratch directory apart. An attempt whose inputs
+// came as one pack unpacks them into a third, .in, made and removed by the
+// attempt. The pool is emptied and
 // removed when the worker exits; a pair whose emptying fails is dropped.
 type scratchPool struct {
 	root string
@@ -80,8 +82,7 @@ func (p *scratchPool) put(run, base string) {
 
 // drop removes base's directories and forgets it.
 func (p *scratchPool) drop(base string) {
-	os.RemoveAll(base + ".out")
-	os.RemoveAll(base + ".tmp")
+	removePair(base)
 	p.mu.Lock()
 	delete(p.all, base)
 	for run, free := range p.free {
@@ -107,12 +108,22 @@ func (p *scratchPool) close() {
 	p.mu.Unlock()
 	dirs := map[string]bool{}
 	for _, b := range bases {
-		os.RemoveAll(b + ".out")
-		os.RemoveAll(b + ".tmp")
+		removePair(b)
 		dirs[filepath.Dir(b)] = true
 	}
 	for d := range dirs {
 		os.Remove(d) // only if empty
+	}
+}
+
+// pairSuffixes are the directories of a base: {out}, {scratch} and the
+// unpacked inputs.
+var pairSuffixes = []string{".out", ".tmp", ".in"}
+
+// removePair removes every directory of base.
+func removePair(base string) {
+	for _, s := range pairSuffixes {
+		os.RemoveAll(base + s)
 	}
 }
 
@@ -127,8 +138,10 @@ func removeDeadPairs(root string, pid int) {
 	}
 	pairs, _ := filepath.Glob(filepath.Join(root, "*", pairPrefix(pid)+"*"))
 	for _, d := range pairs {
-		if strings.HasSuffix(d, ".out") || strings.HasSuffix(d, ".tmp") {
-			os.RemoveAll(d)
+		for _, s := range pairSuffixes {
+			if strings.HasSuffix(d, s) {
+				os.RemoveAll(d)
+			}
 		}
 	}
 }

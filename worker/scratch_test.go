@@ -1,10 +1,13 @@
 package worker
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/shardpool/shardpool/staging"
 )
 
 // TestScratchPoolReusesEmptiedDirectories: a returned pair comes back
@@ -64,5 +67,53 @@ func TestOOMKillsParsesVmstat(t *testing.T) {
 	}
 	if n := oomKills(filepath.Join(dir, "absent")); n != -1 {
 		t.Fatalf("no file: got %d, want -1", n)
+	}
+}
+
+// TestDeadWorkersPairsAreRemoved: a worker killed while a shard of many
+// small inputs ran leaves its pair and the unpacked inputs (.in) behind;
+// the worker that finds it dead removes all three, and nothing of another
+// worker process. A directory left at an attempt's unpack path (an earlier
+// process of the same pid, before a reboot) does not fail the unpack.
+func TestDeadWorkersPairsAreRemoved(t *testing.T) {
+	root := t.TempDir()
+	dead, live := newScratchPool(root, 41), newScratchPool(root, 42)
+	d, err := dead.take("run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := live.take("run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, base := range []string{d, l} {
+		os.MkdirAll(base+".in", 0o755)
+		os.WriteFile(filepath.Join(base+".in", "part-0001"), []byte("x"), 0o644)
+	}
+	removeDeadPairs(root, 41)
+	for _, s := range pairSuffixes {
+		if _, err := os.Stat(d + s); !os.IsNotExist(err) {
+			t.Fatalf("%s of the dead worker: %v, want it removed", d+s, err)
+		}
+		if _, err := os.Stat(l + s); err != nil {
+			t.Fatalf("%s of the live worker: %v, want it kept", l+s, err)
+		}
+	}
+	src := filepath.Join(t.TempDir(), "part-0001")
+	os.WriteFile(src, []byte("new"), 0o644)
+	pack := filepath.Join(t.TempDir(), "s.tar")
+	if _, err := staging.Pack(context.Background(), pack, []string{src}); err != nil {
+		t.Fatal(err)
+	}
+	paths, err := unpack(context.Background(), pack, l+".in")
+	if err != nil || len(paths) != 1 {
+		t.Fatalf("unpack over a directory left behind: %v %v, want the pack's one file", paths, err)
+	}
+	if b, _ := os.ReadFile(paths[0]); string(b) != "new" {
+		t.Fatalf("unpacked %q, want the pack's content", b)
+	}
+	live.close()
+	if _, err := os.Stat(l + ".in"); !os.IsNotExist(err) {
+		t.Fatalf("after close: %v, want the unpack dir removed too", err)
 	}
 }

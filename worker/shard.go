@@ -846,9 +846,13 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 	return staged, result{}
 }
 
-// unpack extracts a staged pack into dir (made here) and returns the
-// unpacked inputs' paths.
+// unpack extracts a staged pack into dir (made here, emptied first: an
+// earlier process of the same pid, before a reboot, may have left it) and
+// returns the unpacked inputs' paths.
 func unpack(ctx context.Context, pack, dir string) ([]string, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
