@@ -250,6 +250,57 @@ func TestRewrittenInputGetsANewPack(t *testing.T) {
 	}
 }
 
+// TestStageCommandStagesWhatWorkersUse: `shardpool stage` stages what the
+// run's workers will look for: the pack of a shard of many small inputs
+// (made if submit has not made it), each input of a shard with a few,
+// and nothing of a class that reads its inputs in place. A spec that
+// stages nothing is an error that says how to turn staging on.
+func TestStageCommandStagesWhatWorkersUse(t *testing.T) {
+	src := t.TempDir()
+	var many []string
+	for i := range staging.PackMinFiles {
+		many = append(many, filepath.Base(testenv.RandomFile(t, src, fmt.Sprintf("m%03d.txt", i), 100)))
+	}
+	testenv.RandomFile(t, src, "one.bin", 1000)
+	testenv.RandomFile(t, src, "here.bin", 1000)
+	manyJSON, _ := json.Marshal(many)
+	man := `{"id":"many","inputs":` + string(manyJSON) + "}\n" +
+		`{"id":"one","inputs":["one.bin"]}` + "\n" +
+		`{"id":"here","class":"local","inputs":["here.bin"]}` + "\n"
+	os.WriteFile(filepath.Join(src, "manifest.jsonl"), []byte(man), 0o644)
+	spec := "name = \"st\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"true\"]\ncode_rev = \"x\"\nstage = true\n[class.cpu]\n[class.local]\nstage = false\n"
+	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte(spec), 0o644)
+	scratch := t.TempDir()
+	p := testenv.Start(t, "stage", "--scratch", scratch, "--data", t.TempDir(), "--json", filepath.Join(src, "shardpool.toml"))
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("stage: exit %d\n%s", code, p.Output())
+	}
+	var rep struct {
+		Shards, Skipped int
+		Total           staging.Stats
+	}
+	if err := json.Unmarshal([]byte(p.Output()), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, p.Output())
+	}
+	if rep.Shards != 2 || rep.Skipped != 1 || rep.Total.Files != 2 {
+		t.Fatalf("staged %d shard(s), %d file(s), skipped %d; want 2 shards as 2 files (the pack and one.bin), 1 skipped", rep.Shards, rep.Total.Files, rep.Skipped)
+	}
+	packs, _ := filepath.Glob(filepath.Join(src, "out", ".shardpool", "packs", "many-*.tar"))
+	cached, _ := filepath.Glob(filepath.Join(scratch, "cache", "*-many-*.tar"))
+	if len(packs) != 1 || len(cached) != 1 {
+		t.Fatalf("packs %v, staged packs %v: want the shard's pack made and staged", packs, cached)
+	}
+	if here, _ := filepath.Glob(filepath.Join(scratch, "cache", "*here.bin")); len(here) != 0 {
+		t.Fatalf("staged %v, of a class that reads in place", here)
+	}
+
+	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte(strings.Replace(spec, "stage = true\n", "", 1)), 0o644)
+	p = testenv.Start(t, "stage", "--scratch", scratch, "--data", t.TempDir(), filepath.Join(src, "shardpool.toml"))
+	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "nothing to stage") || !strings.Contains(p.Output(), "set stage = true") {
+		t.Fatalf("a spec that stages nothing: exit %d\n%s\nwant 1, saying how to stage", code, p.Output())
+	}
+}
+
 // TestInterruptedCopyResumes SIGKILLs `shardpool stage` mid-file and checks
 // that the next run keeps the verified prefix of the .part.
 func TestInterruptedCopyResumes(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -52,9 +53,11 @@ func (f *stagingFlags) config(dir string) staging.Config {
 
 // StageReport is staging.json.
 type StageReport struct {
-	Run     string        `json:"run"`
-	Scratch string        `json:"scratch"`
-	Shards  int           `json:"shards"`
+	Run     string `json:"run"`
+	Scratch string `json:"scratch"`
+	Shards  int    `json:"shards"`
+	// Skipped counts shards of classes that do not stage (read in place).
+	Skipped int           `json:"skipped,omitempty"`
 	Total   staging.Stats `json:"total"`
 	Written time.Time     `json:"written"`
 }
@@ -86,6 +89,11 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rep := StageReport{Run: spec.Name, Scratch: *scratch}
 	start := time.Now()
 	for _, sh := range man.Shards {
+		if !spec.StageFor(sh.Class) {
+			// Its workers read the inputs in place: a copy would not be used.
+			rep.Skipped++
+			continue
+		}
 		// What the worker will look for: a shard of many small inputs is
 		// staged as the pack submit makes (made here if it is not there).
 		files, err := staging.DescribeShard(ctx, hashes, coordinator.PackDir(spec), sh.ID, sh.Inputs, sh.Cost)
@@ -110,6 +118,10 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := hashes.Save(); err != nil {
 		return err
 	}
+	if rep.Shards == 0 && rep.Skipped > 0 {
+		return fmt.Errorf("%s: %w: none of its %d shard(s) stages its inputs (stage is false for the spec and for their classes), so workers read them in place and would not use a copy: set stage = true in the spec, or in a [class.NAME] table, to have them copied to local scratch",
+			spec.SpecPath, errNothingToStage, rep.Skipped)
+	}
 	rep.Total.Seconds = time.Since(start).Seconds()
 	if rep.Total.Seconds > 0 {
 		rep.Total.BytesPerSec = float64(rep.Total.Copied) / rep.Total.Seconds
@@ -128,5 +140,10 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "staged %d shard(s), %d file(s), %s into %s in %.2fs: %s copied (%s resumed), %d reused after verification, %d re-fetched; %.1f MiB/s, %.0f files/s, verify %.2fs\n",
 		rep.Shards, t.Files, stream.FormatSize(t.Bytes), *scratch, t.Seconds, stream.FormatSize(t.Copied), stream.FormatSize(t.Resumed), t.Reused, t.Refetched,
 		t.BytesPerSec/(1<<20), t.FilesPerSec, t.VerifySeconds)
+	if rep.Skipped > 0 {
+		fmt.Fprintf(stdout, "skipped %d shard(s) of classes that do not stage: their workers read the inputs in place\n", rep.Skipped)
+	}
 	return nil
 }
+
+var errNothingToStage = errors.New("nothing to stage")
