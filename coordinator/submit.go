@@ -98,7 +98,22 @@ func DescribeChanges(c []string) string {
 // Submit publishes a validated run. It is idempotent: the same run again
 // publishes nothing; a changed fingerprint starts a new generation and
 // purges the old one's queued messages, so the two are never mixed.
+// Submissions of a new run at once (an array job whose every task
+// submits) are one: the ones that find the run created meanwhile submit
+// again as to a run that exists.
 func Submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man *stream.Manifest, opt SubmitOptions) (SubmitResult, error) {
+	for tries := 1; ; tries++ {
+		res, err := submit(ctx, js, spec, man, opt)
+		if !errors.Is(err, errCreatedMeanwhile) || tries == 3 {
+			return res, err
+		}
+	}
+}
+
+// errCreatedMeanwhile: another submission created the run record first.
+var errCreatedMeanwhile = errors.New("the run was created by another submission meanwhile")
+
+func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man *stream.Manifest, opt SubmitOptions) (SubmitResult, error) {
 	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
 	if err != nil {
 		return SubmitResult{}, fmt.Errorf("submit %s: %w", spec.Name, err)
@@ -481,6 +496,9 @@ func changeRun(ctx context.Context, b *stream.Buckets, cur stream.RunRecord, rev
 func putNewGeneration(ctx context.Context, b *stream.Buckets, rec, prev *stream.RunRecord, rev uint64) (uint64, error) {
 	for {
 		n, err := putRun(ctx, b.Runs, rec, rev, prev == nil)
+		if prev == nil && stream.IsConflict(err) {
+			return 0, fmt.Errorf("%w (%v)", errCreatedMeanwhile, err)
+		}
 		if err == nil || prev == nil || !stream.IsConflict(err) {
 			return n, err
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,6 +226,43 @@ func TestResubmitRestoresLostMessages(t *testing.T) {
 	if res := env.Submit(spec, coordinator.SubmitOptions{}); res.Restored != 0 {
 		t.Fatalf("resubmit of the completed run: restored %d, want 0", res.Restored)
 	}
+}
+
+// TestConcurrentSubmissionsOfANewRun: several submissions of a new run at
+// once (an array job whose every task submits) all succeed, and the queue
+// holds each shard once. Before, all but one failed with the store's
+// "wrong last sequence: key exists".
+func TestConcurrentSubmissionsOfANewRun(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	const n = 300
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Command: []string{"cp", "{input}", "{out}/"}})
+	results := make([]coordinator.SubmitResult, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Go(func() { results[i], errs[i] = env.TrySubmit(spec, coordinator.SubmitOptions{}) })
+	}
+	wg.Wait()
+	published := 0
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("submission %d: %v", i, err)
+		}
+		published += results[i].Published
+	}
+	if published != n {
+		t.Fatalf("published %d in all, want %d (each shard once)", published, n)
+	}
+	ctx := context.Background()
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.State.Msgs != n {
+		t.Fatalf("queue: %+v (%v), want %d messages", info.State, err, n)
+	}
+	env.WaitState("t", 10*time.Second, stream.RunQueued)
 }
 
 // TestRetryWithAChangedJobIsRefused: --retry-failed asks for the failed
