@@ -684,33 +684,12 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 	var why []string
 	total := 0
 	for _, key := range keys {
-		e, err := b.Shards.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // a deleted record the listing still counts
-		}
+		r, sh, action, reason, err := requeueOne(ctx, b, run, key, byID, decide)
 		if err != nil {
-			return 0, nil, fmt.Errorf("requeue %s: %w", key, err)
+			return 0, nil, err
 		}
-		var r stream.ShardRecord
-		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint {
+		if action == keep {
 			continue
-		}
-		sh, ok := byID[r.ID]
-		if !ok {
-			continue
-		}
-		action, reason := decide(&r, sh)
-		switch action {
-		case keep:
-			continue
-		case reset:
-			r.State, r.Retry, r.Reason, r.Owner, r.Output, r.Updated = stream.ShardPending, r.Retry+1, reason, nil, nil, time.Now().UTC()
-			// The new round is a new message with deliveries of its own.
-			r.Deferred, r.Interrupted = 0, 0
-			data, _ := stream.Encode(&r)
-			if _, err := b.Shards.Update(ctx, key, data, e.Revision()); err != nil {
-				return 0, nil, fmt.Errorf("requeue shard %s: %w", r.ID, err)
-			}
 		}
 		rounds[r.Retry] = append(rounds[r.Retry], sh)
 		if len(why) < 10 {
@@ -731,6 +710,46 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 		}
 	}
 	return total, why, nil
+}
+
+// requeueOne decides on the shard record at key and, for a reset, writes
+// it pending in its next retry round. A record written in between (a
+// worker, or another submission requeueing the same run at once) is read
+// and decided on again.
+func requeueOne(ctx context.Context, b *stream.Buckets, run *stream.RunRecord, key string, byID map[string]stream.Shard,
+	decide func(r *stream.ShardRecord, sh stream.Shard) (requeueAction, string)) (stream.ShardRecord, stream.Shard, requeueAction, string, error) {
+	for tries := 1; ; tries++ {
+		var r stream.ShardRecord
+		e, err := b.Shards.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return r, stream.Shard{}, keep, "", nil // a deleted record the listing still counts
+		}
+		if err != nil {
+			return r, stream.Shard{}, keep, "", fmt.Errorf("requeue %s: %w", key, err)
+		}
+		if err := stream.Decode(e.Value(), &r); err != nil || r.Fingerprint != run.Fingerprint {
+			return r, stream.Shard{}, keep, "", nil
+		}
+		sh, ok := byID[r.ID]
+		if !ok {
+			return r, sh, keep, "", nil
+		}
+		action, reason := decide(&r, sh)
+		if action != reset {
+			return r, sh, action, reason, nil
+		}
+		r.State, r.Retry, r.Reason, r.Owner, r.Output, r.Updated = stream.ShardPending, r.Retry+1, reason, nil, nil, time.Now().UTC()
+		// The new round is a new message with deliveries of its own.
+		r.Deferred, r.Interrupted = 0, 0
+		data, _ := stream.Encode(&r)
+		_, err = b.Shards.Update(ctx, key, data, e.Revision())
+		if err == nil {
+			return r, sh, action, reason, nil
+		}
+		if !stream.IsConflict(err) || tries == 5 {
+			return r, sh, keep, "", fmt.Errorf("requeue shard %s: %w", r.ID, err)
+		}
+	}
 }
 
 // retryFailed requeues the run's failed shards in a new retry round, and

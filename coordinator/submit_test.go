@@ -265,6 +265,40 @@ func TestConcurrentSubmissionsOfANewRun(t *testing.T) {
 	env.WaitState("t", 10*time.Second, stream.RunQueued)
 }
 
+// TestConcurrentRetriesOfABlockedRun: several `submit --retry-failed` of
+// one BLOCKED run at once all succeed, and the run completes with each
+// shard run once after the fix. Before, those that met a shard record
+// another had just requeued failed with "wrong last sequence".
+func TestConcurrentRetriesOfABlockedRun(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 2}})
+	const n = 40
+	dir := t.TempDir()
+	fixed, ran := filepath.Join(dir, "fixed"), filepath.Join(dir, "ran")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 0,
+		Command: []string{"sh", "-c", `test -e "$1" && echo "$3" >> "$2" && cp "$4" "$5/"`, "sh", fixed, ran, "{id}", "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = env.TrySubmit(spec, coordinator.SubmitOptions{RetryFailed: true}) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, coordinator.ErrNothingToRetry) {
+			t.Fatalf("retry %d: %v", i, err)
+		}
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	b, _ := os.ReadFile(ran)
+	if lines := strings.Fields(string(b)); len(lines) != n {
+		t.Fatalf("the fixed command ran %d times, want %d (each shard once)", len(lines), n)
+	}
+}
+
 // TestRetryWithAChangedJobIsRefused: --retry-failed asks for the failed
 // shards only. With the job's script edited since the run was submitted,
 // the spec is a new generation that would run every shard again: the
