@@ -139,6 +139,9 @@ func (s *slotsFlag) Set(v string) error {
 		if !ok || err != nil || n < 0 || k == "" {
 			return fmt.Errorf("slots %q: want N or CLASS=N,CLASS=N", v)
 		}
+		if _, dup := s.byClass[k]; dup {
+			return fmt.Errorf("slots %q: class %s is given twice", v, k)
+		}
 		s.byClass[k] = n
 	}
 	return nil

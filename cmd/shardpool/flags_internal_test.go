@@ -85,3 +85,30 @@ func TestTLSAuto(t *testing.T) {
 		t.Error("--tls off served TLS")
 	}
 }
+
+// TestSlotsFlag: the forms --slots takes, and the ones it refuses with
+// what is wrong (a class given twice was taken silently, the last one
+// winning).
+func TestSlotsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string // want: the String form, or the error's text
+		ok       bool
+	}{
+		{"auto", "auto", true},
+		{"4", "4", true},
+		{"cpu=2", "cpu=2", true},
+		{"0", "want at least 1", false},
+		{"cpu=x", "want N or CLASS=N", false},
+		{"=2", "want N or CLASS=N", false},
+		{"cpu=2,cpu=3", "class cpu is given twice", false},
+	} {
+		var s slotsFlag
+		err := s.Set(tc.in)
+		if tc.ok && (err != nil || s.String() != tc.want) {
+			t.Errorf("--slots %s: %q, %v; want %q", tc.in, s.String(), err, tc.want)
+		}
+		if !tc.ok && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("--slots %s: %v, want an error saying %q", tc.in, err, tc.want)
+		}
+	}
+}
