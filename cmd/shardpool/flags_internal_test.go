@@ -112,3 +112,17 @@ func TestSlotsFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestPathsFlag: --path NAME=PATH, repeatable, each name once.
+func TestPathsFlag(t *testing.T) {
+	p := pathsFlag{}
+	if err := p.Set("data=/srv/data"); err != nil || p["data"] != "/srv/data" {
+		t.Fatalf("--path data=/srv/data: %v %v", p, err)
+	}
+	if err := p.Set("data=/other"); err == nil || !strings.Contains(err.Error(), "already /srv/data") {
+		t.Fatalf("a name given twice: %v, want refused naming the first", err)
+	}
+	if err := p.Set("nopath"); err == nil {
+		t.Fatal("--path nopath: accepted, want NAME=PATH")
+	}
+}

@@ -25,6 +25,9 @@ func (p pathsFlag) Set(v string) error {
 	if !ok || name == "" || path == "" {
 		return fmt.Errorf("--path %q: want NAME=PATH", v)
 	}
+	if was, dup := p[name]; dup {
+		return fmt.Errorf("--path %q: %s is already %s", v, name, was)
+	}
 	p[name] = path
 	return nil
 }
