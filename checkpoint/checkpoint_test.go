@@ -269,6 +269,28 @@ func TestFormatOneStillVerifies(t *testing.T) {
 	}
 }
 
+// TestEmptyGenerationIsRefused: a job whose writer failed before writing
+// anything commits an empty directory. Committed, it would be the latest
+// generation to resume from, and with --retain 1 it would remove the last
+// good one; it is refused, and the good generation stays latest.
+func TestEmptyGenerationIsRefused(t *testing.T) {
+	dir, ctx := t.TempDir(), context.Background()
+	f := filepath.Join(t.TempDir(), "state.bin")
+	os.WriteFile(f, []byte("good"), 0o644)
+	if _, err := Commit(ctx, dir, []string{f}, Options{Retain: 1}); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	os.MkdirAll(filepath.Join(empty, "sub"), 0o755)
+	if _, err := Commit(ctx, dir, []string{empty}, Options{Retain: 1}); !errors.Is(err, ErrEmpty) || !strings.Contains(err.Error(), empty) {
+		t.Fatalf("empty commit: %v, want ErrEmpty naming %s", err, empty)
+	}
+	g, _, err := Latest(dir)
+	if err != nil || g.N != 1 {
+		t.Fatalf("latest after the refused commit: gen %d, %v; want the good gen 1", g.N, err)
+	}
+}
+
 // TestVerifyCommittedJudgesAnotherGenerationByItsMarker: an output of
 // another fingerprint is refused from its marker alone, which is returned
 // (it says whose output it is), without reading its files: a new

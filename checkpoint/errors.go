@@ -14,4 +14,6 @@ var (
 	ErrNoGeneration = errors.New("no verified generation")
 	// ErrConflict: another committer took the same generation number.
 	ErrConflict = errors.New("generation taken by another committer")
+	// ErrEmpty means a checkpoint generation would hold no file.
+	ErrEmpty = errors.New("nothing to commit")
 )

@@ -95,6 +95,12 @@ func Commit(ctx context.Context, dir string, srcs []string, opt Options) (Genera
 			return Generation{}, fmt.Errorf("commit generation in %s: %w: %s is not a regular file or directory", dir, ErrUnsafe, s)
 		}
 	}
+	if len(files) == 0 {
+		// A writer that failed before writing anything: committed, it
+		// would be the latest generation to resume from, and with
+		// --retain it would prune the last good one.
+		return Generation{}, fmt.Errorf("commit generation in %s: %w: %s hold(s) no file", dir, ErrEmpty, strings.Join(srcs, ", "))
+	}
 	seen := map[string]bool{}
 	for _, f := range files {
 		if seen[f.rel] {
