@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -35,15 +34,7 @@ func (d deleted) Delta() uint64                   { return 0 }
 // shards "pending" that were validated (1 in about 30 runs of
 // TestForgetRemovesAFinishedRun on a loaded machine).
 func TestForgottenRunCountsItsNewRecords(t *testing.T) {
-	c, err := New(Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, ctx := startInternal(t)
 	b := c.b
 	// Not queued: the coordinator's own tracker leaves the records alone.
 	putRun := func() jetstream.KeyValueEntry {

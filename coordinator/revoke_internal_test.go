@@ -13,15 +13,7 @@ import (
 // counts one live commit per shard as commits minus revocations, and a
 // busy host made it count none.
 func TestRevokeIsOnce(t *testing.T) {
-	c, err := New(Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, ctx := startInternal(t)
 	key := stream.ShardKey("r", "s1")
 	data, err := stream.Encode(&stream.CommitRecord{Run: "r", ID: "s1", Fingerprint: "f", State: stream.CommitCommitted, Checksum: "c"})
 	if err != nil {
@@ -47,4 +39,20 @@ func TestRevokeIsOnce(t *testing.T) {
 	if len(hist) != 2 || revoked != 1 {
 		t.Fatalf("history: %d records, %d revoked; want the commit and one revocation", len(hist), revoked)
 	}
+}
+
+// startInternal starts a coordinator on loopback for a test of its
+// internals, closed when the test ends.
+func startInternal(t *testing.T) (*Coordinator, context.Context) {
+	t.Helper()
+	c, err := New(Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, ctx
 }
