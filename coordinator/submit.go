@@ -625,11 +625,9 @@ func checkStagedSizes(man *stream.Manifest) error {
 	return nil
 }
 
-// PackDir is where a run's packs of many small inputs go (one per shard
-// and state of its inputs; see staging.DescribeShard).
-func PackDir(spec *stream.Spec) string {
-	return filepath.Join(spec.Output, ".shardpool", "packs")
-}
+// PackDir is where a run's packs of many small inputs go (see
+// staging.PackDir).
+func PackDir(spec *stream.Spec) string { return staging.PackDir(spec.Output) }
 
 // describeInputs records size, mtime and checksums of the inputs of every
 // shard whose class stages, once per run (cached across submissions).

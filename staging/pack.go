@@ -113,6 +113,13 @@ func Pack(ctx context.Context, dst string, files []string) ([]PackEntry, error) 
 	return entries, os.Rename(part, dst)
 }
 
+// PackDir is where the packs of a run writing to output go (one per shard
+// and state of its inputs; see DescribeShard). A shard's pack is removed
+// once its output is committed.
+func PackDir(output string) string {
+	return filepath.Join(output, ".shardpool", "packs")
+}
+
 // PackPath is where the pack of a shard's inputs goes in dir: named by the
 // shard and by its inputs' paths, sizes and modification times, so that
 // inputs rewritten since a pack was made get a pack of their own instead

@@ -1075,7 +1075,18 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	// $SHARDPOOL_CKPT_DIR. Where no run checkpoints, this is one failed
 	// open.
 	w.dropOlderCkpts(spec.Output, a.m.Run, a.m.Fingerprint, a.m.ID)
+	dropPack(spec.Output, a.m.Files)
 	return nil
+}
+
+// dropPack removes the pack a committed shard's inputs came in: a copy of
+// them all, of no use once the output is there (a retry or a redo of the
+// shard stages its inputs one by one, and a new submission packs them
+// again). Only a pack in the run's own pack directory is removed.
+func dropPack(output string, files []stream.InputFile) {
+	if staging.Packed(files) && filepath.Dir(files[0].Path) == staging.PackDir(output) {
+		_ = os.Remove(files[0].Path)
+	}
 }
 
 // foreignDestination refuses a destination that exists, is not empty, and
