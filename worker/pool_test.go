@@ -876,6 +876,40 @@ func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
 	}
 }
 
+// TestMissingPackStagesTheInputs: a shard delivered after its pack was
+// removed (the shard committed, then its message came back) stages its
+// inputs one by one instead of failing.
+func TestMissingPackStagesTheInputs(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	var inputs []string
+	for i := range staging.PackMinFiles {
+		p := filepath.Join(dir, fmt.Sprintf("tiny-%04d.txt", i))
+		os.WriteFile(p, []byte(fmt.Sprintf("file %d\n", i)), 0o644)
+		inputs = append(inputs, p)
+	}
+	inJSON, _ := json.Marshal(inputs)
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\n",
+		Command: []string{"sh", "-c", `cat "$@" > "$SHARDPOOL_OUT/all"`, "sh", "{inputs}"},
+		Line:    func(int, string) string { return `{"id":"many","inputs":` + string(inJSON) + `}` }})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	out := filepath.Join(filepath.Dir(spec), "out")
+	packs, _ := filepath.Glob(filepath.Join(out, ".shardpool", "packs", "many-*.tar"))
+	if len(packs) != 1 {
+		t.Fatalf("packs after submit: %v, want the shard's", packs)
+	}
+	os.Remove(packs[0])
+	env.StartWorker("w1", map[string]int{"cpu": 1})
+	if r := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked); r.State != stream.RunComplete {
+		rec, _ := env.Shard("t", "many")
+		t.Fatalf("run %s: %s %+v", r.State, r.Reason, rec.Attempts)
+	}
+	all, _ := os.ReadFile(filepath.Join(out, "many", "all"))
+	if strings.Count(string(all), "\n") != staging.PackMinFiles {
+		t.Fatalf("the command saw %d lines, want every input's", strings.Count(string(all), "\n"))
+	}
+}
+
 // TestFailedUnpackFailsTheAttempt: many small inputs come as one pack,
 // which the worker unpacks into its scratch. A scratch without room for
 // the unpacked copy refuses the shard before copying, with the numbers;

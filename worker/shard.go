@@ -807,6 +807,13 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
 	}
 	files := m.Files
+	if staging.Packed(files) {
+		if _, err := os.Stat(files[0].Path); errors.Is(err, fs.ErrNotExist) {
+			// Removed once the shard committed (dropPack): a delivery
+			// after that stages the inputs themselves.
+			files = nil
+		}
+	}
 	if len(files) != len(m.Inputs) && !staging.Packed(files) {
 		// Submitted without descriptions: describe here (reads each input once more).
 		h := staging.LoadHashes("")
