@@ -62,20 +62,50 @@ func Forget(ctx context.Context, js jetstream.JetStream, run string) (Forgotten,
 		return out, fmt.Errorf("forget %s: run record: %w", run, err)
 	}
 	out.Fingerprint, out.State, out.Output, out.Evidence = r.Fingerprint, r.State, r.Spec.Output, r.Evidence
+	if err := forgettable(&r); err != nil {
+		return out, fmt.Errorf("forget %s: %w", run, err)
+	}
+	rev := e.Revision()
+	for tries := 1; ; tries++ {
+		removed, err := b.PurgeRun(ctx, run, rev)
+		out.Removed.Add(removed)
+		if !errors.Is(err, stream.ErrRunChanged) {
+			if err != nil {
+				return out, fmt.Errorf("forget %s: %w", run, err)
+			}
+			break
+		}
+		// Written since it was read: by the tracker (the run is still
+		// finished, and goes on being forgotten), or by a submission.
+		e, gerr := b.Runs.Get(ctx, run)
+		var cur stream.RunRecord
+		if gerr == nil {
+			gerr = stream.Decode(e.Value(), &cur)
+		}
+		if gerr != nil {
+			return out, fmt.Errorf("forget %s: %w", run, gerr)
+		}
+		if cur.Fingerprint != r.Fingerprint || forgettable(&cur) != nil || tries == 3 {
+			return out, fmt.Errorf("forget %s: %w: a submission of the run came while it was being forgotten: its queued shards and shard records were removed, and its run record (now %s, generation %s) was kept; submit the run again to queue its shards again",
+				run, ErrRunActive, cur.State, cur.Fingerprint)
+		}
+		rev = e.Revision()
+	}
+	return out, nil
+}
+
+// forgettable refuses a run that is not finished: not COMPLETE or
+// BLOCKED, or a halted one whose running shards have not ended.
+func forgettable(r *stream.RunRecord) error {
 	if r.State != stream.RunComplete && r.State != stream.RunBlocked {
-		return out, fmt.Errorf("forget %s: %w: it is %s (%d pending, %d running); a run is forgotten once it is COMPLETE or BLOCKED",
-			run, ErrRunActive, r.State, r.Counts.Pending, r.Counts.Running)
+		return fmt.Errorf("%w: it is %s (%d pending, %d running); a run is forgotten once it is COMPLETE or BLOCKED",
+			ErrRunActive, r.State, r.Counts.Pending, r.Counts.Running)
 	}
 	if r.Counts.Running > 0 {
 		// A halted run (BLOCKED with shards still running): its workers
 		// would record and commit them after the records are gone.
-		return out, fmt.Errorf("forget %s: %w: it is %s with %d shard(s) still running (%s); it can be forgotten once they end",
-			run, ErrRunActive, r.State, r.Counts.Running, r.Halted)
+		return fmt.Errorf("%w: it is %s with %d shard(s) still running (%s); it can be forgotten once they end",
+			ErrRunActive, r.State, r.Counts.Running, r.Halted)
 	}
-	removed, err := b.PurgeRun(ctx, run)
-	out.Removed = removed
-	if err != nil {
-		return out, fmt.Errorf("forget %s: %w", run, err)
-	}
-	return out, nil
+	return nil
 }

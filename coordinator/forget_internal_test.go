@@ -67,7 +67,7 @@ func TestForgottenRunCountsItsNewRecords(t *testing.T) {
 	for i := range 3 {
 		old = append(old, putShard(fmt.Sprintf("s%d", i)))
 	}
-	if _, err := b.PurgeRun(ctx, "r"); err != nil {
+	if _, err := b.PurgeRun(ctx, "r", 0); err != nil {
 		t.Fatal(err)
 	}
 	gone := deleted{key: "r", rev: run1.Revision() + 1}

@@ -2,9 +2,12 @@ package stream_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
@@ -62,5 +65,40 @@ func TestWorkerReportsSeesAReportBeingRewritten(t *testing.T) {
 		if !slices.Equal(names, []string{"a", "b", "busy"}) {
 			t.Fatalf("listing %d: %v, want a, b and busy (the one being rewritten), not the stopped one", i, names)
 		}
+	}
+}
+
+// TestPurgeRunKeepsARecordWrittenMeanwhile: forget purges a run's record
+// only at the revision it judged finished. A record written since (a
+// submission of the run at the same moment) is kept, and the purge says
+// so; at the current revision the record goes.
+func TestPurgeRunKeepsARecordWrittenMeanwhile(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	b, err := stream.OpenBuckets(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	judged, err := b.Runs.Put(ctx, "r", []byte(`{"v":1,"name":"r","state":"COMPLETE"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// PREPARED with nothing queued: as the coordinator's tracker judges
+	// it, so it writes nothing over it.
+	now, err := b.Runs.Put(ctx, "r", []byte(`{"v":1,"name":"r","state":"PREPARED"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PurgeRun(ctx, "r", judged); !errors.Is(err, stream.ErrRunChanged) {
+		t.Fatalf("purge at the judged revision: %v, want ErrRunChanged", err)
+	}
+	if _, err := b.Runs.Get(ctx, "r"); err != nil {
+		t.Fatalf("the record written meanwhile: %v, want it kept", err)
+	}
+	if _, err := b.PurgeRun(ctx, "r", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Runs.Get(ctx, "r"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("after the purge at the current revision: %v, want the record gone", err)
 	}
 }

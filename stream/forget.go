@@ -17,6 +17,14 @@ type Footprint struct {
 	Checkpoints int    `json:"commit_records"`
 }
 
+// Add adds what o counts to f.
+func (f *Footprint) Add(o Footprint) {
+	f.Queued += o.Queued
+	f.Shards += o.Shards
+	f.Leases += o.Leases
+	f.Checkpoints += o.Checkpoints
+}
+
 // runBuckets are the buckets keyed <run>.<id>, with the footprint field
 // each one counts into.
 func (b *Buckets) runBuckets(f *Footprint) []struct {
@@ -58,7 +66,10 @@ func (b *Buckets) RunFootprint(ctx context.Context, run string) (Footprint, erro
 // revision), and last its run record, with a purge marker that watchers
 // (the coordinator's tracker, workers) see as the run's deletion. Nothing
 // on disk outside the store is touched. It returns what it removed.
-func (b *Buckets) PurgeRun(ctx context.Context, run string) (Footprint, error) {
+// With rev above 0, the run record is purged only at that revision: a
+// record written since (a submission of the run while it was being
+// forgotten) stays, and PurgeRun returns ErrRunChanged.
+func (b *Buckets) PurgeRun(ctx context.Context, run string, rev uint64) (Footprint, error) {
 	f, err := b.RunFootprint(ctx, run)
 	if err != nil {
 		return f, err
@@ -79,8 +90,19 @@ func (b *Buckets) PurgeRun(ctx context.Context, run string) (Footprint, error) {
 			return f, fmt.Errorf("purge bucket %s of %s: %w", rb.kv.Bucket(), run, err)
 		}
 	}
-	if err := b.Runs.Purge(ctx, run); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	var opts []jetstream.KVDeleteOpt
+	if rev > 0 {
+		opts = append(opts, jetstream.LastRevision(rev))
+	}
+	if err := b.Runs.Purge(ctx, run, opts...); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if rev > 0 && IsConflict(err) {
+			return f, fmt.Errorf("purge run record %s: %w", run, ErrRunChanged)
+		}
 		return f, fmt.Errorf("purge run record %s: %w", run, err)
 	}
 	return f, nil
 }
+
+// ErrRunChanged: the run record was written while the run was being
+// purged (a submission of it at the same moment).
+var ErrRunChanged = errors.New("the run record was written meanwhile")
