@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,5 +116,33 @@ func TestDeadWorkersPairsAreRemoved(t *testing.T) {
 	live.close()
 	if _, err := os.Stat(l + ".in"); !os.IsNotExist(err) {
 		t.Fatalf("after close: %v, want the unpack dir removed too", err)
+	}
+}
+
+// TestAdmissionLogsStayFew: a worker that serves run after run keeps at
+// most maxOpenLogs admission logs open (it kept one per run it ever
+// served, a descriptor each for its whole life), and a run whose log was
+// closed gets its later decisions appended all the same.
+func TestAdmissionLogsStayFew(t *testing.T) {
+	dir := t.TempDir()
+	w := &Worker{cfg: Config{StateDir: dir, Name: "w"}, logs: map[string]*openLog{}}
+	defer w.closeLogs()
+	const runs = 3 * maxOpenLogs
+	for i := range runs {
+		w.admission(fmt.Sprintf("r%02d", i), "s", "cpu", "admit", "first")
+		if len(w.logs) > maxOpenLogs {
+			t.Fatalf("after %d runs: %d logs open, want at most %d", i+1, len(w.logs), maxOpenLogs)
+		}
+	}
+	w.admission("r00", "s", "cpu", "validated", "second")
+	for i := range runs {
+		b, err := os.ReadFile(filepath.Join(dir, "runs", fmt.Sprintf("r%02d", i), "admission.log"))
+		want := 1
+		if i == 0 {
+			want = 2
+		}
+		if err != nil || strings.Count(string(b), "\n") != want {
+			t.Fatalf("run r%02d's admission.log: %q (%v), want %d line(s)", i, b, err, want)
+		}
 	}
 }

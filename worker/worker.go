@@ -155,7 +155,8 @@ type Worker struct {
 	running map[string]int
 	done    int
 	failed  int
-	logs    map[string]*os.File
+	logs    map[string]*openLog // admission.log per run, the most recently used kept open (maxOpenLogs)
+	logUses uint64
 	runs    map[string]cachedRun
 	dirs    map[string]bool
 	envs    map[string][]string // class environments by fingerprint and class (classEnv)
@@ -330,7 +331,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*os.File{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -1185,19 +1186,52 @@ func (w *Worker) admission(run, shard, class, decision, detail string) {
 		ev.Time.Format(time.RFC3339Nano), w.cfg.Name, run, shard, class, decision, strings.TrimSpace(detail))
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	f := w.logs[run]
-	if f == nil {
+	l := w.logs[run]
+	if l == nil {
 		dir := w.evidenceDir(run)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return
 		}
-		var err error
-		if f, err = os.OpenFile(filepath.Join(dir, w.evidenceFile("admission.log")), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+		f, err := os.OpenFile(filepath.Join(dir, w.evidenceFile("admission.log")), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
 			return
 		}
-		w.logs[run] = f
+		if len(w.logs) >= maxOpenLogs {
+			w.closeOldestLog()
+		}
+		l = &openLog{f: f}
+		w.logs[run] = l
 	}
-	f.WriteString(line)
+	w.logUses++
+	l.used = w.logUses
+	l.f.WriteString(line)
+}
+
+// maxOpenLogs bounds the admission logs a worker keeps open: one that
+// serves runs for months would otherwise hold a descriptor for every run
+// it ever served.
+const maxOpenLogs = 16
+
+// openLog is an open admission.log and when it was last written (a
+// count of writes).
+type openLog struct {
+	f    *os.File
+	used uint64
+}
+
+// closeOldestLog closes the least recently written admission log (under
+// w.mu); a later decision of its run opens it again.
+func (w *Worker) closeOldestLog() {
+	oldest := ""
+	for run, l := range w.logs {
+		if oldest == "" || l.used < w.logs[oldest].used {
+			oldest = run
+		}
+	}
+	if oldest != "" {
+		w.logs[oldest].f.Close()
+		delete(w.logs, oldest)
+	}
 }
 
 func (w *Worker) closeLogs() {
@@ -1207,8 +1241,8 @@ func (w *Worker) closeLogs() {
 		w.hostLogF.Close()
 		w.hostLogF = nil
 	}
-	for k, f := range w.logs {
-		f.Close()
+	for k, l := range w.logs {
+		l.f.Close()
 		delete(w.logs, k)
 	}
 }
