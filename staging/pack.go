@@ -142,24 +142,16 @@ func PackPath(dir, id string, inputs []string) (string, error) {
 // that what is staged ahead is what the worker looks for.
 func DescribeShard(ctx context.Context, h *Hashes, packDir, id string, inputs []string, cost int64) ([]stream.InputFile, error) {
 	if ShouldPack(inputs, cost) {
-		pack, err := PackPath(packDir, id, inputs)
-		if err != nil {
-			return nil, fmt.Errorf("pack: %w", err)
+		f, err := describePack(ctx, h, packDir, id, inputs)
+		if err == nil {
+			return []stream.InputFile{f}, nil
 		}
-		if _, err := os.Stat(pack); err != nil {
-			if err := os.MkdirAll(packDir, 0o755); err != nil {
-				return nil, err
-			}
-			if _, err := Pack(ctx, pack, inputs); err != nil {
-				return nil, err
-			}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		f, err := h.Describe(ctx, pack)
-		if err != nil {
-			return nil, err
-		}
-		f.Pack = true
-		return []stream.InputFile{f}, nil
+		// A pack is a speed-up: where it cannot be made (an output
+		// directory this host cannot write), the inputs are staged one
+		// by one, and a missing input is named below.
 	}
 	files := make([]stream.InputFile, 0, len(inputs))
 	for _, in := range inputs {
@@ -170,6 +162,26 @@ func DescribeShard(ctx context.Context, h *Hashes, packDir, id string, inputs []
 		files = append(files, f)
 	}
 	return files, nil
+}
+
+// describePack describes the pack of inputs in packDir, making it first
+// when it is not there.
+func describePack(ctx context.Context, h *Hashes, packDir, id string, inputs []string) (stream.InputFile, error) {
+	pack, err := PackPath(packDir, id, inputs)
+	if err != nil {
+		return stream.InputFile{}, err
+	}
+	if _, err := os.Stat(pack); err != nil {
+		if err := os.MkdirAll(packDir, 0o755); err != nil {
+			return stream.InputFile{}, err
+		}
+		if _, err := Pack(ctx, pack, inputs); err != nil {
+			return stream.InputFile{}, err
+		}
+	}
+	f, err := h.Describe(ctx, pack)
+	f.Pack = true
+	return f, err
 }
 
 // Packed reports whether files is a shard's inputs in one pack.

@@ -243,6 +243,13 @@ func TestRewrittenInputGetsANewPack(t *testing.T) {
 	if len(left) != 0 {
 		t.Fatalf("left behind: %v", left)
 	}
+	// A pack directory that cannot be written: each input is described.
+	ro := filepath.Join(t.TempDir(), "file-not-dir")
+	os.WriteFile(ro, nil, 0o644)
+	loose, err := staging.DescribeShard(ctx, h, filepath.Join(ro, "packs"), "s1", files, 2048)
+	if err != nil || len(loose) != len(files) || staging.Packed(loose) {
+		t.Fatalf("unwritable pack directory: %d files, packed %v, %v; want each input described", len(loose), staging.Packed(loose), err)
+	}
 	// Fewer inputs than a pack is for: each is described as itself.
 	each, err := staging.DescribeShard(ctx, h, packs, "s2", files[:3], 30)
 	if err != nil || len(each) != 3 || staging.Packed(each) || each[2].Path != files[2] {
