@@ -292,10 +292,11 @@ func (t *tracker) reload(ctx context.Context, name string, ri *runInfo) {
 	}
 	ri.shards, ri.n, ri.byClass = map[string]*shardInfo{}, map[string]int{}, map[string]map[string]int{}
 	ri.forgotten, ri.floor, ri.dirty = false, 0, true
+	seen := t.seen // what the watch delivered, which catchUp goes by
 	for _, e := range entries {
 		t.onShard(e)
 	}
-	ri.floor = last
+	t.seen, ri.floor = seen, last
 }
 
 // onShard applies one shard record; it reports whether every shard of the
