@@ -839,19 +839,30 @@ func TestStagedInputsRunFromLocalScratch(t *testing.T) {
 	}
 }
 
-func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
-	env := testenv.New(t, testenv.Options{})
-	dir := t.TempDir()
+// manySmallInputs writes staging.PackMinFiles inputs into dir, input i
+// holding content(i), named tiny-NNNN.txt in order, and returns their
+// paths as a JSON array for a manifest line.
+func manySmallInputs(t *testing.T, dir string, content func(i int) []byte) string {
+	t.Helper()
 	var inputs []string
 	for i := range staging.PackMinFiles {
 		p := filepath.Join(dir, fmt.Sprintf("tiny-%04d.txt", i))
-		os.WriteFile(p, []byte(fmt.Sprintf("file %d\n", i)), 0o644)
+		if err := os.WriteFile(p, content(i), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		inputs = append(inputs, p)
 	}
-	inJSON, _ := json.Marshal(inputs)
+	b, _ := json.Marshal(inputs)
+	return string(b)
+}
+
+func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	dir := t.TempDir()
+	inJSON := manySmallInputs(t, dir, func(i int) []byte { return []byte(fmt.Sprintf("file %d\n", i)) })
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Extra: "stage = true\n",
 		Command: []string{"sh", "-c", `cat "$@" > "$SHARDPOOL_OUT/all"; echo "$1" > "$SHARDPOOL_OUT/first"`, "sh", "{inputs}"},
-		Line:    func(int, string) string { return `{"id":"many","inputs":` + string(inJSON) + `}` }})
+		Line:    func(int, string) string { return `{"id":"many","inputs":` + inJSON + `}` }})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	out := filepath.Join(filepath.Dir(spec), "out")
@@ -882,16 +893,10 @@ func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
 func TestMissingPackStagesTheInputs(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	dir := t.TempDir()
-	var inputs []string
-	for i := range staging.PackMinFiles {
-		p := filepath.Join(dir, fmt.Sprintf("tiny-%04d.txt", i))
-		os.WriteFile(p, []byte(fmt.Sprintf("file %d\n", i)), 0o644)
-		inputs = append(inputs, p)
-	}
-	inJSON, _ := json.Marshal(inputs)
+	inJSON := manySmallInputs(t, dir, func(i int) []byte { return []byte(fmt.Sprintf("file %d\n", i)) })
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\n",
 		Command: []string{"sh", "-c", `cat "$@" > "$SHARDPOOL_OUT/all"`, "sh", "{inputs}"},
-		Line:    func(int, string) string { return `{"id":"many","inputs":` + string(inJSON) + `}` }})
+		Line:    func(int, string) string { return `{"id":"many","inputs":` + inJSON + `}` }})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	out := filepath.Join(filepath.Dir(spec), "out")
 	packs, _ := filepath.Glob(filepath.Join(out, ".shardpool", "packs", "many-*.tar"))
@@ -926,20 +931,11 @@ func TestFailedUnpackFailsTheAttempt(t *testing.T) {
 			env := testenv.New(t, testenv.Options{NoWorkers: true})
 			testenv.SmallTmpfs(t, filepath.Join(env.Data, "scratch", "w1"), tc.tmpfs)
 			env.StartWorker("w1", map[string]int{"cpu": 1})
-			dir := t.TempDir()
-			var inputs []string
-			for i := range staging.PackMinFiles {
-				p := filepath.Join(dir, fmt.Sprintf("part-%04d", i))
-				if err := os.WriteFile(p, bytes.Repeat([]byte{byte(i)}, 6<<10), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				inputs = append(inputs, p)
-			}
-			inJSON, _ := json.Marshal(inputs)
+			inJSON := manySmallInputs(t, t.TempDir(), func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 6<<10) })
 			ran := filepath.Join(t.TempDir(), "ran")
 			spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\n",
 				Command: []string{"sh", "-c", `echo "$#" >> "$0"; cat "$@" > "$SHARDPOOL_OUT/all"`, ran, "{inputs}"},
-				Line:    func(int, string) string { return `{"id":"many","inputs":` + string(inJSON) + `}` }})
+				Line:    func(int, string) string { return `{"id":"many","inputs":` + inJSON + `}` }})
 			env.Submit(spec, coordinator.SubmitOptions{})
 			env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
 			if b, err := os.ReadFile(ran); err == nil {
