@@ -29,19 +29,23 @@ type scratchPool struct {
 	root string
 	pid  int
 
-	mu   sync.Mutex
-	free map[string][]string // run -> bases whose .out and .tmp are empty
-	all  map[string]bool     // every base handed out, for removal at exit
-	n    int
+	mu    sync.Mutex
+	free  map[string][]string // run -> bases whose .out and .tmp are empty
+	all   map[string]bool     // every base handed out, for removal at exit
+	taken map[string]int      // run -> bases handed out and not yet put back
+	used  map[string]time.Time
+	n     int
 }
 
 func newScratchPool(root string, pid int) *scratchPool {
-	return &scratchPool{root: root, pid: pid, free: map[string][]string{}, all: map[string]bool{}}
+	return &scratchPool{root: root, pid: pid, free: map[string][]string{}, all: map[string]bool{}, taken: map[string]int{}, used: map[string]time.Time{}}
 }
 
 // take returns a base path whose base.out and base.tmp exist and are empty.
 func (p *scratchPool) take(run string) (string, error) {
 	p.mu.Lock()
+	p.taken[run]++
+	p.used[run] = time.Now()
 	if free := p.free[run]; len(free) > 0 {
 		base := free[len(free)-1]
 		p.free[run] = free[:len(free)-1]
@@ -57,10 +61,12 @@ func (p *scratchPool) take(run string) (string, error) {
 		// reboot) is emptied rather than trusted.
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			p.drop(base)
+			p.untake(run)
 			return "", err
 		}
 		if err := emptyDir(d); err != nil {
 			p.drop(base)
+			p.untake(run)
 			return "", err
 		}
 	}
@@ -69,6 +75,7 @@ func (p *scratchPool) take(run string) (string, error) {
 
 // put empties base's directories and returns them to the pool.
 func (p *scratchPool) put(run, base string) {
+	defer p.untake(run)
 	for _, d := range []string{base + ".out", base + ".tmp"} {
 		if err := emptyDir(d); err != nil {
 			p.drop(base)
@@ -78,6 +85,47 @@ func (p *scratchPool) put(run, base string) {
 	p.mu.Lock()
 	p.free[run] = append(p.free[run], base)
 	p.mu.Unlock()
+}
+
+// scratchIdle is how long a run's pairs stay after its last shard here.
+const scratchIdle = 10 * time.Minute
+
+// untake counts a base of run back (put, or a take that failed).
+func (p *scratchPool) untake(run string) {
+	p.mu.Lock()
+	p.taken[run]--
+	p.used[run] = time.Now()
+	p.mu.Unlock()
+}
+
+// dropIdle removes the pairs of each run none of whose pairs has been
+// taken for idle, and the run's directory when that leaves it empty: a
+// worker serving run after run for months would otherwise keep every
+// run's pairs until it exits. A later shard of the run makes new ones.
+func (p *scratchPool) dropIdle(idle time.Duration) {
+	p.mu.Lock()
+	var bases []string
+	dirs := map[string]bool{}
+	for run, at := range p.used {
+		if p.taken[run] > 0 || time.Since(at) < idle {
+			continue
+		}
+		for _, b := range p.free[run] {
+			bases = append(bases, b)
+			delete(p.all, b)
+			dirs[filepath.Dir(b)] = true
+		}
+		delete(p.free, run)
+		delete(p.taken, run)
+		delete(p.used, run)
+	}
+	p.mu.Unlock()
+	for _, b := range bases {
+		removePair(b)
+	}
+	for d := range dirs {
+		os.Remove(d) // only if empty
+	}
 }
 
 // drop removes base's directories and forgets it.

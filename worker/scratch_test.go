@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardpool/shardpool/staging"
 )
@@ -144,5 +145,55 @@ func TestAdmissionLogsStayFew(t *testing.T) {
 		if err != nil || strings.Count(string(b), "\n") != want {
 			t.Fatalf("run r%02d's admission.log: %q (%v), want %d line(s)", i, b, err, want)
 		}
+	}
+}
+
+// TestIdleRunsPairsAreDropped: the pairs of a run none of whose shards
+// has run here for a while are removed with the run's directory; a run
+// with a shard running keeps them, however old its last take.
+func TestIdleRunsPairsAreDropped(t *testing.T) {
+	root := t.TempDir()
+	p := newScratchPool(root, 42)
+	for _, run := range []string{"done", "recent", "busy"} {
+		b, err := p.take(run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run != "busy" {
+			p.put(run, b)
+		}
+	}
+	// A second pair of the busy run, back in the pool while its first
+	// shard runs on (for longer than the idle time).
+	b2, err := p.take("busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.put("busy", b2)
+	p.mu.Lock()
+	p.used["done"] = time.Now().Add(-time.Hour)
+	p.used["busy"] = time.Now().Add(-time.Hour)
+	p.mu.Unlock()
+	p.dropIdle(10 * time.Minute)
+	if _, err := os.Stat(filepath.Join(root, "done")); !os.IsNotExist(err) {
+		t.Fatalf("the idle run's directory: %v, want it removed", err)
+	}
+	for run, want := range map[string]int{"recent": 2, "busy": 4} {
+		if ents, err := os.ReadDir(filepath.Join(root, run)); err != nil || len(ents) != want {
+			t.Fatalf("run %s's pairs: %d entries (%v), want all %d kept", run, len(ents), err, want)
+		}
+	}
+	// The idle run's next shard gets a new pair.
+	b, err := p.take("done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(b + ".out"); err != nil {
+		t.Fatalf("a new pair for the run: %v", err)
+	}
+	p.put("done", b)
+	p.close()
+	if ents, _ := os.ReadDir(root); len(ents) != 0 {
+		t.Fatalf("after close: %d entries left in the scratch root", len(ents))
 	}
 }

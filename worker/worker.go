@@ -593,6 +593,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				w.reapOrphans()
 				w.cgroups.removeDeadOwners()
 				w.refreshHold()
+				w.scratch.dropIdle(scratchIdle)
 			}
 		}
 	})
