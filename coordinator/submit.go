@@ -625,10 +625,6 @@ func checkStagedSizes(man *stream.Manifest) error {
 	return nil
 }
 
-// PackDir is where a run's packs of many small inputs go (see
-// staging.PackDir).
-func PackDir(spec *stream.Spec) string { return staging.PackDir(spec.Output) }
-
 // describeInputs records size, mtime and checksums of the inputs of every
 // shard whose class stages, once per run (cached across submissions).
 func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest, h *staging.Hashes) error {
@@ -640,7 +636,7 @@ func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest
 		if !spec.StageFor(sh.Class) || len(sh.Files) == len(sh.Inputs) || staging.Packed(sh.Files) {
 			continue
 		}
-		files, err := staging.DescribeShard(ctx, h, PackDir(spec), sh.ID, sh.Inputs, sh.Cost)
+		files, err := staging.DescribeShard(ctx, h, staging.PackDir(spec.Output), sh.ID, sh.Inputs, sh.Cost)
 		if err != nil {
 			return fmt.Errorf("shard %s (%s line %d): %w", sh.ID, man.Path, sh.Line, err)
 		}

@@ -220,10 +220,15 @@ func (t *tracker) catchUp(sw jetstream.KeyWatcher, wait time.Duration) {
 func (t *tracker) info(run string) *runInfo {
 	ri := t.runs[run]
 	if ri == nil {
-		ri = &runInfo{shards: map[string]*shardInfo{}, n: map[string]int{}, byClass: map[string]map[string]int{}}
+		ri = newRunInfo()
 		t.runs[run] = ri
 	}
 	return ri
+}
+
+// newRunInfo is a run the tracker holds nothing of yet.
+func newRunInfo() *runInfo {
+	return &runInfo{shards: map[string]*shardInfo{}, n: map[string]int{}, byClass: map[string]map[string]int{}}
 }
 
 func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
@@ -232,7 +237,9 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 		// a watch event each. The two watches are not ordered between
 		// them, so records of the run submitted again may have arrived
 		// already; the next run record reads them afresh.
-		t.runs[e.Key()] = &runInfo{shards: map[string]*shardInfo{}, n: map[string]int{}, byClass: map[string]map[string]int{}, forgotten: true}
+		ri := newRunInfo()
+		ri.forgotten = true
+		t.runs[e.Key()] = ri
 		return
 	}
 	var r stream.RunRecord
@@ -264,18 +271,38 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 // record read is as new or newer, or was purged with the forgotten run.
 // When the store cannot be read, the run goes on from the watch alone.
 func (t *tracker) reload(ctx context.Context, name string, ri *runInfo) {
+	ri.forgotten = false
+	entries, last, err := t.readShards(ctx, name)
+	if err != nil {
+		t.c.log.Warn("tracker: cannot read the shard records of a run submitted again after it was forgotten; counting from the watch", "run", name, "err", err)
+		return
+	}
+	fresh := newRunInfo()
+	ri.shards, ri.n, ri.byClass, ri.floor, ri.dirty = fresh.shards, fresh.n, fresh.byClass, 0, true
+	seen := t.seen // what the watch delivered, which catchUp goes by
+	for _, e := range entries {
+		t.onShard(e)
+	}
+	t.seen, ri.floor = seen, last
+}
+
+// readShards reads every shard record of run from the store, and the shard
+// bucket's last revision before the read.
+func (t *tracker) readShards(ctx context.Context, run string) ([]jetstream.KeyValueEntry, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	st, err := t.c.b.Shards.Status(ctx)
-	var last uint64
-	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && err == nil {
-		last = bs.StreamInfo().State.LastSeq
+	if err != nil {
+		return nil, 0, err
 	}
-	keys, kerr := t.c.b.KeysMatching(ctx, t.c.b.Shards, name+".*")
-	if last == 0 || kerr != nil {
-		t.c.log.Warn("tracker: cannot read the shard records of a run submitted again after it was forgotten; counting from the watch", "run", name, "err", errors.Join(err, kerr))
-		ri.forgotten = false
-		return
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return nil, 0, fmt.Errorf("shard bucket status of type %T", st)
+	}
+	last := bs.StreamInfo().State.LastSeq
+	keys, err := t.c.b.KeysMatching(ctx, t.c.b.Shards, run+".*")
+	if err != nil {
+		return nil, 0, err
 	}
 	var entries []jetstream.KeyValueEntry
 	for _, k := range keys {
@@ -284,19 +311,11 @@ func (t *tracker) reload(ctx context.Context, name string, ri *runInfo) {
 			continue
 		}
 		if err != nil {
-			t.c.log.Warn("tracker: cannot read the shard records of a run submitted again after it was forgotten; counting from the watch", "run", name, "err", err)
-			ri.forgotten = false
-			return
+			return nil, 0, err
 		}
 		entries = append(entries, e)
 	}
-	ri.shards, ri.n, ri.byClass = map[string]*shardInfo{}, map[string]int{}, map[string]map[string]int{}
-	ri.forgotten, ri.floor, ri.dirty = false, 0, true
-	seen := t.seen // what the watch delivered, which catchUp goes by
-	for _, e := range entries {
-		t.onShard(e)
-	}
-	t.seen, ri.floor = seen, last
+	return entries, last, nil
 }
 
 // onShard applies one shard record; it reports whether every shard of the

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/shardpool/shardpool/checkpoint"
-	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
@@ -96,7 +95,7 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		// What the worker will look for: a shard of many small inputs is
 		// staged as the pack submit makes (made here if it is not there).
-		files, err := staging.DescribeShard(ctx, hashes, coordinator.PackDir(spec), sh.ID, sh.Inputs, sh.Cost)
+		files, err := staging.DescribeShard(ctx, hashes, staging.PackDir(spec.Output), sh.ID, sh.Inputs, sh.Cost)
 		if err != nil {
 			return fmt.Errorf("%s line %d: shard %s: %w", man.Path, sh.Line, sh.ID, err)
 		}
