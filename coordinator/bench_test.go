@@ -23,11 +23,7 @@ func BenchmarkKVCreate(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			env := testenv.New(b, testenv.Options{NoWorkers: true, Sync: mode})
 			ctx := context.Background()
-			b2, err := stream.OpenBuckets(ctx, env.JS)
-			if err != nil {
-				b.Fatal(err)
-			}
-			kv := b2.Leases
+			kv := env.Buckets().Leases
 			var next atomic.Int64
 			var wg sync.WaitGroup
 			cpu0 := cpuTime()

@@ -30,14 +30,12 @@ func TestForgetRemovesAFinishedRun(t *testing.T) {
 		Command: []string{"sh", "-c", `echo x >> "$1"; cp "$2" "$3/"`, "sh", runs, "{input}", "{out}"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("old", 30*time.Second, stream.RunComplete)
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	// A run is COMPLETE once its records say validated; the last ack
 	// lands a moment later (1 message still queued in 1 of 40 runs).
 	var before stream.Footprint
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		var err error
 		before, err = b.RunFootprint(ctx, "old")
 		return err == nil && before.Shards == 3 && before.Checkpoints == 3 && before.Queued == 0,
 			fmt.Sprintf("footprint of the finished run: %+v (%v), want 3 shard and 3 commit records, nothing queued", before, err)

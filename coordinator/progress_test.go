@@ -28,10 +28,7 @@ func TestProgressCountsTheLastRecordsBeforeAStop(t *testing.T) {
 		return p != nil && p.State == stream.RunQueued, fmt.Sprintf("progress.json: %+v, %v", p, err)
 	})
 	ctx := context.Background()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	for i := range n {
 		id := fmt.Sprintf("s%04d", i)
 		rec := stream.ShardRecord{V: 1, Run: "p", ID: id, Fingerprint: res.Fingerprint, Class: stream.DefaultClass, State: stream.ShardRunning}

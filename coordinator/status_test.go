@@ -66,10 +66,7 @@ func TestStatusSeesRecordsBeingRewritten(t *testing.T) {
 	const n = 1000
 	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Command: []string{"true"}})
 	res := env.Submit(spec, coordinator.SubmitOptions{})
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	put := func(i int, attempt int) error {
 		id := fmt.Sprintf("s%04d", i)
 		data, _ := stream.Encode(&stream.ShardRecord{V: 1, Run: "t", ID: id, Fingerprint: res.Fingerprint, Class: "cpu",
@@ -117,10 +114,7 @@ func TestStatusSkipsAnUnreadableRunRecord(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	ctx := context.Background()
 	env.Submit(testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"true"}}), coordinator.SubmitOptions{})
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	if _, err := b.Runs.Put(ctx, "broken", []byte("not json")); err != nil {
 		t.Fatal(err)
 	}
@@ -189,10 +183,7 @@ func TestStatusSaysAWorkerOfThisHostIsGone(t *testing.T) {
 	}
 	host, _ := os.Hostname()
 	boot, pidns := stream.BootID("/proc"), stream.PIDNamespace()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	putBusyReports(t, b,
 		stream.WorkerReport{Name: "dead", Host: host, BootID: boot, PIDNS: pidns, PID: exited.Process.Pid},
 		stream.WorkerReport{Name: "live", Host: host, BootID: boot, PIDNS: pidns, PID: os.Getpid()},
@@ -201,6 +192,7 @@ func TestStatusSaysAWorkerOfThisHostIsGone(t *testing.T) {
 	// the tracker's first look at the run.
 	var st *coordinator.Status
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		var err error
 		st, err = coordinator.ReadStatus(ctx, env.JS, "t")
 		return err == nil && len(st.Runs) == 1 && len(st.Runs[0].Waiting) > 0, fmt.Sprintf("status: %v, %+v", err, st)
 	})
@@ -251,10 +243,7 @@ func TestStatusSaysARemoteWorkerIsDisconnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	far := stream.WorkerReport{Host: "elsewhere", BootID: "another-boot", PIDNS: stream.PIDNamespace(), PID: 1}
 	near, cut, old := far, far, far
 	near.Name, near.Conn = "near", "shardpool-worker-near"

@@ -446,10 +446,7 @@ func TestHaltedRunIsQueuedAgain(t *testing.T) {
 	if n := queued(); n != 6 {
 		t.Fatalf("queued %d, want 6", n)
 	}
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	// Halt the run as the tracker does: the record first, then the purge.
 	e, err := b.Runs.Get(ctx, "t")
 	if err != nil {

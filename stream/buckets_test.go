@@ -21,10 +21,7 @@ import (
 func TestWorkerReportsSeesAReportBeingRewritten(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	ctx := context.Background()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	put := func(name string) {
 		data, _ := stream.Encode(&stream.WorkerReport{Name: name})
 		if _, err := b.Workers.Put(ctx, name, data); err != nil {
@@ -75,10 +72,7 @@ func TestWorkerReportsSeesAReportBeingRewritten(t *testing.T) {
 func TestPurgeRunKeepsARecordWrittenMeanwhile(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	ctx := context.Background()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	judged, err := b.Runs.Put(ctx, "r", []byte(`{"v":1,"name":"r","state":"COMPLETE"}`))
 	if err != nil {
 		t.Fatal(err)

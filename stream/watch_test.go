@@ -20,10 +20,7 @@ import (
 func TestStopWatchEndsAWatchNobodyReads(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	ctx := context.Background()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	if _, err := b.Shards.Put(ctx, "r.a", []byte("0")); err != nil {
 		t.Fatal(err)
 	}

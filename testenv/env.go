@@ -267,6 +267,16 @@ func (e *Env) TrySubmit(path string, opt coordinator.SubmitOptions) (coordinator
 	return coordinator.Submit(ctx, e.JS, spec, man, opt)
 }
 
+// Buckets opens the coordinator's KV buckets, failing the test if it cannot.
+func (e *Env) Buckets() *stream.Buckets {
+	e.t.Helper()
+	b, err := stream.OpenBuckets(context.Background(), e.JS)
+	if err != nil {
+		e.t.Fatalf("open buckets: %v", err)
+	}
+	return b
+}
+
 // Run reads a run record.
 func (e *Env) Run(name string) (stream.RunRecord, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

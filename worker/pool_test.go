@@ -1357,10 +1357,7 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 func TestReportFollowsWhatTheWorkerDoes(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}, ReportEvery: time.Minute})
 	ctx := context.Background()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	env.Submit(concurrencyJob(t, 2, "3", ""), coordinator.SubmitOptions{})
 	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
 		rs, err := b.WorkerReports(ctx)
@@ -1426,10 +1423,7 @@ func TestFullScratchHoldsTheWorkerNotTheShards(t *testing.T) {
 	// Wait for the worker to be up (its start checks the scratch
 	// directory), then use up the inodes.
 	ctx := context.Background()
-	b, err := stream.OpenBuckets(ctx, env.JS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := env.Buckets()
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 		rs, _ := b.WorkerReports(ctx)
 		return len(rs) == 1, fmt.Sprintf("reports %+v, want the worker's", rs)
