@@ -174,10 +174,12 @@ func waitForDecisions(t *testing.T, log, decision string, n int) {
 }
 
 // TestInterruptedRunResumesAtOnce interrupts `shardpool run` with SIGINT
-// while shards run, then runs the resume command it printed: the
-// interrupted shards come back at once, not after the ack wait (30 s by
-// default), which is what a plain Nak left them to once the embedded
-// coordinator had stopped.
+// while shards run, then runs the resume command it printed, as printed:
+// the interrupted shards come back at once, not after the ack wait (30 s
+// by default), which is what a plain Nak left them to once the embedded
+// coordinator had stopped. The command keeps the flags the run was given
+// (it once dropped all but --data, so a resumed run lost its scratch and
+// its slots).
 func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	data := t.TempDir()
 	// The first run's shards wait for a gate the test opens only after the
@@ -186,11 +188,16 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Name: "intr", Shards: 4,
 		Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.1; done; sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate}})
 	log := filepath.Join(data, "runs", "intr", "admission.log")
-	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	scratch := filepath.Join(t.TempDir(), "my scratch")
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", "--halt", "0", "-v", "--scratch", scratch, spec)
 	waitForDecisions(t, log, "admit", 2)
 	p.SignalMain(syscall.SIGINT)
-	if code := p.Wait(t, 30*time.Second); code != 130 || !strings.Contains(p.Output(), "resume with: shardpool run --data "+data) {
-		t.Fatalf("interrupted run: exit %d, want 130 and the resume command\n%s", code, p.Output())
+	want := fmt.Sprintf("resume with: shardpool run --data %s --slots 2 --scratch '%s' --halt 0 %s\n", data, scratch, spec)
+	if code := p.Wait(t, 30*time.Second); code != 130 || !strings.Contains(p.Output(), want) {
+		t.Fatalf("interrupted run: exit %d, want 130 and %q\n%s", code, want, p.Output())
+	}
+	if b, err := os.ReadFile(filepath.Join(data, "runs", "intr", "resume.txt")); err != nil || string(b) != strings.TrimPrefix(want, "resume with: ") {
+		t.Fatalf("resume.txt: %q (%v), want %q", b, err, strings.TrimPrefix(want, "resume with: "))
 	}
 	b, _ := os.ReadFile(log)
 	if !strings.Contains(string(b), "decision=requeue worker shutting down") {
@@ -200,7 +207,8 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	line := strings.TrimSuffix(strings.TrimPrefix(want, "resume with: "), "\n")
+	p = testenv.StartCmd(t, "sh", "-c", `shardpool() { "$0" "$@"; }; `+line, testenv.Binary(t))
 	if code := p.Wait(t, 90*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (4 validated, 0 failed of 4)") {
 		t.Fatalf("resumed run: exit %d, want 0 and COMPLETE\n%s", code, p.Output())
 	}

@@ -55,7 +55,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// The commands go to resume.txt and the run record: never the token
 	// itself, only where it is.
-	at := shellQuote(redactURL(*server)) + used.flags()
+	at := shellQuote(redactURL(*server)) + used.flags() + carriedFlags(fs, "halt")
 	resume := fmt.Sprintf("shardpool submit --server %s %s", at, shellQuote(spec.SpecPath))
 	retryCmd := fmt.Sprintf("shardpool submit --server %s --retry-failed %s", at, shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()

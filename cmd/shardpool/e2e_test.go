@@ -951,8 +951,10 @@ func TestSubmittedRunHalts(t *testing.T) {
 	c.submit(spec, "--halt", "3")
 	w := c.worker("w1", "--slots", "2")
 	r := testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunBlocked)
-	if !strings.HasPrefix(r.Halted, "halted: ") || !strings.Contains(r.Reason, "taken off the queue") || !strings.Contains(r.Reason, "--retry-failed") {
-		t.Fatalf("halted run: halted %q, reason %q; want why, what was held and how to go on", r.Halted, r.Reason)
+	// The retry command keeps the submission's --halt (it was once left
+	// out, so a retry ran under the default).
+	if !strings.HasPrefix(r.Halted, "halted: ") || !strings.Contains(r.Reason, "taken off the queue") || !strings.Contains(r.Reason, "--halt 3 --retry-failed "+spec) {
+		t.Fatalf("halted run: halted %q, reason %q; want why, what was held and how to go on (with --halt 3)", r.Halted, r.Reason)
 	}
 	ctx := context.Background()
 	s, err := c.js.Stream(ctx, stream.StreamShards)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -116,6 +117,7 @@ func (s *slotsFlag) String() string {
 	for k, v := range s.byClass {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
 	}
+	sort.Strings(parts) // the same spelling each time: it goes into resume.txt
 	return strings.Join(parts, ",")
 }
 
@@ -219,6 +221,26 @@ func registerSync(fs *flag.FlagSet) *syncFlag {
 	fs.Var(&s, "sync", "`MODE`: how the coordinator's store reaches the disk: group (every write a decision depends on is fsynced first, one syncfs shared by concurrent writers), always (fsync every write), none (a host crash can lose acknowledged state)")
 	fs.BoolFunc("no-sync", "same as --sync none", func(string) error { s = stream.SyncNone; return nil })
 	return &s
+}
+
+// carriedFlags spells the flags among names that the command line set,
+// as they would be typed again (" --slots 2 --scratch /fast/x"), in the
+// order of names: the commands a run writes down to resume or retry it
+// must run it the way it ran (its scratch, where staged inputs are
+// cached; its slots; its sync mode), not with the defaults. Path values
+// must already be absolute, since those commands may be typed elsewhere.
+// --no-sync is spelt as --sync none.
+func carriedFlags(fs *flag.FlagSet, names ...string) string {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set["sync"] = set["sync"] || set["no-sync"]
+	var b strings.Builder
+	for _, name := range names {
+		if f := fs.Lookup(name); f != nil && set[name] {
+			fmt.Fprintf(&b, " --%s %s", name, shellQuote(f.Value.String()))
+		}
+	}
+	return b.String()
 }
 
 // flagSet reports whether the command line set the flag name.

@@ -65,6 +65,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := checkScratch(*scratch, worker.DefaultName()); err != nil {
 		return err
 	}
+	if *scratch != "" {
+		// Absolute in the resume command, which may be typed elsewhere.
+		if *scratch, err = filepath.Abs(*scratch); err != nil {
+			return err
+		}
+	}
 	absData, err := filepath.Abs(*data)
 	if err != nil {
 		return err
@@ -103,8 +109,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), coordinator.StoppedName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.Warn("remove "+coordinator.StoppedName, "err", err)
 	}
-	resume := fmt.Sprintf("shardpool run --data %s %s", shellQuote(absData), shellQuote(spec.SpecPath))
-	retry := fmt.Sprintf("shardpool run --data %s --retry-failed %s", shellQuote(absData), shellQuote(spec.SpecPath))
+	// The settings of this host's worker and coordinator that the user
+	// chose go with the commands; display flags (--quiet, -v) do not.
+	host := carriedFlags(fs, "slots", "scratch", "sync", "lease-ttl", "grace", "halt", "listen", "http", "tls",
+		"stage-concurrency", "stage-bwlimit", "stage-cache", "stage-fleet")
+	resume := fmt.Sprintf("shardpool run --data %s%s %s", shellQuote(absData), host, shellQuote(spec.SpecPath))
+	retry := fmt.Sprintf("shardpool run --data %s%s --retry-failed %s", shellQuote(absData), host, shellQuote(spec.SpecPath))
 	caps, err := fleetCaps()
 	if err != nil {
 		coord.Close()
