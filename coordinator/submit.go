@@ -631,12 +631,13 @@ func describeInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest
 	if h == nil {
 		h = staging.LoadHashes("")
 	}
+	packing := staging.NewPacking(spec.Pack)
 	for i := range man.Shards {
 		sh := &man.Shards[i]
 		if !spec.StageFor(sh.Class) || len(sh.Files) == len(sh.Inputs) || staging.Packed(sh.Files) {
 			continue
 		}
-		files, err := staging.DescribeShard(ctx, h, staging.PackDir(spec.Output), sh.ID, sh.Inputs, sh.Cost)
+		files, err := staging.DescribeShard(ctx, h, packing, staging.PackDir(spec.Output), sh.ID, sh.Inputs, sh.Cost)
 		if err != nil {
 			return fmt.Errorf("shard %s (%s line %d): %w", sh.ID, man.Path, sh.Line, err)
 		}

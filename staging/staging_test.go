@@ -215,11 +215,11 @@ func TestRewrittenInputGetsANewPack(t *testing.T) {
 		files = append(files, p)
 	}
 	h := staging.LoadHashes("")
-	first, err := staging.DescribeShard(ctx, h, packs, "s1", files, 2048)
+	first, err := staging.DescribeShard(ctx, h, nil, packs, "s1", files, 2048)
 	if err != nil || !staging.Packed(first) {
 		t.Fatalf("describe: %+v %v, want one pack", first, err)
 	}
-	again, err := staging.DescribeShard(ctx, h, packs, "s1", files, 2048)
+	again, err := staging.DescribeShard(ctx, h, nil, packs, "s1", files, 2048)
 	if err != nil || again[0].Path != first[0].Path || again[0].XXH64 != first[0].XXH64 {
 		t.Fatalf("unchanged inputs: %+v %v, want the pack %s found again", again, err, first[0].Path)
 	}
@@ -228,7 +228,7 @@ func TestRewrittenInputGetsANewPack(t *testing.T) {
 	}
 	later := time.Now().Add(time.Minute)
 	os.Chtimes(files[7], later, later)
-	fresh, err := staging.DescribeShard(ctx, h, packs, "s1", files, 2048)
+	fresh, err := staging.DescribeShard(ctx, h, nil, packs, "s1", files, 2048)
 	if err != nil || !staging.Packed(fresh) || fresh[0].Path == first[0].Path {
 		t.Fatalf("after a rewrite: %+v %v, want a pack other than %s", fresh, err, first[0].Path)
 	}
@@ -246,14 +246,77 @@ func TestRewrittenInputGetsANewPack(t *testing.T) {
 	// A pack directory that cannot be written: each input is described.
 	ro := filepath.Join(t.TempDir(), "file-not-dir")
 	os.WriteFile(ro, nil, 0o644)
-	loose, err := staging.DescribeShard(ctx, h, filepath.Join(ro, "packs"), "s1", files, 2048)
+	loose, err := staging.DescribeShard(ctx, h, nil, filepath.Join(ro, "packs"), "s1", files, 2048)
 	if err != nil || len(loose) != len(files) || staging.Packed(loose) {
 		t.Fatalf("unwritable pack directory: %d files, packed %v, %v; want each input described", len(loose), staging.Packed(loose), err)
 	}
 	// Fewer inputs than a pack is for: each is described as itself.
-	each, err := staging.DescribeShard(ctx, h, packs, "s2", files[:3], 30)
+	each, err := staging.DescribeShard(ctx, h, nil, packs, "s2", files[:3], 30)
 	if err != nil || len(each) != 3 || staging.Packed(each) || each[2].Path != files[2] {
 		t.Fatalf("three inputs: %+v %v, want each described", each, err)
+	}
+}
+
+// TestPackingFollowsLocality: by default a shard of many small inputs is
+// packed only where an input is on storage not known to be local (a pack
+// from a local disk costs more than it saves); `pack = true` packs it
+// wherever its inputs are, `pack = false` never. This host's own probe
+// finds a test's temporary directory local.
+func TestPackingFollowsLocality(t *testing.T) {
+	ctx := context.Background()
+	src, nfs := t.TempDir(), t.TempDir()
+	var files []string
+	for i := range staging.PackMinFiles {
+		dir := src
+		if i == staging.PackMinFiles-1 {
+			dir = nfs // one input elsewhere is enough
+		}
+		p := filepath.Join(dir, fmt.Sprintf("f%03d.txt", i))
+		if err := os.WriteFile(p, []byte("x\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, p)
+	}
+	yes, no := true, false
+	probed := 0
+	where := func(loc string) func(context.Context, string) string {
+		return func(_ context.Context, dir string) string {
+			probed++
+			if dir == nfs {
+				return loc
+			}
+			return probe.Local
+		}
+	}
+	h := staging.LoadHashes("")
+	for _, c := range []struct {
+		name   string
+		pack   *bool
+		loc    string // of the nfs directory
+		packed bool
+	}{
+		{"auto, network", nil, probe.Network, true},
+		{"auto, unknown", nil, probe.Unsure, true},
+		{"auto, local", nil, probe.Local, false},
+		{"true, local", &yes, probe.Local, true},
+		{"false, network", &no, probe.Network, false},
+	} {
+		p := staging.NewPacking(c.pack)
+		p.Locality = where(c.loc)
+		probed = 0
+		for id := range 3 {
+			got, err := staging.DescribeShard(ctx, h, p, t.TempDir(), fmt.Sprint("s", id), files, 512)
+			if err != nil || staging.Packed(got) != c.packed || (!c.packed && len(got) != len(files)) {
+				t.Fatalf("%s: %d file(s), packed %v, %v; want packed %v", c.name, len(got), staging.Packed(got), err, c.packed)
+			}
+		}
+		if c.pack == nil && probed != 2 {
+			t.Errorf("%s: %d locality probes for 3 shards in 2 directories, want each directory probed once", c.name, probed)
+		}
+	}
+	got, err := staging.DescribeShard(ctx, h, staging.NewPacking(nil), t.TempDir(), "real", files, 512)
+	if err != nil || staging.Packed(got) {
+		t.Fatalf("inputs in this host's temporary directories: packed %v, %v; want each input described (local)", staging.Packed(got), err)
 	}
 }
 
@@ -275,7 +338,7 @@ func TestStageCommandStagesWhatWorkersUse(t *testing.T) {
 		`{"id":"one","inputs":["one.bin"]}` + "\n" +
 		`{"id":"here","class":"local","inputs":["here.bin"]}` + "\n"
 	os.WriteFile(filepath.Join(src, "manifest.jsonl"), []byte(man), 0o644)
-	spec := "name = \"st\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"true\"]\ncode_rev = \"x\"\nstage = true\n[class.cpu]\n[class.local]\nstage = false\n"
+	spec := "name = \"st\"\nmanifest = \"manifest.jsonl\"\noutput = \"out\"\ncommand = [\"true\"]\ncode_rev = \"x\"\nstage = true\npack = true\n[class.cpu]\n[class.local]\nstage = false\n"
 	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte(spec), 0o644)
 	scratch := t.TempDir()
 	p := testenv.Start(t, "stage", "--scratch", scratch, "--data", t.TempDir(), "--json", filepath.Join(src, "shardpool.toml"))
@@ -299,6 +362,16 @@ func TestStageCommandStagesWhatWorkersUse(t *testing.T) {
 	}
 	if here, _ := filepath.Glob(filepath.Join(scratch, "cache", "*here.bin")); len(here) != 0 {
 		t.Fatalf("staged %v, of a class that reads in place", here)
+	}
+
+	// Without pack = true, inputs on a local disk are staged one by one.
+	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte(strings.Replace(spec, "pack = true\n", "", 1)), 0o644)
+	p = testenv.Start(t, "stage", "--scratch", t.TempDir(), "--data", t.TempDir(), "--json", filepath.Join(src, "shardpool.toml"))
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("stage: exit %d\n%s", code, p.Output())
+	}
+	if err := json.Unmarshal([]byte(p.Output()), &rep); err != nil || rep.Total.Files != staging.PackMinFiles+1 {
+		t.Fatalf("local inputs, no pack = true: %d file(s) staged (%v), want %d, each input\n%s", rep.Total.Files, err, staging.PackMinFiles+1, p.Output())
 	}
 
 	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte(strings.Replace(spec, "stage = true\n", "", 1)), 0o644)

@@ -26,18 +26,22 @@ const DefaultClass = "cpu"
 // Spec is a validated run spec with every path made absolute. It is stored in
 // the run record, so workers on other hosts run exactly what was submitted.
 type Spec struct {
-	Name      string            `json:"name"`
-	SpecPath  string            `json:"spec_path"`
-	Dir       string            `json:"dir"`
-	Manifest  string            `json:"manifest"`
-	Output    string            `json:"output"`
-	Command   []string          `json:"command"`
-	Env       map[string]string `json:"env,omitempty"`
-	Retries   int               `json:"retries"`
-	Timeout   Seconds           `json:"timeout"`
-	CodeRev   string            `json:"code_rev"`
-	Stage     bool              `json:"stage"`
-	Validator []string          `json:"validator,omitempty"`
+	Name     string            `json:"name"`
+	SpecPath string            `json:"spec_path"`
+	Dir      string            `json:"dir"`
+	Manifest string            `json:"manifest"`
+	Output   string            `json:"output"`
+	Command  []string          `json:"command"`
+	Env      map[string]string `json:"env,omitempty"`
+	Retries  int               `json:"retries"`
+	Timeout  Seconds           `json:"timeout"`
+	CodeRev  string            `json:"code_rev"`
+	Stage    bool              `json:"stage"`
+	// Pack says whether a staged shard of many small inputs is packed
+	// into one file at submit: nil (the default) where its inputs are
+	// not on local storage, true always, false never.
+	Pack      *bool    `json:"pack,omitempty"`
+	Validator []string `json:"validator,omitempty"`
 	// Outputs are patterns (path.Match, relative to {out}; {id} is the
 	// shard's ID) that must each match a file or directory in {out} after
 	// exit 0, or the attempt's output is invalid.
@@ -97,6 +101,7 @@ type specFile struct {
 	Timeout   string               `toml:"timeout"`
 	CodeRev   *string              `toml:"code_rev"`
 	Stage     bool                 `toml:"stage"`
+	Pack      *bool                `toml:"pack"`
 	Validator []string             `toml:"validator"`
 	Outputs   []string             `toml:"outputs"`
 	Class     map[string]classFile `toml:"class"`
@@ -270,7 +275,7 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 		return nil, fmt.Errorf("%s: %w: %v", abs, ErrInvalidSpec, err)
 	}
 	dir := filepath.Dir(abs)
-	s := &Spec{SpecPath: abs, Dir: dir, Env: f.Env, Stage: f.Stage, Classes: map[string]Class{}}
+	s := &Spec{SpecPath: abs, Dir: dir, Env: f.Env, Stage: f.Stage, Pack: f.Pack, Classes: map[string]Class{}}
 	if !ValidRunName(f.Name) {
 		return nil, bad("", "name", "%q must match [a-z0-9][a-z0-9-]* (at most 64 characters)", f.Name)
 	}

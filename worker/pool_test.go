@@ -860,7 +860,7 @@ func TestManySmallInputsArePackedAndUnpacked(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	dir := t.TempDir()
 	inJSON := manySmallInputs(t, dir, func(i int) []byte { return []byte(fmt.Sprintf("file %d\n", i)) })
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Extra: "stage = true\n",
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Extra: "stage = true\npack = true\n",
 		Command: []string{"sh", "-c", `cat "$@" > "$SHARDPOOL_OUT/all"; echo "$1" > "$SHARDPOOL_OUT/first"`, "sh", "{inputs}"},
 		Line:    func(int, string) string { return `{"id":"many","inputs":` + inJSON + `}` }})
 	env.Submit(spec, coordinator.SubmitOptions{})
@@ -894,7 +894,7 @@ func TestMissingPackStagesTheInputs(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	dir := t.TempDir()
 	inJSON := manySmallInputs(t, dir, func(i int) []byte { return []byte(fmt.Sprintf("file %d\n", i)) })
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\n",
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\npack = true\n",
 		Command: []string{"sh", "-c", `cat "$@" > "$SHARDPOOL_OUT/all"`, "sh", "{inputs}"},
 		Line:    func(int, string) string { return `{"id":"many","inputs":` + inJSON + `}` }})
 	env.Submit(spec, coordinator.SubmitOptions{})
@@ -933,7 +933,7 @@ func TestFailedUnpackFailsTheAttempt(t *testing.T) {
 			env.StartWorker("w1", map[string]int{"cpu": 1})
 			inJSON := manySmallInputs(t, t.TempDir(), func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 6<<10) })
 			ran := filepath.Join(t.TempDir(), "ran")
-			spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\n",
+			spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0, Extra: "stage = true\npack = true\n",
 				Command: []string{"sh", "-c", `echo "$#" >> "$0"; cat "$@" > "$SHARDPOOL_OUT/all"`, ran, "{inputs}"},
 				Line:    func(int, string) string { return `{"id":"many","inputs":` + inJSON + `}` }})
 			env.Submit(spec, coordinator.SubmitOptions{})

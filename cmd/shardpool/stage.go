@@ -87,6 +87,7 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	hashes := staging.LoadHashes(filepath.Join(*data, "inputs-cache.json"))
 	rep := StageReport{Run: spec.Name, Scratch: *scratch}
 	start := time.Now()
+	packing := staging.NewPacking(spec.Pack)
 	for _, sh := range man.Shards {
 		if !spec.StageFor(sh.Class) {
 			// Its workers read the inputs in place: a copy would not be used.
@@ -95,7 +96,7 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		// What the worker will look for: a shard of many small inputs is
 		// staged as the pack submit makes (made here if it is not there).
-		files, err := staging.DescribeShard(ctx, hashes, staging.PackDir(spec.Output), sh.ID, sh.Inputs, sh.Cost)
+		files, err := staging.DescribeShard(ctx, hashes, packing, staging.PackDir(spec.Output), sh.ID, sh.Inputs, sh.Cost)
 		if err != nil {
 			return fmt.Errorf("%s line %d: shard %s: %w", man.Path, sh.Line, sh.ID, err)
 		}
