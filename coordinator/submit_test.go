@@ -495,3 +495,42 @@ func TestHaltedRunIsQueuedAgain(t *testing.T) {
 	env.StartWorker("w1", map[string]int{"cpu": 2})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 }
+
+// TestHaltCountOnResubmission: the failures counted toward --halt start
+// over at a submission that changes --halt, not at a plain resubmission
+// of the same spec (an array job whose every task submits, a cron job):
+// such repeats must not keep a failing run from halting.
+func TestHaltCountOnResubmission(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	gate := filepath.Join(t.TempDir(), "gate")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 6, Retries: 0, Command: []string{"sh", "-c",
+		`case "$0" in s0000|s0001) exit 1;; esac; while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "{id}", gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{Halt: 5})
+	env.StartWorker("w1", map[string]int{"cpu": 1})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, err := env.Run("t")
+		return err == nil && r.Counts.Failed == 2, fmt.Sprintf("counts %+v (%v), want 2 failed", r.Counts, err)
+	})
+	base := func() stream.Counts {
+		t.Helper()
+		r, err := env.Run("t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.HaltBase
+	}
+	env.Submit(spec, coordinator.SubmitOptions{Halt: 5})
+	if b := base(); b.Failed != 0 {
+		t.Fatalf("after a plain resubmission the halt counts from %+v, want from the first submission (0 failed)", b)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{Halt: 4})
+	if b := base(); b.Failed != 2 {
+		t.Fatalf("after a submission with another --halt the halt counts from %+v, want from now (2 failed)", b)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := env.WaitState("t", 30*time.Second, stream.RunBlocked); r.Halted != "" || r.Counts.Validated != 4 {
+		t.Fatalf("run %s, halted %q, counts %+v; want BLOCKED by its 2 failed shards, not halted, 4 validated", r.State, r.Halted, r.Counts)
+	}
+}

@@ -30,7 +30,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
-	halt := fs.Int("halt", 5, "the coordinator halts the run (BLOCKED, its queued shards held back until it is submitted again) once `N` shards have failed after their retries with none validated since this submission (0: run every shard whatever fails)")
+	halt := fs.Int("halt", 5, "the coordinator halts the run (BLOCKED, its queued shards held back until it is submitted again) once `N` shards have failed after their retries with none validated since the count started: the run's first submission, or one that changes --halt, retries failed shards or lifts a halt (0: run every shard whatever fails)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	spec, man, err := parseSpec(fs, args)
 	if err != nil {
