@@ -216,3 +216,72 @@ func TestBlockedRunNamesItsCommandOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestEvidenceListsTheShardsNotValidated: `status --data DIR RUN` of a
+// run no coordinator serves lists the shards its verdict did not
+// validate, with their reasons and newest attempt logs, as status RUN
+// does of a live run; it once showed the reason's first three alone.
+// Written after final.json with the same verdict (as a run's coordinator
+// does when it stops), progress.json does not hide them; without RUN no
+// shard is listed.
+func TestEvidenceListsTheShardsNotValidated(t *testing.T) {
+	dir := t.TempDir()
+	ev := filepath.Join(dir, "runs", "r")
+	if err := os.MkdirAll(filepath.Join(ev, "attempts"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := coordinator.RunSummary{Run: "r", Fingerprint: "f1", State: stream.RunBlocked, Reason: "2 shard(s) failed: ...",
+		Counts: stream.Counts{Total: 3, Validated: 1, Failed: 2}, Written: time.Now().UTC()}
+	final := coordinator.Final{RunSummary: sum, Shards: []coordinator.FinalShard{
+		{ID: "z9", State: stream.ShardFailed, Attempts: 1, Reason: "after 1 attempt(s): killed by the OOM killer"},
+		{ID: "a1", State: stream.ShardValidated, Attempts: 1},
+		{ID: "b2", State: stream.ShardFailed, Attempts: 10, Reason: "after 10 attempt(s): exit status 3"},
+	}}
+	write := func(name string, v any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if err := os.WriteFile(filepath.Join(ev, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(coordinator.FinalName, final)
+	for _, log := range []string{"b2.2.log", "b2.10.log", "b2.9.log", "b22.11.log"} {
+		if err := os.WriteFile(filepath.Join(ev, "attempts", log), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum.Written = sum.Written.Add(time.Second)
+	write(coordinator.ProgressName, sum)
+	st, err := fromEvidence(dir, "r")
+	if err != nil || len(st.Runs) != 1 {
+		t.Fatalf("fromEvidence: %+v, %v", st, err)
+	}
+	got := st.Runs[0].Shards
+	if len(got) != 2 || got[0].ID != "b2" || got[1].ID != "z9" || got[1].State != stream.ShardFailed || !strings.Contains(got[1].Reason, "OOM") {
+		t.Fatalf("shards listed: %+v; want b2 and z9, failed, with their reasons", got)
+	}
+	var out strings.Builder
+	printStopped(&out, dir, st)
+	want := []string{
+		"  b2 failed after 10 attempt(s): exit status 3 (log: " + filepath.Join(ev, "attempts", "b2.10.log") + ")\n",
+		"  z9 failed after 1 attempt(s): killed by the OOM killer\n",
+	}
+	for _, w := range want {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("printed:\n%s\nwant the line %q", out.String(), w)
+		}
+	}
+	if strings.Contains(out.String(), "a1") {
+		t.Errorf("printed a validated shard:\n%s", out.String())
+	}
+	if st, err := fromEvidence(dir, ""); err != nil || len(st.Runs) != 1 || len(st.Runs[0].Shards) != 0 {
+		t.Fatalf("without RUN: %+v, %v; want the run without its shards", st, err)
+	}
+	// A later verdict in progress.json than final.json holds: final.json's
+	// shards are of another round and are not listed.
+	sum.Counts.Validated, sum.Counts.Failed = 2, 1
+	write(coordinator.ProgressName, sum)
+	if st, err := fromEvidence(dir, "r"); err != nil || len(st.Runs) != 1 || len(st.Runs[0].Shards) != 0 {
+		t.Fatalf("progress.json's verdict differs from final.json's: %+v, %v; want no shards listed", st, err)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -127,7 +129,7 @@ func fromEvidence(dir, run string) (*coordinator.Status, error) {
 		runs = nil // the drill's report, shown as st.Drill
 	}
 	for _, name := range runs {
-		verdict, noVerdict := runFromEvidence(filepath.Join(dir, "runs", name), name)
+		verdict, noVerdict := runFromEvidence(filepath.Join(dir, "runs", name), name, run != "")
 		if verdict != nil {
 			st.Runs = append(st.Runs, *verdict)
 		} else {
@@ -196,7 +198,9 @@ func drillSummary(dir string) *coordinator.DrillSummary {
 // newer and holds no verdict means the run was submitted again after the
 // verdict, or before any, and stopped before the next: reporting
 // final.json then would tell of another generation or an earlier round.
-func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinator.RunEvidence) {
+// With shards, a verdict from final.json lists the shards it did not
+// validate, as status RUN does of a live run.
+func runFromEvidence(evidence, name string, shards bool) (*coordinator.RunStatus, *coordinator.RunEvidence) {
 	final, ferr := coordinator.ReadFinal(evidence)
 	// An unreadable progress.json is passed over: final.json, written
 	// apart from it, still says what it says.
@@ -205,12 +209,20 @@ func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinato
 		progress = nil // written with the verdict, or older than it
 	}
 	if progress != nil && (progress.State == stream.RunComplete || progress.State == stream.RunBlocked) {
-		// A verdict whose final.json was not written (or not yet).
+		// A verdict whose final.json was not written (or not yet), or
+		// was and progress.json was written after it (as a run's
+		// coordinator does when it stops).
 		rs := verdictOf(name, evidence, progress.RunSummary)
+		if shards && final != nil && final.Fingerprint == progress.Fingerprint && final.State == progress.State && final.Counts == progress.Counts {
+			rs.Shards = notValidated(final)
+		}
 		return &rs, nil
 	}
 	if progress == nil && final != nil {
 		rs := verdictOf(name, evidence, final.RunSummary)
+		if shards {
+			rs.Shards = notValidated(final)
+		}
 		return &rs, nil
 	}
 	resume, _ := os.ReadFile(filepath.Join(evidence, coordinator.ResumeName))
@@ -237,6 +249,34 @@ func runFromEvidence(evidence, name string) (*coordinator.RunStatus, *coordinato
 		ev.Why = "no verdict recorded: interrupted or killed before it ended"
 	}
 	return nil, ev
+}
+
+// notValidated is the shards of a verdict that were not validated, by
+// id: their state and reason (final.json keeps no attempts).
+func notValidated(f *coordinator.Final) []stream.ShardRecord {
+	var out []stream.ShardRecord
+	for _, sh := range f.Shards {
+		if sh.State != stream.ShardValidated {
+			out = append(out, stream.ShardRecord{V: stream.SchemaVersion, Run: f.Run, ID: sh.ID, Fingerprint: f.Fingerprint, State: sh.State, Reason: sh.Reason})
+		}
+	}
+	slices.SortFunc(out, func(a, b stream.ShardRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// lastLog is the newest attempt log of shard id in evidence
+// (attempts/<id>.<n>.log), or "" when it has none (an attempt that
+// printed nothing leaves no log).
+func lastLog(evidence, id string) string {
+	matches, _ := filepath.Glob(filepath.Join(evidence, "attempts", id+".*.log"))
+	best, bestN := "", -1
+	for _, m := range matches {
+		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), id+"."), ".log"))
+		if err == nil && n > bestN {
+			best, bestN = m, n
+		}
+	}
+	return best
 }
 
 // verdictOf is the status of a run from its final.json or progress.json.
@@ -267,6 +307,18 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 		}
 		if resumeApart(r) {
 			notes = append(notes, fmt.Sprintf("%s: resume with: %s", r.Name, r.Resume))
+		}
+		for i, s := range r.Shards {
+			if i == maxShardLines {
+				notes = append(notes, fmt.Sprintf("  ... and %d more shard(s) not validated (status --json lists every one, as does %s)", len(r.Shards)-i,
+					filepath.Join(r.Evidence, coordinator.FinalName)))
+				break
+			}
+			line := strings.TrimSpace(fmt.Sprintf("%s %s %s", s.ID, s.State, s.Reason))
+			if log := lastLog(r.Evidence, s.ID); log != "" {
+				line += " (log: " + log + ")"
+			}
+			notes = append(notes, "  "+line)
 		}
 	}
 	for _, n := range st.NoVerdict {
