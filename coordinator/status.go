@@ -114,7 +114,7 @@ type RunStatus struct {
 	Resume      string                   `json:"resume,omitempty"`
 	Evidence    string                   `json:"evidence,omitempty"`
 	Output      string                   `json:"output"`
-	Submitted   time.Time                `json:"submitted"`
+	Submitted   time.Time                `json:"submitted,omitzero"` // absent in the evidence form: final.json does not keep it
 	Updated     time.Time                `json:"updated"`
 	ClassCounts map[string]stream.Counts `json:"class_counts,omitempty"`
 	// Halt is the run's --halt (0: the coordinator never halts it);

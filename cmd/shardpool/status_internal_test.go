@@ -260,6 +260,11 @@ func TestEvidenceListsTheShardsNotValidated(t *testing.T) {
 	if len(got) != 2 || got[0].ID != "b2" || got[1].ID != "z9" || got[1].State != stream.ShardFailed || !strings.Contains(got[1].Reason, "OOM") {
 		t.Fatalf("shards listed: %+v; want b2 and z9, failed, with their reasons", got)
 	}
+	// The evidence has no submission time; --json leaves it out rather
+	// than print year 1.
+	if b, _ := json.Marshal(st); strings.Contains(string(b), `"submitted"`) {
+		t.Errorf("--json from the evidence: %s\nwant no submitted time", b)
+	}
 	var out strings.Builder
 	printStopped(&out, dir, st)
 	want := []string{
