@@ -18,6 +18,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -158,6 +160,29 @@ func environ() map[string]string {
 	return env
 }
 
+// dirProblem says why a command could not start in dir, when dir is the
+// cause: exec reports a working directory that is missing or cannot be
+// entered as the program's own error ("fork/exec /usr/bin/sh: no such
+// file or directory"), which sends a user looking for the program. It is
+// "" when dir is a directory this process may enter.
+func (w *Worker) dirProblem(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Sprintf("the run's directory %s, where the command runs, does not exist on host %s (a file system not mounted there, or the spec's directory moved since it was submitted)", dir, w.host)
+	case err != nil:
+		return fmt.Sprintf("the run's directory %s, where the command runs, cannot be read on host %s: %v", dir, w.host, err)
+	case !fi.IsDir():
+		return fmt.Sprintf("the run's directory %s, where the command runs, is not a directory on host %s", dir, w.host)
+	case unix.Access(dir, unix.X_OK) != nil:
+		return fmt.Sprintf("the run's directory %s, where the command runs, cannot be entered by uid %d on host %s (permission denied)", dir, os.Getuid(), w.host)
+	}
+	return ""
+}
+
 func paramKey(k string) string {
 	return strings.ToUpper(unsafeName.ReplaceAllString(k, "_"))
 }
@@ -211,9 +236,13 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 		}
 	}
 	if err != nil {
+		reason, detail := fmt.Sprintf("start %s: %v", argv[0], err), err.Error()
+		if why := w.dirProblem(dir); why != "" {
+			reason, detail = why, why
+		}
 		out.abort()
-		out.note(fmt.Sprintf("shardpool: cannot start %q: %v\n", argv[0], err))
-		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("start %s: %v", argv[0], err), logged: true, log: out.path}
+		out.note(fmt.Sprintf("shardpool: cannot start %q: %s\n", argv[0], detail))
+		return result{outcome: stream.OutcomeStart, reason: reason, logged: true, log: out.path}
 	}
 	out.started()
 	pgid := cmd.Process.Pid

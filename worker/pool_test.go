@@ -565,6 +565,48 @@ func TestMissingInputIsNamed(t *testing.T) {
 	}
 }
 
+// TestMissingRunDirectoryIsNamed: a run whose directory (where the
+// command runs: the spec's) is not on the worker's host fails its
+// attempts naming that directory and the host. exec reports a working
+// directory it cannot enter as the program missing ("fork/exec
+// /usr/bin/sh: no such file or directory"), which sent users looking for
+// sh. A program that is missing indeed is still named as such.
+func TestMissingRunDirectoryIsNamed(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	// s0000 has no input (exec finds the directory gone), s0001 has one
+	// in that directory (the look at the inputs does).
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0, Command: []string{"sh", "-c", "true"},
+		Line: func(i int, line string) string {
+			if i == 0 {
+				return `{"id":"s0000"}`
+			}
+			return fmt.Sprintf(`{"id":"s%04d","inputs":[%q]}`, i, line)
+		}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	dir := filepath.Dir(spec)
+	if err := os.Rename(dir, dir+"-moved"); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("", map[string]int{"cpu": 1})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	for _, id := range []string{"s0000", "s0001"} {
+		rec, err := env.Shard("t", id)
+		if err != nil || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeStart ||
+			!strings.Contains(rec.Attempts[0].Reason, "the run's directory "+dir+", where the command runs, does not exist on host") {
+			t.Fatalf("record of %s: %+v (%v), want one start-error attempt naming the directory %s", id, rec.Attempts, err, dir)
+		}
+	}
+
+	spec = testenv.WriteJob(t, testenv.Job{Name: "noprog", Shards: 1, Retries: 0, Command: []string{"no-such-program-here"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("noprog", 30*time.Second, stream.RunBlocked)
+	rec, err := env.Shard("noprog", "s0000")
+	if err != nil || len(rec.Attempts) != 1 || !strings.Contains(rec.Attempts[0].Reason, "start no-such-program-here: ") ||
+		strings.Contains(rec.Attempts[0].Reason, "run's directory") {
+		t.Fatalf("record: %+v (%v), want the program named as missing", rec.Attempts, err)
+	}
+}
+
 // TestForeignDestinationIsLeftAlone: a directory at <output>/<id> that is
 // not a shardpool output (no COMPLETE marker: the user's own folder, with
 // the output directory shared with other files), or a file there, is not

@@ -615,6 +615,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	var pe *fs.PathError
 	infos, err := checkInputs(v.Inputs, inputCheckWait)
 	if errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) {
+		if why := w.dirProblem(spec.Dir); why != "" {
+			return result{outcome: stream.OutcomeStart, reason: why} // the inputs' directory is likely gone with it
+		}
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input %s is missing on host %s (it was there at submit)", pe.Path, w.host)}
 	} else if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("input unreadable on host %s: %v", w.host, err)}
