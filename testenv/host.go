@@ -69,6 +69,23 @@ func SmallTmpfs(t testing.TB, dir, size string) {
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
 }
 
+// ReadOnly bind-mounts dir (created) over itself read-only, as a file
+// system remounted read-only after errors is, and unmounts it at cleanup.
+func ReadOnly(t testing.TB, dir string) {
+	t.Helper()
+	RequireRoot(t)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "--bind", dir, dir).CombinedOutput(); err != nil {
+		t.Fatalf("bind mount %s: %v %s", dir, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	if out, err := exec.Command("mount", "-o", "remount,bind,ro", dir).CombinedOutput(); err != nil {
+		t.Fatalf("remount %s read-only: %v %s", dir, err, out)
+	}
+}
+
 // FreeCPUs is the number of this host's CPUs, for a test of how others'
 // use of them is counted: it fails t on a host with one CPU, or whose CPUs
 // a cgroup or an allocation bounds (others' use is not subtracted there),

@@ -607,6 +607,29 @@ func TestMissingRunDirectoryIsNamed(t *testing.T) {
 	}
 }
 
+// TestUnwritableOutputFailsBeforeTheCommand: an output directory the
+// worker's host cannot write (here a read-only mount, as ext4 remounts
+// itself after errors) fails the attempt before the command runs, naming
+// the directory, instead of after the command's whole run at its commit.
+func TestUnwritableOutputFailsBeforeTheCommand(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	ran := filepath.Join(t.TempDir(), "ran")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 1,
+		Command: []string{"sh", "-c", `echo ran >> "$0"; cp "$1" "$2/"`, ran, "{input}", "{out}"}})
+	out := filepath.Join(filepath.Dir(spec), "out")
+	testenv.ReadOnly(t, out)
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil || len(rec.Attempts) != 2 || rec.Attempts[1].Outcome != stream.OutcomeStart ||
+		!strings.Contains(rec.Attempts[1].Reason, "the output directory "+out+" cannot be written on host") {
+		t.Fatalf("record: %+v (%v), want two start-error attempts naming %s", rec.Attempts, err, out)
+	}
+	if b, err := os.ReadFile(ran); err == nil {
+		t.Fatalf("the command ran %d time(s) with nowhere to commit", strings.Count(string(b), "ran"))
+	}
+}
+
 // TestForeignDestinationIsLeftAlone: a directory at <output>/<id> that is
 // not a shardpool output (no COMPLETE marker: the user's own folder, with
 // the output directory shared with other files), or a file there, is not

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/staging"
@@ -630,6 +631,14 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		infos, _ = checkInputs(a.m.Inputs, inputCheckWait)
 	}
 	a.inputs = checkpoint.StampOf(infos)
+	// An output directory this host cannot write (a read-only mount,
+	// as after ext4's errors=remount-ro, or another owner's) would fail
+	// the commit only after the command's whole run: say so before it.
+	// One access(2), no file made; a directory not made yet is made by
+	// the commit.
+	if err := unix.Access(spec.Output, unix.W_OK); err != nil && !errors.Is(err, unix.ENOENT) {
+		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("the output directory %s cannot be written on host %s: %v; the command was not run", spec.Output, w.host, err)}
+	}
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command names it: directory creation is a
 	// measurable part of a short shard's cost. A job that reads

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
 	"github.com/shardpool/shardpool/coordinator"
@@ -59,6 +60,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := checkOutputDir(spec); err != nil {
 		return err
 	}
+	warnUnwritableOutput(spec, stderr)
 	checkOutput(ctx, spec.Output, stderr)
 	// A scratch directory the worker cannot use would fail the run only
 	// once it is queued: say so now.
@@ -391,6 +393,16 @@ func checkOutputDir(spec *stream.Spec) error {
 		return fmt.Errorf("%s: field %q: %w: %v", spec.SpecPath, "output", stream.ErrInvalidSpec, err)
 	}
 	return nil
+}
+
+// warnUnwritableOutput says, before anything runs, that the output
+// directory cannot be written here: every shard that runs then fails
+// without running its command (the worker looks first). Only a warning:
+// a COMPLETE run re-run over outputs made read-only writes nothing.
+func warnUnwritableOutput(spec *stream.Spec, stderr io.Writer) {
+	if err := unix.Access(spec.Output, unix.W_OK); err != nil {
+		fmt.Fprintf(stderr, "warning: the output directory %s cannot be written on this host (%v): shards that are not committed yet will fail without running\n", spec.Output, err)
+	}
 }
 
 // checkCommands refuses a run whose command or validator cannot be found
