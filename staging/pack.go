@@ -138,8 +138,8 @@ func PackPath(dir, id string, inputs []string) (string, error) {
 }
 
 // Packing decides which shards that ShouldPack are packed: every one
-// (Always), none (Never), or, by default, those with an input on storage
-// not known to be local. Packs are for network storage, where each
+// (the spec's pack = true), none (pack = false), or, by default, those
+// with an input on storage not known to be local. Packs are for network storage, where each
 // file's open and stat is a round trip; from a local disk they cost more
 // than they save (docs/staging.md: 3.8 s against 3.1 s for 40 shards of
 // 300 small files). One Packing serves a whole submission: it remembers
