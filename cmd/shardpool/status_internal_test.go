@@ -219,7 +219,8 @@ func TestBlockedRunNamesItsCommandOnce(t *testing.T) {
 
 // TestEvidenceListsTheShardsNotValidated: `status --data DIR RUN` of a
 // run no coordinator serves lists the shards its verdict did not
-// validate, with their reasons and newest attempt logs, as status RUN
+// validate, with their reasons and newest attempt logs (the latest retry
+// round's highest attempt), as status RUN
 // does of a live run; it once showed the reason's first three alone.
 // Written after final.json with the same verdict (as a run's coordinator
 // does when it stops), progress.json does not hide them; without RUN no
@@ -245,7 +246,8 @@ func TestEvidenceListsTheShardsNotValidated(t *testing.T) {
 		}
 	}
 	write(coordinator.FinalName, final)
-	for _, log := range []string{"b2.2.log", "b2.10.log", "b2.9.log", "b22.11.log"} {
+	for _, log := range []string{"b2.2.log", "b2.10.log", "b2.9.log", "b22.11.log", "b2.r1.2.log", "b2.r1.10.log", "b2.r1.1.validator.log",
+		"z9.1.log", "z9.r2.1.log", "z9.r10.3.log", "z9.r10.1.log"} {
 		if err := os.WriteFile(filepath.Join(ev, "attempts", log), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -268,8 +270,8 @@ func TestEvidenceListsTheShardsNotValidated(t *testing.T) {
 	var out strings.Builder
 	printStopped(&out, dir, st)
 	want := []string{
-		"  b2 failed after 10 attempt(s): exit status 3 (log: " + filepath.Join(ev, "attempts", "b2.10.log") + ")\n",
-		"  z9 failed after 1 attempt(s): killed by the OOM killer\n",
+		"  b2 failed after 10 attempt(s): exit status 3 (log: " + filepath.Join(ev, "attempts", "b2.r1.10.log") + ")\n",
+		"  z9 failed after 1 attempt(s): killed by the OOM killer (log: " + filepath.Join(ev, "attempts", "z9.r10.3.log") + ")\n",
 	}
 	for _, w := range want {
 		if !strings.Contains(out.String(), w) {

@@ -264,16 +264,26 @@ func notValidated(f *coordinator.Final) []stream.ShardRecord {
 	return out
 }
 
-// lastLog is the newest attempt log of shard id in evidence
-// (attempts/<id>.<n>.log), or "" when it has none (an attempt that
-// printed nothing leaves no log).
+// lastLog is the newest attempt log of shard id in evidence: of its
+// latest retry round, the attempt numbered highest (attempts/<id>.<n>.log
+// in the first round, <id>.r<round>.<n>.log after), or "" when it has
+// none (an attempt that printed nothing leaves no log).
 func lastLog(evidence, id string) string {
 	matches, _ := filepath.Glob(filepath.Join(evidence, "attempts", id+".*.log"))
-	best, bestN := "", -1
+	best, bestRound, bestN := "", -1, -1
 	for _, m := range matches {
-		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), id+"."), ".log"))
-		if err == nil && n > bestN {
-			best, bestN = m, n
+		rest := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), id+"."), ".log")
+		round := 0
+		if r, n, ok := strings.Cut(rest, "."); ok && strings.HasPrefix(r, "r") {
+			var err error
+			if round, err = strconv.Atoi(r[1:]); err != nil {
+				continue
+			}
+			rest = n
+		}
+		n, err := strconv.Atoi(rest)
+		if err == nil && (round > bestRound || round == bestRound && n > bestN) {
+			best, bestRound, bestN = m, round, n
 		}
 	}
 	return best
