@@ -448,6 +448,15 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 				detail, _, _ = strings.Cut(detail, "; retry in ")
 				detail += "; held: the run is halted"
 			}
+			if n := len(s.Attempts); n > 0 && s.State != stream.ShardRunning && s.Attempts[n-1].Log != "" {
+				// Where the last attempt's output is: on its worker's host.
+				at := s.Attempts[n-1]
+				where := at.Log
+				if here, _ := os.Hostname(); at.Host != "" && at.Host != here {
+					where += " on " + at.Host
+				}
+				detail += " (log: " + where + ")"
+			}
 			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))
 		}
 	}

@@ -85,6 +85,35 @@ func TestStatusBoundsShardLines(t *testing.T) {
 	}
 }
 
+// TestStatusNamesTheLastAttemptsLog: a shard that is not running is
+// listed with its last attempt's log, and the host it is on when that is
+// not this one; an attempt that printed nothing has none to name.
+func TestStatusNamesTheLastAttemptsLog(t *testing.T) {
+	here, _ := os.Hostname()
+	r := coordinator.RunStatus{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 4, Failed: 2, Pending: 1, Running: 1}, Shards: []stream.ShardRecord{
+		{ID: "a", State: stream.ShardFailed, Reason: "after 2 attempt(s): exit status 1",
+			Attempts: []stream.Attempt{{N: 1, Host: here, Log: "/ev/a.1.log"}, {N: 2, Host: "far", Log: "/ev/a.2.log"}}},
+		{ID: "b", State: stream.ShardFailed, Reason: "after 1 attempt(s): exit status 1", Attempts: []stream.Attempt{{N: 1, Host: here}}},
+		{ID: "c", State: stream.ShardPending, Reason: "exit status 1; retry in 3s", Attempts: []stream.Attempt{{N: 1, Host: here, Log: "/ev/c.1.log"}}},
+		{ID: "d", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w1", Host: here, PID: 1, Attempt: 2},
+			Attempts: []stream.Attempt{{N: 1, Host: here, Log: "/ev/d.1.log"}, {N: 2, Host: here, Log: "/ev/d.2.log"}}},
+	}}
+	var b strings.Builder
+	printStatus(&b, &coordinator.Status{Runs: []coordinator.RunStatus{r}})
+	for _, want := range []string{
+		"  a failed after 2 attempt(s): exit status 1 (log: /ev/a.2.log on far)\n",
+		"  b failed after 1 attempt(s): exit status 1\n",
+		"  c pending exit status 1; retry in 3s (log: /ev/c.1.log)\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("printed:\n%s\nwant the line %q", b.String(), want)
+		}
+	}
+	if strings.Contains(b.String(), "d.2.log") {
+		t.Errorf("a running attempt's log named as its last:\n%s", b.String())
+	}
+}
+
 // TestStatusSaysTheStoreIsFull: a coordinator whose store refuses writes
 // is shown with the reason and what to do; one with room shows no such line.
 func TestStatusSaysTheStoreIsFull(t *testing.T) {
