@@ -561,6 +561,9 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	if res.outcome == "" {
 		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
 	}
+	// Before the slot is freed: a worker stopping after so many start
+	// errors in a row fetches no more in their place.
+	w.noteStart(res.outcome, res.reason)
 	select {
 	case w.concluding <- struct{}{}:
 		defer func() { <-w.concluding }()

@@ -60,6 +60,15 @@ type Config struct {
 	// allocation then releases it when the queue has run dry, rather than
 	// holding it to the time limit. Zero serves until stopped.
 	IdleExit time.Duration
+	// StopAfterStartFailures, when set, drains the worker once that many
+	// attempts in a row (of any run) could not start their command on
+	// this host (outcome start-error: the run's directory or an input
+	// missing here, an output directory it cannot write, a program it
+	// lacks, GPUs it cannot assign). Such a host would otherwise fail
+	// shard after shard of the queue while healthy workers could run
+	// them; each failure is charged, and a run's retries run out fast.
+	// Failed reports why once it has. Zero never stops.
+	StopAfterStartFailures int
 	// OnServing, when set, is called once the worker has taken its name
 	// and set up, just before it starts reporting and fetching.
 	OnServing func()
@@ -191,6 +200,8 @@ type Worker struct {
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
 	serving    sync.WaitGroup
 	busyAt     atomic.Int64    // unix nanoseconds of the last delivery, or of the last look that found a shard running (IdleExit)
+	startFails atomic.Int64    // attempts in a row whose command could not start (StopAfterStartFailures)
+	stopped    string          // under mu: why the worker drained itself (Failed)
 	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
 	held       map[string]int  // per class: deliveries held for a store that takes no lease write
 	heldWhy    string          // the store's last refusal, while any is held
@@ -390,6 +401,56 @@ func (w *Worker) Ended(run string) (validated, failed int64) {
 	}
 	n := c.(*endedCount)
 	return n.validated.Load(), n.failed.Load()
+}
+
+// noteStart counts an attempt's outcome toward StopAfterStartFailures: a
+// start-error adds one, an attempt whose command ran (whatever its exit)
+// starts the count over, and one handed back uncharged (interrupted,
+// preempted, lease lost) leaves it as it is.
+func (w *Worker) noteStart(outcome, reason string) {
+	switch outcome {
+	case stream.OutcomeStart:
+	case stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeLeaseLost:
+		return
+	default:
+		w.startFails.Store(0)
+		return
+	}
+	n := w.startFails.Add(1)
+	if limit := w.cfg.StopAfterStartFailures; limit <= 0 || n < int64(limit) {
+		return
+	}
+	why := fmt.Sprintf("the last %d attempts could not start their command on host %s (the last: %s), so it stopped fetching rather than fail the rest of the queue here", n, w.host, reason)
+	w.mu.Lock()
+	first := w.stopped == ""
+	if first {
+		w.stopped = why
+	}
+	w.mu.Unlock()
+	if first {
+		w.log.Error("worker stops: attempts cannot start here", "in_a_row", n, "last", reason)
+		w.Drain(why)
+	}
+}
+
+// Failed is why the worker drained itself (StopAfterStartFailures), or
+// "" when it did not.
+func (w *Worker) Failed() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopped
+}
+
+// drainCalled reports whether Drain was called: the fetch loops stop
+// once its goroutine has cancelled them, and nothing fetched in between
+// may start.
+func (w *Worker) drainCalled() bool {
+	select {
+	case <-w.drain:
+		return true
+	default:
+		return false
+	}
 }
 
 // drainReason is why Drain was called, or "" before.
@@ -784,6 +845,11 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			}
 			continue
 		}
+		if w.drainCalled() {
+			// Drain cancels ctx in a moment: no fetch in between.
+			<-ctx.Done()
+			return nil
+		}
 		g.add(n)
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
 		if err != nil {
@@ -811,8 +877,8 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				got++
 				g.arrived()
 				w.busyAt.Store(time.Now().UnixNano())
-				if ctx.Err() != nil {
-					// Shutting down: hand it back untouched.
+				if ctx.Err() != nil || w.drainCalled() {
+					// Shutting down or draining: hand it back untouched.
 					w.handBackUnstarted(msg)
 					g.done(1)
 					continue

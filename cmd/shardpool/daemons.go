@@ -229,11 +229,15 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	acc := registerAccess(fs)
 	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet (0: fail at once)")
 	idleExit := fs.Duration("idle-exit", 0, "exit (0) after this long with no shard running and none delivered, as a worker in a batch allocation should (0: serve until stopped)")
+	stopAfter := fs.Int("stop-after-start-failures", 5, "stop fetching and exit 1 once `N` attempts in a row could not start their command on this host (a mount it lacks, an output it cannot write), rather than fail the rest of the queue here (0: never)")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
 	sf.register(fs)
 	if err := parseNone(fs, args); err != nil {
 		return err
+	}
+	if *stopAfter < 0 {
+		return exitErr{code: exitUsage, msg: fmt.Sprintf("worker: --stop-after-start-failures %d: want a number of attempts, or 0 never to stop", *stopAfter)}
 	}
 	*grace = graceUnderSlurm(ctx, *grace, stderr)
 	// Before waiting for a coordinator: a scratch directory this worker
@@ -248,7 +252,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
-		StateDir: *data, Grace: *grace, IdleExit: *idleExit, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
+		StateDir: *data, Grace: *grace, IdleExit: *idleExit, StopAfterStartFailures: *stopAfter, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
 		OnServing: func() { fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.describe(), *server) }})
 	if err != nil {
 		return err
@@ -265,7 +269,13 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		case <-ran:
 		}
 	}()
-	return w.Run(ctx)
+	if err := w.Run(ctx); err != nil {
+		return err
+	}
+	if why := w.Failed(); why != "" {
+		return exitErr{code: exitFailure, msg: fmt.Sprintf("worker %s: %s. Fix the host, then start the worker again (status names each shard's reason; --stop-after-start-failures 0 never stops)", *name, why)}
+	}
+	return nil
 }
 
 // access is what a client shows and checks: the file of the

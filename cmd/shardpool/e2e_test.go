@@ -1037,3 +1037,44 @@ func TestRetryDelayIsNotABusyWorker(t *testing.T) {
 	w.SignalMain(syscall.SIGTERM)
 	w.Wait(t, 30*time.Second)
 }
+
+// TestWorkerStopsWhereAttemptsCannotStart: a worker on a host where the
+// run's directory is missing (a file system not mounted there) fails
+// each attempt before its command starts; after --stop-after-start-failures
+// of them in a row it stops fetching and exits 1 saying why, instead of
+// failing the rest of the queue. The shards it did not take stay queued,
+// and a worker on a host that has the directory runs them.
+func TestWorkerStopsWhereAttemptsCannotStart(t *testing.T) {
+	c := startCluster(t, "10s")
+	const n = 12
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 0, Command: []string{"cp", "{input}", "{out}/"}})
+	c.submit(spec, "--halt", "0")
+	dir := filepath.Dir(spec)
+	if err := os.Rename(dir, dir+"-away"); err != nil {
+		t.Fatal(err)
+	}
+	bad := c.worker("bad", "--slots", "1", "--stop-after-start-failures", "3")
+	if code := bad.Wait(t, 30*time.Second); code != 1 || !strings.Contains(bad.Output(), "worker bad: the last 3 attempts could not start their command on host") ||
+		!strings.Contains(bad.Output(), "the run's directory "+dir) {
+		t.Fatalf("worker on a host without the run's directory: exit %d\n%s\nwant 1, saying it stopped after 3 attempts and why", code, bad.Output())
+	}
+	// One slot: the third failure is counted before the slot frees, so no
+	// fourth shard is taken.
+	var rec stream.RunRecord
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		var err error
+		rec, err = stream.ReadRun(context.Background(), c.js, "t")
+		return err == nil && rec.Counts.Failed == 3 && rec.Counts.Pending == n-3 && rec.Counts.Running == 0,
+			fmt.Sprintf("after the worker stopped: counts %+v (%v); want 3 failed, the rest pending", rec.Counts, err)
+	})
+	if err := os.Rename(dir+"-away", dir); err != nil {
+		t.Fatal(err)
+	}
+	good := c.worker("good", "--slots", "2")
+	r := testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunBlocked)
+	if r.Counts.Validated != n-rec.Counts.Failed {
+		t.Fatalf("after a worker with the directory: %+v, want every shard not failed validated", r.Counts)
+	}
+	good.SignalMain(syscall.SIGTERM)
+	good.Wait(t, 30*time.Second)
+}

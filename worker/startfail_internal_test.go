@@ -1,0 +1,53 @@
+package worker
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// TestStartFailuresInARowDrain: StopAfterStartFailures counts attempts
+// in a row whose command could not start; one whose command ran, however
+// it exited, starts the count over, and one handed back uncharged
+// (interrupted, preempted, lease lost) neither counts nor resets. At the
+// limit the worker drains, once, saying why; zero never drains.
+func TestStartFailuresInARowDrain(t *testing.T) {
+	newW := func(limit int) *Worker {
+		return &Worker{cfg: Config{StopAfterStartFailures: limit}, host: "h", log: slog.New(slog.NewTextHandler(io.Discard, nil)), drain: make(chan struct{})}
+	}
+	drained := func(w *Worker) bool {
+		select {
+		case <-w.drain:
+			return true
+		default:
+			return false
+		}
+	}
+	w := newW(3)
+	for _, o := range []string{stream.OutcomeStart, stream.OutcomeStart, stream.OutcomeExit, stream.OutcomeStart, stream.OutcomeStart,
+		stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeLeaseLost} {
+		w.noteStart(o, "x")
+	}
+	if drained(w) || w.Failed() != "" {
+		t.Fatalf("drained after 2 start errors in a row (a command that ran between, then hand-backs): %q", w.Failed())
+	}
+	w.noteStart(stream.OutcomeStart, "the run's directory /d, where the command runs, does not exist on host h")
+	if !drained(w) || !strings.Contains(w.Failed(), "the last 3 attempts could not start their command on host h (the last: the run's directory /d") {
+		t.Fatalf("after the third start error in a row: drained %v, %q", drained(w), w.Failed())
+	}
+	first := w.Failed()
+	w.noteStart(stream.OutcomeStart, "another")
+	if w.Failed() != first {
+		t.Fatalf("the reason changed after the drain: %q, was %q", w.Failed(), first)
+	}
+	w = newW(0)
+	for range 20 {
+		w.noteStart(stream.OutcomeStart, "x")
+	}
+	if drained(w) || w.Failed() != "" {
+		t.Fatal("drained with StopAfterStartFailures 0")
+	}
+}
