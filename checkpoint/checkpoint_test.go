@@ -123,6 +123,20 @@ func TestCommitRefusesUnsafeSources(t *testing.T) {
 	if _, err := CommitDir(context.Background(), dst, src3, Options{}, ""); !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), "sub/p is a named pipe (FIFO)") {
 		t.Fatalf("FIFO: got %v, want ErrUnsafe naming sub/p as a named pipe", err)
 	}
+	// A name that is not UTF-8 (a Latin-1 é) cannot round-trip through
+	// the marker's JSON file list: committed, it never verified.
+	src4 := writeTree(t, map[string]string{"d\xe9j\xe0/f": "x", "ok": "y"})
+	if _, err := CommitDir(context.Background(), dst, src4, Options{}, ""); !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), `"d\xe9j\xe0" is not a UTF-8 name`) {
+		t.Fatalf("a name not in UTF-8: got %v, want ErrUnsafe naming it", err)
+	}
+	// Names with a newline, spaces and non-ASCII UTF-8 commit and verify.
+	src5 := writeTree(t, map[string]string{"new\nline": "a", " lead/ü f": "b"})
+	if _, err := CommitDir(context.Background(), dst, src5, Options{}, ""); err != nil {
+		t.Fatalf("UTF-8 names: %v", err)
+	}
+	if _, err := Verify(dst); err != nil {
+		t.Fatalf("UTF-8 names do not verify: %v", err)
+	}
 }
 
 func TestGenerationsLatestSkipsCorruptAndRetains(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
@@ -45,6 +46,11 @@ func collect(root, prefix string) ([]entry, []string, error) {
 		// Named by the path inside the output: where the job wrote it
 		// (an attempt's {out}) is gone by the time anyone reads this.
 		const only = "an output holds regular files and directories only"
+		if !utf8.ValidString(rel) {
+			// The marker's file list is JSON, which turns such bytes into
+			// U+FFFD: the list read back would never verify.
+			return fmt.Errorf("%w: %q is not a UTF-8 name; the commit's file list (JSON) cannot hold it: name outputs in UTF-8", ErrUnsafe, rel)
+		}
 		switch {
 		case d.Type()&fs.ModeSymlink != 0:
 			to, _ := os.Readlink(p)
