@@ -666,6 +666,66 @@ type progress struct {
 	line  string
 	bar   string // the bar last drawn, on a terminal
 	drawn bool
+	// seen is shards ended (validated or failed) over the last
+	// rateWindow, for the rate and the time left.
+	seen []progressSample
+}
+
+// progressSample is how many shards had ended at a moment.
+type progressSample struct {
+	at    time.Time
+	ended int
+}
+
+// rateWindow is how far back the rate looks: long enough to smooth
+// shards that end in bursts, short enough to follow a change of pace.
+const rateWindow = 60 * time.Second
+
+// pace is the rate at which shards end and the time the pending and
+// running ones need at it (", 12.5/s, about 3m left"), or "" until a few
+// seconds of this run have seen shards end, and once none is left.
+func (p *progress) pace(c stream.Counts, now time.Time) string {
+	ended := c.Validated + c.Failed
+	if n := len(p.seen); n == 0 || now.Sub(p.seen[n-1].at) >= time.Second || ended < p.seen[n-1].ended {
+		p.seen = append(p.seen, progressSample{now, ended})
+	}
+	// Keep one sample at or beyond the window's start.
+	for len(p.seen) > 2 && now.Sub(p.seen[1].at) >= rateWindow {
+		p.seen = p.seen[1:]
+	}
+	first := p.seen[0]
+	span := now.Sub(first.at)
+	done := ended - first.ended
+	left := c.Pending + c.Running
+	if span < 3*time.Second || done <= 0 || left == 0 {
+		return ""
+	}
+	perSec := float64(done) / span.Seconds()
+	var rate string
+	switch {
+	case perSec >= 10:
+		rate = fmt.Sprintf("%.0f/s", perSec)
+	case perSec >= 1:
+		rate = fmt.Sprintf("%.1f/s", perSec)
+	case perSec*60 >= 1:
+		rate = fmt.Sprintf("%.1f/min", perSec*60)
+	default:
+		rate = fmt.Sprintf("%.1f/h", perSec*3600)
+	}
+	return fmt.Sprintf(", %s, about %s left", rate, roughly(time.Duration(float64(left)/perSec*float64(time.Second))))
+}
+
+// roughly rounds a time left to what a person reads at a glance.
+func roughly(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		return d.Round(time.Minute).String()
+	default:
+		h := d.Round(time.Minute)
+		return fmt.Sprintf("%dh%02dm", int(h.Hours()), int(h.Minutes())%60)
+	}
 }
 
 func progressOut(stderr io.Writer, quiet bool) io.Writer {
@@ -689,13 +749,14 @@ func (p *progress) show(r *stream.RunRecord) {
 	}
 	c := r.Counts
 	text := fmt.Sprintf("%s %d/%d validated, %d running, %d failed, %d pending", r.State, c.Validated, c.Total, c.Running, c.Failed, c.Pending)
+	pace := p.pace(c, time.Now())
 	if p.tty {
 		const width = 30
 		filled := 0
 		if c.Total > 0 {
 			filled = width * (c.Validated + c.Failed) / c.Total
 		}
-		p.bar = fmt.Sprintf("[%s%s] %s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), text)
+		p.bar = fmt.Sprintf("[%s%s] %s%s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), text, pace)
 		fmt.Fprintf(p.w, "\r%s\x1b[K", p.bar)
 		p.drawn = true
 		return
@@ -705,7 +766,7 @@ func (p *progress) show(r *stream.RunRecord) {
 		return
 	}
 	p.line, p.last = text, time.Now()
-	fmt.Fprintln(p.w, text)
+	fmt.Fprintln(p.w, text+pace)
 }
 
 func stateOf(line string) string { s, _, _ := strings.Cut(line, " "); return s }

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// TestProgressSaysThePaceAndTimeLeft: the progress line gains the rate
+// at which shards end and the time the rest need at it once a few
+// seconds have seen shards end; the rate follows the last minute, not
+// the whole run; slow shards are counted per minute or hour; nothing is
+// said before there is a pace or once no shard is left.
+func TestProgressSaysThePaceAndTimeLeft(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	counts := func(ended, left int) stream.Counts {
+		return stream.Counts{Total: ended + left, Validated: ended, Pending: left}
+	}
+	p := &progress{}
+	if got := p.pace(counts(0, 1000), t0); got != "" {
+		t.Fatalf("at the start: %q, want nothing", got)
+	}
+	if got := p.pace(counts(20, 980), t0.Add(2*time.Second)); got != "" {
+		t.Fatalf("after 2 s: %q, want nothing yet", got)
+	}
+	if got := p.pace(counts(100, 900), t0.Add(10*time.Second)); got != ", 10/s, about 2m0s left" {
+		t.Fatalf("100 in 10 s with 900 left: %q", got)
+	}
+	// Slower for the next two minutes: the rate is the last minute's.
+	var got string
+	for s := 11; s <= 130; s++ {
+		got = p.pace(counts(100+(s-10), 900-(s-10)), t0.Add(time.Duration(s)*time.Second))
+	}
+	if got != ", 1.0/s, about 13m0s left" {
+		t.Fatalf("1 a second for two minutes, 780 left: %q", got)
+	}
+	if got := p.pace(counts(1000, 0), t0.Add(200*time.Second)); got != "" {
+		t.Fatalf("none left: %q, want nothing", got)
+	}
+	slow := &progress{}
+	slow.pace(counts(0, 50), t0)
+	if got := slow.pace(counts(2, 48), t0.Add(time.Minute)); got != ", 2.0/min, about 24m0s left" {
+		t.Fatalf("2 a minute: %q", got)
+	}
+	slower := &progress{}
+	slower.pace(counts(0, 500), t0)
+	if got := slower.pace(counts(1, 499), t0.Add(time.Hour)); !strings.HasPrefix(got, ", 1.0/h, about 499h00m left") {
+		t.Fatalf("1 an hour: %q", got)
+	}
+}
