@@ -27,7 +27,7 @@ func TestStartFailuresInARowDrain(t *testing.T) {
 		}
 	}
 	w := newW(3)
-	for _, o := range []string{stream.OutcomeStart, stream.OutcomeStart, stream.OutcomeExit, stream.OutcomeStart, stream.OutcomeStart,
+	for _, o := range []string{stream.OutcomeStart, stream.OutcomeStage, stream.OutcomeExit, stream.OutcomeStart, stream.OutcomeStage,
 		stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeLeaseLost} {
 		w.noteStart(o, "x")
 	}

@@ -64,7 +64,8 @@ type Config struct {
 	// attempts in a row (of any run) could not start their command on
 	// this host (outcome start-error: the run's directory or an input
 	// missing here, an output directory it cannot write, a program it
-	// lacks, GPUs it cannot assign). Such a host would otherwise fail
+	// lacks, GPUs it cannot assign; or stage-error: inputs it could not
+	// stage). Such a host would otherwise fail
 	// shard after shard of the queue while healthy workers could run
 	// them; each failure is charged, and a run's retries run out fast.
 	// Failed reports why once it has. Zero never stops.
@@ -404,12 +405,13 @@ func (w *Worker) Ended(run string) (validated, failed int64) {
 }
 
 // noteStart counts an attempt's outcome toward StopAfterStartFailures: a
-// start-error adds one, an attempt whose command ran (whatever its exit)
-// starts the count over, and one handed back uncharged (interrupted,
-// preempted, lease lost) leaves it as it is.
+// start-error or stage-error (the command never ran) adds one, an attempt
+// whose command ran (whatever its exit) starts the count over, and one
+// handed back uncharged (interrupted, preempted, lease lost) leaves it as
+// it is.
 func (w *Worker) noteStart(outcome, reason string) {
 	switch outcome {
-	case stream.OutcomeStart:
+	case stream.OutcomeStart, stream.OutcomeStage:
 	case stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeLeaseLost:
 		return
 	default:
