@@ -630,6 +630,66 @@ func TestUnwritableOutputFailsBeforeTheCommand(t *testing.T) {
 	}
 }
 
+// TestRepeatedDeliveryNumberIsNotAnAttemptAgain: nats-server writes a
+// consumer's state asynchronously, so a coordinator killed and restarted
+// can deliver a message again as its first delivery while the shard's
+// record already holds attempt 1 (a worker died running it). Run under
+// that number, the job was told it was the first attempt again
+// (SHARDPOOL_ATTEMPT=1) and attempt 1's log was overwritten; a test
+// whose job sleeps on its first attempt hung (1 run in about 60 of
+// TestAnotherRunLeavesAKilledRunsShardsToIt). Deliveries are handed back
+// uncharged until one carries a number no attempt has: here the record
+// holds attempts 1 and 2, so deliveries 1 (caught where the first
+// delivery's optimistic record write meets the record) and 2 (caught
+// where a later delivery reads it) go back, and delivery 3 runs.
+func TestRepeatedDeliveryNumberIsNotAnAttemptAgain(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	seen := filepath.Join(t.TempDir(), "seen")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2,
+		Command: []string{"sh", "-c", `echo "$SHARDPOOL_ATTEMPT" >> "$0"; echo out; cp "$1" "$2/"`, seen, "{input}", "{out}"}})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	// What dead workers left: attempt 1 lost, attempt 2 running, and
+	// their logs.
+	logDir := filepath.Join(env.Data, "runs", "t", "attempts")
+	first, second := filepath.Join(logDir, "s0000.1.log"), filepath.Join(logDir, "s0000.2.log")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{first, second} {
+		if err := os.WriteFile(l, []byte(l+", which died\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owner := stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1, Attempt: 2}
+	rec := stream.ShardRecord{V: stream.SchemaVersion, Run: "t", ID: "s0000", Fingerprint: res.Fingerprint, Class: "cpu", State: stream.ShardRunning,
+		Owner: &owner, Attempts: []stream.Attempt{{N: 1, Worker: "gone", Host: "elsewhere", Start: time.Now().UTC(), Outcome: stream.OutcomeLost, Log: first},
+			{N: 2, Worker: "gone", Host: "elsewhere", Start: time.Now().UTC(), Log: second}}, Updated: time.Now().UTC()}
+	data, _ := stream.Encode(&rec)
+	if _, err := env.Buckets().Shards.Put(context.Background(), stream.ShardKey("t", "s0000"), data); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("w1", map[string]int{"cpu": 1})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if b, _ := os.ReadFile(seen); string(b) != "3\n" {
+		t.Fatalf("the job saw SHARDPOOL_ATTEMPT %q, want 3 once", b)
+	}
+	for _, l := range []string{first, second} {
+		if b, _ := os.ReadFile(l); string(b) != l+", which died\n" {
+			t.Fatalf("%s now holds %q: overwritten", l, b)
+		}
+	}
+	got, err := env.Shard("t", "s0000")
+	if err != nil || len(got.Attempts) != 3 || got.Attempts[1].Outcome != stream.OutcomeLost || got.Attempts[2].N != 3 || got.Attempts[2].Outcome != stream.OutcomeOK {
+		t.Fatalf("record: %+v (%v), want attempts 1 and 2 lost and attempt 3 ok", got.Attempts, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	for _, d := range []string{"delivery 1, but the record holds attempt 2 of this round", "delivery 2, but the record holds attempt 2 of this round"} {
+		if !strings.Contains(string(b), d) {
+			t.Fatalf("admission.log does not say %q:\n%s", d, b)
+		}
+	}
+}
+
 // TestForeignDestinationIsLeftAlone: a directory at <output>/<id> that is
 // not a shardpool output (no COMPLETE marker: the user's own folder, with
 // the output directory shared with other files), or a file there, is not

@@ -142,6 +142,10 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	if w.settle(ctx, a, class) {
 		return
 	}
+	if w.repeated(a, class) {
+		_ = msg.Nak()
+		return
+	}
 	if w.deferForLocality(ctx, a, class) {
 		return
 	}
@@ -212,6 +216,30 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	}
 	w.admission(m.Run, m.ID, class, "admit", fmt.Sprintf("attempt %d; %s", a.attempt, slotInfo))
 	w.runAttempt(ctx, stop, a, l, class, pre)
+}
+
+// repeated reports, and logs, a delivery whose number an attempt of the
+// same retry round in the record already has. An attempt is numbered by
+// its delivery, but nats-server writes a consumer's state asynchronously:
+// a coordinator killed and restarted can deliver a message again as its
+// first delivery. Run under that number, the attempt would tell the job
+// it is the first again ({attempt}, SHARDPOOL_ATTEMPT) and overwrite the
+// earlier attempt's log. The caller hands it back at once, uncharged;
+// each redelivery carries the next number, up to the consumer's
+// MaxDeliver, as before the crash.
+func (w *Worker) repeated(a *attemptState, class string) bool {
+	last := 0
+	for _, at := range a.rec.Attempts {
+		if at.Round == a.m.Retry {
+			last = max(last, at.N)
+		}
+	}
+	if a.attempt > last {
+		return false
+	}
+	w.admission(a.m.Run, a.m.ID, class, "requeue", fmt.Sprintf(
+		"delivery %d, but the record holds attempt %d of this round (the coordinator lost its delivery count in a crash): handed back for the next number, not an attempt", a.attempt, last))
+	return true
 }
 
 // owner is this worker's identity for an attempt.
@@ -498,6 +526,11 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		if err = w.loadRecord(ctx, a); err == nil {
 			if w.settle(ctx, a, class) {
 				w.release(l)
+				return
+			}
+			if w.repeated(a, class) {
+				w.release(l)
+				_ = a.msg.Nak()
 				return
 			}
 			w.beginAttempt(a, owner)

@@ -390,7 +390,15 @@ func TestAnotherRunLeavesAKilledRunsShardsToIt(t *testing.T) {
 		return strings.Contains(string(b), "held 2 shard(s) of another coordinator"), "run y's worker has not reaped x's journal yet:\n" + string(b)
 	})
 	p := testenv.Start(t, "run", "--data", data, "--slots", "2", "--lease-ttl", "15s", x)
-	if code := p.Wait(t, 30*time.Second); code != 0 {
+	// A hang says what the logs say: a delivery numbered again after the
+	// coordinator's restart once ran as attempt 1 and slept
+	// (TestRepeatedDeliveryNumberIsNotAnAttemptAgain).
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		host, _ := os.ReadFile(hostLog)
+		run, _ := os.ReadFile(filepath.Join(data, "runs", "x", "admission.log"))
+		return p.Exited(), fmt.Sprintf("restarted run x still running:\n%s\nhost log:\n%s\nrun x's admission log:\n%s", p.Output(), host, run)
+	})
+	if code := p.Wait(t, 5*time.Second); code != 0 {
 		t.Fatalf("restarted run x: exit %d\n%s", code, p.Output())
 	}
 	if took := time.Since(killed); took > 12*time.Second {
