@@ -18,14 +18,7 @@ func TestStartFailuresInARowDrain(t *testing.T) {
 	newW := func(limit int) *Worker {
 		return &Worker{cfg: Config{StopAfterStartFailures: limit}, host: "h", log: slog.New(slog.NewTextHandler(io.Discard, nil)), drain: make(chan struct{})}
 	}
-	drained := func(w *Worker) bool {
-		select {
-		case <-w.drain:
-			return true
-		default:
-			return false
-		}
-	}
+	drained := func(w *Worker) bool { return isClosed(w.drain) }
 	w := newW(3)
 	for _, o := range []string{stream.OutcomeStart, stream.OutcomeStage, stream.OutcomeExit, stream.OutcomeStart, stream.OutcomeStage,
 		stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeLeaseLost} {

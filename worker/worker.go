@@ -443,18 +443,6 @@ func (w *Worker) Failed() string {
 	return w.stopped
 }
 
-// drainCalled reports whether Drain was called: the fetch loops stop
-// once its goroutine has cancelled them, and nothing fetched in between
-// may start.
-func (w *Worker) drainCalled() bool {
-	select {
-	case <-w.drain:
-		return true
-	default:
-		return false
-	}
-}
-
 // drainReason is why Drain was called, or "" before.
 func (w *Worker) drainReason() string {
 	w.mu.Lock()
@@ -847,7 +835,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			}
 			continue
 		}
-		if w.drainCalled() {
+		if isClosed(w.drain) {
 			// Drain cancels ctx in a moment: no fetch in between.
 			<-ctx.Done()
 			return nil
@@ -879,8 +867,9 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 				got++
 				g.arrived()
 				w.busyAt.Store(time.Now().UnixNano())
-				if ctx.Err() != nil || w.drainCalled() {
-					// Shutting down or draining: hand it back untouched.
+				if ctx.Err() != nil || isClosed(w.drain) {
+					// Shutting down, or draining (its goroutine cancels ctx in
+					// a moment): hand it back untouched.
 					w.handBackUnstarted(msg)
 					g.done(1)
 					continue
