@@ -142,10 +142,6 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	if w.settle(ctx, a, class) {
 		return
 	}
-	if w.repeated(a, class) {
-		_ = msg.Nak()
-		return
-	}
 	if w.deferForLocality(ctx, a, class) {
 		return
 	}
@@ -224,9 +220,9 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 // a coordinator killed and restarted can deliver a message again as its
 // first delivery. Run under that number, the attempt would tell the job
 // it is the first again ({attempt}, SHARDPOOL_ATTEMPT) and overwrite the
-// earlier attempt's log. The caller hands it back at once, uncharged;
-// each redelivery carries the next number, up to the consumer's
-// MaxDeliver, as before the crash.
+// earlier attempt's log. settle hands it back at once, uncharged; each
+// redelivery carries the next number, up to the consumer's MaxDeliver, as
+// before the crash.
 func (w *Worker) repeated(a *attemptState, class string) bool {
 	last := 0
 	for _, at := range a.rec.Attempts {
@@ -320,8 +316,9 @@ func (w *Worker) retryLease(ctx context.Context, stop <-chan struct{}, a *attemp
 }
 
 // settle ends the delivery without running when the record or the output
-// says so: already committed, already failed in this round, or out of
-// attempts. It reports whether it settled the message.
+// says so: already committed, already failed in this round, out of
+// attempts, or numbered like an attempt the record already holds (handed
+// back: see repeated). It reports whether it settled the message.
 func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool {
 	m, msg := &a.m, a.msg
 	if w.alreadyDone(ctx, a) {
@@ -348,6 +345,10 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		}
 		w.settleDurably(ctx, a, func() error { return msg.TermWithReason("attempt limit reached") })
 		w.count(false)
+		return true
+	}
+	if w.repeated(a, class) {
+		_ = msg.Nak()
 		return true
 	}
 	return false
@@ -526,11 +527,6 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		if err = w.loadRecord(ctx, a); err == nil {
 			if w.settle(ctx, a, class) {
 				w.release(l)
-				return
-			}
-			if w.repeated(a, class) {
-				w.release(l)
-				_ = a.msg.Nak()
 				return
 			}
 			w.beginAttempt(a, owner)

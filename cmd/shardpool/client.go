@@ -424,6 +424,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if r.State == stream.RunBlocked && resumeApart(r) {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}
+		here, _ := os.Hostname() // a log on another host is named with it
 		for i, s := range r.Shards {
 			if i == maxShardLines {
 				fmt.Fprintf(w, "  ... and %d more shard(s) not validated (status --json lists every one)\n", len(r.Shards)-i)
@@ -452,7 +453,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 				// Where the last attempt's output is: on its worker's host.
 				at := s.Attempts[n-1]
 				where := at.Log
-				if here, _ := os.Hostname(); at.Host != "" && at.Host != here {
+				if at.Host != "" && at.Host != here {
 					where += " on " + at.Host
 				}
 				detail += " (log: " + where + ")"
