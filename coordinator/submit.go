@@ -58,6 +58,10 @@ type SubmitResult struct {
 	Published   int    `json:"published"`
 	NewRun      bool   `json:"new_generation"`
 	Retried     int    `json:"retried"`
+	// AlreadyRetried counts failed shards a --retry-failed found requeued
+	// by another submission at the same time: their messages were on the
+	// queue already, and they are not in Retried.
+	AlreadyRetried int `json:"already_retried,omitempty"`
 	// Redone counts committed shards whose output was missing or failed
 	// verification (Reverify) and were queued again.
 	Redone int `json:"redone,omitempty"`
@@ -154,18 +158,18 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			}
 		}
 		if opt.RetryFailed {
-			n, err := retryFailed(ctx, js, b, prev, man, settings)
+			r, err := retryFailed(ctx, js, b, prev, man, settings)
 			if err != nil {
 				return res, err
 			}
-			res.Retried, res.State = n, stream.RunRunning
+			res.Retried, res.AlreadyRetried, res.State = r.n, r.already, stream.RunRunning
 		}
 		if prev.State != stream.RunComplete {
 			// The shards just retried are unfinished again, not failed:
 			// the check of how many messages the run should have must not
 			// count them twice.
 			cur := *prev
-			cur.Counts.Failed = max(cur.Counts.Failed-res.Retried, 0)
+			cur.Counts.Failed = max(cur.Counts.Failed-res.Retried-res.AlreadyRetried, 0)
 			n, err := restoreLost(ctx, js, b, &cur, man, settings)
 			if err != nil {
 				return res, err
@@ -175,19 +179,19 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		// A BLOCKED run too: its validated shards would otherwise be
 		// checked only once a retry has made it COMPLETE, at the run after.
 		if opt.Reverify && (prev.State == stream.RunComplete || prev.State == stream.RunBlocked) {
-			n, why, err := redoUnverified(ctx, js, b, prev, man, settings)
+			r, err := redoUnverified(ctx, js, b, prev, man, settings)
 			if err != nil {
 				return res, err
 			}
-			if n > 0 {
-				res.Redone, res.RedoneIDs, res.State = n, why, stream.RunRunning
+			if r.n > 0 {
+				res.Redone, res.RedoneIDs, res.State = r.n, r.why, stream.RunRunning
 			}
 		}
 		// Last, once its held shards are queued again: a submission that
 		// stops before this leaves the run halted, and the next one puts
 		// them back.
 		if prev.Halted != "" || prev.Halt != opt.Halt || opt.RetryFailed {
-			lifted, err := setHalt(ctx, b, prev, opt.Halt, res.Retried)
+			lifted, err := setHalt(ctx, b, prev, opt.Halt, res.Retried+res.AlreadyRetried)
 			if err != nil {
 				return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 			}
@@ -664,47 +668,64 @@ const (
 // leaves shards pending in a round whose message may be missing, which
 // retryFailed publishes again (the round's Msg-ID makes that a no-op where
 // the message exists). What was published is durable before it returns.
-// It returns how many shards it requeued and the reasons of the first ten.
+//
+// It counts the shards whose message it put on the queue, not the records
+// it decided on: a submission requeueing the same run at the same time
+// finds the shards the other reset pending in the new round and publishes
+// them again under the same Msg-ID, which the queue drops as duplicates;
+// those are counted apart (requeued.already), so that of two retries at
+// once only one says it retried them.
 func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int,
-	decide func(r *stream.ShardRecord, sh stream.Shard) (requeueAction, string)) (int, []string, error) {
+	decide func(r *stream.ShardRecord, sh stream.Shard) (requeueAction, string)) (requeued, error) {
+	var res requeued
 	keys, err := b.KeysMatching(ctx, b.Shards, run.Name+".*")
 	if err != nil {
-		return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
+		return res, fmt.Errorf("requeue %s: %w", run.Name, err)
 	}
 	byID := map[string]stream.Shard{}
 	for _, sh := range man.Shards {
 		byID[sh.ID] = sh
 	}
 	rounds := map[int][]stream.Shard{}
-	var why []string
 	total := 0
 	for _, key := range keys {
 		r, sh, action, reason, err := requeueOne(ctx, b, run, key, byID, decide)
 		if err != nil {
-			return 0, nil, err
+			return res, err
 		}
 		if action == keep {
 			continue
 		}
 		rounds[r.Retry] = append(rounds[r.Retry], sh)
-		if len(why) < 10 {
-			why = append(why, fmt.Sprintf("%s (%s)", r.ID, reason))
+		if len(res.why) < 10 {
+			res.why = append(res.why, fmt.Sprintf("%s (%s)", r.ID, reason))
 		}
 		total++
 	}
 	// The retry round is part of the Msg-ID, so a requeued shard is never
 	// taken for a duplicate of an earlier round.
 	for round, todo := range rounds {
-		if _, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings); err != nil {
-			return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
+		n, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings)
+		if err != nil {
+			return res, fmt.Errorf("requeue %s: %w", run.Name, err)
 		}
+		res.n += n
+		res.already += len(todo) - n
 	}
 	if total > 0 {
 		if err := stream.Barrier(ctx, js.Conn()); err != nil {
-			return 0, nil, fmt.Errorf("requeue %s: %w", run.Name, err)
+			return res, fmt.Errorf("requeue %s: %w", run.Name, err)
 		}
 	}
-	return total, why, nil
+	return res, nil
+}
+
+// requeued is what requeue did: n shards put on the queue, already found
+// there (published by another submission at the same time), and the
+// reasons of the first ten it decided on.
+type requeued struct {
+	n, already int
+	why        []string
 }
 
 // requeueOne decides on the shard record at key and, for a reset, writes
@@ -749,8 +770,8 @@ func requeueOne(ctx context.Context, b *stream.Buckets, run *stream.RunRecord, k
 
 // retryFailed requeues the run's failed shards in a new retry round, and
 // publishes again the shards an interrupted retry left pending.
-func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, error) {
-	n, _, err := requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord, _ stream.Shard) (requeueAction, string) {
+func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (requeued, error) {
+	res, err := requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord, _ stream.Shard) (requeueAction, string) {
 		switch {
 		case r.State == stream.ShardFailed:
 			return reset, "retry requested"
@@ -759,10 +780,10 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 		}
 		return keep, ""
 	})
-	if err == nil && n == 0 {
+	if err == nil && res.n == 0 && res.already == 0 {
 		err = fmt.Errorf("retry %s: %w", run.Name, ErrNothingToRetry)
 	}
-	return n, err
+	return res, err
 }
 
 // redoUnverified checks the committed output of every validated shard of
@@ -772,7 +793,7 @@ func retryFailed(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 // is not COMPLETE because its record says so once someone has deleted or
 // damaged an output, or rewritten an input. A damaged output is kept aside
 // by the commit that replaces it.
-func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, []string, error) {
+func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (requeued, error) {
 	return requeue(ctx, js, b, run, man, settings, func(r *stream.ShardRecord, sh stream.Shard) (requeueAction, string) {
 		if r.State != stream.ShardValidated {
 			return keep, ""

@@ -282,15 +282,25 @@ func TestConcurrentRetriesOfABlockedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := make([]error, 3)
+	res := make([]coordinator.SubmitResult, 3)
 	var wg sync.WaitGroup
 	for i := range errs {
-		wg.Go(func() { _, errs[i] = env.TrySubmit(spec, coordinator.SubmitOptions{RetryFailed: true}) })
+		wg.Go(func() { res[i], errs[i] = env.TrySubmit(spec, coordinator.SubmitOptions{RetryFailed: true}) })
 	}
 	wg.Wait()
+	retried := 0
 	for i, err := range errs {
 		if err != nil && !errors.Is(err, coordinator.ErrNothingToRetry) {
 			t.Fatalf("retry %d: %v", i, err)
 		}
+		retried += res[i].Retried
+		if res[i].Retried+res[i].AlreadyRetried > n {
+			t.Errorf("retry %d: got %d retried and %d already retried, want at most %d together", i, res[i].Retried, res[i].AlreadyRetried, n)
+		}
+	}
+	// Each shard is counted by the submission that queued it, once.
+	if retried != n {
+		t.Errorf("the retries said they retried %d shard(s) together, want %d (%+v)", retried, n, res)
 	}
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	b, _ := os.ReadFile(ran)

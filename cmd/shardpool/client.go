@@ -270,6 +270,9 @@ func printRetried(w io.Writer, res coordinator.SubmitResult) {
 	if res.Retried > 0 {
 		fmt.Fprintf(w, "retried %d failed shard(s)\n", res.Retried)
 	}
+	if res.AlreadyRetried > 0 {
+		fmt.Fprintf(w, "%d failed shard(s) were queued again already, by another submission: not queued twice\n", res.AlreadyRetried)
+	}
 	if res.Unhalted != "" {
 		fmt.Fprintf(w, "the run had %s\n%d held shard(s) queued again; the count toward --halt starts over\n", res.Unhalted, res.Restored)
 	}
@@ -299,7 +302,7 @@ func printChanged(w io.Writer, res coordinator.SubmitResult, retry string) {
 		return
 	}
 	fmt.Fprintf(w, "updated for attempts from now on: %s\n", strings.Join(res.Changed, "; "))
-	if res.State == stream.RunBlocked && res.Retried == 0 {
+	if res.State == stream.RunBlocked && res.Retried == 0 && res.AlreadyRetried == 0 {
 		fmt.Fprintf(w, "the failed shards run again with: %s\n", retry)
 	}
 }
