@@ -36,6 +36,27 @@ type Manifest struct {
 	Shards []Shard
 }
 
+// ParamEnv is the environment variable a manifest param's key becomes in
+// the command's environment: SHARDPOOL_PARAM_ and the key upper-cased,
+// with each character other than an ASCII letter, digit or _ turned into _, so
+// that a shell can read it ("batch-size" is $SHARDPOOL_PARAM_BATCH_SIZE).
+// The manifest refuses two keys of one shard that become the same name.
+func ParamEnv(key string) string {
+	b := make([]byte, 0, len("SHARDPOOL_PARAM_")+len(key))
+	b = append(b, "SHARDPOOL_PARAM_"...)
+	for _, c := range key {
+		switch {
+		case c >= 'a' && c <= 'z':
+			b = append(b, byte(c-'a'+'A'))
+		case c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_':
+			b = append(b, byte(c))
+		default:
+			b = append(b, '_')
+		}
+	}
+	return string(b)
+}
+
 // MaxShardBytes bounds what a shard's input paths and params may take in
 // its message: the server's payload limit is 8 MiB, a staged shard's
 // message grows by a description of each input, and {inputs} expands to
@@ -241,10 +262,17 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 		if err := json.Unmarshal(v, &sh.Params); err != nil {
 			return nil, bad("params", "want an object of string values")
 		}
-		for k := range sh.Params {
+		keys := slices.Sorted(maps.Keys(sh.Params))
+		names := make(map[string]string, len(keys))
+		for _, k := range keys {
 			if k == "" || strings.ContainsAny(k, "=\x00") {
 				return nil, bad("params", "key %q cannot become an environment variable", k)
 			}
+			name := ParamEnv(k)
+			if other, ok := names[name]; ok {
+				return nil, bad("params", "keys %q and %q both become the variable %s (letters are upper-cased, other characters than letters, digits and _ become _): rename one", other, k, name)
+			}
+			names[name] = k
 		}
 	}
 	var total int64

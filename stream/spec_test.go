@@ -464,3 +464,34 @@ func TestOutputsMustBePresent(t *testing.T) {
 		t.Fatalf("another shard's file only: missing %q, want s3.gz", got)
 	}
 }
+
+// TestParamsBecomeShellVariables: a manifest param's key becomes a
+// variable a shell can read ("batch-size" is SHARDPOOL_PARAM_BATCH_SIZE);
+// two keys of one shard that would become the same variable are refused
+// with the line and field, and a key that cannot be a variable at all too.
+func TestParamsBecomeShellVariables(t *testing.T) {
+	for key, want := range map[string]string{"lr": "SHARDPOOL_PARAM_LR", "batch-size": "SHARDPOOL_PARAM_BATCH_SIZE",
+		"a.b c": "SHARDPOOL_PARAM_A_B_C", "Größe": "SHARDPOOL_PARAM_GR__E", "9x": "SHARDPOOL_PARAM_9X"} {
+		if got := ParamEnv(key); got != want {
+			t.Errorf("ParamEnv(%q): got %q, want %q", key, got, want)
+		}
+	}
+	dir := t.TempDir()
+	specPath := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"true\"]\n"), 0o644)
+	spec, err := LoadSpec(specPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ line, want string }{
+		{`{"id":"a","params":{"batch-size":"1","batch_size":"2"}}`, `m.jsonl:2: field "params": invalid manifest: keys "batch-size" and "batch_size" both become the variable SHARDPOOL_PARAM_BATCH_SIZE`},
+		{`{"id":"a","params":{"lr":"1","LR":"2"}}`, `m.jsonl:2: field "params": invalid manifest: keys "LR" and "lr" both become the variable SHARDPOOL_PARAM_LR`},
+		{`{"id":"a","params":{"x=y":"1"}}`, `m.jsonl:2: field "params": invalid manifest: key "x=y" cannot become an environment variable`},
+	} {
+		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte("{\"id\":\"ok\",\"params\":{\"batch-size\":\"1\",\"lr\":\"2\"}}\n"+tc.line+"\n"), 0o644)
+		_, err := LoadManifest(spec)
+		if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.line, err, tc.want)
+		}
+	}
+}

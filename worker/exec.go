@@ -109,7 +109,7 @@ func shardEnv(cls []string, m *stream.ShardMsg, v stream.Vars) []string {
 		"SHARDPOOL_ATTEMPT="+strconv.Itoa(v.Attempt), "SHARDPOOL_OUT="+v.Out, "SHARDPOOL_CKPT_DIR="+v.Ckpt, "SHARDPOOL_SCRATCH="+v.Scratch)
 	params := make([]string, 0, len(m.Params))
 	for k, val := range m.Params {
-		params = append(params, "SHARDPOOL_PARAM_"+paramKey(k)+"="+val)
+		params = append(params, stream.ParamEnv(k)+"="+val)
 	}
 	sort.Strings(params)
 	own = append(own, params...)
@@ -181,10 +181,6 @@ func (w *Worker) dirProblem(dir string) string {
 		return fmt.Sprintf("the run's directory %s, where the command runs, cannot be entered by uid %d on host %s (permission denied)", dir, os.Getuid(), w.host)
 	}
 	return ""
-}
-
-func paramKey(k string) string {
-	return strings.ToUpper(unsafeName.ReplaceAllString(k, "_"))
 }
 
 // execute runs argv in its own process group with output to logPath. It

@@ -876,7 +876,7 @@ func TestPlaceholdersAndEnvironment(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
 		Extra: "env = { GREETING = \"hello world\", SHARDPOOL_SHARD_ID = \"spoofed\" }\n[class.cpu]\ncpus = 3\n",
 		Line: func(i int, in string) string {
-			return fmt.Sprintf(`{"id":"p%d","inputs":[%q,%q],"params":{"lr":"0.1"}}`, i, in, in)
+			return fmt.Sprintf(`{"id":"p%d","inputs":[%q,%q],"params":{"lr":"0.1","batch-size":"32"}}`, i, in, in)
 		},
 		Command: []string{"sh", "-c", `printf '%s\n' "$@" > "$SHARDPOOL_OUT/args"; env | sort > "$SHARDPOOL_OUT/env"`, "sh", "{id}", "{inputs}", "--ckpt={ckpt}", "{attempt}", "{print $1}"}})
 	res := env.Submit(spec, coordinator.SubmitOptions{})
@@ -890,7 +890,7 @@ func TestPlaceholdersAndEnvironment(t *testing.T) {
 		t.Fatalf("argv: got %q, want %q", lines, want)
 	}
 	envb, _ := os.ReadFile(filepath.Join(out, "env"))
-	for _, kv := range []string{"GREETING=hello world", "OMP_NUM_THREADS=3", "OPENBLAS_NUM_THREADS=3", "SHARDPOOL_PARAM_LR=0.1", "SHARDPOOL_SHARD_ID=p0", "CUDA_VISIBLE_DEVICES="} {
+	for _, kv := range []string{"GREETING=hello world", "OMP_NUM_THREADS=3", "OPENBLAS_NUM_THREADS=3", "SHARDPOOL_PARAM_LR=0.1", "SHARDPOOL_PARAM_BATCH_SIZE=32", "SHARDPOOL_SHARD_ID=p0", "CUDA_VISIBLE_DEVICES="} {
 		if !strings.Contains(string(envb), kv+"\n") {
 			t.Errorf("child environment lacks %q", kv)
 		}
