@@ -225,6 +225,51 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	}
 }
 
+// TestSameRunFromAnotherStateDirectoryIsRefused: a run of the same spec
+// from a second state directory while the first runs (two terminals, one
+// with --data) has a store and queue of its own and would run every shard
+// again. It is refused, naming the first run's state directory and how to
+// follow it; a run of another name into the same output goes on beside
+// it; once the first ends, the second runs and redoes nothing.
+func TestSameRunFromAnotherStateDirectoryIsRefused(t *testing.T) {
+	first, second := t.TempDir(), t.TempDir()
+	gate := filepath.Join(t.TempDir(), "gate")
+	ran := filepath.Join(t.TempDir(), "ran")
+	spec := testenv.WriteJob(t, testenv.Job{Name: "twice", Shards: 3,
+		Command: []string{"sh", "-c", `echo "$4" >> "$3"; while [ ! -e "$5" ]; do sleep 0.1; done; cp "$1" "$2/"`, "sh", "{input}", "{out}", ran, "{id}", gate}})
+	p1 := testenv.Start(t, "run", "--data", first, "--slots", "1", spec)
+	waitForDecisions(t, filepath.Join(first, "runs", "twice", "admission.log"), "admit", 1)
+
+	p := testenv.Start(t, "run", "--data", second, spec)
+	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), "run twice is running already into "+filepath.Join(filepath.Dir(spec), "out")) ||
+		!strings.Contains(p.Output(), "state directory "+first) || !strings.Contains(p.Output(), "to follow it: shardpool status --data "+first+" twice") {
+		t.Fatalf("the same run from a second state directory: exit %d, want 1 naming the first one's and how to follow it\n%s", code, p.Output())
+	}
+	// Another run (another name) into the same output is not held back.
+	other := filepath.Join(filepath.Dir(spec), "other.toml")
+	b, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(other, []byte(strings.Replace(string(b), `name = "twice"`, `name = "other"`, 1)), 0o644)
+	p = testenv.Start(t, "run", "--data", second, "--slots", "3", other)
+	os.WriteFile(gate, nil, 0o644)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE") {
+		t.Fatalf("a run of another name into the same output: exit %d, want 0\n%s", code, p.Output())
+	}
+	if code := p1.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("first run: exit %d, want 0\n%s", code, p1.Output())
+	}
+	before, _ := os.ReadFile(ran)
+	p = testenv.Start(t, "run", "--data", second, spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (3 validated, 0 failed of 3)") {
+		t.Fatalf("the same run from the second state directory after the first ended: exit %d, want 0 and COMPLETE\n%s", code, p.Output())
+	}
+	if after, _ := os.ReadFile(ran); string(after) != string(before) {
+		t.Fatalf("the second run ran shards the first had committed:\nbefore %q\nafter  %q", before, after)
+	}
+}
+
 // TestRunDrainsOnSIGUSR1: `shardpool run` in a Slurm job that asks for a
 // warning signal (--signal=USR1@SECONDS) finishes the shards it runs,
 // starts no more, and exits 130 with the resume command; when the running

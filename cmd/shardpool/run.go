@@ -106,6 +106,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return err
 	}
+	release, err := claimOutput(spec, absData, stderr)
+	if err != nil {
+		coord.Close()
+		return err
+	}
+	defer release()
 	// This run speaks for the evidence now: a stop recorded by an earlier
 	// one no longer holds.
 	if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), coordinator.StoppedName)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
+)
+
+// claimOutput holds, for as long as this `run` lives, an exclusive flock
+// on <output>/.shardpool/run-<name>.lock, whose content says who holds it.
+//
+// The store's lock keeps one run from being run twice from one state
+// directory. From two (the default one and a --data, or two terminals
+// with different --data), each run has its own store and queue, and each
+// would run almost every shard: an output is committed once, but the
+// work is done twice. The claim is the run's name in its output
+// directory, which both see; other runs into the same directory (another
+// name) are not held back.
+//
+// A directory where the lock cannot be made or taken (read-only outputs
+// of a COMPLETE run, a file system without locks) is warned about and the
+// run goes on: the claim saves work, it does not guard results (the
+// commit's marker does).
+func claimOutput(spec *stream.Spec, data string, stderr io.Writer) (release func(), err error) {
+	path := filepath.Join(spec.Output, worker.MetaDir, "run-"+spec.Name+".lock")
+	noop := func() {}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) {
+			fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %v; a run of it from another state directory at the same time would not be told apart\n", spec.Name, err)
+		}
+		return noop, nil
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) {
+			fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %v; a run of it from another state directory at the same time would not be told apart\n", spec.Name, err)
+		}
+		return noop, nil
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			fmt.Fprintf(stderr, "warning: cannot lock %s: %v; a run of %s from another state directory at the same time would not be told apart\n", path, err, spec.Name)
+			return noop, nil
+		}
+		// The holder writes its line right after it takes the lock: a
+		// look in between may find the file empty.
+		var holder string
+		for range 10 {
+			b, _ := io.ReadAll(io.LimitReader(f, 4096))
+			if holder = strings.TrimSpace(string(b)); holder != "" {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+			f.Seek(0, io.SeekStart)
+		}
+		f.Close()
+		return noop, claimedErr(spec, path, holder)
+	}
+	host, _ := os.Hostname()
+	line := fmt.Sprintf("pid %d on %s since %s, state directory %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339), data)
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(line), 0)
+	}
+	return func() { f.Close() }, nil
+}
+
+// claimedErr says that another `run` of the same name writes into the
+// same output directory, and how to follow it instead.
+func claimedErr(spec *stream.Spec, path, holder string) error {
+	follow := ""
+	if _, dir, ok := strings.Cut(holder, ", state directory "); ok {
+		follow = fmt.Sprintf("; to follow it: shardpool status --data %s %s", shellQuote(dir), spec.Name)
+	}
+	if holder == "" {
+		holder = "a process that has not said which (" + path + ")"
+	}
+	return exitErr{code: exitFailure, msg: fmt.Sprintf("run %s is running already into %s, held by %s: a second run of it from another state directory would run its shards again. "+
+		"Wait for it to end (its outputs are then skipped here), or stop it%s", spec.Name, spec.Output, holder, follow)}
+}
