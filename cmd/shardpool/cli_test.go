@@ -260,6 +260,9 @@ func TestSameRunFromAnotherStateDirectoryIsRefused(t *testing.T) {
 	if code := p1.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("first run: exit %d, want 0\n%s", code, p1.Output())
 	}
+	if left := leftovers(t, filepath.Join(filepath.Dir(spec), "out")); len(left) > 0 {
+		t.Errorf("the runs left %v in the output directory, want their claims removed as they ended", left)
+	}
 	before, _ := os.ReadFile(ran)
 	p = testenv.Start(t, "run", "--data", second, spec)
 	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (3 validated, 0 failed of 3)") {

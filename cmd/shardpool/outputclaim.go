@@ -39,13 +39,36 @@ func claimOutput(spec *stream.Spec, data string, stderr io.Writer) (release func
 		}
 		return noop, nil
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) {
-			fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %v; a run of it from another state directory at the same time would not be told apart\n", spec.Name, err)
+	for tries := 1; ; tries++ {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) {
+				fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %v; a run of it from another state directory at the same time would not be told apart\n", spec.Name, err)
+			}
+			return noop, nil
 		}
-		return noop, nil
+		release, err := lockClaim(f, spec, path, data, stderr)
+		if !errors.Is(err, errClaimRemoved) {
+			return release, err
+		}
+		if tries == 5 {
+			fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %s is removed each time it is locked; a run of it from another state directory at the same time would not be told apart\n", spec.Name, path)
+			return noop, nil
+		}
 	}
+}
+
+// errClaimRemoved: the lock file was taken after its holder removed it on
+// its way out; a lock on it holds nothing, so the file is opened again.
+var errClaimRemoved = errors.New("claim removed by its holder")
+
+// lockClaim takes the flock of f, opened at path, and says who holds it.
+// Its release removes the file before it lets go of the lock. The
+// directory it was in stays (empty, unless checkpoints or packs are
+// there): removed, it could vanish under a worker of another run making
+// its first checkpoint directory in it.
+func lockClaim(f *os.File, spec *stream.Spec, path, data string, stderr io.Writer) (func(), error) {
+	noop := func() {}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
@@ -66,12 +89,20 @@ func claimOutput(spec *stream.Spec, data string, stderr io.Writer) (release func
 		f.Close()
 		return noop, claimedErr(spec, path, holder)
 	}
+	var held, named unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Stat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
+		f.Close()
+		return noop, errClaimRemoved
+	}
 	host, _ := os.Hostname()
 	line := fmt.Sprintf("pid %d on %s since %s, state directory %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339), data)
 	if err := f.Truncate(0); err == nil {
 		f.WriteAt([]byte(line), 0)
 	}
-	return func() { f.Close() }, nil
+	return func() {
+		os.Remove(path)
+		f.Close()
+	}, nil
 }
 
 // claimedErr says that another `run` of the same name writes into the
