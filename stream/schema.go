@@ -250,6 +250,13 @@ type WorkerReport struct {
 	Started  time.Time           `json:"started"`
 	Reported time.Time           `json:"reported"`
 	Headroom map[string]Resource `json:"headroom,omitempty"`
+	// FailedInARow counts the attempts this worker ran and that failed
+	// (charged: each counts toward the shard's retries) since it last
+	// validated a shard, and LastFailure is the last one's reason. A host
+	// that fails what other hosts run (a missing library or driver) shows
+	// a count that only grows.
+	FailedInARow int    `json:"failed_in_a_row,omitempty"`
+	LastFailure  string `json:"last_failure,omitempty"`
 	// Limits says whether per-shard limits are enforced by the OS or only watched.
 	Limits string `json:"limits,omitempty"`
 	// Auto is true when slots come from measured admission.

@@ -44,3 +44,26 @@ func TestStartFailuresInARowDrain(t *testing.T) {
 		t.Fatal("drained with StopAfterStartFailures 0")
 	}
 }
+
+// TestFailedInARowStartsOverOnAValidatedShard: the report's count of
+// failed attempts in a row grows with each, keeps the last reason (cut to
+// 300 bytes), and starts over when the worker validates a shard; a shard
+// failed after its retries counts no more than its attempt did.
+func TestFailedInARowStartsOverOnAValidatedShard(t *testing.T) {
+	w := &Worker{poke: make(chan struct{}, 1)}
+	report := func() (int, string) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.failedInARow, w.lastFailure
+	}
+	w.attemptFailed("t a: exit status 1")
+	w.attemptFailed("t b: " + strings.Repeat("x", 500))
+	w.count(false)
+	if n, last := report(); n != 2 || len(last) != 303 || !strings.HasPrefix(last, "t b: xxx") {
+		t.Fatalf("after two failed attempts: %d in a row, last %q; want 2 and the second's reason cut to 300 bytes", n, last)
+	}
+	w.count(true)
+	if n, last := report(); n != 0 || last != "" {
+		t.Fatalf("after a validated shard: %d in a row, last %q; want 0 and none", n, last)
+	}
+}

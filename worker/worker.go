@@ -172,6 +172,12 @@ type Worker struct {
 	envs    map[string][]string // class environments by fingerprint and class (classEnv)
 	journal *childJournal       // this worker's running process groups (orphans.go)
 
+	// failedInARow counts this worker's charged attempts that failed
+	// since its last validated shard, lastFailure says the last one's
+	// reason (reports: a host that fails what others run). Under mu.
+	failedInARow int
+	lastFailure  string
+
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
 	live     map[int]liveShard
@@ -1048,10 +1054,24 @@ func (w *Worker) count(ok bool) {
 	w.mu.Lock()
 	if ok {
 		w.done++
+		w.failedInARow, w.lastFailure = 0, ""
 	} else {
 		w.failed++
 	}
 	w.mu.Unlock()
+}
+
+// attemptFailed counts a charged attempt that failed here (retried or
+// not) toward the report's FailedInARow.
+func (w *Worker) attemptFailed(reason string) {
+	w.mu.Lock()
+	w.failedInARow++
+	if len(reason) > 300 { // the shard's record has it whole
+		reason = strings.ToValidUTF8(reason[:300], "") + "..."
+	}
+	w.lastFailure = reason
+	w.mu.Unlock()
+	w.reportSoon()
 }
 
 // reportedSlots are the slots a report gives, under mu: the caps of an
@@ -1099,7 +1119,8 @@ func (w *Worker) snapshot() stream.WorkerReport {
 		staged = w.stager.Ready(stream.StagedAdvertised)
 	}
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Slots: w.reportedSlots(),
-		Running: running, Done: w.done, Failed: w.failed, Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
+		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure,
+		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
 }
 
 // headroom is the compact probe published with each report: the effective

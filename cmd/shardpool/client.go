@@ -519,6 +519,32 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if wk.SlurmJob != "" {
 			fmt.Fprintf(w, "%s: runs in Slurm job %s (scancel %s ends it, its shards handed back)\n", wk.Name, wk.SlurmJob, wk.SlurmJob)
 		}
+		printFailingWorker(w, wk, st.Workers)
+	}
+}
+
+// failingInARow is how many failed attempts in a row make status point
+// at a worker.
+const failingInARow = 5
+
+// printFailingWorker warns about a worker whose last attempts all failed,
+// and says whether other workers validate shards meanwhile: then the
+// fault is likely its host's (a missing library, driver or mount), which
+// only a person can fix; the worker itself goes on taking shards.
+func printFailingWorker(w io.Writer, wk stream.WorkerReport, all []stream.WorkerReport) {
+	if wk.FailedInARow < failingInARow {
+		return
+	}
+	healthy := 0
+	for _, o := range all {
+		if o.Name != wk.Name && o.Done > 0 && o.FailedInARow < failingInARow {
+			healthy++
+		}
+	}
+	fmt.Fprintf(w, "%s: its last %d attempts failed, none validated since (the last: %s)\n", wk.Name, wk.FailedInARow, wk.LastFailure)
+	if healthy > 0 {
+		fmt.Fprintf(w, "%s: %d other worker(s) validate shards meanwhile, so host %s may lack what the command needs (a library, a driver, a mount): "+
+			"read its attempt logs there; to stop it taking shards, drain it (kill -USR1 %d on %s) and fix the host\n", wk.Name, healthy, wk.Host, wk.PID, wk.Host)
 	}
 }
 

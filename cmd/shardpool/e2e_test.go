@@ -1086,3 +1086,53 @@ func TestWorkerStopsWhereAttemptsCannotStart(t *testing.T) {
 	good.SignalMain(syscall.SIGTERM)
 	good.Wait(t, 30*time.Second)
 }
+
+// TestStatusPointsAtAHostThatFailsWhatOthersRun: a worker whose host
+// lacks what the command needs (here, its scratch directory's name makes
+// the job fail as a missing library would) fails every attempt at once,
+// while another worker validates shards. Its report carries the failures
+// in a row and the last reason, and `status` points at the host and how
+// to drain it; the healthy worker gets no such line.
+func TestStatusPointsAtAHostThatFailsWhatOthersRun(t *testing.T) {
+	c := startCluster(t, "10s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2, Command: []string{"sh", "-c",
+		`case "$SHARDPOOL_SCRATCH" in *scratch-bad*) echo "libfoo.so.1: cannot open shared object file" >&2; exit 127;; esac; sleep 0.1; cp "$1" "$2/"`,
+		"sh", "{input}", "{out}"}})
+	c.submit(spec, "--halt", "0")
+	good := c.worker("good", "--slots", "1")
+	bad := c.worker("bad", "--slots", "1")
+	var out string
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+		p.Wait(t, 20*time.Second)
+		out = p.Output()
+		return strings.Contains(out, "bad: its last ") && strings.Contains(out, "1 other worker(s) validate shards meanwhile"), "status:\n" + out
+	})
+	if !strings.Contains(out, "attempts failed, none validated since (the last: t s") || !strings.Contains(out, "libfoo.so.1: cannot open shared object file") ||
+		!strings.Contains(out, fmt.Sprintf("drain it (kill -USR1 %d on %s)", bad.Cmd.Process.Pid, hostname(t))) {
+		t.Errorf("status names the failing worker without its last failure or how to drain it:\n%s", out)
+	}
+	if strings.Contains(out, "good: its last") {
+		t.Errorf("status points at the healthy worker:\n%s", out)
+	}
+	p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token(), "--json")
+	p.Wait(t, 20*time.Second)
+	var st struct {
+		Workers []stream.WorkerReport `json:"workers"`
+	}
+	if err := json.Unmarshal([]byte(p.Output()), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, p.Output())
+	}
+	for _, wk := range st.Workers {
+		switch {
+		case wk.Name == "bad" && (wk.FailedInARow < 5 || !strings.Contains(wk.LastFailure, "libfoo")):
+			t.Errorf("bad worker's report: %d failed in a row, last %q; want at least 5 and the missing library", wk.FailedInARow, wk.LastFailure)
+		case wk.Name == "good" && (wk.FailedInARow != 0 || wk.Done == 0):
+			t.Errorf("good worker's report: %d failed in a row, %d done; want none failed and some done", wk.FailedInARow, wk.Done)
+		}
+	}
+	for _, w := range []*testenv.Proc{good, bad} {
+		w.SignalMain(syscall.SIGTERM)
+		w.Wait(t, 30*time.Second)
+	}
+}
