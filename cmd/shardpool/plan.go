@@ -47,7 +47,14 @@ func printPlan(w io.Writer, p *plan.Plan) {
 		if len(c.Outliers) > 0 {
 			out = fmt.Sprintf("%d (%v)", len(c.Outliers), c.Outliers[:min(3, len(c.Outliers))])
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%d\t%d\t%s [%s]\t%s\n", c.Class, c.Shards, stream.FormatSize(c.Peak.Memory), float64(c.Peak.CPU)/1000, c.Peak.GPUs, c.Slots.N, c.Slots.Reason, c.Peak.Source, out)
+		// As admission does: a class with no memory peak runs one shard
+		// at a time (plan.json keeps the computed 0 and its reason).
+		slots, _ := plan.Unmeasured(c.Slots, c.Peak)
+		mem := stream.FormatSize(c.Peak.Memory)
+		if c.Peak.Memory <= 0 {
+			mem = "unknown"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%d\t%d\t%s [%s]\t%s\n", c.Class, c.Shards, mem, float64(c.Peak.CPU)/1000, c.Peak.GPUs, slots.N, slots.Reason, c.Peak.Source, out)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "limits: %s\n", p.Enforced)
