@@ -33,30 +33,38 @@ import (
 func claimOutput(spec *stream.Spec, data string, stderr io.Writer) (release func(), err error) {
 	path := filepath.Join(spec.Output, worker.MetaDir, "run-"+spec.Name+".lock")
 	noop := func() {}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	// Where nothing can be written (read-only outputs: `run` has warned
+	// already) there is nothing to claim.
+	unclaimed := func(err error) (func(), error) {
 		if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) {
 			fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %v; a run of it from another state directory at the same time would not be told apart\n", spec.Name, err)
 		}
 		return noop, nil
 	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return unclaimed(err)
+	}
 	for tries := 1; ; tries++ {
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
-			if !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EACCES) {
-				fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %v; a run of it from another state directory at the same time would not be told apart\n", spec.Name, err)
-			}
-			return noop, nil
+			return unclaimed(err)
 		}
-		release, err := lockClaim(f, spec, path, data, stderr)
+		release, err := lockClaim(f, spec, path, data)
+		if errors.Is(err, errNoLocks) {
+			return unclaimed(err)
+		}
 		if !errors.Is(err, errClaimRemoved) {
 			return release, err
 		}
 		if tries == 5 {
-			fmt.Fprintf(stderr, "warning: cannot claim the output directory for run %s: %s is removed each time it is locked; a run of it from another state directory at the same time would not be told apart\n", spec.Name, path)
-			return noop, nil
+			return unclaimed(fmt.Errorf("%s is removed each time it is locked", path))
 		}
 	}
 }
+
+// errNoLocks: the file system refused the lock (one without locks, or
+// NFS without its lock service).
+var errNoLocks = errors.New("the file system takes no lock here")
 
 // errClaimRemoved: the lock file was taken after its holder removed it on
 // its way out; a lock on it holds nothing, so the file is opened again.
@@ -67,13 +75,12 @@ var errClaimRemoved = errors.New("claim removed by its holder")
 // directory it was in stays (empty, unless checkpoints or packs are
 // there): removed, it could vanish under a worker of another run making
 // its first checkpoint directory in it.
-func lockClaim(f *os.File, spec *stream.Spec, path, data string, stderr io.Writer) (func(), error) {
+func lockClaim(f *os.File, spec *stream.Spec, path, data string) (func(), error) {
 	noop := func() {}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
-			fmt.Fprintf(stderr, "warning: cannot lock %s: %v; a run of %s from another state directory at the same time would not be told apart\n", path, err, spec.Name)
-			return noop, nil
+			return noop, fmt.Errorf("%w: lock %s: %w", errNoLocks, path, err)
 		}
 		// The holder writes its line right after it takes the lock: a
 		// look in between may find the file empty.
