@@ -220,6 +220,9 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 		}
 		return nil, fmt.Errorf("%s:%d: %w: not a JSON object: %v", path, n, ErrInvalidManifest, err)
 	}
+	if k, ok := repeatedKey(t, len(raw)); ok {
+		return nil, bad(k, "given twice on this line (JSON would keep the last one only): give it once")
+	}
 	keys := make([]string, 0, len(raw))
 	for k := range raw {
 		keys = append(keys, k)
@@ -261,6 +264,9 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 	if v, ok := raw["params"]; ok {
 		if err := json.Unmarshal(v, &sh.Params); err != nil {
 			return nil, bad("params", "want an object of string values")
+		}
+		if k, ok := repeatedKey(v, len(sh.Params)); ok {
+			return nil, bad("params", "key %q given twice (JSON would keep the last one only): give it once", k)
 		}
 		keys := slices.Sorted(maps.Keys(sh.Params))
 		names := make(map[string]string, len(keys))
@@ -362,4 +368,66 @@ func Expand(argv []string, v Vars) ([]string, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// repeatedKey finds a key given twice in obj, a JSON object that has
+// decoded into a map of distinct keys. encoding/json keeps the last of
+// repeated keys without a word, so a line with "inputs" twice would run
+// on the second list alone. The common case costs one scan that counts
+// the object's own keys, without allocating; only where the count
+// exceeds distinct are the keys decoded to name the repeated one.
+func repeatedKey(obj []byte, distinct int) (string, bool) {
+	if countKeys(obj, nil) <= distinct {
+		return "", false
+	}
+	seen := map[string]bool{}
+	var rep string
+	found := false
+	countKeys(obj, func(raw []byte) bool {
+		var k string
+		if json.Unmarshal(raw, &k) != nil {
+			return true
+		}
+		if seen[k] {
+			rep, found = k, true
+			return false
+		}
+		seen[k] = true
+		return true
+	})
+	return rep, found
+}
+
+// countKeys counts the keys of the outermost object of obj (valid JSON),
+// passing each key's quoted bytes to each when it is set; each returning
+// false stops the scan.
+func countKeys(obj []byte, each func(raw []byte) bool) int {
+	n, depth := 0, 0
+	expectKey := false
+	for i := 0; i < len(obj); i++ {
+		switch c := obj[i]; c {
+		case '"':
+			start := i
+			for i++; i < len(obj) && obj[i] != '"'; i++ {
+				if obj[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 1 && expectKey {
+				n++
+				expectKey = false
+				if each != nil && !each(obj[start:i+1]) {
+					return n
+				}
+			}
+		case '{', '[':
+			depth++
+			expectKey = c == '{' && depth == 1
+		case '}', ']':
+			depth--
+		case ',':
+			expectKey = depth == 1
+		}
+	}
+	return n
 }

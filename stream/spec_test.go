@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -494,4 +495,75 @@ func TestParamsBecomeShellVariables(t *testing.T) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.line, err, tc.want)
 		}
 	}
+}
+
+// TestRepeatedKeysAreRefused: encoding/json keeps the last of a repeated
+// key without a word, so {"inputs":[a],"inputs":[b]} ran on b alone. A
+// line that gives a field twice, or a param twice, is refused with its
+// line and field; keys that only look alike (escaped, nested, inside
+// strings) are not taken for repeats.
+func TestRepeatedKeysAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	specPath := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"true\"]\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
+	os.WriteFile(filepath.Join(dir, "b"), []byte("b"), 0o644)
+	spec, err := LoadSpec(specPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ line, want string }{
+		{`{"id":"s","inputs":["a"],"inputs":["b"]}`, `m.jsonl:2: field "inputs": invalid manifest: given twice on this line`},
+		{`{"id":"s","params":{"lr":"1","lr":"2"}}`, `m.jsonl:2: field "params": invalid manifest: key "lr" given twice`},
+		{`{"id":"s","i\u0064":"t"}`, `m.jsonl:2: field "id": invalid manifest: given twice on this line`},
+		{`{"id":"s","params":{"":"1","":"2"}}`, `m.jsonl:2: field "params"`},
+		{`{"id":"s","params":{"a":"{\"id\":1,\"id\":2}","b":"x\\"}, "inputs":["a"]}`, ""},
+		{`{"id":"s","params":{"id":"1","class":"2"},"class":"cpu"}`, ""},
+	} {
+		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte("{\"id\":\"ok\"}\n"+tc.line+"\n"), 0o644)
+		_, err := LoadManifest(spec)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: got %v, want it loaded", tc.line, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.line, err, tc.want)
+		}
+	}
+}
+
+// FuzzCountKeys holds countKeys to a decoder's count of an object's own
+// keys, on any object the decoder accepts.
+func FuzzCountKeys(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":1,"b":[{"c":2}],"d":"}\"{,"}`, `{"a":{"a":{"a":1}},"a":[1,2]}`, `{"\\":"\\\"","x":null}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		dec := json.NewDecoder(strings.NewReader(s))
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			return
+		}
+		want := 0
+		for dec.More() {
+			if _, err := dec.Token(); err != nil {
+				return
+			}
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				return
+			}
+			want++
+		}
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+			return
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return // more after the object
+		}
+		if got := countKeys([]byte(s), nil); got != want {
+			t.Fatalf("countKeys(%q) = %d, want %d", s, got, want)
+		}
+	})
 }
