@@ -276,7 +276,7 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 			}
 			name := ParamEnv(k)
 			if other, ok := names[name]; ok {
-				return nil, bad("params", "keys %q and %q both become the variable %s (letters are upper-cased, other characters than letters, digits and _ become _): rename one", other, k, name)
+				return nil, bad("params", "keys %q and %q both become the variable %s (letters are upper-cased, characters other than ASCII letters, digits and _ become _): rename one", other, k, name)
 			}
 			names[name] = k
 		}
