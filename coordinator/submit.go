@@ -666,8 +666,9 @@ const (
 // progress of a requeued shard (the tracker never judges the run from a
 // mix of old states and new results); a requeue cut short in between
 // leaves shards pending in a round whose message may be missing, which
-// retryFailed publishes again (the round's Msg-ID makes that a no-op where
-// the message exists). What was published is durable before it returns.
+// retryFailed publishes again where the queue does not hold it (read
+// from the stream: past the duplicate window the round's Msg-ID no
+// longer makes a second message a no-op). What was published is durable before it returns.
 //
 // It counts the shards whose message it put on the queue, not the records
 // it decided on: a submission requeueing the same run at the same time
@@ -687,6 +688,7 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 		byID[sh.ID] = sh
 	}
 	rounds := map[int][]stream.Shard{}
+	again := map[string]int{} // republish: shard id -> its round
 	total := 0
 	for _, key := range keys {
 		r, sh, action, reason, err := requeueOne(ctx, b, run, key, byID, decide)
@@ -696,15 +698,42 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 		if action == keep {
 			continue
 		}
+		if action == republish {
+			again[sh.ID] = r.Retry
+		}
 		rounds[r.Retry] = append(rounds[r.Retry], sh)
 		if len(res.why) < 10 {
 			res.why = append(res.why, fmt.Sprintf("%s (%s)", r.ID, reason))
 		}
 		total++
 	}
+	if len(again) > 0 {
+		// A shard to publish again may have its message queued still (a
+		// retry that did publish, still waiting for a worker, or another
+		// submission's at this moment). Past the duplicate window a second
+		// message of its round would be taken: publish only the missing.
+		queued, err := queuedIn(ctx, js, run)
+		if err != nil {
+			return res, fmt.Errorf("requeue %s: %w", run.Name, err)
+		}
+		for round, todo := range rounds {
+			todo = slices.DeleteFunc(todo, func(sh stream.Shard) bool {
+				r, ok := again[sh.ID]
+				if q, has := queued[sh.ID]; ok && has && q >= r {
+					res.already++
+					return true
+				}
+				return false
+			})
+			rounds[round] = todo
+		}
+	}
 	// The retry round is part of the Msg-ID, so a requeued shard is never
 	// taken for a duplicate of an earlier round.
 	for round, todo := range rounds {
+		if len(todo) == 0 {
+			continue
+		}
 		n, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings)
 		if err != nil {
 			return res, fmt.Errorf("requeue %s: %w", run.Name, err)
@@ -836,22 +865,9 @@ func restoreLost(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 	if unfinished := len(man.Shards) - run.Counts.Validated - run.Counts.Failed; queued >= uint64(max(unfinished, 0)) {
 		return 0, nil
 	}
-	have := map[string]int{} // shard id -> highest retry round queued
-	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; {
-		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return 0, fmt.Errorf("read queued shards of %s: %w", run.Name, err)
-		}
-		var sm stream.ShardMsg
-		if stream.Decode(m.Data, &sm) == nil && sm.Fingerprint == run.Fingerprint {
-			if r, ok := have[sm.ID]; !ok || sm.Retry > r {
-				have[sm.ID] = sm.Retry
-			}
-		}
-		seq = m.Sequence + 1
+	have, err := queuedRounds(ctx, s, run, info)
+	if err != nil {
+		return 0, err
 	}
 	rounds := map[int][]stream.Shard{}
 	n := 0
@@ -887,6 +903,46 @@ func restoreLost(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 		}
 	}
 	return n, nil
+}
+
+// queuedIn is queuedRounds for all the run's messages.
+func queuedIn(ctx context.Context, js jetstream.JetStream, run *stream.RunRecord) (map[string]int, error) {
+	s, err := js.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects(run.Name)))
+	if err != nil {
+		return nil, err
+	}
+	return queuedRounds(ctx, s, run, info)
+}
+
+// queuedRounds reads the run's queued messages (info is the stream's, for
+// the run's subjects) and returns, per shard id, the highest retry round
+// that has a message there: one request per message, so it is read only
+// where a message may be missing. A message delivered and not yet
+// acknowledged is still there (work-queue retention).
+func queuedRounds(ctx context.Context, s jetstream.Stream, run *stream.RunRecord, info *jetstream.StreamInfo) (map[string]int, error) {
+	filter := stream.RunSubjects(run.Name)
+	have := map[string]int{} // shard id -> highest retry round queued
+	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read queued shards of %s: %w", run.Name, err)
+		}
+		var sm stream.ShardMsg
+		if stream.Decode(m.Data, &sm) == nil && sm.Fingerprint == run.Fingerprint {
+			if r, ok := have[sm.ID]; !ok || sm.Retry > r {
+				have[sm.ID] = sm.Retry
+			}
+		}
+		seq = m.Sequence + 1
+	}
+	return have, nil
 }
 
 // inputNames names a shard's inputs for a reason: the first three, and how

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/coordinator"
@@ -306,6 +307,73 @@ func TestConcurrentRetriesOfABlockedRun(t *testing.T) {
 	b, _ := os.ReadFile(ran)
 	if lines := strings.Fields(string(b)); len(lines) != n {
 		t.Fatalf("the fixed command ran %d times, want %d (each shard once)", len(lines), n)
+	}
+}
+
+// TestLateRetryLeavesQueuedShardsAlone: a --retry-failed finds shards an
+// earlier retry requeued still pending. Where their messages are on the
+// queue (waiting for a worker) it publishes nothing: past the duplicate
+// window (10 minutes) the round's Msg-ID no longer made a second message
+// a no-op, and each shard was queued twice and counted as retried. The
+// test puts the messages there under Msg-IDs of their own, as a window
+// long past would leave them.
+func TestLateRetryLeavesQueuedShardsAlone(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	const n = 3
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Command: []string{"cp", "{input}", "{out}/"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	ctx := context.Background()
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Round 0's messages, read, then taken off, and put back as round 1's.
+	var msgs []stream.ShardMsg
+	for seq := uint64(1); len(msgs) < n; seq++ {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(stream.RunSubjects("t")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sm stream.ShardMsg
+		if err := stream.Decode(m.Data, &sm); err != nil {
+			t.Fatal(err)
+		}
+		msgs, seq = append(msgs, sm), m.Sequence
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(stream.RunSubjects("t"))); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range msgs {
+		sm.Retry = 1
+		data, _ := stream.Encode(&sm)
+		if _, err := env.JS.PublishMsg(ctx, &nats.Msg{Subject: stream.ShardSubject("t", sm.Class), Data: data,
+			Header: nats.Header{nats.MsgIdHdr: []string{"long-ago." + sm.ID}}}); err != nil {
+			t.Fatal(err)
+		}
+		rec := stream.ShardRecord{Run: "t", ID: sm.ID, Fingerprint: sm.Fingerprint, Class: sm.Class, State: stream.ShardPending, Retry: 1, Reason: "retry requested"}
+		data, _ = stream.Encode(&rec)
+		if _, err := kv.Put(ctx, stream.ShardKey("t", sm.ID), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := env.TrySubmit(spec, coordinator.SubmitOptions{RetryFailed: true})
+	if err != nil || res.Retried != 0 || res.AlreadyRetried != n {
+		t.Fatalf("late retry: got %d retried, %d already (%v); want 0 and %d", res.Retried, res.AlreadyRetried, err, n)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects("t")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queued uint64
+	for _, c := range info.State.Subjects {
+		queued += c
+	}
+	if queued != n {
+		t.Fatalf("the queue holds %d messages of the run, want %d (one per shard)", queued, n)
 	}
 }
 
