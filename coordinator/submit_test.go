@@ -364,17 +364,23 @@ func TestLateRetryLeavesQueuedShardsAlone(t *testing.T) {
 	if err != nil || res.Retried != 0 || res.AlreadyRetried != n {
 		t.Fatalf("late retry: got %d retried, %d already (%v); want 0 and %d", res.Retried, res.AlreadyRetried, err, n)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects("t")))
+	if queued := queuedMessages(t, s, "t"); queued != n {
+		t.Fatalf("the queue holds %d messages of the run, want %d (one per shard)", queued, n)
+	}
+}
+
+// queuedMessages counts the run's messages in the shards stream.
+func queuedMessages(t *testing.T, s jetstream.Stream, run string) uint64 {
+	t.Helper()
+	info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(stream.RunSubjects(run)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var queued uint64
+	var n uint64
 	for _, c := range info.State.Subjects {
-		queued += c
+		n += c
 	}
-	if queued != n {
-		t.Fatalf("the queue holds %d messages of the run, want %d (one per shard)", queued, n)
-	}
+	return n
 }
 
 // TestRetryWithAChangedJobIsRefused: --retry-failed asks for the failed
@@ -509,18 +515,7 @@ func TestHaltedRunIsQueuedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	queued := func() uint64 {
-		t.Helper()
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects("t")))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n uint64
-		for _, c := range info.State.Subjects {
-			n += c
-		}
-		return n
-	}
+	queued := func() uint64 { return queuedMessages(t, s, "t") }
 	if n := queued(); n != 6 {
 		t.Fatalf("queued %d, want 6", n)
 	}
