@@ -59,8 +59,8 @@ type SubmitResult struct {
 	NewRun      bool   `json:"new_generation"`
 	Retried     int    `json:"retried"`
 	// AlreadyRetried counts failed shards a --retry-failed found requeued
-	// by another submission at the same time: their messages were on the
-	// queue already, and they are not in Retried.
+	// by another submission, at the same time or earlier, whose messages
+	// were on the queue already; they are not in Retried.
 	AlreadyRetried int `json:"already_retried,omitempty"`
 	// Redone counts committed shards whose output was missing or failed
 	// verification (Reverify) and were queued again.
@@ -668,7 +668,8 @@ const (
 // leaves shards pending in a round whose message may be missing, which
 // retryFailed publishes again where the queue does not hold it (read
 // from the stream: past the duplicate window the round's Msg-ID no
-// longer makes a second message a no-op). What was published is durable before it returns.
+// longer makes a second message a no-op). What was published is durable
+// before it returns.
 //
 // It counts the shards whose message it put on the queue, not the records
 // it decided on: a submission requeueing the same run at the same time
@@ -750,8 +751,8 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 }
 
 // requeued is what requeue did: n shards put on the queue, already found
-// there (published by another submission at the same time), and the
-// reasons of the first ten it decided on.
+// there (published by another submission, at the same time or earlier),
+// and the reasons of the first ten it decided on.
 type requeued struct {
 	n, already int
 	why        []string
