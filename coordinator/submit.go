@@ -689,7 +689,11 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 		byID[sh.ID] = sh
 	}
 	rounds := map[int][]stream.Shard{}
-	again := map[string]int{} // republish: shard id -> its round
+	type inRound struct {
+		sh    stream.Shard
+		round int
+	}
+	var again []inRound // to publish again where the queue lacks them
 	total := 0
 	for _, key := range keys {
 		r, sh, action, reason, err := requeueOne(ctx, b, run, key, byID, decide)
@@ -700,9 +704,10 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 			continue
 		}
 		if action == republish {
-			again[sh.ID] = r.Retry
+			again = append(again, inRound{sh, r.Retry})
+		} else {
+			rounds[r.Retry] = append(rounds[r.Retry], sh)
 		}
-		rounds[r.Retry] = append(rounds[r.Retry], sh)
 		if len(res.why) < 10 {
 			res.why = append(res.why, fmt.Sprintf("%s (%s)", r.ID, reason))
 		}
@@ -713,28 +718,25 @@ func requeue(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run
 		// retry that did publish, still waiting for a worker, or another
 		// submission's at this moment). Past the duplicate window a second
 		// message of its round would be taken: publish only the missing.
-		queued, err := queuedIn(ctx, js, run)
+		s, info, err := runQueue(ctx, js, run)
 		if err != nil {
 			return res, fmt.Errorf("requeue %s: %w", run.Name, err)
 		}
-		for round, todo := range rounds {
-			todo = slices.DeleteFunc(todo, func(sh stream.Shard) bool {
-				r, ok := again[sh.ID]
-				if q, has := queued[sh.ID]; ok && has && q >= r {
-					res.already++
-					return true
-				}
-				return false
-			})
-			rounds[round] = todo
+		queued, err := queuedRounds(ctx, s, run, info)
+		if err != nil {
+			return res, fmt.Errorf("requeue %s: %w", run.Name, err)
+		}
+		for _, a := range again {
+			if q, ok := queued[a.sh.ID]; ok && q >= a.round {
+				res.already++
+				continue
+			}
+			rounds[a.round] = append(rounds[a.round], a.sh)
 		}
 	}
 	// The retry round is part of the Msg-ID, so a requeued shard is never
 	// taken for a duplicate of an earlier round.
 	for round, todo := range rounds {
-		if len(todo) == 0 {
-			continue
-		}
 		n, err := publish(ctx, js, run.Fingerprint, run.Name, todo, round, settings)
 		if err != nil {
 			return res, fmt.Errorf("requeue %s: %w", run.Name, err)
@@ -850,12 +852,7 @@ func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Bucke
 // then the records, in that order, so that a shard finished in between is
 // seen finished rather than missing.
 func restoreLost(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, run *stream.RunRecord, man *stream.Manifest, settings int) (int, error) {
-	s, err := js.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		return 0, fmt.Errorf("check queued shards of %s: %w", run.Name, err)
-	}
-	filter := stream.RunSubjects(run.Name)
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	s, info, err := runQueue(ctx, js, run)
 	if err != nil {
 		return 0, fmt.Errorf("check queued shards of %s: %w", run.Name, err)
 	}
@@ -906,17 +903,17 @@ func restoreLost(ctx context.Context, js jetstream.JetStream, b *stream.Buckets,
 	return n, nil
 }
 
-// queuedIn is queuedRounds for all the run's messages.
-func queuedIn(ctx context.Context, js jetstream.JetStream, run *stream.RunRecord) (map[string]int, error) {
+// runQueue is the shards stream and its state for the run's subjects.
+func runQueue(ctx context.Context, js jetstream.JetStream, run *stream.RunRecord) (jetstream.Stream, *jetstream.StreamInfo, error) {
 	s, err := js.Stream(ctx, stream.StreamShards)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects(run.Name)))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return queuedRounds(ctx, s, run, info)
+	return s, info, nil
 }
 
 // queuedRounds reads the run's queued messages (info is the stream's, for
