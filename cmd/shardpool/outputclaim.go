@@ -70,17 +70,17 @@ var errNoLocks = errors.New("the file system takes no lock here")
 // its way out; a lock on it holds nothing, so the file is opened again.
 var errClaimRemoved = errors.New("claim removed by its holder")
 
-// lockClaim takes the flock of f, opened at path, and says who holds it.
+// lockClaim takes the flock of f, opened at path, and says who holds it;
+// on an error it has closed f and returns no release.
 // Its release removes the file before it lets go of the lock. The
 // directory it was in stays (empty, unless checkpoints or packs are
 // there): removed, it could vanish under a worker of another run making
 // its first checkpoint directory in it.
 func lockClaim(f *os.File, spec *stream.Spec, path, data string) (func(), error) {
-	noop := func() {}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
-			return noop, fmt.Errorf("%w: lock %s: %w", errNoLocks, path, err)
+			return nil, fmt.Errorf("%w: lock %s: %w", errNoLocks, path, err)
 		}
 		// The holder writes its line right after it takes the lock: a
 		// look in between may find the file empty.
@@ -94,12 +94,12 @@ func lockClaim(f *os.File, spec *stream.Spec, path, data string) (func(), error)
 			f.Seek(0, io.SeekStart)
 		}
 		f.Close()
-		return noop, claimedErr(spec, path, holder)
+		return nil, claimedErr(spec, path, holder)
 	}
 	var held, named unix.Stat_t
 	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Stat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
 		f.Close()
-		return noop, errClaimRemoved
+		return nil, errClaimRemoved
 	}
 	host, _ := os.Hostname()
 	line := fmt.Sprintf("pid %d on %s since %s, state directory %s\n", os.Getpid(), host, time.Now().UTC().Format(time.RFC3339), data)
