@@ -96,6 +96,10 @@ type Attempt struct {
 	// per-shard cgroups are enforced.
 	PeakMemory int64  `json:"peak_memory,omitempty"`
 	Log        string `json:"log,omitempty"`
+	// LeftRunning names the processes the command left running outside
+	// its process group, killed when it ended (where the shard has a
+	// cgroup of its own, or the worker found them: see docs/spec.md).
+	LeftRunning string `json:"left_running,omitempty"`
 	// StageSeconds and CommitSeconds time staging the inputs and the final
 	// sync of the outputs to the destination.
 	StageSeconds  float64 `json:"stage_seconds,omitempty"`

@@ -139,6 +139,71 @@ func TestShardOverItsDeclaredMemoryIsKilledInItsOwnCgroup(t *testing.T) {
 	}
 }
 
+// TestWhatAShardLeavesRunningEndsWithIt: a command that starts a process
+// outside its process group (setsid, as a daemon does) and exits 0. With
+// a cgroup of its own per shard (root on cgroup v1), that process is
+// killed when the command ends, before the output is judged and
+// committed; the attempt record, its log and the admission log say what
+// was killed; and no shard cgroup is left behind.
+func TestWhatAShardLeavesRunningEndsWithIt(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := testenv.New(t, testenv.Options{})
+	pidDir := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Extra: "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n",
+		// The daemon writes its pid once it has its own session, and keeps
+		// the output pipe open, as one started carelessly does.
+		Command: []string{"sh", "-c", `f="$0/$SHARDPOOL_SHARD_ID"
+setsid sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 300' "$f" &
+while [ ! -s "$f" ]; do sleep 0.01; done`, pidDir}})
+	t.Cleanup(func() {
+		for _, id := range []string{"s0000", "s0001"} {
+			if b, err := os.ReadFile(filepath.Join(pidDir, id)); err == nil {
+				var pid int
+				fmt.Sscan(string(b), &pid)
+				if pid > 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	for _, id := range []string{"s0000", "s0001"} {
+		b, err := os.ReadFile(filepath.Join(pidDir, id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		if _, err := fmt.Sscan(string(b), &pid); err != nil || pid <= 0 {
+			t.Fatalf("%s: daemon pid %q", id, b)
+		}
+		if probe.PIDAlive("/proc", pid) {
+			t.Errorf("%s: the daemon it started (pid %d) still runs after the shard was validated", id, pid)
+		}
+		rec, _ := env.Shard("t", id)
+		a := rec.Attempts[len(rec.Attempts)-1]
+		want := fmt.Sprintf(" (pid %d)", pid)
+		if rec.State != stream.ShardValidated || !strings.Contains(a.LeftRunning, want) {
+			t.Errorf("%s: %s, left_running %q; want validated, naming %s", id, rec.State, a.LeftRunning, want)
+		}
+		if log, err := os.ReadFile(a.Log); err != nil || !strings.Contains(string(log), "[shardpool: killed 1 process(es)") {
+			t.Errorf("%s: attempt log %s: %q (%v); want a line saying what was killed", id, a.Log, log, err)
+		}
+	}
+	evidence, err := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	if err != nil || strings.Count(string(evidence), "decision=left-running killed 1 process(es)") != 2 {
+		t.Errorf("admission.log: want a left-running line per shard (%v):\n%s", err, evidence)
+	}
+	entries, _ := filepath.Glob("/sys/fs/cgroup/memory/*/shardpool-p*")
+	more, _ := filepath.Glob("/sys/fs/cgroup/memory/*/*/shardpool-p*")
+	for _, d := range append(entries, more...) {
+		if b, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+			t.Errorf("shard cgroup %s still holds %s", d, strings.TrimSpace(string(b)))
+		}
+	}
+}
+
 // TestFleetCapBoundsAllHosts: two workers with two slots each, and a fleet
 // cap of one shard of the class in flight: never more than one runs, and
 // status says the cap is why the others wait.

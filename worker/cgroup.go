@@ -192,6 +192,9 @@ type shardCgroup struct {
 	// home are the worker's own cgroup directories, one per directory of
 	// the shard's (v1): the starting thread returns to them (startIn).
 	homeMem, homeCpu string
+	// seenEmpty: killLeft found no process in the memory cgroup on its
+	// first read, so reset need not read it again.
+	seenEmpty bool
 }
 
 // newShard creates a shard's cgroup; memLimit and cpuMillicores of 0 set
@@ -478,7 +481,7 @@ const keepAtMost = 64
 // be reused.
 func (c *shardCgroup) reset() bool {
 	for _, d := range []string{c.mem, c.cpu} {
-		if d == "" {
+		if d == "" || d == c.mem && c.seenEmpty {
 			continue
 		}
 		// Opened afresh: cgroup v1 keeps the pid list an open tasks file
@@ -494,6 +497,7 @@ func (c *shardCgroup) reset() bool {
 	if err := c.ctl.write(filepath.Join(c.mem, "memory.max_usage_in_bytes"), []byte("0")); err != nil {
 		return false
 	}
+	c.seenEmpty = false
 	c.oomBase = c.keyed("memory.oom_control", "oom_kill")
 	return c.oomBase >= 0
 }
@@ -564,4 +568,76 @@ func (c *shardCgroup) remove() {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// killLeft ends what is still in the shard's cgroup once its command has
+// ended and its process group is killed: processes that left the group
+// (setsid, a daemon) and would otherwise live on unaccounted, holding
+// memory, CPU or a GPU and writing where the next attempt works. It
+// returns what it found, as "comm (pid N)", in the order found. A process
+// that forks while it is killed is caught by the next read; after
+// killRounds reads the rest is left (and the cgroup is removed rather
+// than kept, as release does with any that is not empty). The worker's own
+// pid is never killed: on cgroup v1 a starting thread of the worker
+// passes through a shard's cgroups (startIn), if only for a moment.
+func (c *shardCgroup) killLeft() []string {
+	if c == nil {
+		return nil
+	}
+	self := os.Getpid()
+	var left []string
+	seen := map[int]bool{}
+	for round := range killRounds {
+		b, err := os.ReadFile(filepath.Join(c.mem, "cgroup.procs"))
+		if err != nil {
+			break
+		}
+		pids := procList(b, self)
+		if len(pids) == 0 {
+			c.seenEmpty = round == 0
+			break
+		}
+		if round == 0 && c.v2 {
+			// Linux 5.14+: one write kills every process, those forking
+			// too; where it is missing the signals below do.
+			_ = os.WriteFile(filepath.Join(c.mem, "cgroup.kill"), []byte("1"), 0o644)
+		}
+		for _, pid := range pids {
+			if !seen[pid] {
+				seen[pid] = true
+				left = append(left, processName(pid))
+			}
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(killPause)
+	}
+	return left
+}
+
+// killRounds and killPause bound killLeft's wait for a cgroup to empty:
+// a process killed leaves it when it has exited, a moment later, unless
+// it waits on a device or a hung mount.
+const (
+	killRounds = 50
+	killPause  = 10 * time.Millisecond
+)
+
+// procList parses a cgroup.procs file, leaving out self.
+func procList(b []byte, self int) []int {
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 && pid != self {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// processName is "comm (pid N)", or "pid N" when its name cannot be read.
+func processName(pid int) string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+	if name := strings.TrimSpace(string(b)); err == nil && name != "" {
+		return fmt.Sprintf("%s (pid %d)", name, pid)
+	}
+	return fmt.Sprintf("pid %d", pid)
 }

@@ -301,3 +301,14 @@ func TestKeptCgroupsAreBounded(t *testing.T) {
 		t.Fatalf("%d cgroups given back: %d kept, %d on disk; want %d of each", len(got), c.kept, len(left), keepAtMost)
 	}
 }
+
+// TestProcListLeavesOutTheWorker: the pids killLeft kills never include
+// the worker's own, which a starting thread on cgroup v1 puts in a
+// shard's cgroup for a moment.
+func TestProcListLeavesOutTheWorker(t *testing.T) {
+	self := os.Getpid()
+	got := procList([]byte(fmt.Sprintf("12\n%d\n\n34\nx\n", self)), self)
+	if fmt.Sprint(got) != "[12 34]" {
+		t.Fatalf("procList = %v, want [12 34] (not %d, this process)", got, self)
+	}
+}

@@ -39,6 +39,23 @@ type result struct {
 	// its path (the one asked for, or a free name beside it: createLog).
 	logged bool
 	log    string
+	// left says what the command left running outside its process group
+	// that was killed when it ended (leftRunning), or is "".
+	left string
+}
+
+// leftRunning describes the processes killed because a command left them
+// running when it ended: at most the first five are named.
+func leftRunning(procs []string) string {
+	named := procs
+	if len(named) > 5 {
+		named = named[:5]
+	}
+	s := fmt.Sprintf("killed %d process(es) the command left running outside its process group when it ended: %s", len(procs), strings.Join(named, ", "))
+	if len(procs) > len(named) {
+		s += fmt.Sprintf(" and %d more", len(procs)-len(named))
+	}
+	return s
 }
 
 // stopCause says why the worker ended a child early.
@@ -314,10 +331,16 @@ wait:
 		}
 		t.Stop()
 	}
-	// Whatever the child left behind in its group goes with it.
+	// Whatever the child left behind in its group goes with it, and, where
+	// the shard has a cgroup, whatever left the group (before the log is
+	// closed: such a process often holds the output pipe).
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	w.journal.ended(pgid)
 	r := result{duration: time.Since(start)}
+	if left := cg.killLeft(); len(left) > 0 {
+		r.left = leftRunning(left)
+		out.trailer("shardpool: " + r.left)
+	}
+	w.journal.ended(pgid)
 	r.logged = out.close()
 	if r.logged {
 		r.log = out.path
@@ -440,6 +463,8 @@ type lazyLog struct {
 	last      [lastOutput]byte
 	lastN     int
 	lastTotal int64 // bytes of output in all
+
+	notes []string // shardpool's own lines, written after the output
 }
 
 // lastOutput is how much of a child's output's end a log keeps in memory
@@ -611,12 +636,27 @@ func (l *lazyLog) close() bool {
 		t.Stop()
 	}
 	l.r.Close()
+	if l.f == nil && len(l.notes) > 0 {
+		l.f, l.path, _ = createLog(l.path)
+	}
 	if l.f == nil {
 		return false
 	}
 	l.finish()
+	for _, n := range l.notes {
+		if l.written > 0 {
+			l.f.WriteString("\n")
+		}
+		fmt.Fprintf(l.f, "[%s]\n", n)
+	}
 	l.f.Close()
 	return true
+}
+
+// trailer adds a line of shardpool's own after the output; the log is
+// then written even when the command printed nothing. Before close.
+func (l *lazyLog) trailer(msg string) {
+	l.notes = append(l.notes, msg)
 }
 
 // abort closes both ends when the child never started.

@@ -979,6 +979,10 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		at.PeakMemory = res.peakMemory
 	}
 	at.Outcome, at.Reason = res.outcome, res.reason
+	if res.left != "" {
+		at.LeftRunning = res.left
+		w.admission(m.Run, m.ID, class, "left-running", res.left)
+	}
 	if !res.logged {
 		at.Log = "" // the command printed nothing: no log file
 	} else if res.log != "" {
