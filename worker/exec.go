@@ -233,21 +233,32 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	cmd := command(argv)
 	oomBefore := w.oomBaseline()
 	start := time.Now()
-	switch {
-	case cg == nil:
-		err = cmd.Start()
-	case !cg.v2:
-		err = cg.startIn(cmd)
-	default:
-		if err = cg.startInto(cmd); errors.Is(err, errNoCloneInto) {
-			if err != errNoCloneInto { // the first time
-				w.log.Info("cgroup v2: children enter their cgroup through a /bin/sh prologue", "why", err)
-			}
-			argv = cg.prologue(argv)
-			cmd = command(argv)
-			err = cmd.Start()
-		}
+	var ident string
+	if w.adopter != nil {
+		ident = attemptIdentity(env)
 	}
+	err = w.adopter.start(ident, func() (int, error) {
+		var err error
+		switch {
+		case cg == nil:
+			err = cmd.Start()
+		case !cg.v2:
+			err = cg.startIn(cmd)
+		default:
+			if err = cg.startInto(cmd); errors.Is(err, errNoCloneInto) {
+				if err != errNoCloneInto { // the first time
+					w.log.Info("cgroup v2: children enter their cgroup through a /bin/sh prologue", "why", err)
+				}
+				argv = cg.prologue(argv)
+				cmd = command(argv)
+				err = cmd.Start()
+			}
+		}
+		if err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
 	if err != nil {
 		reason, detail := fmt.Sprintf("start %s: %v", argv[0], err), err.Error()
 		if why := w.dirProblem(dir); why != "" {
@@ -291,6 +302,7 @@ wait:
 	for {
 		select {
 		case waitErr = <-done:
+			w.adopter.waited(pgid)
 			break wait
 		case <-tc:
 			terminate(stopTimeout)
@@ -336,7 +348,7 @@ wait:
 	// closed: such a process often holds the output pipe).
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	r := result{duration: time.Since(start)}
-	if left := cg.killLeft(); len(left) > 0 {
+	if left := append(cg.killLeft(), w.adopter.end(ident)...); len(left) > 0 {
 		r.left = leftRunning(left)
 		out.trailer("shardpool: " + r.left)
 	}

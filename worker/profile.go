@@ -42,6 +42,8 @@ type ProfileConfig struct {
 	// Probe gives the budget for the sweep's ceiling. Default: real host.
 	Probe  *probe.Prober
 	Logger *slog.Logger
+	// AdoptOrphans: as Config's (the shardpool binary's profile).
+	AdoptOrphans bool
 }
 
 // Sample is one measured run of the command.
@@ -65,6 +67,9 @@ type Sample struct {
 	Outcome      string  `json:"outcome"`
 	Reason       string  `json:"reason,omitempty"`
 	Log          string  `json:"log"`
+	// LeftRunning: what the command left running outside its process
+	// group, killed when it ended (as a run's attempt records it).
+	LeftRunning string `json:"left_running,omitempty"`
 }
 
 // SweepPoint is one concurrency level of the sweep.
@@ -135,6 +140,9 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 	w.limits = w.cgroups.describe()
 	w.enforce = w.cgroups.mode != ""
 	defer w.cgroups.close()
+	if cfg.AdoptOrphans {
+		w.adopter, _ = adopt()
+	}
 	spec, man := cfg.Spec, cfg.Manifest
 	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Job: plan.JobFingerprint(spec), Limits: w.limits}
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
@@ -321,7 +329,7 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 		s.Log = "" // the sample printed nothing
 	}
 	s.Seconds, s.CPUSeconds, s.ReadBytes, s.WriteBytes = res.duration.Seconds(), res.cpuSeconds, res.readBytes, res.writeBytes
-	s.Outcome, s.Reason = res.outcome, res.reason
+	s.Outcome, s.Reason, s.LeftRunning = res.outcome, res.reason, res.left
 	if cg != nil {
 		peak = cg.peak()
 	}

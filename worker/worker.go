@@ -115,6 +115,13 @@ type Config struct {
 	// OthersWindow is what the CPU use of others is averaged over for the
 	// default Probe in Auto mode. Default 10s.
 	OthersWindow time.Duration
+	// AdoptOrphans makes the process its commands' subreaper, so that
+	// what a command leaves running outside its process group is killed
+	// when it ends even where the shard has no cgroup of its own
+	// (adopt.go). Process-wide: only for a process whose other children
+	// run in its own process group (the shardpool binary's run and
+	// worker), not a test binary's.
+	AdoptOrphans bool
 	// Binary is the shardpool binary exported to jobs as SHARDPOOL_BIN.
 	// Default: this executable when it is shardpool.
 	Binary string
@@ -222,6 +229,7 @@ type Worker struct {
 	peers    []stream.WorkerReport // other live workers, for locality
 	critical string                // why memory is critical now, or ""
 	enforce  bool                  // per-shard cgroups can be made here
+	adopter  *adopter              // nil unless AdoptOrphans took
 	cgroups  *cgroups
 	limits   string
 	hostLogF *os.File
@@ -527,6 +535,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
 	w.limits = w.cgroups.describe()
 	w.enforce = w.cgroups.mode != ""
+	if w.cfg.AdoptOrphans {
+		var why string
+		if w.adopter, why = adopt(); w.adopter == nil {
+			w.log.Warn("what a command leaves running outside its process group is ended only where its shard has a cgroup of its own", "why", why)
+		}
+	}
 	w.cgroups.removeDeadOwners()
 	defer w.cgroups.close()
 	// Two minutes, as a worker waits for its coordinator to answer at all

@@ -251,7 +251,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer nc.Close()
-	w, err := worker.New(worker.Config{JetStream: js, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
+	w, err := worker.New(worker.Config{JetStream: js, AdoptOrphans: true, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
 		StateDir: *data, Grace: *grace, IdleExit: *idleExit, StopAfterStartFailures: *stopAfter, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
 		OnServing: func() { fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.describe(), *server) }})
 	if err != nil {

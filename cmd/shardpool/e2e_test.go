@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -1135,4 +1136,72 @@ func TestStatusPointsAtAHostThatFailsWhatOthersRun(t *testing.T) {
 		w.SignalMain(syscall.SIGTERM)
 		w.Wait(t, 30*time.Second)
 	}
+}
+
+// TestWhatACommandLeavesRunningEndsWithItWithoutACgroup: a worker is its
+// commands' subreaper, so a process a command started outside its
+// process group (setsid, as a daemon does) is killed when the command
+// ends even where the shard has no cgroup of its own (no memory
+// declared), and the attempt record says so; a process the command left
+// that exits on its own meanwhile is waited for, not kept as a zombie
+// of the worker.
+func TestWhatACommandLeavesRunningEndsWithItWithoutACgroup(t *testing.T) {
+	c := startCluster(t, "10s")
+	pidDir := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"sh", "-c", `f="$0/$SHARDPOOL_SHARD_ID"
+setsid sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 300' "$f" &
+(sleep 0.2 &)
+while [ ! -s "$f" ]; do sleep 0.01; done
+sleep 0.5`, pidDir}})
+	t.Cleanup(func() {
+		for i := range 3 {
+			if b, err := os.ReadFile(filepath.Join(pidDir, fmt.Sprintf("s%04d", i))); err == nil {
+				if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	w := c.worker("w", "--slots", "2")
+	c.submit(spec)
+	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
+	kv, err := c.js.KeyValue(context.Background(), stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("s%04d", i)
+		b, err := os.ReadFile(filepath.Join(pidDir, id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if pid <= 0 || probe.PIDAlive("/proc", pid) {
+			t.Errorf("%s: the daemon it started (pid %q) still runs after the shard was validated", id, b)
+		}
+		e, err := kv.Get(context.Background(), stream.ShardKey("t", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec stream.ShardRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if a := rec.Attempts[len(rec.Attempts)-1]; !strings.Contains(a.LeftRunning, fmt.Sprintf(" (pid %d)", pid)) {
+			t.Errorf("%s: left_running %q, want it to name pid %d", id, a.LeftRunning, pid)
+		}
+	}
+	wpid := w.Cmd.Process.Pid
+	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", wpid, wpid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(children)) {
+		pid, _ := strconv.Atoi(f)
+		if st, err := probe.ReadStat("/proc", pid); err == nil {
+			t.Errorf("the worker still has child %d (state %c) after the run ended", pid, st.State)
+		}
+	}
+	w.SignalMain(syscall.SIGTERM)
+	w.Wait(t, 30*time.Second)
 }

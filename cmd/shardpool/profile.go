@@ -30,7 +30,7 @@ func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer os.RemoveAll(scratch)
-	rep, perr := worker.Profile(ctx, worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: scratch, LogDir: filepath.Join(dir, "profile-logs"), Sweep: *sweep})
+	rep, perr := worker.Profile(ctx, worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: scratch, LogDir: filepath.Join(dir, "profile-logs"), Sweep: *sweep, AdoptOrphans: true})
 	if rep != nil {
 		b, _ := json.MarshalIndent(rep, "", "  ")
 		if err := os.MkdirAll(dir, 0o755); err == nil {
@@ -62,6 +62,11 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f\t%s\t%s %s\n", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty, stream.FormatSize(s.OutputBytes), s.Outcome, s.Reason)
 	}
 	tw.Flush()
+	for _, s := range r.Samples {
+		if s.LeftRunning != "" {
+			fmt.Fprintf(w, "%s %s: %s (a run kills them too when each attempt ends)\n", s.Kind, s.ID, s.LeftRunning)
+		}
+	}
 	if len(r.Samples) > 0 {
 		fmt.Fprintf(w, "peak memory measured by: %s\n", r.Samples[0].PeakSource)
 	}

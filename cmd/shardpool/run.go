@@ -178,7 +178,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "follow it from another terminal: %s\n", follow)
 
 	*grace = graceUnderSlurm(ctx, *grace, stderr)
-	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
+	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), AdoptOrphans: true, Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
 		Scratch: *scratch, StateDir: absData, Grace: *grace, Staging: sf.config(""), StageFleet: sf.fleet, Logger: log,
 		// One worker in the coordinator's process: short pull requests cost
 		// nothing here and let it drain at once when the run completes (a

@@ -1,0 +1,270 @@
+package worker
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// Adoption: what a command leaves running outside its process group (a
+// process that called setsid, as a daemon does) escapes the SIGKILL to the
+// group when the command ends. Where the shard has a cgroup of its own,
+// killLeft finds it there. Elsewhere the worker makes itself its
+// commands' subreaper (PR_SET_CHILD_SUBREAPER): such a process, once its
+// parent has exited, becomes a child of the worker's main thread instead
+// of init's, and its environment still names the attempt that started it
+// (SHARDPOOL_RUN, SHARDPOOL_SHARD_ID, SHARDPOOL_FINGERPRINT,
+// SHARDPOOL_ATTEMPT). When an attempt's command ends, the worker reads
+// its main thread's children and kills those of that attempt; a sweep
+// every adoptSweep kills any of attempts that ended since, and reaps
+// every adopted child that has exited.
+//
+// Being a subreaper makes the worker the parent of every orphan of its
+// commands, and an exited child stays a zombie until its parent waits for
+// it; but the worker must never wait for a child that os/exec waits for
+// (its Wait would then fail). So the state is process-wide (several
+// workers may share a process) and:
+//   - a command's pid is in commands from before anyone can see it (the
+//     start holds starting for reading until the pid is recorded) until
+//     os/exec has waited for it; a sweep holds starting for writing;
+//   - only a child outside commands is waited for, only once it has
+//     exited, and never one in this process's own process group, which
+//     is where any other child of the worker runs (git, scontrol): a
+//     command runs in a group of its own, and its descendants cannot
+//     join the worker's;
+//   - only a live child whose environment names an attempt that has
+//     ended in this process, and none running, is killed.
+//
+// A process that cleared its environment is not recognised and runs on
+// (it is still reaped when it exits); so is one whose parent outlives the
+// attempt (it is not the worker's child).
+type adopter struct {
+	starting sync.RWMutex // read: a command starting; write: a sweep
+
+	mu       sync.Mutex
+	children string               // /proc/self/task/<pid>/children
+	commands map[int]bool         // pids os/exec waits for
+	active   map[string]int       // attempts with a command running, by identity
+	ended    map[string]time.Time // attempts whose last command ended, and when
+	killed   map[int]string       // pid killed here, not yet reaped: its attempt
+	pgrp     int
+}
+
+// adoption is the process's adopter, nil until adopt succeeds.
+var (
+	adoption     *adopter
+	adoptionOnce sync.Once
+	adoptionWhy  string
+)
+
+// Timing of adoption's sweeps.
+const (
+	adoptSweep = 10 * time.Second // reap what exited; kill what a sweep missed
+	adoptKeep  = 10 * time.Minute // how long an ended attempt's processes are looked for
+)
+
+// adopt makes this process its commands' subreaper, once; it returns the
+// adopter, or nil and why not.
+func adopt() (*adopter, string) {
+	adoptionOnce.Do(func() {
+		children := filepath.Join("/proc/self/task", strconv.Itoa(os.Getpid()), "children")
+		if _, err := os.ReadFile(children); err != nil {
+			adoptionWhy = fmt.Sprintf("cannot list this process's children (%v): a kernel without CONFIG_PROC_CHILDREN", err)
+			return
+		}
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			adoptionWhy = fmt.Sprintf("PR_SET_CHILD_SUBREAPER: %v", err)
+			return
+		}
+		a := &adopter{children: children, commands: map[int]bool{}, active: map[string]int{},
+			ended: map[string]time.Time{}, killed: map[int]string{}, pgrp: syscall.Getpgrp()}
+		go func() {
+			for range time.Tick(adoptSweep) {
+				a.sweep("")
+			}
+		}()
+		adoption = a
+	})
+	return adoption, adoptionWhy
+}
+
+// attemptIdentity is the attempt a child's environment names, or "" when
+// it names none.
+func attemptIdentity(env []string) string {
+	var run, id, fp, att string
+	for i := len(env) - 1; i >= 0; i-- {
+		kv := env[i]
+		switch {
+		case run == "" && hasKey(kv, "SHARDPOOL_RUN="):
+			run = kv
+		case id == "" && hasKey(kv, "SHARDPOOL_SHARD_ID="):
+			id = kv
+		case fp == "" && hasKey(kv, "SHARDPOOL_FINGERPRINT="):
+			fp = kv
+		case att == "" && hasKey(kv, "SHARDPOOL_ATTEMPT="):
+			att = kv
+		}
+	}
+	if run == "" || id == "" {
+		return ""
+	}
+	return run + "\x00" + id + "\x00" + fp + "\x00" + att
+}
+
+func hasKey(kv, key string) bool { return len(kv) >= len(key) && kv[:len(key)] == key }
+
+// environIdentity is attemptIdentity of a process's environment as it
+// was exec'd; "" when unreadable.
+func environIdentity(pid int) string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	var env []string
+	for _, kv := range bytes.Split(b, []byte{0}) {
+		if bytes.HasPrefix(kv, []byte("SHARDPOOL_")) {
+			env = append(env, string(kv))
+		}
+	}
+	return attemptIdentity(env)
+}
+
+// start starts a command with cmdStart and records its pid before a sweep
+// can see it; ident is the attempt its environment names.
+func (a *adopter) start(ident string, cmdStart func() (int, error)) error {
+	if a == nil {
+		_, err := cmdStart()
+		return err
+	}
+	a.starting.RLock()
+	defer a.starting.RUnlock()
+	a.mu.Lock()
+	if ident != "" {
+		a.active[ident]++
+	}
+	a.mu.Unlock()
+	pid, err := cmdStart()
+	a.mu.Lock()
+	if err == nil {
+		a.commands[pid] = true
+	} else if ident != "" {
+		a.endLocked(ident)
+	}
+	a.mu.Unlock()
+	return err
+}
+
+// waited notes that os/exec has waited for pid.
+func (a *adopter) waited(pid int) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	delete(a.commands, pid)
+	a.mu.Unlock()
+}
+
+func (a *adopter) endLocked(ident string) {
+	if a.active[ident]--; a.active[ident] <= 0 {
+		delete(a.active, ident)
+		a.ended[ident] = time.Now()
+	}
+}
+
+// end notes that a command of the attempt has ended (and been waited
+// for) and kills what that attempt left among the worker's children:
+// what it found, as "comm (pid N)".
+func (a *adopter) end(ident string) []string {
+	if a == nil || ident == "" {
+		return nil
+	}
+	a.mu.Lock()
+	a.endLocked(ident)
+	a.mu.Unlock()
+	return a.sweep(ident)
+}
+
+// sweep reaps the adopted children that have exited and kills the live
+// ones of attempts that have ended. It repeats while what it killed is
+// dying, since what a killed process had started becomes the worker's
+// child in turn (killRounds at most), and returns what it killed of the
+// attempt mine.
+func (a *adopter) sweep(mine string) []string {
+	var left []string
+	for round := range killRounds {
+		more := a.sweepOnce(mine, &left)
+		if !more || round == killRounds-1 {
+			break
+		}
+		time.Sleep(killPause) // not holding starting: commands start meanwhile
+	}
+	return left
+}
+
+// sweepOnce is one round of sweep; it reports whether a process it
+// killed may still be dying.
+func (a *adopter) sweepOnce(mine string, left *[]string) bool {
+	a.starting.Lock()
+	defer a.starting.Unlock()
+	b, err := os.ReadFile(a.children)
+	if err != nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	for ident, t := range a.ended {
+		if now.Sub(t) > adoptKeep {
+			delete(a.ended, ident)
+		}
+	}
+	dying := false
+	for _, f := range bytes.Fields(b) {
+		pid, err := strconv.Atoi(string(f))
+		if err != nil || a.commands[pid] {
+			continue
+		}
+		st, err := probe.ReadStat("/proc", pid)
+		if err != nil || st.PGrp == a.pgrp {
+			continue
+		}
+		if st.State == 'Z' {
+			var ws syscall.WaitStatus
+			if got, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); got == pid {
+				delete(a.killed, pid)
+			}
+			continue
+		}
+		if _, ok := a.killed[pid]; ok {
+			dying = true
+			continue
+		}
+		ident := environIdentity(pid)
+		if ident == "" || a.active[ident] > 0 {
+			continue
+		}
+		if _, ok := a.ended[ident]; !ok {
+			continue
+		}
+		name := processName(pid)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		if st.PGrp == pid {
+			_ = syscall.Kill(-pid, syscall.SIGKILL) // its group with it
+		}
+		a.killed[pid] = ident
+		dying = true
+		if ident == mine {
+			*left = append(*left, name)
+		}
+	}
+	return dying
+}
