@@ -343,9 +343,10 @@ wait:
 		}
 		t.Stop()
 	}
-	// Whatever the child left behind in its group goes with it, and, where
-	// the shard has a cgroup, whatever left the group (before the log is
-	// closed: such a process often holds the output pipe).
+	// Whatever the child left behind in its group goes with it, and so
+	// does what left the group: found in the shard's cgroup, or among the
+	// worker's adopted children (adopt.go). Before the log is closed: such
+	// a process often holds the output pipe.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	r := result{duration: time.Since(start)}
 	if left := append(cg.killLeft(), w.adopter.end(ident)...); len(left) > 0 {
