@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/worker/probe"
@@ -51,12 +52,21 @@ type adopter struct {
 	starting sync.RWMutex // read: a command starting; write: a sweep
 
 	mu       sync.Mutex
-	children string               // /proc/self/task/<pid>/children
-	commands map[int]bool         // pids os/exec waits for
-	active   map[string]int       // attempts with a command running, by identity
-	ended    map[string]time.Time // attempts whose last command ended, and when
-	killed   map[int]string       // pid killed here, not yet reaped: its attempt
-	pgrp     int
+	children string         // /proc/self/task/<pid>/children
+	commands map[int]bool   // pids os/exec waits for
+	active   map[uint64]int // attempts with a command running, by identity
+	// ended holds the attempts whose last command ended in the last
+	// adoptKeep, and endedAt the same in the order they ended: a worker
+	// of short shards ends thousands a minute.
+	ended   map[uint64]bool
+	endedAt []endedAttempt
+	killed  map[int]bool // pids killed here, not yet reaped
+	pgrp    int
+}
+
+type endedAttempt struct {
+	ident uint64
+	at    time.Time
 }
 
 // adoption is the process's adopter, nil until adopt succeeds.
@@ -69,7 +79,7 @@ var (
 // Timing of adoption's sweeps.
 const (
 	adoptSweep = 10 * time.Second // reap what exited; kill what a sweep missed
-	adoptKeep  = 10 * time.Minute // how long an ended attempt's processes are looked for
+	adoptKeep  = time.Minute      // how long an ended attempt's processes are looked for
 )
 
 // adopt makes this process its commands' subreaper, once; it returns the
@@ -85,11 +95,11 @@ func adopt() (*adopter, string) {
 			adoptionWhy = fmt.Sprintf("PR_SET_CHILD_SUBREAPER: %v", err)
 			return
 		}
-		a := &adopter{children: children, commands: map[int]bool{}, active: map[string]int{},
-			ended: map[string]time.Time{}, killed: map[int]string{}, pgrp: syscall.Getpgrp()}
+		a := &adopter{children: children, commands: map[int]bool{}, active: map[uint64]int{},
+			ended: map[uint64]bool{}, killed: map[int]bool{}, pgrp: syscall.Getpgrp()}
 		go func() {
 			for range time.Tick(adoptSweep) {
-				a.sweep("")
+				a.sweep(0)
 			}
 		}()
 		adoption = a
@@ -97,9 +107,9 @@ func adopt() (*adopter, string) {
 	return adoption, adoptionWhy
 }
 
-// attemptIdentity is the attempt a child's environment names, or "" when
-// it names none.
-func attemptIdentity(env []string) string {
+// attemptIdentity is the attempt a child's environment names (a hash of
+// its run, shard, fingerprint and attempt), or 0 when it names none.
+func attemptIdentity(env []string) uint64 {
 	var run, id, fp, att string
 	for i := len(env) - 1; i >= 0; i-- {
 		kv := env[i]
@@ -115,19 +125,19 @@ func attemptIdentity(env []string) string {
 		}
 	}
 	if run == "" || id == "" {
-		return ""
+		return 0
 	}
-	return run + "\x00" + id + "\x00" + fp + "\x00" + att
+	return max(1, xxhash.Sum64String(run+"\x00"+id+"\x00"+fp+"\x00"+att))
 }
 
 func hasKey(kv, key string) bool { return len(kv) >= len(key) && kv[:len(key)] == key }
 
 // environIdentity is attemptIdentity of a process's environment as it
-// was exec'd; "" when unreadable.
-func environIdentity(pid int) string {
+// was exec'd; 0 when unreadable.
+func environIdentity(pid int) uint64 {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
 	if err != nil || len(b) == 0 {
-		return ""
+		return 0
 	}
 	var env []string
 	for _, kv := range bytes.Split(b, []byte{0}) {
@@ -140,7 +150,7 @@ func environIdentity(pid int) string {
 
 // start starts a command with cmdStart and records its pid before a sweep
 // can see it; ident is the attempt its environment names.
-func (a *adopter) start(ident string, cmdStart func() (int, error)) error {
+func (a *adopter) start(ident uint64, cmdStart func() (int, error)) error {
 	if a == nil {
 		_, err := cmdStart()
 		return err
@@ -148,7 +158,7 @@ func (a *adopter) start(ident string, cmdStart func() (int, error)) error {
 	a.starting.RLock()
 	defer a.starting.RUnlock()
 	a.mu.Lock()
-	if ident != "" {
+	if ident != 0 {
 		a.active[ident]++
 	}
 	a.mu.Unlock()
@@ -156,7 +166,7 @@ func (a *adopter) start(ident string, cmdStart func() (int, error)) error {
 	a.mu.Lock()
 	if err == nil {
 		a.commands[pid] = true
-	} else if ident != "" {
+	} else if ident != 0 {
 		a.endLocked(ident)
 	}
 	a.mu.Unlock()
@@ -173,18 +183,33 @@ func (a *adopter) waited(pid int) {
 	a.mu.Unlock()
 }
 
-func (a *adopter) endLocked(ident string) {
+func (a *adopter) endLocked(ident uint64) {
 	if a.active[ident]--; a.active[ident] <= 0 {
 		delete(a.active, ident)
-		a.ended[ident] = time.Now()
+		if !a.ended[ident] {
+			a.ended[ident] = true
+			a.endedAt = append(a.endedAt, endedAttempt{ident, time.Now()})
+		}
+	}
+}
+
+// forgetLocked drops the attempts that ended more than adoptKeep ago.
+func (a *adopter) forgetLocked(now time.Time) {
+	n := 0
+	for n < len(a.endedAt) && now.Sub(a.endedAt[n].at) > adoptKeep {
+		delete(a.ended, a.endedAt[n].ident)
+		n++
+	}
+	if n > 0 {
+		a.endedAt = append(a.endedAt[:0], a.endedAt[n:]...)
 	}
 }
 
 // end notes that a command of the attempt has ended (and been waited
 // for) and kills what that attempt left among the worker's children:
 // what it found, as "comm (pid N)".
-func (a *adopter) end(ident string) []string {
-	if a == nil || ident == "" {
+func (a *adopter) end(ident uint64) []string {
+	if a == nil || ident == 0 {
 		return nil
 	}
 	a.mu.Lock()
@@ -198,7 +223,7 @@ func (a *adopter) end(ident string) []string {
 // dying, since what a killed process had started becomes the worker's
 // child in turn (killRounds at most), and returns what it killed of the
 // attempt mine.
-func (a *adopter) sweep(mine string) []string {
+func (a *adopter) sweep(mine uint64) []string {
 	var left []string
 	for round := range killRounds {
 		more := a.sweepOnce(mine, &left)
@@ -212,7 +237,7 @@ func (a *adopter) sweep(mine string) []string {
 
 // sweepOnce is one round of sweep; it reports whether a process it
 // killed may still be dying.
-func (a *adopter) sweepOnce(mine string, left *[]string) bool {
+func (a *adopter) sweepOnce(mine uint64, left *[]string) bool {
 	a.starting.Lock()
 	defer a.starting.Unlock()
 	b, err := os.ReadFile(a.children)
@@ -221,12 +246,7 @@ func (a *adopter) sweepOnce(mine string, left *[]string) bool {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	now := time.Now()
-	for ident, t := range a.ended {
-		if now.Sub(t) > adoptKeep {
-			delete(a.ended, ident)
-		}
-	}
+	a.forgetLocked(time.Now())
 	dying := false
 	for _, f := range bytes.Fields(b) {
 		pid, err := strconv.Atoi(string(f))
@@ -244,15 +264,12 @@ func (a *adopter) sweepOnce(mine string, left *[]string) bool {
 			}
 			continue
 		}
-		if _, ok := a.killed[pid]; ok {
+		if a.killed[pid] {
 			dying = true
 			continue
 		}
 		ident := environIdentity(pid)
-		if ident == "" || a.active[ident] > 0 {
-			continue
-		}
-		if _, ok := a.ended[ident]; !ok {
+		if ident == 0 || a.active[ident] > 0 || !a.ended[ident] {
 			continue
 		}
 		name := processName(pid)
@@ -260,7 +277,7 @@ func (a *adopter) sweepOnce(mine string, left *[]string) bool {
 		if st.PGrp == pid {
 			_ = syscall.Kill(-pid, syscall.SIGKILL) // its group with it
 		}
-		a.killed[pid] = ident
+		a.killed[pid] = true
 		dying = true
 		if ident == mine {
 			*left = append(*left, name)

@@ -233,7 +233,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	cmd := command(argv)
 	oomBefore := w.oomBaseline()
 	start := time.Now()
-	var ident string
+	var ident uint64
 	if w.adopter != nil {
 		ident = attemptIdentity(env)
 	}

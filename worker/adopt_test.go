@@ -1,0 +1,55 @@
+package worker
+
+import (
+	"testing"
+	"time"
+)
+
+// TestAttemptIdentityNamesTheAttempt: the identity an orphan is matched by
+// comes from the SHARDPOOL_ variables its command was given, the last of
+// each as exec would see it; without a run and a shard there is none.
+func TestAttemptIdentityNamesTheAttempt(t *testing.T) {
+	base := []string{"PATH=/bin", "SHARDPOOL_RUN=r", "SHARDPOOL_SHARD_ID=s1", "SHARDPOOL_FINGERPRINT=f", "SHARDPOOL_ATTEMPT=1"}
+	id := attemptIdentity(base)
+	if id == 0 {
+		t.Fatal("an attempt's environment has no identity")
+	}
+	for _, other := range [][]string{
+		{"SHARDPOOL_RUN=r", "SHARDPOOL_SHARD_ID=s1", "SHARDPOOL_FINGERPRINT=f", "SHARDPOOL_ATTEMPT=2"},
+		{"SHARDPOOL_RUN=r", "SHARDPOOL_SHARD_ID=s2", "SHARDPOOL_FINGERPRINT=f", "SHARDPOOL_ATTEMPT=1"},
+		append(append([]string{}, base...), "SHARDPOOL_RUN=q"), // the later one counts
+	} {
+		if attemptIdentity(other) == id {
+			t.Errorf("%q has the identity of %q", other, base)
+		}
+	}
+	if got := attemptIdentity(append([]string{"SHARDPOOL_RUN=outer"}, base...)); got != id {
+		t.Errorf("an earlier SHARDPOOL_RUN (the worker's own, in a nested run) changed the identity")
+	}
+	for _, none := range [][]string{nil, {"PATH=/bin"}, {"SHARDPOOL_RUN=r"}, {"SHARDPOOL_SHARD_ID=s1", "SHARDPOOL_ATTEMPT=1"}} {
+		if attemptIdentity(none) != 0 {
+			t.Errorf("%q names an attempt", none)
+		}
+	}
+}
+
+// TestEndedAttemptsAreForgotten: an attempt's processes are looked for
+// for adoptKeep after it ended, then forgotten, oldest first; one running
+// again (its validator) is not ended twice.
+func TestEndedAttemptsAreForgotten(t *testing.T) {
+	a := &adopter{commands: map[int]bool{}, active: map[uint64]int{}, ended: map[uint64]bool{}, killed: map[int]bool{}}
+	for _, id := range []uint64{1, 2, 3} {
+		a.active[id]++
+		a.endLocked(id)
+	}
+	a.active[2]++ // the validator of attempt 2
+	a.endLocked(2)
+	if len(a.endedAt) != 3 || len(a.active) != 0 {
+		t.Fatalf("ended %v, active %v; want 3 ended once each, none active", a.endedAt, a.active)
+	}
+	a.endedAt[0].at = time.Now().Add(-2 * adoptKeep)
+	a.forgetLocked(time.Now())
+	if a.ended[1] || !a.ended[2] || !a.ended[3] || len(a.endedAt) != 2 {
+		t.Fatalf("after adoptKeep: ended %v (%d in order); want 2 and 3 only", a.ended, len(a.endedAt))
+	}
+}
