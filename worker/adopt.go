@@ -135,9 +135,15 @@ func hasKey(kv, key string) bool { return len(kv) >= len(key) && kv[:len(key)] =
 // environIdentity is attemptIdentity of a process's environment as it
 // was exec'd; 0 when unreadable.
 func environIdentity(pid int) uint64 {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
-	if err != nil || len(b) == 0 {
-		return 0
+	return attemptIdentity(shardVars("/proc", pid))
+}
+
+// shardVars are the SHARDPOOL_ entries of a process's environment as it
+// was exec'd; none when unreadable (another user's process, or gone).
+func shardVars(procRoot string, pid int) []string {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return nil
 	}
 	var env []string
 	for _, kv := range bytes.Split(b, []byte{0}) {
@@ -145,7 +151,7 @@ func environIdentity(pid int) uint64 {
 			env = append(env, string(kv))
 		}
 	}
-	return attemptIdentity(env)
+	return env
 }
 
 // start starts a command with cmdStart and records its pid before a sweep

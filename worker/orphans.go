@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -441,6 +442,10 @@ func (w *Worker) reapOrphans() {
 				w.hostLog("-", "reap-skip", fmt.Sprintf("group %d of dead worker pid %d left alone: %s", pgid, j.pid, why))
 			}
 		}
+		if strays := killStrays(w.cfg.ProcRoot, procs, held, j.live, j.start); len(strays) > 0 {
+			w.hostLog("-", "reap", fmt.Sprintf("killed %d process(es) that attempts of worker pid %d, which died without ending them, left running outside their process groups: %s",
+				len(strays), j.pid, strings.Join(strays, ", ")))
+		}
 		removeDeadPairs(j.scratch, j.pid)
 		if store := w.view().store; len(held) > 0 && j.coord != "" && store != "" && j.coord != store {
 			// Another coordinator's shards (another run sharing this state
@@ -596,4 +601,84 @@ func killOrphanGroup(procs []procStat, pgid int, workerStart int64) (int, string
 		return 0, err.Error()
 	}
 	return len(members), ""
+}
+
+// killStrays kills what a dead worker's attempts (held) left running
+// outside their process groups (setsid, a daemon), which killOrphanGroup
+// cannot find by group: a process that started after the worker did,
+// whose environment names one of those attempts (SHARDPOOL_RUN,
+// SHARDPOOL_SHARD_ID, SHARDPOOL_ATTEMPT: a message's delivery, which no
+// later attempt of the round has), and that no live shardpool process is
+// an ancestor of (a worker adopts its commands' orphans). It returns what
+// it killed, as "comm (pid N)". Members of the worker's own groups
+// (groups) are killOrphanGroup's.
+func killStrays(procRoot string, procs []procStat, held []heldShard, groups []int, workerStart int64) []string {
+	if len(held) == 0 {
+		return nil
+	}
+	want := make(map[string]bool, len(held))
+	for _, h := range held {
+		want[h.id()] = true
+	}
+	self := os.Getpid()
+	comm := readComm(procRoot, self)
+	var killed []string
+	for _, p := range procs {
+		if p.zombie || p.start < workerStart || p.pid == self || slices.Contains(groups, p.pgrp) {
+			continue
+		}
+		if !want[heldIdentity(shardVars(procRoot, p.pid))] || underLiveWorker(procRoot, p.pid, self, comm) {
+			continue
+		}
+		name := processName(p.pid)
+		_ = syscall.Kill(p.pid, syscall.SIGKILL)
+		if p.pgrp == p.pid {
+			_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		}
+		killed = append(killed, name)
+	}
+	return killed
+}
+
+// heldIdentity is the heldShard.id of the attempt an environment names,
+// or "".
+func heldIdentity(env []string) string {
+	var run, id, att string
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "SHARDPOOL_RUN":
+			run = v
+		case "SHARDPOOL_SHARD_ID":
+			id = v
+		case "SHARDPOOL_ATTEMPT":
+			att = v
+		}
+	}
+	if run == "" || id == "" || att == "" {
+		return ""
+	}
+	return stream.ShardKey(run, id) + " " + att
+}
+
+// underLiveWorker reports whether a live process named as this one is
+// (a shardpool worker or run) is an ancestor of pid, or this one is.
+func underLiveWorker(procRoot string, pid, self int, comm string) bool {
+	for range 64 {
+		st, err := probe.ReadStat(procRoot, pid)
+		if err != nil || st.PPid <= 1 {
+			return false
+		}
+		pid = st.PPid
+		if pid == self || comm != "" && readComm(procRoot, pid) == comm {
+			return true
+		}
+	}
+	return true // a chain that deep is not an orphan's
+}
+
+// readComm is a process's command name, or "".
+func readComm(procRoot string, pid int) string {
+	b, _ := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "comm"))
+	return strings.TrimSpace(string(b))
 }

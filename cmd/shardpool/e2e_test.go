@@ -154,36 +154,42 @@ func TestWorkerSIGKILLMidShardIsRedeliveredAndCompletesOnce(t *testing.T) {
 
 // TestOrphansOfAKilledWorkerAreReaped: a SIGKILLed worker's commands die
 // with it (Pdeathsig), but what they started lives on in their process
-// groups. Another worker on the host with the same state directory kills
-// those when it starts, from the dead worker's journal, and removes the
-// dead worker's scratch pairs.
+// groups, and what left those groups (setsid) lives on elsewhere. Another
+// worker on the host with the same state directory kills both when it
+// starts, from the dead worker's journal (the latter by the attempt its
+// environment names), and removes the dead worker's scratch pairs.
 func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 	c := startCluster(t, "4s")
 	pids := filepath.Join(t.TempDir(), "pids")
+	daemons := filepath.Join(t.TempDir(), "daemons")
 	state := filepath.Join(t.TempDir(), "state")
-	// The first attempt leaves a descendant running and waits for it; a
-	// later attempt finishes at once.
+	// The first attempt leaves a descendant running and waits for it,
+	// after starting a daemon in a session of its own; a later attempt
+	// finishes at once.
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2, Command: []string{"sh", "-c",
-		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then sleep 300 & echo $! >> "$1"; wait; fi; cp "$2" "$3/"`, "sh", pids, "{input}", "{out}"}})
+		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then setsid sh -c 'echo $$ >> "$0"; exec sleep 299' "$4" </dev/null >/dev/null 2>&1 & sleep 300 & echo $! >> "$1"; wait; fi; cp "$2" "$3/"`,
+		"sh", pids, "{input}", "{out}", daemons}})
 	c.submit(spec)
 	w1 := c.worker("w1", "--slots", "cpu=2", "--data", state)
 	var orphans []int
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(pids)
 		orphans = nil
-		for _, f := range strings.Fields(string(b)) {
-			var pid int
-			fmt.Sscan(f, &pid)
-			orphans = append(orphans, pid)
+		for _, file := range []string{pids, daemons} {
+			b, _ := os.ReadFile(file)
+			for _, f := range strings.Fields(string(b)) {
+				var pid int
+				fmt.Sscan(f, &pid)
+				orphans = append(orphans, pid)
+			}
 		}
-		return len(orphans) == 2, "descendants not started yet"
+		return len(orphans) == 4, "descendants not started yet"
 	})
 	c.journalHolds(state, 2)
 	t.Cleanup(func() {
 		for _, pid := range orphans {
 			// Should the test fail before w2 reaps them; a pid reused since
 			// by another program is left alone.
-			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.HasPrefix(string(b), "sleep\x00300") {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && (strings.HasPrefix(string(b), "sleep\x00300") || strings.HasPrefix(string(b), "sleep\x00299")) {
 				syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
@@ -218,8 +224,8 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 		return len(left) == 0, fmt.Sprintf("the killed worker's scratch pairs are still there: %v", left)
 	})
 	log, _ := os.ReadFile(filepath.Join(state, "admission.log"))
-	if strings.Count(string(log), "decision=reap ") != 2 {
-		t.Errorf("w2's admission.log does not record two reaped groups:\n%s", log)
+	if strings.Count(string(log), "decision=reap ") != 3 || !strings.Contains(string(log), "killed 2 process(es) that attempts of worker pid "+strconv.Itoa(w1.Cmd.Process.Pid)) {
+		t.Errorf("w2's admission.log does not record two reaped groups and the two daemons:\n%s", log)
 	}
 	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
 }
