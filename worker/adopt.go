@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -61,7 +62,15 @@ type adopter struct {
 	ended   map[uint64]bool
 	endedAt []endedAttempt
 	killed  map[int]bool // pids killed here, not yet reaped
-	pgrp    int
+	// found holds what a sweep killed of an attempt whose end is under
+	// way (ending) but is not the sweep's own, for that end to report:
+	// sweeps run one at a time, and another attempt's may come first.
+	// What a sweep kills of an attempt that has finished ending goes to
+	// late.
+	ending map[uint64]bool
+	found  map[uint64][]string
+	late   func(msg string)
+	pgrp   int
 }
 
 type endedAttempt struct {
@@ -96,7 +105,7 @@ func adopt() (*adopter, string) {
 			return
 		}
 		a := &adopter{children: children, commands: map[int]bool{}, active: map[uint64]int{},
-			ended: map[uint64]bool{}, killed: map[int]bool{}, pgrp: syscall.Getpgrp()}
+			ended: map[uint64]bool{}, killed: map[int]bool{}, ending: map[uint64]bool{}, found: map[uint64][]string{}, pgrp: syscall.Getpgrp()}
 		go func() {
 			for range time.Tick(adoptSweep) {
 				a.sweep(0)
@@ -220,8 +229,25 @@ func (a *adopter) end(ident uint64) []string {
 	}
 	a.mu.Lock()
 	a.endLocked(ident)
+	a.ending[ident] = true
 	a.mu.Unlock()
-	return a.sweep(ident)
+	left := a.sweep(ident)
+	a.mu.Lock()
+	left = append(a.found[ident], left...)
+	delete(a.found, ident)
+	delete(a.ending, ident)
+	a.mu.Unlock()
+	return left
+}
+
+// reportLate sets where kills of attempts that had finished ending are
+// told (the first worker of the process that adopts).
+func (a *adopter) reportLate(f func(msg string)) {
+	a.mu.Lock()
+	if a.late == nil {
+		a.late = f
+	}
+	a.mu.Unlock()
 }
 
 // sweep reaps the adopted children that have exited and kills the live
@@ -230,20 +256,26 @@ func (a *adopter) end(ident uint64) []string {
 // child in turn (killRounds at most), and returns what it killed of the
 // attempt mine.
 func (a *adopter) sweep(mine uint64) []string {
-	var left []string
+	var left, late []string
 	for round := range killRounds {
-		more := a.sweepOnce(mine, &left)
+		more := a.sweepOnce(mine, &left, &late)
 		if !more || round == killRounds-1 {
 			break
 		}
 		time.Sleep(killPause) // not holding starting: commands start meanwhile
+	}
+	a.mu.Lock()
+	tell := a.late
+	a.mu.Unlock()
+	if len(late) > 0 && tell != nil {
+		tell(fmt.Sprintf("killed %d process(es) that commands which had ended left running outside their process groups: %s", len(late), strings.Join(late, ", ")))
 	}
 	return left
 }
 
 // sweepOnce is one round of sweep; it reports whether a process it
 // killed may still be dying.
-func (a *adopter) sweepOnce(mine uint64, left *[]string) bool {
+func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 	a.starting.Lock()
 	defer a.starting.Unlock()
 	b, err := os.ReadFile(a.children)
@@ -285,8 +317,13 @@ func (a *adopter) sweepOnce(mine uint64, left *[]string) bool {
 		}
 		a.killed[pid] = true
 		dying = true
-		if ident == mine {
+		switch {
+		case ident == mine:
 			*left = append(*left, name)
+		case a.ending[ident]:
+			a.found[ident] = append(a.found[ident], name)
+		default:
+			*late = append(*late, name)
 		}
 	}
 	return dying

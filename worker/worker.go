@@ -539,6 +539,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		var why string
 		if w.adopter, why = adopt(); w.adopter == nil {
 			w.log.Warn("what a command leaves running outside its process group is ended only where its shard has a cgroup of its own", "why", why)
+		} else {
+			w.adopter.reportLate(func(msg string) { w.hostLog("-", "left-running", msg) })
 		}
 	}
 	w.cgroups.removeDeadOwners()
