@@ -52,8 +52,13 @@ import (
 type adopter struct {
 	starting sync.RWMutex // read: a command starting; write: a sweep
 
+	// children is /proc/self/task/<pid>/children, kept open: reading it
+	// again from offset 0 costs a tenth of opening it (a sweep per
+	// attempt); list is its last content. Under starting's write lock.
+	children int
+	list     []byte
+
 	mu       sync.Mutex
-	children string         // /proc/self/task/<pid>/children
 	commands map[int]bool   // pids os/exec waits for
 	active   map[uint64]int // attempts with a command running, by identity
 	// ended holds the attempts whose last command ended in the last
@@ -95,16 +100,18 @@ const (
 // adopter, or nil and why not.
 func adopt() (*adopter, string) {
 	adoptionOnce.Do(func() {
-		children := filepath.Join("/proc/self/task", strconv.Itoa(os.Getpid()), "children")
-		if _, err := os.ReadFile(children); err != nil {
+		path := filepath.Join("/proc/self/task", strconv.Itoa(os.Getpid()), "children")
+		children, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
 			adoptionWhy = fmt.Sprintf("cannot list this process's children (%v): a kernel without CONFIG_PROC_CHILDREN", err)
 			return
 		}
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			unix.Close(children)
 			adoptionWhy = fmt.Sprintf("PR_SET_CHILD_SUBREAPER: %v", err)
 			return
 		}
-		a := &adopter{children: children, commands: map[int]bool{}, active: map[uint64]int{},
+		a := &adopter{children: children, list: make([]byte, 4096), commands: map[int]bool{}, active: map[uint64]int{},
 			ended: map[uint64]bool{}, killed: map[int]bool{}, ending: map[uint64]bool{}, found: map[uint64][]string{}, pgrp: syscall.Getpgrp()}
 		go func() {
 			for range time.Tick(adoptSweep) {
@@ -278,7 +285,7 @@ func (a *adopter) sweep(mine uint64) []string {
 func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 	a.starting.Lock()
 	defer a.starting.Unlock()
-	b, err := os.ReadFile(a.children)
+	b, err := a.readChildren()
 	if err != nil {
 		return false
 	}
@@ -327,4 +334,19 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 		}
 	}
 	return dying
+}
+
+// readChildren reads the children list afresh; under starting's write
+// lock.
+func (a *adopter) readChildren() ([]byte, error) {
+	for {
+		n, err := unix.Pread(a.children, a.list, 0)
+		if err != nil {
+			return nil, err
+		}
+		if n < len(a.list) {
+			return a.list[:n], nil
+		}
+		a.list = make([]byte, 2*len(a.list))
+	}
 }
