@@ -47,8 +47,10 @@ import (
 //     ended in this process, and none running, is killed.
 //
 // A process that cleared its environment is not recognised and runs on
-// (it is still reaped when it exits); so is one whose parent outlives the
-// attempt (it is not the worker's child).
+// (it is still reaped when it exits); so does one that becomes the
+// worker's child more than adoptKeep after its attempt ended. What the
+// attempts of a worker killed with SIGKILL leave is the reaping worker's
+// (killStrays).
 type adopter struct {
 	starting sync.RWMutex // read: a command starting; write: a sweep
 
