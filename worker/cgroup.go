@@ -635,8 +635,7 @@ func procList(b []byte, self int) []int {
 
 // processName is "comm (pid N)", or "pid N" when its name cannot be read.
 func processName(pid int) string {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
-	if name := strings.TrimSpace(string(b)); err == nil && name != "" {
+	if name := readComm("/proc", pid); name != "" {
 		return fmt.Sprintf("%s (pid %d)", name, pid)
 	}
 	return fmt.Sprintf("pid %d", pid)
