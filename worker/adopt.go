@@ -117,7 +117,7 @@ func adopt() (*adopter, string) {
 			ended: map[uint64]bool{}, killed: map[int]bool{}, ending: map[uint64]bool{}, found: map[uint64][]string{}, pgrp: syscall.Getpgrp()}
 		go func() {
 			for range time.Tick(adoptSweep) {
-				a.sweep(0)
+				a.sweep(0, 0)
 			}
 		}()
 		adoption = a
@@ -231,8 +231,9 @@ func (a *adopter) forgetLocked(now time.Time) {
 
 // end notes that a command of the attempt has ended (and been waited
 // for) and kills what that attempt left among the worker's children:
-// what it found, as "comm (pid N)".
-func (a *adopter) end(ident uint64) []string {
+// what it found, as "comm (pid N)". pgid is the command's group, just
+// killed: its members still dying are not counted as left outside it.
+func (a *adopter) end(ident uint64, pgid int) []string {
 	if a == nil || ident == 0 {
 		return nil
 	}
@@ -240,7 +241,7 @@ func (a *adopter) end(ident uint64) []string {
 	a.endLocked(ident)
 	a.ending[ident] = true
 	a.mu.Unlock()
-	left := a.sweep(ident)
+	left := a.sweep(ident, pgid)
 	a.mu.Lock()
 	left = append(a.found[ident], left...)
 	delete(a.found, ident)
@@ -260,14 +261,15 @@ func (a *adopter) reportLate(f func(msg string)) {
 }
 
 // sweep reaps the adopted children that have exited and kills the live
-// ones of attempts that have ended. It repeats while what it killed is
+// ones of attempts that have ended (but members of group, which are
+// dying). It repeats while what it killed is
 // dying, since what a killed process had started becomes the worker's
 // child in turn (killRounds at most), and returns what it killed of the
 // attempt mine.
-func (a *adopter) sweep(mine uint64) []string {
+func (a *adopter) sweep(mine uint64, group int) []string {
 	var left, late []string
 	for round := range killRounds {
-		more := a.sweepOnce(mine, &left, &late)
+		more := a.sweepOnce(mine, group, &left, &late)
 		if !more || round == killRounds-1 {
 			break
 		}
@@ -284,7 +286,7 @@ func (a *adopter) sweep(mine uint64) []string {
 
 // sweepOnce is one round of sweep; it reports whether a process it
 // killed may still be dying.
-func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
+func (a *adopter) sweepOnce(mine uint64, group int, left, late *[]string) bool {
 	a.starting.Lock()
 	defer a.starting.Unlock()
 	b, err := a.readChildren()
@@ -311,7 +313,8 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 			}
 			continue
 		}
-		if a.killed[pid] {
+		if a.killed[pid] || st.PGrp == group {
+			// Dying: killed here, or with the command's group just now.
 			dying = true
 			continue
 		}
@@ -319,11 +322,7 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 		if ident == 0 || a.active[ident] > 0 || !a.ended[ident] {
 			continue
 		}
-		name := processName(pid)
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		if st.PGrp == pid {
-			_ = syscall.Kill(-pid, syscall.SIGKILL) // its group with it
-		}
+		name := killWithGroup(pid, st.PGrp)
 		a.killed[pid] = true
 		dying = true
 		switch {
@@ -351,4 +350,19 @@ func (a *adopter) readChildren() ([]byte, error) {
 		}
 		a.list = make([]byte, 2*len(a.list))
 	}
+}
+
+// killWithGroup SIGKILLs a process that left its command's group, and
+// the group it leads, if it leads one (a daemon's own children are in
+// it); it returns what it killed, as "comm (pid N)" and " with its
+// process group".
+func killWithGroup(pid, pgrp int) string {
+	name := processName(pid)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	if pgrp == pid {
+		if syscall.Kill(-pid, syscall.SIGKILL) == nil {
+			name += " with its process group"
+		}
+	}
+	return name
 }

@@ -349,7 +349,7 @@ wait:
 	// a process often holds the output pipe.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	r := result{duration: time.Since(start)}
-	if left := append(cg.killLeft(), w.adopter.end(ident)...); len(left) > 0 {
+	if left := append(cg.killLeft(), w.adopter.end(ident, pgid)...); len(left) > 0 {
 		r.left = leftRunning(left)
 		out.trailer("shardpool: " + r.left)
 	}

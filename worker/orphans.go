@@ -630,12 +630,7 @@ func killStrays(procRoot string, procs []procStat, held []heldShard, groups []in
 		if !want[heldIdentity(shardVars(procRoot, p.pid))] || underLiveWorker(procRoot, p.pid, self, comm) {
 			continue
 		}
-		name := processName(p.pid)
-		_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		if p.pgrp == p.pid {
-			_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-		}
-		killed = append(killed, name)
+		killed = append(killed, killWithGroup(p.pid, p.pgrp))
 	}
 	return killed
 }
