@@ -982,6 +982,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	if res.left != "" {
 		at.LeftRunning = res.left
 		w.admission(m.Run, m.ID, class, "left-running", res.left)
+		w.noteLeft(m.Run, m.ID, res.left)
 	}
 	if !res.logged {
 		at.Log = "" // the command printed nothing: no log file

@@ -387,16 +387,54 @@ func (w *Worker) Drain(why string) {
 	})
 }
 
-// endedCount is what a worker concluded for one run.
-type endedCount struct{ validated, failed atomic.Int64 }
+// endedCount is what a worker concluded for one run; left counts its
+// attempts whose command left processes running (the first one's shard
+// and report in firstLeft).
+type endedCount struct {
+	validated, failed, left atomic.Int64
+	firstLeft               atomic.Pointer[string]
+}
 
-// countEnded notes a shard of run that this worker concluded in state.
-func (w *Worker) countEnded(run, state string) {
+// counted is run's endedCount, made on first use.
+func (w *Worker) counted(run string) *endedCount {
 	c, ok := w.ended.Load(run)
 	if !ok {
 		c, _ = w.ended.LoadOrStore(run, &endedCount{})
 	}
-	switch n := c.(*endedCount); state {
+	return c.(*endedCount)
+}
+
+// noteLeft counts an attempt of run whose command left processes
+// running; the first of each run is also logged, since a job that does
+// this does it on every shard.
+func (w *Worker) noteLeft(run, shard, left string) {
+	c := w.counted(run)
+	c.left.Add(1)
+	first := shard + ": " + left
+	if c.firstLeft.CompareAndSwap(nil, &first) {
+		w.log.Warn("a command left processes running outside its process group when it ended; they were killed (a job that starts a daemon or server must stop it before it exits)",
+			"run", run, "shard", shard, "killed", left)
+	}
+}
+
+// LeftRunning is how many attempts of run on this worker left processes
+// running when their command ended (they were killed), and the first:
+// "shard: what was killed".
+func (w *Worker) LeftRunning(run string) (int64, string) {
+	c, ok := w.ended.Load(run)
+	if !ok {
+		return 0, ""
+	}
+	n := c.(*endedCount)
+	if f := n.firstLeft.Load(); f != nil {
+		return n.left.Load(), *f
+	}
+	return n.left.Load(), ""
+}
+
+// countEnded notes a shard of run that this worker concluded in state.
+func (w *Worker) countEnded(run, state string) {
+	switch n := w.counted(run); state {
 	case stream.ShardValidated:
 		n.validated.Add(1)
 	case stream.ShardFailed:

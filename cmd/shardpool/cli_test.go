@@ -1723,3 +1723,36 @@ func TestNohupRunIgnoresHangup(t *testing.T) {
 		outputMarker(t, filepath.Dir(job), fmt.Sprintf("s%04d", i)) // fails t where none is committed
 	}
 }
+
+// TestRunSaysWhatItsCommandsLeftRunning: `run` ends with a line counting
+// the attempts whose command left processes running (killed then), naming
+// the first, and warns once when the first happens: a job that starts a
+// daemon does it on every shard, and its author should learn it.
+func TestRunSaysWhatItsCommandsLeftRunning(t *testing.T) {
+	pidDir := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "daemons", Shards: 2, Command: []string{"sh", "-c", `f="$0/$SHARDPOOL_SHARD_ID"
+setsid sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 300' "$f" </dev/null >/dev/null 2>&1 &
+while [ ! -s "$f" ]; do sleep 0.01; done`, pidDir}})
+	t.Cleanup(func() {
+		for i := range 2 {
+			if b, err := os.ReadFile(filepath.Join(pidDir, fmt.Sprintf("s%04d", i))); err == nil {
+				if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	data := t.TempDir()
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, p.Output())
+	}
+	out := p.Output()
+	if !strings.Contains(out, "left running: 2 attempt(s) left processes running when their command ended, killed then (the first, s000") ||
+		!strings.Contains(out, filepath.Join(data, "runs", "daemons", "admission.log")) {
+		t.Errorf("run's summary does not count the attempts that left processes running:\n%s", out)
+	}
+	if n := strings.Count(out, "a command left processes running outside its process group"); n != 1 {
+		t.Errorf("%d warnings that a command left processes running, want 1 (the first of the run):\n%s", n, out)
+	}
+}

@@ -314,6 +314,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "reason: %s\n", final.Reason)
 	}
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
+	if n, first := wk.LeftRunning(spec.Name); n > 0 {
+		fmt.Fprintf(stdout, "left running: %d attempt(s) left processes running when their command ended, killed then (the first, %s); a job that starts a daemon or a server must stop it before it exits (decision=left-running in %s)\n",
+			n, first, filepath.Join(evidence, "admission.log"))
+	}
 	if final.State == stream.RunBlocked {
 		return blockedErr(stdout, stderr, "run "+final.Name+" is BLOCKED", final.Reason)
 	}
