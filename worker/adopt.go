@@ -75,9 +75,12 @@ type adopter struct {
 	// What a sweep kills of an attempt that has finished ending goes to
 	// late.
 	ending map[uint64]bool
-	found  map[uint64][]string
-	late   func(msg string)
-	pgrp   int
+	// dying are the process groups of those attempts' commands, just
+	// killed: a member still alive is dying, not left outside.
+	dying map[int]bool
+	found map[uint64][]string
+	late  func(msg string)
+	pgrp  int
 }
 
 type endedAttempt struct {
@@ -114,10 +117,10 @@ func adopt() (*adopter, string) {
 			return
 		}
 		a := &adopter{children: children, list: make([]byte, 4096), commands: map[int]bool{}, active: map[uint64]int{},
-			ended: map[uint64]bool{}, killed: map[int]bool{}, ending: map[uint64]bool{}, found: map[uint64][]string{}, pgrp: syscall.Getpgrp()}
+			ended: map[uint64]bool{}, killed: map[int]bool{}, ending: map[uint64]bool{}, dying: map[int]bool{}, found: map[uint64][]string{}, pgrp: syscall.Getpgrp()}
 		go func() {
 			for range time.Tick(adoptSweep) {
-				a.sweep(0, 0)
+				a.sweep(0)
 			}
 		}()
 		adoption = a
@@ -232,7 +235,8 @@ func (a *adopter) forgetLocked(now time.Time) {
 // end notes that a command of the attempt has ended (and been waited
 // for) and kills what that attempt left among the worker's children:
 // what it found, as "comm (pid N)". pgid is the command's group, just
-// killed: its members still dying are not counted as left outside it.
+// killed: its members still dying are not counted as left outside it, by
+// this sweep or another attempt's.
 func (a *adopter) end(ident uint64, pgid int) []string {
 	if a == nil || ident == 0 {
 		return nil
@@ -240,12 +244,14 @@ func (a *adopter) end(ident uint64, pgid int) []string {
 	a.mu.Lock()
 	a.endLocked(ident)
 	a.ending[ident] = true
+	a.dying[pgid] = true
 	a.mu.Unlock()
-	left := a.sweep(ident, pgid)
+	left := a.sweep(ident)
 	a.mu.Lock()
 	left = append(a.found[ident], left...)
 	delete(a.found, ident)
 	delete(a.ending, ident)
+	delete(a.dying, pgid)
 	a.mu.Unlock()
 	return left
 }
@@ -261,15 +267,14 @@ func (a *adopter) reportLate(f func(msg string)) {
 }
 
 // sweep reaps the adopted children that have exited and kills the live
-// ones of attempts that have ended (but members of group, which are
-// dying). It repeats while what it killed is
+// ones of attempts that have ended (but members of a group in dying). It repeats while what it killed is
 // dying, since what a killed process had started becomes the worker's
 // child in turn (killRounds at most), and returns what it killed of the
 // attempt mine.
-func (a *adopter) sweep(mine uint64, group int) []string {
+func (a *adopter) sweep(mine uint64) []string {
 	var left, late []string
 	for round := range killRounds {
-		more := a.sweepOnce(mine, group, &left, &late)
+		more := a.sweepOnce(mine, &left, &late)
 		if !more || round == killRounds-1 {
 			break
 		}
@@ -286,7 +291,7 @@ func (a *adopter) sweep(mine uint64, group int) []string {
 
 // sweepOnce is one round of sweep; it reports whether a process it
 // killed may still be dying.
-func (a *adopter) sweepOnce(mine uint64, group int, left, late *[]string) bool {
+func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 	a.starting.Lock()
 	defer a.starting.Unlock()
 	b, err := a.readChildren()
@@ -313,8 +318,8 @@ func (a *adopter) sweepOnce(mine uint64, group int, left, late *[]string) bool {
 			}
 			continue
 		}
-		if a.killed[pid] || st.PGrp == group {
-			// Dying: killed here, or with the command's group just now.
+		if a.killed[pid] || a.dying[st.PGrp] {
+			// Dying: killed here, or with its command's group just now.
 			dying = true
 			continue
 		}
