@@ -261,6 +261,11 @@ type WorkerReport struct {
 	// a count that only grows.
 	FailedInARow int    `json:"failed_in_a_row,omitempty"`
 	LastFailure  string `json:"last_failure,omitempty"`
+	// LeftRunning counts the attempts here whose command left processes
+	// running outside its process group when it ended (they were killed),
+	// and LastLeft names the last: run, shard and what was killed.
+	LeftRunning int    `json:"left_running,omitempty"`
+	LastLeft    string `json:"last_left,omitempty"`
 	// Limits says whether per-shard limits are enforced by the OS or only watched.
 	Limits string `json:"limits,omitempty"`
 	// Auto is true when slots come from measured admission.

@@ -184,6 +184,10 @@ type Worker struct {
 	// reason (reports: a host that fails what others run). Under mu.
 	failedInARow int
 	lastFailure  string
+	// leftRunning counts the attempts whose command left processes
+	// running, lastLeft the last one (the report's LeftRunning, LastLeft).
+	leftRunning int
+	lastLeft    string
 
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
@@ -410,6 +414,10 @@ func (w *Worker) counted(run string) *endedCount {
 func (w *Worker) noteLeft(run, shard, left string) {
 	c := w.counted(run)
 	c.left.Add(1)
+	w.mu.Lock()
+	w.leftRunning++
+	w.lastLeft = reportCut(run + " " + shard + ": " + left)
+	w.mu.Unlock()
 	first := shard + ": " + left
 	if c.firstLeft.CompareAndSwap(nil, &first) {
 		w.log.Warn("a command left processes running outside its process group when it ended; they were killed (a job that starts a daemon or server must stop it before it exits)",
@@ -1120,12 +1128,18 @@ func (w *Worker) count(ok bool) {
 func (w *Worker) attemptFailed(reason string) {
 	w.mu.Lock()
 	w.failedInARow++
-	if len(reason) > 300 { // the shard's record has it whole
-		reason = strings.ToValidUTF8(reason[:300], "") + "..."
-	}
-	w.lastFailure = reason
+	w.lastFailure = reportCut(reason)
 	w.mu.Unlock()
 	w.reportSoon()
+}
+
+// reportCut bounds a reason a worker report quotes: the shard's record
+// has it whole.
+func reportCut(s string) string {
+	if len(s) > 300 {
+		return strings.ToValidUTF8(s[:300], "") + "..."
+	}
+	return s
 }
 
 // reportedSlots are the slots a report gives, under mu: the caps of an
@@ -1174,6 +1188,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	}
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure,
+		LeftRunning: w.leftRunning, LastLeft: w.lastLeft,
 		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
 }
 

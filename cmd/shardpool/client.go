@@ -520,6 +520,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "%s: runs in Slurm job %s (scancel %s ends it, its shards handed back)\n", wk.Name, wk.SlurmJob, wk.SlurmJob)
 		}
 		printFailingWorker(w, wk, st.Workers)
+		if wk.LeftRunning > 0 {
+			fmt.Fprintf(w, "%s: %d attempt(s) left processes running when their command ended, killed then (the last: %s)\n", wk.Name, wk.LeftRunning, wk.LastLeft)
+		}
 	}
 }
 

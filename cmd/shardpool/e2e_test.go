@@ -1197,6 +1197,14 @@ sleep 0.5`, pidDir}})
 			t.Errorf("%s: left_running %q, want it to name pid %d", id, a.LeftRunning, pid)
 		}
 	}
+	// status names the worker whose attempts left processes running.
+	var out string
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+		p.Wait(t, 20*time.Second)
+		out = p.Output()
+		return strings.Contains(out, "w: 3 attempt(s) left processes running when their command ended, killed then (the last: t s000"), "status:\n" + out
+	})
 	wpid := w.Cmd.Process.Pid
 	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", wpid, wpid))
 	if err != nil {
