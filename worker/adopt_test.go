@@ -1,11 +1,6 @@
 package worker
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -61,42 +56,17 @@ func TestEndedAttemptsAreForgotten(t *testing.T) {
 	}
 }
 
-// TestStraysAreMatchedByAttemptAndAncestry: a dead worker's stray is
-// recognised by the attempt its environment names, and left alone when a
-// live process of the worker's name is among its ancestors (a live
-// worker's own attempt, or its adopted orphan). The process tree is a
-// fixture /proc.
-func TestStraysAreMatchedByAttemptAndAncestry(t *testing.T) {
+// TestStraysAreMatchedByAttempt: a dead worker's stray is recognised by
+// the attempt its environment names (with the worker process that
+// started it, workerProcVar, which killStrays requires as well).
+func TestStraysAreMatchedByAttempt(t *testing.T) {
 	if got := heldIdentity([]string{"SHARDPOOL_RUN=r", "SHARDPOOL_SHARD_ID=s1", "SHARDPOOL_ATTEMPT=2", "SHARDPOOL_OUT=/x"}); got != (heldShard{key: stream.ShardKey("r", "s1"), attempt: 2}).id() {
 		t.Errorf("heldIdentity = %q, want the held shard's id", got)
 	}
 	if got := heldIdentity([]string{"SHARDPOOL_RUN=r", "SHARDPOOL_SHARD_ID=s1"}); got != "" {
 		t.Errorf("an environment without an attempt matched %q", got)
 	}
-	root := t.TempDir()
-	proc := func(pid, ppid int, comm string) {
-		dir := filepath.Join(root, strconv.Itoa(pid))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		stat := fmt.Sprintf("%d (%s) S %d %d%s\n", pid, comm, ppid, pid, strings.Repeat(" 0", 22))
-		os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644)
-		os.WriteFile(filepath.Join(dir, "comm"), []byte(comm+"\n"), 0o644)
-	}
-	proc(1, 0, "init")
-	proc(500, 1, "shardpool") // a live worker
-	proc(600, 500, "sh")      // its command
-	proc(701, 600, "sleep")   // the command's child
-	proc(700, 1, "sleep")     // an orphan re-parented to init
-	proc(800, 1, "systemd")   // a user manager, a subreaper
-	proc(702, 800, "sleep")   // an orphan re-parented to it
-	proc(999, 1, "shardpool") // this process
-	for _, c := range []struct {
-		pid  int
-		want bool
-	}{{701, true}, {600, true}, {700, false}, {702, false}} {
-		if got := underLiveWorker(root, c.pid, 999, "shardpool"); got != c.want {
-			t.Errorf("underLiveWorker(%d) = %v, want %v", c.pid, got, c.want)
-		}
+	if a, b := workerProc(12, 345), workerProc(12, 346); a == b {
+		t.Errorf("two worker processes with one pid and different start times have one identity %q", a)
 	}
 }

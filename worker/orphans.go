@@ -442,7 +442,7 @@ func (w *Worker) reapOrphans() {
 				w.hostLog("-", "reap-skip", fmt.Sprintf("group %d of dead worker pid %d left alone: %s", pgid, j.pid, why))
 			}
 		}
-		if strays := killStrays(w.cfg.ProcRoot, procs, held, j.live, j.start); len(strays) > 0 {
+		if strays := killStrays(w.cfg.ProcRoot, procs, held, j.live, j.pid, j.start); len(strays) > 0 {
 			w.hostLog("-", "reap", fmt.Sprintf("killed %d process(es) that attempts of worker pid %d, which died without ending them, left running outside their process groups: %s",
 				len(strays), j.pid, strings.Join(strays, ", ")))
 		}
@@ -603,16 +603,21 @@ func killOrphanGroup(procs []procStat, pgid int, workerStart int64) (int, string
 	return len(members), ""
 }
 
+// workerProcVar names, in every command's environment, the worker
+// process that started it (workerProc): its descendants inherit it.
+const workerProcVar = "SHARDPOOL_WORKER_PROC"
+
+// workerProc identifies a worker process on its host: pid and start time.
+func workerProc(pid int, start int64) string { return fmt.Sprintf("%d:%d", pid, start) }
+
 // killStrays kills what a dead worker's attempts (held) left running
 // outside their process groups (setsid, a daemon), which killOrphanGroup
-// cannot find by group: a process that started after the worker did,
-// whose environment names one of those attempts (SHARDPOOL_RUN,
-// SHARDPOOL_SHARD_ID, SHARDPOOL_ATTEMPT: a message's delivery, which no
-// later attempt of the round has), and that no live shardpool process is
-// an ancestor of (a worker adopts its commands' orphans). It returns what
-// it killed, as "comm (pid N)". Members of the worker's own groups
-// (groups) are killOrphanGroup's.
-func killStrays(procRoot string, procs []procStat, held []heldShard, groups []int, workerStart int64) []string {
+// cannot find by group: a process whose environment says the dead worker
+// started it (workerProcVar: its pid and start time) and names one of
+// those attempts (SHARDPOOL_RUN, SHARDPOOL_SHARD_ID, SHARDPOOL_ATTEMPT).
+// It returns what it killed, as "comm (pid N)". Members of the worker's
+// own groups (groups) are killOrphanGroup's.
+func killStrays(procRoot string, procs []procStat, held []heldShard, groups []int, workerPID int, workerStart int64) []string {
 	if len(held) == 0 {
 		return nil
 	}
@@ -621,13 +626,14 @@ func killStrays(procRoot string, procs []procStat, held []heldShard, groups []in
 		want[h.id()] = true
 	}
 	self := os.Getpid()
-	comm := readComm(procRoot, self)
+	by := workerProcVar + "=" + workerProc(workerPID, workerStart)
 	var killed []string
 	for _, p := range procs {
 		if p.zombie || p.start < workerStart || p.pid == self || slices.Contains(groups, p.pgrp) {
 			continue
 		}
-		if !want[heldIdentity(shardVars(procRoot, p.pid))] || underLiveWorker(procRoot, p.pid, self, comm) {
+		vars := shardVars(procRoot, p.pid)
+		if !slices.Contains(vars, by) || !want[heldIdentity(vars)] {
 			continue
 		}
 		killed = append(killed, killWithGroup(p.pid, p.pgrp))
@@ -654,22 +660,6 @@ func heldIdentity(env []string) string {
 		return ""
 	}
 	return stream.ShardKey(run, id) + " " + att
-}
-
-// underLiveWorker reports whether a live process named as this one is
-// (a shardpool worker or run) is an ancestor of pid, or this one is.
-func underLiveWorker(procRoot string, pid, self int, comm string) bool {
-	for range 64 {
-		st, err := probe.ReadStat(procRoot, pid)
-		if err != nil || st.PPid <= 1 {
-			return false
-		}
-		pid = st.PPid
-		if pid == self || comm != "" && readComm(procRoot, pid) == comm {
-			return true
-		}
-	}
-	return true // a chain that deep is not an orphan's
 }
 
 // readComm is a process's command name, or "".

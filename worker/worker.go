@@ -577,6 +577,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.pid = os.Getpid()
 	w.env = environ()
+	// Every command's environment names the worker process that started
+	// it, so that a worker that reaps this one, should it die, ends what
+	// its commands left running and nothing else (killStrays).
+	w.env[workerProcVar] = workerProc(w.pid, processStart(w.cfg.ProcRoot, w.pid))
 	w.sharedStateDir(ctx)
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
 	w.limits = w.cgroups.describe()
