@@ -131,27 +131,36 @@ func adopt() (*adopter, string) {
 // attemptIdentity is the attempt a child's environment names (a hash of
 // its run, shard, fingerprint and attempt), or 0 when it names none.
 func attemptIdentity(env []string) uint64 {
-	var run, id, fp, att string
-	for i := len(env) - 1; i >= 0; i-- {
-		kv := env[i]
-		switch {
-		case run == "" && hasKey(kv, "SHARDPOOL_RUN="):
-			run = kv
-		case id == "" && hasKey(kv, "SHARDPOOL_SHARD_ID="):
-			id = kv
-		case fp == "" && hasKey(kv, "SHARDPOOL_FINGERPRINT="):
-			fp = kv
-		case att == "" && hasKey(kv, "SHARDPOOL_ATTEMPT="):
-			att = kv
-		}
-	}
-	if run == "" || id == "" {
+	v := attemptVarsOf(env)
+	if v.run == "" || v.id == "" {
 		return 0
 	}
-	return max(1, xxhash.Sum64String(run+"\x00"+id+"\x00"+fp+"\x00"+att))
+	return max(1, xxhash.Sum64String(v.run+"\x00"+v.id+"\x00"+v.fp+"\x00"+v.attempt))
 }
 
-func hasKey(kv, key string) bool { return len(kv) >= len(key) && kv[:len(key)] == key }
+// attemptVars are the variables of a command's environment that name its
+// attempt.
+type attemptVars struct{ run, id, fp, attempt string }
+
+// attemptVarsOf reads them from an environment (a worker gives each
+// variable once: shardEnv).
+func attemptVarsOf(env []string) attemptVars {
+	var v attemptVars
+	for _, kv := range env {
+		k, val, _ := strings.Cut(kv, "=")
+		switch k {
+		case "SHARDPOOL_RUN":
+			v.run = val
+		case "SHARDPOOL_SHARD_ID":
+			v.id = val
+		case "SHARDPOOL_FINGERPRINT":
+			v.fp = val
+		case "SHARDPOOL_ATTEMPT":
+			v.attempt = val
+		}
+	}
+	return v
+}
 
 // environIdentity is attemptIdentity of a process's environment as it
 // was exec'd; 0 when unreadable.
@@ -267,10 +276,10 @@ func (a *adopter) reportLate(f func(msg string)) {
 }
 
 // sweep reaps the adopted children that have exited and kills the live
-// ones of attempts that have ended (but members of a group in dying). It repeats while what it killed is
-// dying, since what a killed process had started becomes the worker's
-// child in turn (killRounds at most), and returns what it killed of the
-// attempt mine.
+// ones of attempts that have ended (not members of a group in dying). It
+// repeats while what it killed is dying, since what a killed process had
+// started becomes the worker's child in turn (killRounds at most), and
+// returns what it killed of the attempt mine.
 func (a *adopter) sweep(mine uint64) []string {
 	var left, late []string
 	for round := range killRounds {

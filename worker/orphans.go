@@ -644,22 +644,11 @@ func killStrays(procRoot string, procs []procStat, held []heldShard, groups []in
 // heldIdentity is the heldShard.id of the attempt an environment names,
 // or "".
 func heldIdentity(env []string) string {
-	var run, id, att string
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "SHARDPOOL_RUN":
-			run = v
-		case "SHARDPOOL_SHARD_ID":
-			id = v
-		case "SHARDPOOL_ATTEMPT":
-			att = v
-		}
-	}
-	if run == "" || id == "" || att == "" {
+	v := attemptVarsOf(env)
+	if v.run == "" || v.id == "" || v.attempt == "" {
 		return ""
 	}
-	return stream.ShardKey(run, id) + " " + att
+	return stream.ShardKey(v.run, v.id) + " " + v.attempt
 }
 
 // readComm is a process's command name, or "".
