@@ -311,9 +311,8 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 	defer a.mu.Unlock()
 	a.forgetLocked(time.Now())
 	dying := false
-	for _, f := range bytes.Fields(b) {
-		pid, err := strconv.Atoi(string(f))
-		if err != nil || a.commands[pid] {
+	for _, pid := range procList(b, 0) {
+		if a.commands[pid] {
 			continue
 		}
 		st, err := probe.ReadStat("/proc", pid)

@@ -622,7 +622,8 @@ const (
 	killPause  = 10 * time.Millisecond
 )
 
-// procList parses a cgroup.procs file, leaving out self.
+// procList parses a cgroup.procs file (or a children list, adopt.go),
+// leaving out self.
 func procList(b []byte, self int) []int {
 	var pids []int
 	for _, f := range strings.Fields(string(b)) {
