@@ -576,11 +576,15 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.conn = nc.Opts.Name
 	}
 	w.pid = os.Getpid()
+	// This process's start time: with the pid, what its journal, the host
+	// ledger and its commands' environment name it by.
+	start := processStart(w.cfg.ProcRoot, w.pid)
 	w.env = environ()
 	// Every command's environment names the worker process that started
 	// it, so that a worker that reaps this one, should it die, ends what
-	// its commands left running and nothing else (killStrays).
-	w.env[workerProcVar] = workerProc(w.pid, processStart(w.cfg.ProcRoot, w.pid))
+	// its commands left running and nothing else (killStrays, which
+	// matches it against the journal's).
+	w.env[workerProcVar] = workerProc(w.pid, start)
 	w.sharedStateDir(ctx)
 	w.cgroups = detectCgroups(w.cfg.CgroupRoot)
 	w.limits = w.cgroups.describe()
@@ -635,7 +639,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
 	w.reapOrphans()
-	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pidns, w.view().store, w.pid, processStart(w.cfg.ProcRoot, w.pid)); err == nil {
+	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pidns, w.view().store, w.pid, start); err == nil {
 		w.journal = j
 		defer j.close()
 	} else {
@@ -651,7 +655,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		dir = DefaultLedgerDir()
 	}
 	if l, err := openLedger(dir, w.cfg.ProcRoot, ledgerRec{Host: w.host, Boot: w.boot, PIDNS: w.pidns, PID: w.pid,
-		Start: processStart(w.cfg.ProcRoot, w.pid), Name: w.cfg.Name}); err != nil {
+		Start: start, Name: w.cfg.Name}); err != nil {
 		// Admission still sees what the probe measures, but not what
 		// other workers on this host have admitted and not yet used.
 		w.log.Warn("admitting as if this were the host's only worker", "err", err)
