@@ -1417,6 +1417,74 @@ func TestSecondDeliveryInTheSameWorkerWaits(t *testing.T) {
 	}
 }
 
+// TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt: a shard
+// with no retries left whose message comes again while its one attempt
+// still runs (its heartbeat reached the server after the ack wait: a
+// stalled or overloaded host, here an ack wait made shorter than the
+// heartbeat period) is not failed as out of attempts: the delivery waits
+// for the lease, and the attempt that held it commits. Before, the second
+// worker recorded "attempt limit 1 reached: earlier attempts ended
+// without a report" while the attempt ran, and the run ended BLOCKED (a
+// rare CI failure of TestSbatchAcrossNodes).
+func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	tmp := t.TempDir()
+	runs, gate := filepath.Join(tmp, "runs"), filepath.Join(tmp, "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `echo x >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; cp "$3" "$4/"`,
+			"sh", runs, gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.StartWorker("a", map[string]int{"cpu": 1})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(runs)
+		return len(b) > 0, "the command has not started"
+	})
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setAckWait := func(d time.Duration) {
+		t.Helper()
+		c, err := s.Consumer(ctx, "cpu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := c.CachedInfo().Config
+		cfg.AckWait = d
+		if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The heartbeat comes every second (a third of the 3 s TTL): with a
+	// 300 ms ack wait the message is delivered again between two beats.
+	setAckWait(300 * time.Millisecond)
+	env.StartWorker("b", map[string]int{"cpu": 1})
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("attempt limit")),
+			"no second delivery yet; admission log:\n" + string(b)
+	})
+	setAckWait(3 * time.Second)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.State != stream.RunComplete || rec.State != stream.ShardValidated || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("run %s (%s), shard %s (%s), attempts %+v; want COMPLETE after the one attempt, ok\nadmission log:\n%s",
+			rr.State, rr.Reason, rec.State, rec.Reason, rec.Attempts, b)
+	}
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
+		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "x"))
+	}
+}
+
 // TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
 // another attempt's claim already published (that attempt died, or lost its
 // record write, between publishing and recording) discards its own output

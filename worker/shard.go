@@ -82,6 +82,14 @@ type attemptState struct {
 	// inputs is the stamp of the shard's inputs as the command found
 	// them (checkpoint.InputsStamp), recorded in the output's marker.
 	inputs string
+	// leased is set once this delivery holds the shard's lease: an
+	// attempt the record leaves open is then over, its owner having
+	// released the lease or been proven gone (see settle).
+	leased bool
+	// openAtLimit is set by settle when the attempt limit is reached only
+	// by counting an attempt whose end the record does not hold yet: the
+	// delivery takes the lease, then settles again.
+	openAtLimit bool
 }
 
 // maxConcluding bounds the attempts of one worker that conclude (commit,
@@ -181,20 +189,26 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 			w.admission(m.Run, m.ID, class, "resume", "the store takes writes again")
 		}
 	}
+	recheck := a.openAtLimit
 	if errors.Is(err, ErrLeaseHeld) {
 		// A Nak would spend one of the shard's deliveries on someone else's
 		// lease; instead keep the message in progress until the lease
 		// expires or its owner releases it, then look at the record again.
 		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; waiting for it to expire (TTL %s)", err, w.ttl))
 		l, err = w.awaitLease(ctx, stop, a)
-		if err == nil {
-			if lerr := w.loadRecord(ctx, a); lerr != nil || w.settle(ctx, a, class) {
-				w.release(l)
-				if lerr != nil {
-					_ = msg.NakWithDelay(w.backoff(1))
-				}
-				return
+		recheck = true
+	}
+	if err == nil && recheck {
+		// The record as it is now that this delivery holds the lease: the
+		// attempt that held it may have committed, failed, or ended
+		// without a word.
+		a.leased = true
+		if lerr := w.loadRecord(ctx, a); lerr != nil || w.settle(ctx, a, class) {
+			w.release(l)
+			if lerr != nil {
+				_ = msg.NakWithDelay(w.backoff(1))
 			}
+			return
 		}
 	}
 	if err != nil && isClosed(stop) {
@@ -338,11 +352,24 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		return true
 	}
 	if limit := a.run.Spec.Retries + 1; charged(&a.rec, m.Retry) >= limit {
+		if !a.leased && openAttempt(&a.rec) {
+			// The last attempt counted has no end recorded, and its worker
+			// may be running it still: this delivery can come while it runs,
+			// its heartbeat having reached the server late (a stalled or
+			// overloaded host), or after a coordinator restart. It is
+			// charged as lost only once this delivery holds the lease, its
+			// owner having released it or been proven gone; until then it
+			// may yet commit.
+			a.openAtLimit = true
+			return false
+		}
 		w.closeLost(a)
-		if err := w.finish(ctx, a, stream.ShardFailed, fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit), nil); err != nil {
+		why := fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit)
+		if err := w.finish(ctx, a, stream.ShardFailed, why, nil); err != nil {
 			w.keepUnrecorded(a, class, err)
 			return true
 		}
+		w.admission(m.Run, m.ID, class, "failed", why)
 		w.settleDurably(ctx, a, func() error { return msg.TermWithReason("attempt limit reached") })
 		w.count(false)
 		return true
@@ -463,16 +490,20 @@ func charged(rec *stream.ShardRecord, round int) int {
 	return n
 }
 
+// openAttempt reports whether rec is running an attempt whose end it
+// does not hold.
+func openAttempt(rec *stream.ShardRecord) bool {
+	return rec.State == stream.ShardRunning && len(rec.Attempts) > 0 && rec.Attempts[len(rec.Attempts)-1].Outcome == ""
+}
+
 // closeLost marks an attempt left open by a vanished worker as lost.
 func (w *Worker) closeLost(a *attemptState) {
-	if a.rec.State != stream.ShardRunning || len(a.rec.Attempts) == 0 {
+	if !openAttempt(&a.rec) {
 		return
 	}
 	last := &a.rec.Attempts[len(a.rec.Attempts)-1]
-	if last.Outcome == "" {
-		last.Outcome = stream.OutcomeLost
-		last.Reason = fmt.Sprintf("worker %s on %s did not report this attempt before its lease expired or was handed back (killed, its host lost, or cut off from the coordinator)", last.Worker, last.Host)
-	}
+	last.Outcome = stream.OutcomeLost
+	last.Reason = fmt.Sprintf("worker %s on %s did not report this attempt before its lease expired or was handed back (killed, its host lost, or cut off from the coordinator)", last.Worker, last.Host)
 }
 
 // putRecord writes a.rec with compare-and-set from a.rev.

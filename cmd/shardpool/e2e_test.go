@@ -152,6 +152,44 @@ func TestWorkerSIGKILLMidShardIsRedeliveredAndCompletesOnce(t *testing.T) {
 	}
 }
 
+// TestWorkerSIGKILLMidShardWithoutRetriesFailsTheShard: with retries = 0
+// the one attempt of a shard whose worker was killed is charged once its
+// owner is proven gone (the next worker on the host finds its process
+// gone), and the shard fails as out of attempts: its command is not run
+// again, and the run ends BLOCKED naming the command that retries it.
+// The attempt limit waits for the lease (see the worker's
+// TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt); this is the
+// case where that wait ends with the owner gone.
+func TestWorkerSIGKILLMidShardWithoutRetriesFailsTheShard(t *testing.T) {
+	c := startCluster(t, "2s")
+	started := filepath.Join(t.TempDir(), "started")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `echo "$1" >> "$2"; exec sleep 300`, "sh", "{id}", started}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=1")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return len(b) > 0, "the shard has not started yet"
+	})
+	w1.SignalMain(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	c.worker("w2", "--slots", "cpu=1")
+	r := testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+	if r.State != stream.RunBlocked || !strings.Contains(r.Reason, "attempt limit 1 reached") || !strings.Contains(r.Reason, "--retry-failed") {
+		t.Fatalf("run %s: %s; want BLOCKED, the attempt limit reached, and the retry command", r.State, r.Reason)
+	}
+	if b, _ := os.ReadFile(started); strings.Count(string(b), "\n") != 1 {
+		t.Fatalf("the command started %d times, want once", strings.Count(string(b), "\n"))
+	}
+	rec, err := testenv.ReadShard(c.js, "t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != stream.ShardFailed || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeLost || rec.Attempts[0].Worker != "w1" {
+		t.Fatalf("shard %s, attempts %+v; want failed after w1's one attempt, lost", rec.State, rec.Attempts)
+	}
+}
+
 // TestOrphansOfAKilledWorkerAreReaped: a SIGKILLed worker's commands die
 // with it (Pdeathsig), but what they started lives on in their process
 // groups, and what left those groups (setsid) lives on elsewhere. Another
