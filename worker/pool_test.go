@@ -690,6 +690,40 @@ func TestRepeatedDeliveryNumberIsNotAnAttemptAgain(t *testing.T) {
 	}
 }
 
+// TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone: a record
+// holding its one allowed attempt open, by a worker that left no lease
+// (it died and its lease expired, and a coordinator crash lost the
+// delivery count, so the message comes as delivery 1 again): the shard
+// fails as out of attempts, without running the command. Delivery 1
+// meets the record only after taking the lease (the optimistic first
+// write), and must judge it as a holder of the lease.
+func TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	seen := filepath.Join(t.TempDir(), "seen")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `echo "$SHARDPOOL_ATTEMPT" >> "$0"; cp "$1" "$2/"`, seen, "{input}", "{out}"}})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	owner := stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1, Attempt: 1}
+	rec := stream.ShardRecord{V: stream.SchemaVersion, Run: "t", ID: "s0000", Fingerprint: res.Fingerprint, Class: "cpu", State: stream.ShardRunning,
+		Owner: &owner, Attempts: []stream.Attempt{{N: 1, Worker: "gone", Host: "elsewhere", Start: time.Now().UTC()}}, Updated: time.Now().UTC()}
+	data, _ := stream.Encode(&rec)
+	if _, err := env.Buckets().Shards.Put(context.Background(), stream.ShardKey("t", "s0000"), data); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("w1", map[string]int{"cpu": 1})
+	r := env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+	if r.State != stream.RunBlocked || !strings.Contains(r.Reason, "attempt limit 1 reached") {
+		t.Fatalf("run %s (%s); want BLOCKED, the attempt limit reached", r.State, r.Reason)
+	}
+	if b, _ := os.ReadFile(seen); len(b) != 0 {
+		t.Fatalf("the command ran (attempts %q); want not at all", b)
+	}
+	got, err := env.Shard("t", "s0000")
+	if err != nil || got.State != stream.ShardFailed || len(got.Attempts) != 1 || got.Attempts[0].Outcome != stream.OutcomeLost {
+		t.Fatalf("record: %+v (%v), want failed with attempt 1 lost", got, err)
+	}
+}
+
 // TestForeignDestinationIsLeftAlone: a directory at <output>/<id> that is
 // not a shardpool output (no COMPLETE marker: the user's own folder, with
 // the output directory shared with other files), or a file there, is not

@@ -198,11 +198,11 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		l, err = w.awaitLease(ctx, stop, a)
 		recheck = true
 	}
-	if err == nil && recheck {
+	a.leased = err == nil
+	if a.leased && recheck {
 		// The record as it is now that this delivery holds the lease: the
 		// attempt that held it may have committed, failed, or ended
 		// without a word.
-		a.leased = true
 		if lerr := w.loadRecord(ctx, a); lerr != nil || w.settle(ctx, a, class) {
 			w.release(l)
 			if lerr != nil {
