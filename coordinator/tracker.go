@@ -628,6 +628,14 @@ func (t *tracker) exhaust(ctx context.Context, s jetstream.Stream, seq uint64, d
 		_ = s.DeleteMsg(ctx, seq)
 		return true
 	}
+	if held, err := t.leaseHeld(ctx, &sm); err != nil || held {
+		// An attempt of this generation may still run: the message ran out
+		// of deliveries while its worker's heartbeats reached the server
+		// late, and it may yet commit. Its lease is renewed while it runs
+		// and expires within a TTL of its worker's end; the tick looks
+		// again until then (and the record then says what became of it).
+		return false
+	}
 	reason := fmt.Sprintf("ran out of deliveries (%d): its last one ended without a report (its worker was lost), was handed back by a worker's shutdown or memory pressure, or never began an attempt (its lease or record not taken by the store)", deliveries)
 	if err := t.failShard(ctx, sm.Run, sm.ID, reason, &sm); err != nil {
 		t.c.log.Warn("record exhausted shard; trying again", "run", sm.Run, "shard", sm.ID, "err", err)
@@ -638,6 +646,23 @@ func (t *tracker) exhaust(ctx context.Context, s jetstream.Stream, seq uint64, d
 		return false
 	}
 	return true
+}
+
+// leaseHeld reports whether the shard of sm has a lease of its
+// generation in the store.
+func (t *tracker) leaseHeld(ctx context.Context, sm *stream.ShardMsg) (bool, error) {
+	e, err := t.c.b.Leases.Get(ctx, stream.ShardKey(sm.Run, sm.ID))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var l stream.Lease
+	if stream.Decode(e.Value(), &l) != nil {
+		return false, nil // unreadable: nothing to wait for
+	}
+	return l.Fingerprint == sm.Fingerprint, nil
 }
 
 // sweepEvery is how often the tracker looks for exhausted messages whose

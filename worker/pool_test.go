@@ -1519,6 +1519,77 @@ func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 	}
 }
 
+// TestExhaustedMessageWaitsForItsRunningAttempt: a shard's message that
+// runs out of deliveries while an attempt of it still runs and holds its
+// lease (the heartbeats reached the server late, each time: here an ack
+// wait made shorter than their period, and two deliveries allowed) is not
+// recorded failed by the coordinator while that lease lives; the attempt
+// commits and the run completes. Before, the shard was recorded failed
+// at once, under the running attempt.
+func TestExhaustedMessageWaitsForItsRunningAttempt(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	tmp := t.TempDir()
+	runs, gate := filepath.Join(tmp, "runs"), filepath.Join(tmp, "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `echo x >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; cp "$3" "$4/"`,
+			"sh", runs, gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	advisories, err := env.JS.Conn().SubscribeSync(stream.AdvisoryMaxDeliveries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("a", map[string]int{"cpu": 1})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(runs)
+		return len(b) > 0, "the command has not started"
+	})
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Consumer(ctx, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	cfg.AckWait, cfg.MaxDeliver = 300*time.Millisecond, 2
+	if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// b has a slot to spare: its fetch is what meets the message with no
+	// delivery left.
+	env.StartWorker("b", map[string]int{"cpu": 2})
+	if _, err := advisories.NextMsg(20 * time.Second); err != nil {
+		t.Fatalf("the message did not run out of deliveries: %v", err)
+	}
+	// The coordinator handles the advisory at once, and looks again every
+	// 200 ms: give it a few looks.
+	time.Sleep(time.Second)
+	if rec, err := env.Shard("t", "s0000"); err != nil || rec.State != stream.ShardRunning {
+		t.Fatalf("shard %s (%s), %v; want still running, its attempt holding the lease", rec.State, rec.Reason, err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.State != stream.RunComplete || rec.State != stream.ShardValidated || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
+		t.Fatalf("run %s (%s), shard %s (%s), attempts %+v; want COMPLETE after the one attempt, ok", rr.State, rr.Reason, rec.State, rec.Reason, rec.Attempts)
+	}
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
+		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "x"))
+	}
+	// The message is gone from the queue: the run does not wait on it.
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		si, err := env.JS.Stream(ctx, stream.StreamShards)
+		return err == nil && si.CachedInfo().State.Msgs == 0, "the message is still queued"
+	})
+}
+
 // TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
 // another attempt's claim already published (that attempt died, or lost its
 // record write, between publishing and recording) discards its own output
