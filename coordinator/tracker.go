@@ -550,6 +550,7 @@ func (t *tracker) failShard(ctx context.Context, run, id, reason string, payload
 		default:
 			return fmt.Errorf("fail shard %s: %w", key, err)
 		}
+		r.CloseLost() // its worker is over: exhaust waits for the lease to go
 		r.State, r.Reason, r.Owner, r.Updated = stream.ShardFailed, why, nil, time.Now().UTC()
 		if payload != nil {
 			r.Payload = payload

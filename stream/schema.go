@@ -158,6 +158,23 @@ type ShardRecord struct {
 	Updated     time.Time `json:"updated"`
 }
 
+// OpenAttempt reports whether the record is running an attempt whose
+// end it does not hold.
+func (r *ShardRecord) OpenAttempt() bool {
+	return r.State == ShardRunning && len(r.Attempts) > 0 && r.Attempts[len(r.Attempts)-1].Outcome == ""
+}
+
+// CloseLost marks the open attempt, if any, lost: called once its
+// worker is over (its lease expired, released, or handed back).
+func (r *ShardRecord) CloseLost() {
+	if !r.OpenAttempt() {
+		return
+	}
+	last := &r.Attempts[len(r.Attempts)-1]
+	last.Outcome = OutcomeLost
+	last.Reason = fmt.Sprintf("worker %s on %s did not report this attempt before its lease expired or was handed back (killed, its host lost, or cut off from the coordinator)", last.Worker, last.Host)
+}
+
 // Counts are shards per state of the run's current fingerprint.
 type Counts struct {
 	Total     int `json:"total"`

@@ -724,6 +724,58 @@ func TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone(t *testing.T) {
 	}
 }
 
+// TestExhaustedShardClosesItsOpenAttempt: a shard whose message runs out
+// of deliveries with an attempt open in its record and no lease left (its
+// worker lost on the last delivery the message had) is recorded failed
+// with that attempt lost, as a worker's attempt limit records it: the
+// record does not leave an attempt without an end under a failed shard.
+func TestExhaustedShardClosesItsOpenAttempt(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	seen := filepath.Join(t.TempDir(), "seen")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2,
+		Command: []string{"sh", "-c", `echo "$SHARDPOOL_ATTEMPT" >> "$0"; cp "$1" "$2/"`, seen, "{input}", "{out}"}})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	owner := stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1, Attempt: 1}
+	rec := stream.ShardRecord{V: stream.SchemaVersion, Run: "t", ID: "s0000", Fingerprint: res.Fingerprint, Class: "cpu", State: stream.ShardRunning,
+		Owner: &owner, Attempts: []stream.Attempt{{N: 1, Worker: "gone", Host: "elsewhere", Start: time.Now().UTC()}}, Updated: time.Now().UTC()}
+	data, _ := stream.Encode(&rec)
+	if _, err := env.Buckets().Shards.Put(ctx, stream.ShardKey("t", "s0000"), data); err != nil {
+		t.Fatal(err)
+	}
+	// The message has one delivery, which the record's attempt 1 already
+	// numbers: the worker hands it back (see TestRepeatedDeliveryNumberIsNotAnAttemptAgain),
+	// and the message is out of deliveries.
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Consumer(ctx, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	cfg.MaxDeliver = 1
+	if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("w1", map[string]int{"cpu": 1})
+	r := env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+	got, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != stream.RunBlocked || got.State != stream.ShardFailed || !strings.Contains(got.Reason, "ran out of deliveries") {
+		t.Fatalf("run %s (%s), shard %s (%s); want BLOCKED, the shard out of deliveries", r.State, r.Reason, got.State, got.Reason)
+	}
+	if len(got.Attempts) != 1 || got.Attempts[0].Outcome != stream.OutcomeLost || !strings.Contains(got.Attempts[0].Reason, "worker gone on elsewhere") {
+		t.Fatalf("attempts %+v; want attempt 1 closed as lost, naming its worker", got.Attempts)
+	}
+	if b, _ := os.ReadFile(seen); len(b) != 0 {
+		t.Fatalf("the command ran (attempts %q); want not at all", b)
+	}
+}
+
 // TestForeignDestinationIsLeftAlone: a directory at <output>/<id> that is
 // not a shardpool output (no COMPLETE marker: the user's own folder, with
 // the output directory shared with other files), or a file there, is not

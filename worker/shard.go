@@ -260,7 +260,7 @@ func (w *Worker) owner(attempt int) stream.Owner {
 // beginAttempt marks the record running by owner with a new attempt.
 func (w *Worker) beginAttempt(a *attemptState, owner stream.Owner) {
 	m := &a.m
-	w.closeLost(a)
+	a.rec.CloseLost()
 	a.rec.State, a.rec.Owner, a.rec.Retry, a.rec.Reason = stream.ShardRunning, &owner, m.Retry, ""
 	logName := fmt.Sprintf("%s.%d.log", m.ID, a.attempt)
 	if m.Retry > 0 {
@@ -352,7 +352,7 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		return true
 	}
 	if limit := a.run.Spec.Retries + 1; charged(&a.rec, m.Retry) >= limit {
-		if !a.leased && openAttempt(&a.rec) {
+		if !a.leased && a.rec.OpenAttempt() {
 			// The last attempt counted has no end recorded, and its worker
 			// may be running it still: this delivery can come while it runs,
 			// its heartbeat having reached the server late (a stalled or
@@ -363,7 +363,7 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 			a.openAtLimit = true
 			return false
 		}
-		w.closeLost(a)
+		a.rec.CloseLost()
 		why := fmt.Sprintf("attempt limit %d reached: earlier attempts ended without a report", limit)
 		if err := w.finish(ctx, a, stream.ShardFailed, why, nil); err != nil {
 			w.keepUnrecorded(a, class, err)
@@ -400,7 +400,7 @@ func otherRunsOutput(dst, run string, mk *checkpoint.Marker) error {
 // with the reason and the command that retries it once it is dealt with.
 func (w *Worker) failAtOnce(ctx context.Context, a *attemptState, class string, why error) {
 	m := &a.m
-	w.closeLost(a)
+	a.rec.CloseLost()
 	payload := a.m
 	if err := w.finish(ctx, a, stream.ShardFailed, why.Error(), &payload); err != nil {
 		w.keepUnrecorded(a, class, err)
@@ -488,22 +488,6 @@ func charged(rec *stream.ShardRecord, round int) int {
 		n++
 	}
 	return n
-}
-
-// openAttempt reports whether rec is running an attempt whose end it
-// does not hold.
-func openAttempt(rec *stream.ShardRecord) bool {
-	return rec.State == stream.ShardRunning && len(rec.Attempts) > 0 && rec.Attempts[len(rec.Attempts)-1].Outcome == ""
-}
-
-// closeLost marks an attempt left open by a vanished worker as lost.
-func (w *Worker) closeLost(a *attemptState) {
-	if !openAttempt(&a.rec) {
-		return
-	}
-	last := &a.rec.Attempts[len(a.rec.Attempts)-1]
-	last.Outcome = stream.OutcomeLost
-	last.Reason = fmt.Sprintf("worker %s on %s did not report this attempt before its lease expired or was handed back (killed, its host lost, or cut off from the coordinator)", last.Worker, last.Host)
 }
 
 // putRecord writes a.rec with compare-and-set from a.rev.
