@@ -690,17 +690,15 @@ func TestRepeatedDeliveryNumberIsNotAnAttemptAgain(t *testing.T) {
 	}
 }
 
-// TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone: a record
-// holding its one allowed attempt open, by a worker that left no lease
-// (it died and its lease expired, and a coordinator crash lost the
-// delivery count, so the message comes as delivery 1 again): the shard
-// fails as out of attempts, without running the command. Delivery 1
-// meets the record only after taking the lease (the optimistic first
-// write), and must judge it as a holder of the lease.
-func TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	seen := filepath.Join(t.TempDir(), "seen")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+// openAttemptRun submits run t of one shard with the given retries,
+// whose command notes each attempt in seen, and puts its record as a
+// worker that died on another host left it: running, attempt 1 open, no
+// lease. No worker runs yet.
+func openAttemptRun(t *testing.T, retries int) (env *testenv.Env, seen string) {
+	t.Helper()
+	env = testenv.New(t, testenv.Options{NoWorkers: true})
+	seen = filepath.Join(t.TempDir(), "seen")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: retries,
 		Command: []string{"sh", "-c", `echo "$SHARDPOOL_ATTEMPT" >> "$0"; cp "$1" "$2/"`, seen, "{input}", "{out}"}})
 	res := env.Submit(spec, coordinator.SubmitOptions{})
 	owner := stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1, Attempt: 1}
@@ -710,6 +708,18 @@ func TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone(t *testing.T) {
 	if _, err := env.Buckets().Shards.Put(context.Background(), stream.ShardKey("t", "s0000"), data); err != nil {
 		t.Fatal(err)
 	}
+	return env, seen
+}
+
+// TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone: a record
+// holding its one allowed attempt open, by a worker that left no lease
+// (it died and its lease expired, and a coordinator crash lost the
+// delivery count, so the message comes as delivery 1 again): the shard
+// fails as out of attempts, without running the command. Delivery 1
+// meets the record only after taking the lease (the optimistic first
+// write), and must judge it as a holder of the lease.
+func TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone(t *testing.T) {
+	env, seen := openAttemptRun(t, 0)
 	env.StartWorker("w1", map[string]int{"cpu": 1})
 	r := env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
 	if r.State != stream.RunBlocked || !strings.Contains(r.Reason, "attempt limit 1 reached") {
@@ -730,35 +740,11 @@ func TestOpenAttemptAtTheLimitFailsTheShardOnceItsLeaseIsGone(t *testing.T) {
 // with that attempt lost, as a worker's attempt limit records it: the
 // record does not leave an attempt without an end under a failed shard.
 func TestExhaustedShardClosesItsOpenAttempt(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	ctx := context.Background()
-	seen := filepath.Join(t.TempDir(), "seen")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2,
-		Command: []string{"sh", "-c", `echo "$SHARDPOOL_ATTEMPT" >> "$0"; cp "$1" "$2/"`, seen, "{input}", "{out}"}})
-	res := env.Submit(spec, coordinator.SubmitOptions{})
-	owner := stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1, Attempt: 1}
-	rec := stream.ShardRecord{V: stream.SchemaVersion, Run: "t", ID: "s0000", Fingerprint: res.Fingerprint, Class: "cpu", State: stream.ShardRunning,
-		Owner: &owner, Attempts: []stream.Attempt{{N: 1, Worker: "gone", Host: "elsewhere", Start: time.Now().UTC()}}, Updated: time.Now().UTC()}
-	data, _ := stream.Encode(&rec)
-	if _, err := env.Buckets().Shards.Put(ctx, stream.ShardKey("t", "s0000"), data); err != nil {
-		t.Fatal(err)
-	}
+	env, seen := openAttemptRun(t, 2)
 	// The message has one delivery, which the record's attempt 1 already
 	// numbers: the worker hands it back (see TestRepeatedDeliveryNumberIsNotAnAttemptAgain),
 	// and the message is out of deliveries.
-	s, err := env.JS.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Consumer(ctx, "cpu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.CachedInfo().Config
-	cfg.MaxDeliver = 1
-	if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 1 })
 	env.StartWorker("w1", map[string]int{"cpu": 1})
 	r := env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
 	got, err := env.Shard("t", "s0000")
@@ -1503,6 +1489,68 @@ func TestSecondDeliveryInTheSameWorkerWaits(t *testing.T) {
 	}
 }
 
+// gatedAttempt submits run t of one shard with no retries, whose command
+// notes each start in runs and then waits for the file gate before it
+// commits, and starts worker a, which runs it: attempt 1 is running when
+// it returns.
+func gatedAttempt(t *testing.T) (env *testenv.Env, runs, gate string) {
+	t.Helper()
+	env = testenv.New(t, testenv.Options{NoWorkers: true})
+	tmp := t.TempDir()
+	runs, gate = filepath.Join(tmp, "runs"), filepath.Join(tmp, "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `echo x >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; cp "$3" "$4/"`,
+			"sh", runs, gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.StartWorker("a", map[string]int{"cpu": 1})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(runs)
+		return len(b) > 0, "the command has not started"
+	})
+	return env, runs, gate
+}
+
+// openGate lets gatedAttempt's command end, and checks that the run
+// completes from that one attempt, its command run once.
+func openGate(t *testing.T, env *testenv.Env, runs, gate string) {
+	t.Helper()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.State != stream.RunComplete || rec.State != stream.ShardValidated || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
+		b, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+		t.Fatalf("run %s (%s), shard %s (%s), attempts %+v; want COMPLETE after the one attempt, ok\nadmission log:\n%s",
+			rr.State, rr.Reason, rec.State, rec.Reason, rec.Attempts, b)
+	}
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
+		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "x"))
+	}
+}
+
+// updateConsumer changes the cpu class consumer's configuration.
+func updateConsumer(t *testing.T, env *testenv.Env, change func(*jetstream.ConsumerConfig)) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := env.JS.Stream(ctx, stream.StreamShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Consumer(ctx, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	change(&cfg)
+	if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt: a shard
 // with no retries left whose message comes again while its one attempt
 // still runs (its heartbeat reached the server after the ack wait: a
@@ -1513,38 +1561,10 @@ func TestSecondDeliveryInTheSameWorkerWaits(t *testing.T) {
 // without a report" while the attempt ran, and the run ended BLOCKED (a
 // rare CI failure of TestSbatchAcrossNodes).
 func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	ctx := context.Background()
-	tmp := t.TempDir()
-	runs, gate := filepath.Join(tmp, "runs"), filepath.Join(tmp, "go")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
-		Command: []string{"sh", "-c", `echo x >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; cp "$3" "$4/"`,
-			"sh", runs, gate, "{input}", "{out}"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
-	env.StartWorker("a", map[string]int{"cpu": 1})
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(runs)
-		return len(b) > 0, "the command has not started"
-	})
-	s, err := env.JS.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		t.Fatal(err)
-	}
-	setAckWait := func(d time.Duration) {
-		t.Helper()
-		c, err := s.Consumer(ctx, "cpu")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := c.CachedInfo().Config
-		cfg.AckWait = d
-		if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	env, runs, gate := gatedAttempt(t)
 	// The heartbeat comes every second (a third of the 3 s TTL): with a
 	// 300 ms ack wait the message is delivered again between two beats.
-	setAckWait(300 * time.Millisecond)
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
 	env.StartWorker("b", map[string]int{"cpu": 1})
 	log := filepath.Join(env.Data, "runs", "t", "admission.log")
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
@@ -1552,23 +1572,8 @@ func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("attempt limit")),
 			"no second delivery yet; admission log:\n" + string(b)
 	})
-	setAckWait(3 * time.Second)
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
-	rec, err := env.Shard("t", "s0000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rr.State != stream.RunComplete || rec.State != stream.ShardValidated || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
-		b, _ := os.ReadFile(log)
-		t.Fatalf("run %s (%s), shard %s (%s), attempts %+v; want COMPLETE after the one attempt, ok\nadmission log:\n%s",
-			rr.State, rr.Reason, rec.State, rec.Reason, rec.Attempts, b)
-	}
-	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
-		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "x"))
-	}
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 3 * time.Second })
+	openGate(t, env, runs, gate)
 }
 
 // TestExhaustedMessageWaitsForItsRunningAttempt: a shard's message that
@@ -1579,36 +1584,12 @@ func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 // commits and the run completes. Before, the shard was recorded failed
 // at once, under the running attempt.
 func TestExhaustedMessageWaitsForItsRunningAttempt(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	ctx := context.Background()
-	tmp := t.TempDir()
-	runs, gate := filepath.Join(tmp, "runs"), filepath.Join(tmp, "go")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
-		Command: []string{"sh", "-c", `echo x >> "$1"; while [ ! -e "$2" ]; do sleep 0.05; done; cp "$3" "$4/"`,
-			"sh", runs, gate, "{input}", "{out}"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
+	env, runs, gate := gatedAttempt(t)
 	advisories, err := env.JS.Conn().SubscribeSync(stream.AdvisoryMaxDeliveries)
 	if err != nil {
 		t.Fatal(err)
 	}
-	env.StartWorker("a", map[string]int{"cpu": 1})
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(runs)
-		return len(b) > 0, "the command has not started"
-	})
-	s, err := env.JS.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Consumer(ctx, "cpu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.CachedInfo().Config
-	cfg.AckWait, cfg.MaxDeliver = 300*time.Millisecond, 2
-	if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait, c.MaxDeliver = 300*time.Millisecond, 2 })
 	// b has a slot to spare: its fetch is what meets the message with no
 	// delivery left.
 	env.StartWorker("b", map[string]int{"cpu": 2})
@@ -1621,23 +1602,10 @@ func TestExhaustedMessageWaitsForItsRunningAttempt(t *testing.T) {
 	if rec, err := env.Shard("t", "s0000"); err != nil || rec.State != stream.ShardRunning {
 		t.Fatalf("shard %s (%s), %v; want still running, its attempt holding the lease", rec.State, rec.Reason, err)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
-	rec, err := env.Shard("t", "s0000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rr.State != stream.RunComplete || rec.State != stream.ShardValidated || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
-		t.Fatalf("run %s (%s), shard %s (%s), attempts %+v; want COMPLETE after the one attempt, ok", rr.State, rr.Reason, rec.State, rec.Reason, rec.Attempts)
-	}
-	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
-		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "x"))
-	}
+	openGate(t, env, runs, gate)
 	// The message is gone from the queue: the run does not wait on it.
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		si, err := env.JS.Stream(ctx, stream.StreamShards)
+		si, err := env.JS.Stream(context.Background(), stream.StreamShards)
 		return err == nil && si.CachedInfo().State.Msgs == 0, "the message is still queued"
 	})
 }
