@@ -1489,13 +1489,17 @@ func TestSecondDeliveryInTheSameWorkerWaits(t *testing.T) {
 	}
 }
 
+// gatedTTL is gatedAttempt's lease TTL.
+const gatedTTL = 10 * time.Second
+
 // gatedAttempt submits run t of one shard with no retries, whose command
 // notes each start in runs and then waits for the file gate before it
 // commits, and starts worker a, which runs it: attempt 1 is running when
-// it returns.
+// it returns. The lease TTL is 10 s, so that a's lease outlives a stall
+// of the test process on a loaded machine (heartbeats every 3.3 s).
 func gatedAttempt(t *testing.T) (env *testenv.Env, runs, gate string) {
 	t.Helper()
-	env = testenv.New(t, testenv.Options{NoWorkers: true})
+	env = testenv.New(t, testenv.Options{NoWorkers: true, LeaseTTL: gatedTTL})
 	tmp := t.TempDir()
 	runs, gate = filepath.Join(tmp, "runs"), filepath.Join(tmp, "go")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
@@ -1562,8 +1566,8 @@ func updateConsumer(t *testing.T, env *testenv.Env, change func(*jetstream.Consu
 // rare CI failure of TestSbatchAcrossNodes).
 func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 	env, runs, gate := gatedAttempt(t)
-	// The heartbeat comes every second (a third of the 3 s TTL): with a
-	// 300 ms ack wait the message is delivered again between two beats.
+	// The heartbeat comes every third of the TTL: with a 300 ms ack wait
+	// the message is delivered again between two beats.
 	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
 	env.StartWorker("b", map[string]int{"cpu": 1})
 	log := filepath.Join(env.Data, "runs", "t", "admission.log")
@@ -1572,7 +1576,7 @@ func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("attempt limit")),
 			"no second delivery yet; admission log:\n" + string(b)
 	})
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 3 * time.Second })
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
 	openGate(t, env, runs, gate)
 }
 
