@@ -1614,6 +1614,102 @@ func TestExhaustedMessageWaitsForItsRunningAttempt(t *testing.T) {
 	})
 }
 
+// TestRedeliveryOverAnotherRunsOutputWaitsForTheRunningAttempt: a
+// delivery that finds another run's output at the shard's destination
+// while the shard's one attempt still runs (the message came again, the
+// heartbeat having reached the server after the ack wait) leaves the
+// verdict to that attempt, which meets the same output at its commit: the
+// shard fails once, its attempt closed with its own outcome, and the other
+// run's output stays as it was. Before, the second delivery closed the
+// running attempt as lost and failed the shard under it.
+func TestRedeliveryOverAnotherRunsOutputWaitsForTheRunningAttempt(t *testing.T) {
+	env, runs, gate := gatedAttempt(t)
+	r, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Run "other" commits its own s0000 into the same output directory
+	// while attempt 1 of run t runs.
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(r.Spec.Output, "s0000")
+	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
+	env.StartWorker("b", map[string]int{"cpu": 1})
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("holds the output of run other")),
+			"no second delivery yet; admission log:\n" + string(b)
+	})
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rr := env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.State != stream.RunBlocked || rec.State != stream.ShardFailed || !strings.Contains(rec.Reason, "holds the output of run other") {
+		t.Fatalf("run %s (%s), shard %s (%s); want BLOCKED, the shard failed naming run other", rr.State, rr.Reason, rec.State, rec.Reason)
+	}
+	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeCommit {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("attempts %+v; want attempt 1 closed by its own commit (%s), not by the second delivery\nadmission log:\n%s", rec.Attempts, stream.OutcomeCommit, b)
+	}
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 1 {
+		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "x"))
+	}
+	if mk, err := checkpoint.Verify(dst); err != nil || mk.Run != "other" {
+		t.Fatalf("the other run's output: marker of run %q, %v; want run other's, verifying", mk.Run, err)
+	}
+}
+
+// TestOpenAttemptOverAnotherRunsOutputFailsOnceItsLeaseIsGone: another
+// run's output at the destination of a shard whose record holds an
+// attempt open by a worker that left no lease (openAttemptRun): the
+// first delivery takes the lease, reads the record, and fails the shard
+// at once, the attempt closed as lost, without running the command.
+// Before, that delivery wrote its failed record over a record it had not
+// read, which the store refused: the shard waited a TTL for the next
+// delivery.
+func TestOpenAttemptOverAnotherRunsOutputFailsOnceItsLeaseIsGone(t *testing.T) {
+	env, seen := openAttemptRun(t, 2)
+	r, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(r.Spec.Output, "s0000")
+	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("w1", map[string]int{"cpu": 1})
+	rr := env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	if rr.State != stream.RunBlocked || rec.State != stream.ShardFailed || !strings.Contains(rec.Reason, "holds the output of run other") {
+		t.Fatalf("run %s (%s), shard %s (%s); want BLOCKED, the shard failed naming run other", rr.State, rr.Reason, rec.State, rec.Reason)
+	}
+	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeLost || bytes.Contains(log, []byte("final record not written")) {
+		t.Fatalf("attempts %+v; want attempt 1 closed as lost by the first delivery\nadmission log:\n%s", rec.Attempts, log)
+	}
+	if b, _ := os.ReadFile(seen); len(b) != 0 {
+		t.Fatalf("the command ran (attempts %q); want not at all", b)
+	}
+}
+
 // TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
 // another attempt's claim already published (that attempt died, or lost its
 // record write, between publishing and recording) discards its own output

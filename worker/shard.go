@@ -86,10 +86,11 @@ type attemptState struct {
 	// attempt the record leaves open is then over, its owner having
 	// released the lease or been proven gone (see settle).
 	leased bool
-	// openAtLimit is set by settle when the attempt limit is reached only
-	// by counting an attempt whose end the record does not hold yet: the
-	// delivery takes the lease, then settles again.
-	openAtLimit bool
+	// awaitOwner is set by settle when its verdict would end an attempt
+	// the record leaves open (the attempt limit, reached only by counting
+	// it; another run's output at the destination) before this delivery
+	// holds the lease: the delivery takes the lease, then settles again.
+	awaitOwner bool
 }
 
 // maxConcluding bounds the attempts of one worker that conclude (commit,
@@ -154,11 +155,12 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		return
 	}
 	var pre chan error
-	if a.rev == 0 && a.attempt == 1 && m.Retry == 0 {
+	if a.rev == 0 && a.attempt == 1 && m.Retry == 0 && !a.awaitOwner {
 		// First delivery: write the running record while the lease is being
 		// taken instead of after it; both are on the way to the command.
 		// Nobody can hold the lease of a shard that has no record at all,
-		// and if the lease fails anyway the record is put back.
+		// and if the lease fails anyway the record is put back. Not when
+		// settle waits for the lease to judge: no attempt may begin before.
 		pre = make(chan error, 1)
 		go func() {
 			w.beginAttempt(a, w.owner(a.attempt))
@@ -189,7 +191,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 			w.admission(m.Run, m.ID, class, "resume", "the store takes writes again")
 		}
 	}
-	recheck := a.openAtLimit
+	recheck := a.awaitOwner
 	if errors.Is(err, ErrLeaseHeld) {
 		// A Nak would spend one of the shard's deliveries on someone else's
 		// lease; instead keep the message in progress until the lease
@@ -342,6 +344,11 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 	}
 	if a.found != nil {
 		if err := otherRunsOutput(filepath.Join(a.run.Spec.Output, m.ID), m.Run, a.found); err != nil {
+			if a.ownerMayLive() {
+				// An attempt still running meets the same output at its
+				// commit and fails the shard itself, with its own outcome.
+				return false
+			}
 			w.failAtOnce(ctx, a, class, err)
 			return true
 		}
@@ -352,15 +359,9 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		return true
 	}
 	if limit := a.run.Spec.Retries + 1; charged(&a.rec, m.Retry) >= limit {
-		if !a.leased && a.rec.OpenAttempt() {
-			// The last attempt counted has no end recorded, and its worker
-			// may be running it still: this delivery can come while it runs,
-			// its heartbeat having reached the server late (a stalled or
-			// overloaded host), or after a coordinator restart. It is
-			// charged as lost only once this delivery holds the lease, its
-			// owner having released it or been proven gone; until then it
-			// may yet commit.
-			a.openAtLimit = true
+		if a.ownerMayLive() {
+			// Charged as lost only once this delivery holds the lease;
+			// until then the attempt may yet commit.
 			return false
 		}
 		a.rec.CloseLost()
@@ -379,6 +380,23 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		return true
 	}
 	return false
+}
+
+// ownerMayLive reports, and notes in awaitOwner, that the record holds an
+// attempt open while this delivery does not hold the lease: its worker
+// may be running it still. A delivery can come while an attempt runs, its
+// heartbeat having reached the server late (a stalled or overloaded host),
+// or after a coordinator restart. A verdict that would end that attempt
+// (charge it as lost, fail the shard) waits until this delivery holds the
+// lease, its owner having released it or been proven gone. A first
+// delivery that skipped reading the record (a.rev 0) may meet such an
+// attempt too, and waits likewise.
+func (a *attemptState) ownerMayLive() bool {
+	if a.leased || (a.rev != 0 && !a.rec.OpenAttempt()) {
+		return false
+	}
+	a.awaitOwner = true
+	return true
 }
 
 // otherRunsOutput refuses to replace the output mk at dst when another
