@@ -1580,6 +1580,47 @@ func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 	openGate(t, env, runs, gate)
 }
 
+// TestLeaseWaitEndsWhenTheRecordSaysTheShardEnded: a delivery waiting for
+// the lease of a running attempt (here the message came again, its
+// heartbeat having reached the server after the ack wait) is settled as
+// soon as the shard's record says the attempt committed, while the lease
+// the attempt leaves to expire still lives. Before, the delivery kept its
+// worker's slot until that lease expired (up to a TTL after the commit).
+func TestLeaseWaitEndsWhenTheRecordSaysTheShardEnded(t *testing.T) {
+	env, runs, gate := gatedAttempt(t)
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
+	env.StartWorker("b", map[string]int{"cpu": 1})
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return bytes.Contains(b, []byte("worker=b run=t shard=s0000 class=cpu decision=defer")), "b has not met the lease yet; admission log:\n" + string(b)
+	})
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	openGate(t, env, runs, gate)
+	// a's lease, left to expire after its commit: it ends TTL after its
+	// last write, by the server's clock, which is this machine's.
+	e, err := env.Buckets().Leases.Get(context.Background(), stream.ShardKey("t", "s0000"))
+	if err != nil {
+		t.Fatalf("a's lease right after its commit: %v", err)
+	}
+	expires := e.Created().Add(gatedTTL)
+	var skipped time.Time
+	testenv.Eventually(t, 3*gatedTTL, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "worker=b ") && strings.Contains(line, "decision=skip") {
+				skipped, err = time.Parse(time.RFC3339Nano, strings.Fields(line)[0])
+				return err == nil, fmt.Sprintf("line %q: %v", line, err)
+			}
+		}
+		return false, "b did not settle its delivery; admission log:\n" + string(b)
+	})
+	if !skipped.Before(expires) {
+		t.Fatalf("b settled its delivery at %s, after a's lease expired (%s); want as soon as the record said the shard committed",
+			skipped.Format(time.RFC3339Nano), expires.Format(time.RFC3339Nano))
+	}
+}
+
 // TestExhaustedMessageWaitsForItsRunningAttempt: a shard's message that
 // runs out of deliveries while an attempt of it still runs and holds its
 // lease (the heartbeats reached the server late, each time: here an ack

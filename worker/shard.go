@@ -197,7 +197,10 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		// lease; instead keep the message in progress until the lease
 		// expires or its owner releases it, then look at the record again.
 		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; waiting for it to expire (TTL %s)", err, w.ttl))
-		l, err = w.awaitLease(ctx, stop, a)
+		l, err = w.awaitLease(ctx, stop, a, class)
+		if errors.Is(err, errSettledMeanwhile) {
+			return
+		}
 		recheck = true
 	}
 	a.leased = err == nil
@@ -287,10 +290,31 @@ func (w *Worker) undoBegin(ctx context.Context, a *attemptState, err error) {
 
 // awaitLease polls for the shard's lease at a third of the TTL, keeping the
 // message in progress, while another owner holds it, for at most three
-// TTLs.
-func (w *Worker) awaitLease(ctx context.Context, stop <-chan struct{}, a *attemptState) (*lease, error) {
+// TTLs. Each time the lease is still held it also reads the shard's
+// record: once that says the shard ended (validated, or failed), the
+// delivery settles from it (errSettledMeanwhile) instead of waiting out
+// the lease, which an attempt that committed leaves to expire.
+func (w *Worker) awaitLease(ctx context.Context, stop <-chan struct{}, a *attemptState, class string) (*lease, error) {
 	return w.retryLease(ctx, stop, a, max(w.ttl/3, 100*time.Millisecond), 3*w.ttl, "the lease of "+a.key,
-		func(err error) bool { return errors.Is(err, ErrLeaseHeld) })
+		func(err error) bool { return errors.Is(err, ErrLeaseHeld) },
+		func() bool { return w.settledMeanwhile(ctx, a, class) })
+}
+
+// errSettledMeanwhile: the delivery was settled from the record while it
+// waited for the lease.
+var errSettledMeanwhile = errors.New("settled from the shard's record while waiting for its lease")
+
+// settledMeanwhile reads the shard's record and, when it says the shard
+// ended, settles the delivery as settle does for any delivery that finds
+// it so. A record still running or pending is left to the wait.
+func (w *Worker) settledMeanwhile(ctx context.Context, a *attemptState, class string) bool {
+	if err := w.loadRecord(ctx, a); err != nil {
+		return false
+	}
+	if a.rec.State != stream.ShardValidated && a.rec.State != stream.ShardFailed {
+		return false
+	}
+	return w.settle(ctx, a, class)
 }
 
 // storeWaitMax bounds how long a delivery is held for a store that takes
@@ -305,13 +329,15 @@ const storeWaitMax = 15 * time.Minute
 func (w *Worker) awaitStore(ctx context.Context, stop <-chan struct{}, a *attemptState) (*lease, error) {
 	return w.retryLease(ctx, stop, a, min(max(w.ttl/3, 100*time.Millisecond), 5*time.Second), storeWaitMax,
 		"the store to take the lease of "+a.key,
-		func(err error) bool { return err != nil && !errors.Is(err, ErrLeaseHeld) })
+		func(err error) bool { return err != nil && !errors.Is(err, ErrLeaseHeld) }, nil)
 }
 
 // retryLease takes the shard's lease every `every`, keeping the message in
 // progress, for as long as again(err) and at most `limit`; it returns the
-// last outcome, or why it stopped waiting for `what`.
-func (w *Worker) retryLease(ctx context.Context, stop <-chan struct{}, a *attemptState, every, limit time.Duration, what string, again func(error) bool) (*lease, error) {
+// last outcome, or why it stopped waiting for `what`. settled, if set, is
+// asked each time the lease is held by another whether the delivery has
+// been settled by other means (errSettledMeanwhile).
+func (w *Worker) retryLease(ctx context.Context, stop <-chan struct{}, a *attemptState, every, limit time.Duration, what string, again func(error) bool, settled func() bool) (*lease, error) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	deadline := time.Now().Add(limit)
@@ -325,6 +351,9 @@ func (w *Worker) retryLease(ctx context.Context, stop <-chan struct{}, a *attemp
 		}
 		_ = a.msg.InProgress()
 		l, err := w.takeLease(ctx, a.key, a.m.Fingerprint, a.attempt)
+		if errors.Is(err, ErrLeaseHeld) && settled != nil && settled() {
+			return nil, errSettledMeanwhile
+		}
 		if !again(err) || time.Now().After(deadline) {
 			return l, err
 		}
