@@ -1711,6 +1711,60 @@ func TestRedeliveryOverAnotherRunsOutputWaitsForTheRunningAttempt(t *testing.T) 
 	}
 }
 
+// TestOtherRunsOutputRemovedWhileWaitingIsNotHeldAgainstTheShard: a
+// delivery that found another run's output at the destination and waited
+// for the running attempt's lease judges the destination afresh once it
+// holds the lease: the user removed that output meanwhile, and the
+// attempt it waited for was interrupted (its worker stopped), so it runs
+// the shard. Before, it failed the shard naming the output it had seen
+// before the wait.
+func TestOtherRunsOutputRemovedWhileWaitingIsNotHeldAgainstTheShard(t *testing.T) {
+	env, runs, gate := gatedAttempt(t)
+	r, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(r.Spec.Output, "s0000")
+	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
+	env.StartWorker("b", map[string]int{"cpu": 1})
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("holds the output of run other")),
+			"no second delivery yet; admission log:\n" + string(b)
+	})
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	// The user hands the directory over, and worker a stops: its attempt
+	// is interrupted (not charged) and its lease released.
+	if err := os.RemoveAll(dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.StopWorker("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rr := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+	if rr.State != stream.RunComplete {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("run %s (%s); want COMPLETE from b's attempt\nadmission log:\n%s", rr.State, rr.Reason, b)
+	}
+	if mk, err := checkpoint.Verify(dst); err != nil || mk.Run != "t" {
+		t.Fatalf("the output: marker of run %q, %v; want run t's, verifying", mk.Run, err)
+	}
+	if b, _ := os.ReadFile(runs); strings.Count(string(b), "x") != 2 {
+		t.Fatalf("the command started %d times, want twice (a's, interrupted; b's)", strings.Count(string(b), "x"))
+	}
+}
+
 // TestOpenAttemptOverAnotherRunsOutputFailsOnceItsLeaseIsGone: another
 // run's output at the destination of a shard whose record holds an
 // attempt open by a worker that left no lease (openAttemptRun): the

@@ -496,6 +496,7 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
 	// look suffices. An output without one is read in full.
 	validated := a.rec.State == stream.ShardValidated
 	mk, err := checkpoint.VerifyCommitted(dst, a.m.Fingerprint, !validated)
+	a.found = nil // of this look only: settle may look again
 	if err != nil && mk.Fingerprint != "" && mk.Fingerprint != a.m.Fingerprint {
 		a.found = &mk
 	}
