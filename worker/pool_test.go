@@ -1555,6 +1555,43 @@ func updateConsumer(t *testing.T, env *testenv.Env, change func(*jetstream.Consu
 	}
 }
 
+// secondDelivery sends the shard of gatedAttempt to worker b while a's
+// attempt runs: the consumer's ack wait is made shorter than the
+// heartbeat period, so that the message is delivered again between two
+// beats, and put back once b has met the shard. It returns the run's
+// admission log.
+func secondDelivery(t *testing.T, env *testenv.Env) (log string) {
+	t.Helper()
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
+	env.StartWorker("b", map[string]int{"cpu": 1})
+	log = filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return bytes.Contains(b, []byte("worker=b run=t shard=s0000 ")), "no second delivery yet; admission log:\n" + string(b)
+	})
+	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	return log
+}
+
+// commitOtherRunsOutput commits an output of run "other" as run t's s0000, in
+// run t's output directory, and returns where.
+func commitOtherRunsOutput(t *testing.T, env *testenv.Env) (dst string) {
+	t.Helper()
+	r, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst = filepath.Join(r.Spec.Output, "s0000")
+	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
 // TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt: a shard
 // with no retries left whose message comes again while its one attempt
 // still runs (its heartbeat reached the server after the ack wait: a
@@ -1566,17 +1603,7 @@ func updateConsumer(t *testing.T, env *testenv.Env, change func(*jetstream.Consu
 // rare CI failure of TestSbatchAcrossNodes).
 func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 	env, runs, gate := gatedAttempt(t)
-	// The heartbeat comes every third of the TTL: with a 300 ms ack wait
-	// the message is delivered again between two beats.
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
-	env.StartWorker("b", map[string]int{"cpu": 1})
-	log := filepath.Join(env.Data, "runs", "t", "admission.log")
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("attempt limit")),
-			"no second delivery yet; admission log:\n" + string(b)
-	})
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	secondDelivery(t, env)
 	openGate(t, env, runs, gate)
 }
 
@@ -1588,14 +1615,7 @@ func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 // worker's slot until that lease expired (up to a TTL after the commit).
 func TestLeaseWaitEndsWhenTheRecordSaysTheShardEnded(t *testing.T) {
 	env, runs, gate := gatedAttempt(t)
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
-	env.StartWorker("b", map[string]int{"cpu": 1})
-	log := filepath.Join(env.Data, "runs", "t", "admission.log")
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return bytes.Contains(b, []byte("worker=b run=t shard=s0000 class=cpu decision=defer")), "b has not met the lease yet; admission log:\n" + string(b)
-	})
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	log := secondDelivery(t, env)
 	openGate(t, env, runs, gate)
 	// a's lease, left to expire after its commit: it ends TTL after its
 	// last write, by the server's clock, which is this machine's.
@@ -1665,29 +1685,10 @@ func TestExhaustedMessageWaitsForItsRunningAttempt(t *testing.T) {
 // running attempt as lost and failed the shard under it.
 func TestRedeliveryOverAnotherRunsOutputWaitsForTheRunningAttempt(t *testing.T) {
 	env, runs, gate := gatedAttempt(t)
-	r, err := env.Run("t")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Run "other" commits its own s0000 into the same output directory
 	// while attempt 1 of run t runs.
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(r.Spec.Output, "s0000")
-	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
-		t.Fatal(err)
-	}
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
-	env.StartWorker("b", map[string]int{"cpu": 1})
-	log := filepath.Join(env.Data, "runs", "t", "admission.log")
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("holds the output of run other")),
-			"no second delivery yet; admission log:\n" + string(b)
-	})
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	dst := commitOtherRunsOutput(t, env)
+	log := secondDelivery(t, env)
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -1720,27 +1721,8 @@ func TestRedeliveryOverAnotherRunsOutputWaitsForTheRunningAttempt(t *testing.T) 
 // before the wait.
 func TestOtherRunsOutputRemovedWhileWaitingIsNotHeldAgainstTheShard(t *testing.T) {
 	env, runs, gate := gatedAttempt(t)
-	r, err := env.Run("t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(r.Spec.Output, "s0000")
-	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
-		t.Fatal(err)
-	}
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = 300 * time.Millisecond })
-	env.StartWorker("b", map[string]int{"cpu": 1})
-	log := filepath.Join(env.Data, "runs", "t", "admission.log")
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return bytes.Contains(b, []byte("waiting for it to expire")) || bytes.Contains(b, []byte("holds the output of run other")),
-			"no second delivery yet; admission log:\n" + string(b)
-	})
-	updateConsumer(t, env, func(c *jetstream.ConsumerConfig) { c.AckWait = gatedTTL })
+	dst := commitOtherRunsOutput(t, env)
+	log := secondDelivery(t, env)
 	// The user hands the directory over, and worker a stops: its attempt
 	// is interrupted (not charged) and its lease released.
 	if err := os.RemoveAll(dst); err != nil {
@@ -1775,18 +1757,7 @@ func TestOtherRunsOutputRemovedWhileWaitingIsNotHeldAgainstTheShard(t *testing.T
 // delivery.
 func TestOpenAttemptOverAnotherRunsOutputFailsOnceItsLeaseIsGone(t *testing.T) {
 	env, seen := openAttemptRun(t, 2)
-	r, err := env.Run("t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(r.Spec.Output, "s0000")
-	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
-		t.Fatal(err)
-	}
+	commitOtherRunsOutput(t, env)
 	env.StartWorker("w1", map[string]int{"cpu": 1})
 	rr := env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
 	rec, err := env.Shard("t", "s0000")
