@@ -293,6 +293,14 @@ type WorkerReport struct {
 	// cache (checksum-size-name keys, most recently used first, at most
 	// StagedAdvertised), for other workers' locality decisions.
 	Staged []string `json:"staged,omitempty"`
+	// Awaiting lists the shards (run.id keys) of which this worker holds a
+	// delivery, its slot taken (Running counts it), while another owner's
+	// lease of the shard lives: the message came again while that owner
+	// ran it (a heartbeat late at the server, a coordinator restart). The
+	// delivery settles once the shard's record says it ended, or takes the
+	// lease once it ends, or hands the message back after three lease
+	// TTLs; it runs nothing meanwhile.
+	Awaiting []string `json:"awaiting,omitempty"`
 	// Conn is the name of the worker's connection to the coordinator, as
 	// the coordinator lists its clients (`shardpool-worker-<name>`, or
 	// the coordinator's own where `run` embeds the worker); absent in

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -1616,6 +1617,20 @@ func TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt(t *testing.T) {
 func TestLeaseWaitEndsWhenTheRecordSaysTheShardEnded(t *testing.T) {
 	env, runs, gate := gatedAttempt(t)
 	log := secondDelivery(t, env)
+	// While it waits, b's report names the shard it holds a slot for.
+	awaiting := func(want []string) {
+		t.Helper()
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			rs, err := env.Buckets().WorkerReports(context.Background())
+			for _, r := range rs {
+				if r.Name == "b" {
+					return slices.Equal(r.Awaiting, want), fmt.Sprintf("b's report: awaiting %q, want %q", r.Awaiting, want)
+				}
+			}
+			return false, fmt.Sprintf("no report of b (%v)", err)
+		})
+	}
+	awaiting([]string{"t.s0000"})
 	openGate(t, env, runs, gate)
 	// a's lease, left to expire after its commit: it ends TTL after its
 	// last write, by the server's clock, which is this machine's.
@@ -1639,6 +1654,7 @@ func TestLeaseWaitEndsWhenTheRecordSaysTheShardEnded(t *testing.T) {
 		t.Fatalf("b settled its delivery at %s, after a's lease expired (%s); want as soon as the record said the shard committed",
 			skipped.Format(time.RFC3339Nano), expires.Format(time.RFC3339Nano))
 	}
+	awaiting(nil)
 }
 
 // TestExhaustedMessageWaitsForItsRunningAttempt: a shard's message that

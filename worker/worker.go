@@ -223,6 +223,7 @@ type Worker struct {
 	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
 	held       map[string]int  // per class: deliveries held for a store that takes no lease write
 	heldWhy    string          // the store's last refusal, while any is held
+	awaiting   map[string]int  // shard keys whose delivery waits here for another owner's lease (awaitLease)
 
 	defaultScratch bool // cfg.Scratch was not given: it must be this user's own
 	scratchMu      sync.Mutex
@@ -361,7 +362,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Probe = p
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*openLog{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -1072,6 +1073,24 @@ func (w *Worker) holdForStore(class string, err error) func() {
 	}
 }
 
+// awaitOwner counts a delivery of shard key that holds its slot while
+// another owner's lease of the shard lives, for the worker's report; the
+// returned func ends it.
+func (w *Worker) awaitOwner(key string) func() {
+	w.mu.Lock()
+	w.awaiting[key]++
+	w.mu.Unlock()
+	w.reportSoon()
+	return func() {
+		w.mu.Lock()
+		if w.awaiting[key]--; w.awaiting[key] <= 0 {
+			delete(w.awaiting, key)
+		}
+		w.mu.Unlock()
+		w.reportSoon()
+	}
+}
+
 // setWait records why class is not being fetched (n <= 0), or clears it.
 func (w *Worker) setWait(class string, n int, why string) {
 	w.mu.Lock()
@@ -1194,10 +1213,14 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	if w.stager != nil {
 		staged = w.stager.Ready(stream.StagedAdvertised)
 	}
+	var awaiting []string
+	if len(w.awaiting) > 0 {
+		awaiting = slices.Sorted(maps.Keys(w.awaiting))
+	}
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure,
 		LeftRunning: w.leftRunning, LastLeft: w.lastLeft,
-		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged}
+		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting}
 }
 
 // headroom is the compact probe published with each report: the effective

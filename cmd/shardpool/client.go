@@ -445,6 +445,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 					case wk.Disconnected != "":
 						detail += "; that worker is disconnected (" + wk.Disconnected + "): if it is gone, the shard is redelivered once its lease expires; if it reconnects in time, it carries on"
 					}
+					if others := awaitedBy(st.Workers, stream.ShardKey(r.Name, s.ID)); len(others) > 0 {
+						detail += "; its message came again, to " + strings.Join(others, ", ") + ", which holds a slot for it until this attempt ends (at most 3 lease TTLs)"
+					}
 				}
 			}
 			if r.Halted != "" && s.State == stream.ShardPending {
@@ -519,6 +522,10 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if wk.SlurmJob != "" {
 			fmt.Fprintf(w, "%s: runs in Slurm job %s (scancel %s ends it, its shards handed back)\n", wk.Name, wk.SlurmJob, wk.SlurmJob)
 		}
+		if n := len(wk.Awaiting); n > 0 {
+			fmt.Fprintf(w, "%s: %d of its running slot(s) hold a shard another worker runs (%s): its message came again while that worker ran it; "+
+				"the slot runs nothing and is free once that attempt ends (at most 3 lease TTLs)\n", wk.Name, n, strings.Join(wk.Awaiting, ", "))
+		}
 		printFailingWorker(w, wk, st.Workers)
 		if wk.LeftRunning > 0 {
 			fmt.Fprintf(w, "%s: %d attempt(s) left processes running when their command ended, killed then (the last: %s)\n", wk.Name, wk.LeftRunning, wk.LastLeft)
@@ -554,6 +561,18 @@ func printFailingWorker(w io.Writer, wk stream.WorkerReport, all []stream.Worker
 // maxShardLines bounds the shards status RUN prints per run; --json has
 // them all.
 const maxShardLines = 50
+
+// awaitedBy names the workers that hold a delivery of the shard key while
+// another owner's lease of it lives (WorkerReport.Awaiting).
+func awaitedBy(workers []stream.WorkerReport, key string) []string {
+	var names []string
+	for _, wk := range workers {
+		if slices.Contains(wk.Awaiting, key) {
+			names = append(names, wk.Name)
+		}
+	}
+	return names
+}
 
 // reportOf is the report of the worker process that owns a shard (same
 // name, host and pid), or nil when none reports.

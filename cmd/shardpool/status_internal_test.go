@@ -67,6 +67,48 @@ func TestStatusNamesRunningShardsOfSilentWorkers(t *testing.T) {
 	}
 }
 
+// TestStatusNamesSlotsHeldForAnotherWorkersShard: a worker holding a
+// delivery of a shard another worker runs (its message came again) shows
+// it: the running shard names the worker that holds a slot for it, and
+// the worker says that its slot runs nothing. Before, that worker only
+// counted one more running shard, with none of its own to show for it.
+func TestStatusNamesSlotsHeldForAnotherWorkersShard(t *testing.T) {
+	now := time.Now().UTC()
+	st := &coordinator.Status{V: coordinator.StatusVersion, Time: now,
+		Runs: []coordinator.RunStatus{{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 2, Running: 2},
+			Shards: []stream.ShardRecord{
+				{ID: "a", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w1", Host: "h1", PID: 41, Attempt: 1}},
+				{ID: "b", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w2", Host: "h2", PID: 42, Attempt: 1}},
+			}}},
+		Workers: []stream.WorkerReport{
+			{Name: "w1", Host: "h1", PID: 41, Reported: now, Running: map[string]int{"cpu": 1}},
+			{Name: "w2", Host: "h2", PID: 42, Reported: now, Running: map[string]int{"cpu": 1}},
+			{Name: "w3", Host: "h3", PID: 43, Reported: now, Running: map[string]int{"cpu": 1}, Awaiting: []string{"r.a"}},
+		},
+	}
+	var b strings.Builder
+	printStatus(&b, st)
+	out := b.String()
+	lines := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			lines[f[0]] = l
+		}
+	}
+	if !strings.Contains(lines["a"], "its message came again, to w3, which holds a slot for it until this attempt ends") {
+		t.Errorf("shard a: got %q, want the worker holding a slot for it named", lines["a"])
+	}
+	if strings.Contains(lines["b"], "came again") {
+		t.Errorf("shard b: got %q, want no other worker named", lines["b"])
+	}
+	if !strings.Contains(out, "w3: 1 of its running slot(s) hold a shard another worker runs (r.a)") {
+		t.Errorf("status does not say what w3's slot holds:\n%s", out)
+	}
+	if strings.Contains(out, "w1: 1 of its running") || strings.Contains(out, "w2: 1 of its running") {
+		t.Errorf("a worker running its own shard is said to hold another's:\n%s", out)
+	}
+}
+
 // TestStatusBoundsShardLines: a run with thousands of shards not validated
 // prints the first ones and how many more there are, not thousands of lines.
 func TestStatusBoundsShardLines(t *testing.T) {
