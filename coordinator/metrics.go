@@ -152,7 +152,7 @@ func WriteMetrics(w io.Writer, st *Status, queues []QueueStats, store *StoreStat
 			m.sample(float64(wk.Running[class]), "worker", wk.Name, "host", wk.Host, "class", class)
 		}
 	}
-	m.family("shardpool_worker_awaiting", "gauge", "Of the worker's running slots, those holding a shard another worker runs (its message came again), until that attempt ends.")
+	m.family("shardpool_worker_awaiting", "gauge", "Of the worker's running slots, those holding a shard that another attempt runs (its message came again), until that attempt ends.")
 	for _, wk := range st.Workers {
 		m.sample(float64(len(wk.Awaiting)), "worker", wk.Name, "host", wk.Host)
 	}

@@ -207,7 +207,7 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 		t.Errorf("done: %v (%v), want the counter at 7", got, fams["shardpool_worker_shards_done_total"].GetType())
 	}
 	if got := mustValue(t, fams, "shardpool_worker_awaiting", "worker", odd); got != 2 {
-		t.Errorf("slots holding another worker's shard: %v, want 2", got)
+		t.Errorf("slots holding a shard another attempt runs: %v, want 2", got)
 	}
 	if got := mustValue(t, fams, "shardpool_worker_awaiting", "worker", "gone"); got != 0 {
 		t.Errorf("slots of a worker that holds none for others: %v, want 0", got)

@@ -294,9 +294,10 @@ type WorkerReport struct {
 	// StagedAdvertised), for other workers' locality decisions.
 	Staged []string `json:"staged,omitempty"`
 	// Awaiting lists the shards (run.id keys) of which this worker holds a
-	// delivery, its slot taken (Running counts it), while another owner's
-	// lease of the shard lives: the message came again while that owner
-	// ran it (a heartbeat late at the server, a coordinator restart). The
+	// delivery, its slot taken (Running counts it), while another
+	// attempt's lease of the shard lives (another worker's, or one of this
+	// worker's own): the message came again while that attempt ran (a
+	// heartbeat late at the server, a coordinator restart). The
 	// delivery settles once the shard's record says it ended, or takes the
 	// lease once it ends, or hands the message back after three lease
 	// TTLs; it runs nothing meanwhile.

@@ -197,7 +197,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		// lease; instead keep the message in progress until the lease
 		// expires or its owner releases it, then look at the record again.
 		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; waiting for it to expire (TTL %s)", err, w.ttl))
-		done := w.awaitOwner(a.key)
+		done := w.holdForOwner(a.key)
 		l, err = w.awaitLease(ctx, stop, a, class)
 		done()
 		if errors.Is(err, errSettledMeanwhile) {

@@ -1073,10 +1073,10 @@ func (w *Worker) holdForStore(class string, err error) func() {
 	}
 }
 
-// awaitOwner counts a delivery of shard key that holds its slot while
+// holdForOwner counts a delivery of shard key that holds its slot while
 // another owner's lease of the shard lives, for the worker's report; the
 // returned func ends it.
-func (w *Worker) awaitOwner(key string) func() {
+func (w *Worker) holdForOwner(key string) func() {
 	w.mu.Lock()
 	w.awaiting[key]++
 	w.mu.Unlock()

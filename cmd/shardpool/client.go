@@ -523,7 +523,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "%s: runs in Slurm job %s (scancel %s ends it, its shards handed back)\n", wk.Name, wk.SlurmJob, wk.SlurmJob)
 		}
 		if n := len(wk.Awaiting); n > 0 {
-			fmt.Fprintf(w, "%s: %d of its running slot(s) hold a shard another worker runs (%s): its message came again while that worker ran it; "+
+			fmt.Fprintf(w, "%s: %d of its running slot(s) hold a shard that another attempt runs (%s): its message came again while that attempt ran; "+
 				"the slot runs nothing and is free once that attempt ends (at most 3 lease TTLs)\n", wk.Name, n, strings.Join(wk.Awaiting, ", "))
 		}
 		printFailingWorker(w, wk, st.Workers)

@@ -101,7 +101,7 @@ func TestStatusNamesSlotsHeldForAnotherWorkersShard(t *testing.T) {
 	if strings.Contains(lines["b"], "came again") {
 		t.Errorf("shard b: got %q, want no other worker named", lines["b"])
 	}
-	if !strings.Contains(out, "w3: 1 of its running slot(s) hold a shard another worker runs (r.a)") {
+	if !strings.Contains(out, "w3: 1 of its running slot(s) hold a shard that another attempt runs (r.a)") {
 		t.Errorf("status does not say what w3's slot holds:\n%s", out)
 	}
 	if strings.Contains(out, "w1: 1 of its running") || strings.Contains(out, "w2: 1 of its running") {
