@@ -287,6 +287,10 @@ type WorkerReport struct {
 	Limits string `json:"limits,omitempty"`
 	// Auto is true when slots come from measured admission.
 	Auto bool `json:"auto,omitempty"`
+	// SlotsEach is the slots the worker gives each class of the active
+	// runs as it appears (Slots lists those it has seen); 0 when its slots
+	// are per class, or measured.
+	SlotsEach int `json:"slots_each,omitempty"`
 	// Waiting is, per class, why the worker is not fetching right now.
 	Waiting map[string]string `json:"waiting,omitempty"`
 	// Staged lists the inputs this worker holds verified in its staging

@@ -28,6 +28,9 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	if err := w.scratchUsable(); err != nil {
 		return 0, fmt.Sprintf("class %s: %v: not fetching; looking again every %s", class, err, scratchRecheck)
 	}
+	if why := w.loneHeld(); why != "" {
+		return 0, fmt.Sprintf("class %s: %s", class, why)
+	}
 	if !w.cfg.Auto {
 		slots := w.fixedSlots(class)
 		w.publishFixed(class, max(slots-inflight, 0))

@@ -3,6 +3,7 @@ package worker
 import (
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -56,14 +57,19 @@ func TestFailedInARowStartsOverOnAValidatedShard(t *testing.T) {
 		defer w.mu.Unlock()
 		return w.failedInARow, w.lastFailure
 	}
-	w.attemptFailed("t a: exit status 1")
-	w.attemptFailed("t b: " + strings.Repeat("x", 500))
+	w.attemptFailed("t.a", "cpu", "t a: exit status 1")
+	w.attemptFailed("t.b", "cpu", "t b: "+strings.Repeat("x", 500))
+	w.attemptFailed("t.a", "cpu", "t a: exit status 1")
+	w.attemptFailed("t.b", "cpu", "t b: "+strings.Repeat("x", 500))
 	w.count(false)
-	if n, last := report(); n != 2 || len(last) != 303 || !strings.HasPrefix(last, "t b: xxx") {
-		t.Fatalf("after two failed attempts: %d in a row, last %q; want 2 and the second's reason cut to 300 bytes", n, last)
+	if n, last := report(); n != 4 || len(last) != 303 || !strings.HasPrefix(last, "t b: xxx") {
+		t.Fatalf("after four failed attempts: %d in a row, last %q; want 4 and the last one's reason cut to 300 bytes", n, last)
+	}
+	if !slices.Equal(w.streakKeys, []string{"t.a", "t.b"}) || w.chargedHere != 4 {
+		t.Fatalf("streak's shards %q, %d charged attempts; want each shard once, most recent last, and 4", w.streakKeys, w.chargedHere)
 	}
 	w.count(true)
-	if n, last := report(); n != 0 || last != "" {
-		t.Fatalf("after a validated shard: %d in a row, last %q; want 0 and none", n, last)
+	if n, last := report(); n != 0 || last != "" || len(w.streakKeys) != 0 || w.chargedHere != 5 {
+		t.Fatalf("after a validated shard: %d in a row, last %q, streak %q, %d charged; want 0, none, none and 5", n, last, w.streakKeys, w.chargedHere)
 	}
 }

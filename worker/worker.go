@@ -70,6 +70,13 @@ type Config struct {
 	// them; each failure is charged, and a run's retries run out fast.
 	// Failed reports why once it has. Zero never stops.
 	StopAfterStartFailures int
+	// StopWhenFailingAlone drains the worker once its charged attempts
+	// have failed in a row while other workers validated those very
+	// shards, more often than chance allows were the fault the job's
+	// (lone.go): the host lacks what the command needs, and would
+	// otherwise spend the retries of shard after shard. Failed reports
+	// why once it has.
+	StopWhenFailingAlone bool
 	// OnServing, when set, is called once the worker has taken its name
 	// and set up, just before it starts reporting and fetching.
 	OnServing func()
@@ -184,6 +191,21 @@ type Worker struct {
 	// reason (reports: a host that fails what others run). Under mu.
 	failedInARow int
 	lastFailure  string
+	// streakKeys are the shards of the failures in a row (the most
+	// recent loneKeys), streakGen counts the validations that ended a
+	// streak, chargedHere the charged attempts that ended here: the
+	// judgement of StopWhenFailingAlone (lone.go). Under mu.
+	streakKeys  []string
+	streakClass string // the class of the streak's last failure
+	streakGen   uint64
+	chargedHere int
+	// loneSince is when the worker began to hold its fetches while its
+	// streak's shards run elsewhere, loneWhy says why ("" when not held);
+	// loneNext is the streak at which the next hold may begin (lone.go).
+	// Under mu.
+	loneSince time.Time
+	loneWhy   string
+	loneNext  int
 	// leftRunning counts the attempts whose command left processes
 	// running, lastLeft the last one (the report's LeftRunning, LastLeft).
 	leftRunning int
@@ -483,21 +505,11 @@ func (w *Worker) noteStart(outcome, reason string) {
 	if limit := w.cfg.StopAfterStartFailures; limit <= 0 || n < int64(limit) {
 		return
 	}
-	why := fmt.Sprintf("the last %d attempts could not start their command on host %s (the last: %s), so it stopped fetching rather than fail the rest of the queue here", n, w.host, reason)
-	w.mu.Lock()
-	first := w.stopped == ""
-	if first {
-		w.stopped = why
-	}
-	w.mu.Unlock()
-	if first {
-		w.log.Error("worker stops: attempts cannot start here", "in_a_row", n, "last", reason)
-		w.Drain(why)
-	}
+	w.stopSelf(fmt.Sprintf("the last %d attempts could not start their command on host %s (the last: %s), so it stopped fetching rather than fail the rest of the queue here", n, w.host, reason))
 }
 
-// Failed is why the worker drained itself (StopAfterStartFailures), or
-// "" when it did not.
+// Failed is why the worker drained itself (StopAfterStartFailures,
+// StopWhenFailingAlone), or "" when it did not.
 func (w *Worker) Failed() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -683,6 +695,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	shardCtx, stopShards := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopShards()
 	var shards sync.WaitGroup
+	// Known before the first fetch, not a report period later: a host
+	// that fails its first shards holds its fetches (holdLone) only
+	// where it knows of a peer.
+	w.refreshPeers(ctx)
 	if w.cfg.OnServing != nil {
 		w.cfg.OnServing()
 	}
@@ -756,6 +772,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	for _, class := range classes {
 		startServe(class)
+	}
+	if w.cfg.StopWhenFailingAlone {
+		g.Go(func() error { return w.watchLone(gctx, min(w.cfg.ReportEvery, time.Second)) })
 	}
 	if w.cfg.IdleExit > 0 {
 		w.busyAt.Store(time.Now().UnixNano())
@@ -1143,19 +1162,29 @@ func (w *Worker) count(ok bool) {
 	w.mu.Lock()
 	if ok {
 		w.done++
+		w.chargedHere++
 		w.failedInARow, w.lastFailure = 0, ""
+		w.streakKeys = w.streakKeys[:0]
+		w.streakGen++
+		w.releaseLone()
+		w.loneNext = 0
 	} else {
 		w.failed++
 	}
 	w.mu.Unlock()
 }
 
-// attemptFailed counts a charged attempt that failed here (retried or
-// not) toward the report's FailedInARow.
-func (w *Worker) attemptFailed(reason string) {
+// attemptFailed counts a charged attempt at the shard key of class that
+// failed here (retried or not) toward the report's FailedInARow, and the
+// judgement of StopWhenFailingAlone.
+func (w *Worker) attemptFailed(key, class, reason string) {
 	w.mu.Lock()
 	w.failedInARow++
+	w.chargedHere++
 	w.lastFailure = reportCut(reason)
+	w.addToStreak(key)
+	w.streakClass = class
+	w.holdLone(time.Now())
 	w.mu.Unlock()
 	w.reportSoon()
 }
@@ -1176,6 +1205,15 @@ func (w *Worker) reportedSlots() map[string]int {
 		return w.cfg.Slots
 	}
 	return maps.Clone(w.fixed)
+}
+
+// slotsEach is what the report says every class of the active runs gets
+// as it appears: SlotsEach, without Auto.
+func (w *Worker) slotsEach() int {
+	if w.cfg.Auto {
+		return 0
+	}
+	return w.cfg.SlotsEach
 }
 
 // fixedSlots is the configured number of slots of class, without Auto:
@@ -1218,7 +1256,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 		awaiting = slices.Sorted(maps.Keys(w.awaiting))
 	}
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Slots: w.reportedSlots(),
-		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure,
+		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure, SlotsEach: w.slotsEach(),
 		LeftRunning: w.leftRunning, LastLeft: w.lastLeft,
 		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting}
 }

@@ -1,0 +1,192 @@
+package worker
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// TestFailureUpper: the one-sided Clopper-Pearson bound against its
+// closed form where there is one (no failure: 1 - 0.05^(1/n)), and 5 in
+// 10 against the Beta(6, 5) quantile 0.95 (tables give 0.813 for the
+// two-sided 95% interval, which is the one-sided 97.5% bound: also
+// checked).
+func TestFailureUpper(t *testing.T) {
+	for _, c := range []struct {
+		bad, n int
+		want   float64
+	}{
+		{0, 10, 1 - math.Pow(0.05, 0.1)},
+		{0, 1, 0.95},
+		{5, 10, 0.7776},
+		{3, 3, 1},
+		{0, 0, 1},
+	} {
+		if got := failureUpper(c.bad, c.n); math.Abs(got-c.want) > 1e-3 {
+			t.Errorf("failureUpper(%d, %d) = %.4f, want %.4f", c.bad, c.n, got, c.want)
+		}
+	}
+	if got := binomialCDF(5, 10, 0.8129); math.Abs(got-0.025) > 1e-3 {
+		t.Errorf("binomialCDF(5, 10, 0.8129) = %.4f, want 0.025 (the two-sided interval's upper end)", got)
+	}
+	// Where (1-p)^n underflows: 900 failures in 1,000 attempts.
+	if got := failureUpper(900, 1000); got < 0.9 || got > 0.92 {
+		t.Errorf("failureUpper(900, 1000) = %.4f, want about 0.915", got)
+	}
+}
+
+// TestHostFault: a host whose every attempt fails while other workers
+// validate the same shards at their first try is judged at fault after a
+// handful of failures; one running a job that fails as often elsewhere,
+// or a flaky job whose streak chance allows, is not.
+func TestHostFault(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		e    loneEvidence
+		want bool
+	}{
+		{"others validate every shard at once", loneEvidence{Streak: 10, Here: 10, Validated: 10, Others: 10}, true},
+		{"too short for chance", loneEvidence{Streak: 9, Here: 9, Validated: 9, Others: 9}, false},
+		{"the same after 5,000 shards validated here", loneEvidence{Streak: 12, Here: 5012, Validated: 12, Others: 12}, true},
+		{"too short after 5,000 shards validated here", loneEvidence{Streak: 10, Here: 5010, Validated: 10, Others: 10}, false},
+		{"evidence not in yet", loneEvidence{Streak: 30, Here: 30, Validated: 2, Others: 2}, false},
+		{"a streak shorter than the least", loneEvidence{Streak: 4, Here: 4, Validated: 4, Others: 4}, false},
+		{"others fail them too: the job's fault", loneEvidence{Streak: 20, Here: 20, Validated: 3, Others: 40, OthersBad: 37}, false},
+		{"a flaky job failing half its attempts everywhere", loneEvidence{Streak: 10, Here: 200, Validated: 10, Others: 20, OthersBad: 10}, false},
+		{"a streak no flaky job of that rate makes", loneEvidence{Streak: 30, Here: 200, Validated: 30, Others: 60, OthersBad: 30}, true},
+	} {
+		if got := c.e.hostFault(); got != c.want {
+			t.Errorf("%s: hostFault(%+v) = %v, want %v", c.name, c.e, got, c.want)
+		}
+	}
+}
+
+// TestGatherLone counts what other workers did with the streak's shards:
+// their validations, and their ended attempts, failed or not; attempts of
+// this worker's name, open ones and those ended by no fault of the job's
+// do not count.
+func TestGatherLone(t *testing.T) {
+	at := func(worker, outcome string) stream.Attempt { return stream.Attempt{Worker: worker, Outcome: outcome} }
+	recs := []stream.ShardRecord{
+		{State: stream.ShardValidated, Attempts: []stream.Attempt{at("bad", stream.OutcomeExit), at("good", stream.OutcomeOK)}},
+		{State: stream.ShardValidated, Attempts: []stream.Attempt{at("bad", stream.OutcomeExit), at("good", stream.OutcomeTimeout), at("good2", stream.OutcomeInterrupted), at("good2", stream.OutcomeOK)}},
+		{State: stream.ShardPending, Attempts: []stream.Attempt{at("bad", stream.OutcomeExit), at("good", stream.OutcomeLost), at("good", "")}},
+		{State: stream.ShardValidated, Attempts: []stream.Attempt{at("bad", stream.OutcomeExit), at("bad", stream.OutcomeOK)}},
+	}
+	v, n, bad := gatherLone(recs, "bad")
+	if v != 2 || n != 4 || bad != 2 {
+		t.Fatalf("gatherLone: %d validated, %d attempts, %d failed; want 2, 4 and 2", v, n, bad)
+	}
+}
+
+// TestHoldStartsAtTheFifthFailureWhereAPeerCanRunTheShards: the hold
+// begins with the failure that makes the streak 5, only where a live
+// peer serves the class and is not failing itself; after a hold ends the
+// next begins 5 failures later, and a validation here starts over.
+func TestHoldStartsAtTheFifthFailureWhereAPeerCanRunTheShards(t *testing.T) {
+	fail := func(w *Worker, n int) {
+		for i := range n {
+			w.attemptFailed(fmt.Sprintf("t.s%d", i), "cpu", "exit status 1")
+		}
+	}
+	healthy := stream.WorkerReport{Name: "w2", Slots: map[string]int{"cpu": 1}}
+	for _, c := range []struct {
+		name  string
+		on    bool
+		peers []stream.WorkerReport
+		fails int
+		want  bool
+	}{
+		{"four failures", true, []stream.WorkerReport{healthy}, 4, false},
+		{"five failures, a healthy peer", true, []stream.WorkerReport{healthy}, 5, true},
+		{"switched off", false, []stream.WorkerReport{healthy}, 5, false},
+		{"no peer", true, nil, 5, false},
+		{"the peer fails too", true, []stream.WorkerReport{{Name: "w2", Slots: map[string]int{"cpu": 1}, FailedInARow: 5}}, 9, false},
+		{"the peer serves another class", true, []stream.WorkerReport{{Name: "w2", Slots: map[string]int{"gpu": 1}}}, 9, false},
+		{"an auto peer", true, []stream.WorkerReport{{Name: "w2", Auto: true}}, 5, true},
+		{"a peer serving each class as it appears", true, []stream.WorkerReport{{Name: "w2", SlotsEach: 1, Slots: map[string]int{}}}, 5, true},
+	} {
+		w := &Worker{cfg: Config{StopWhenFailingAlone: c.on}, poke: make(chan struct{}, 1), peers: c.peers}
+		fail(w, c.fails)
+		if got := w.loneHeld() != ""; got != c.want {
+			t.Errorf("%s: held %v (%q), want %v", c.name, got, w.loneHeld(), c.want)
+		}
+	}
+
+	w := &Worker{cfg: Config{StopWhenFailingAlone: true}, poke: make(chan struct{}, 1), peers: []stream.WorkerReport{healthy}}
+	fail(w, 5)
+	w.mu.Lock()
+	w.releaseLone()
+	w.mu.Unlock()
+	fail(w, 4)
+	if why := w.loneHeld(); why != "" {
+		t.Fatalf("held again 4 failures after a hold ended: %q; want the next hold 5 failures later", why)
+	}
+	fail(w, 1)
+	if why := w.loneHeld(); !strings.Contains(why, "its last 10 attempts failed here while worker w2 runs shards") {
+		t.Fatalf("10 failures in a row, 5 after a hold ended: held %q; want a hold naming the 10 and w2", why)
+	}
+	w.count(true)
+	if why := w.loneHeld(); why != "" {
+		t.Fatalf("after a validation here: held %q, want no hold", why)
+	}
+	fail(w, 5)
+	if w.loneHeld() == "" {
+		t.Fatal("5 failures after a validation ended the streak: no hold; want one")
+	}
+}
+
+// TestJudgementUnderChance simulates what the judgement sees (seeded, so
+// each run is the same): a healthy worker of a job that fails a share of
+// its attempts everywhere, each shard it failed then retried elsewhere
+// until validated, is never judged at fault over 10,000 attempts; a host
+// failing every attempt while others validate those shards at once is,
+// within 10 to 14 failures however long it served before.
+func TestJudgementUnderChance(t *testing.T) {
+	for _, p := range []float64{0.5, 0.7, 0.9} {
+		r := rand.New(rand.NewPCG(uint64(p*10), 1))
+		for run := range 100 {
+			var e loneEvidence
+			for range 10000 {
+				e.Here++
+				if r.Float64() >= p {
+					e = loneEvidence{Here: e.Here}
+					continue
+				}
+				e.Streak++
+				for {
+					e.Others++
+					if r.Float64() < p {
+						e.OthersBad++
+						continue
+					}
+					e.Validated++
+					break
+				}
+				// The bound is at least the rate seen: skip what it cannot pass.
+				if seen := float64(e.OthersBad) / float64(e.Others); float64(e.Here)*math.Pow(seen, float64(e.Streak)) >= loneChance {
+					continue
+				}
+				if e.hostFault() {
+					t.Fatalf("a job failing %.0f%% of attempts everywhere: run %d judged the host at fault: %+v", p*100, run, e)
+				}
+			}
+		}
+	}
+	for _, c := range []struct{ before, want int }{{0, 10}, {5000, 12}, {100000, 14}} {
+		e := loneEvidence{Here: c.before}
+		for !e.hostFault() && e.Streak < 100 {
+			e.Here++
+			e.Streak++
+			e.Others++
+			e.Validated++
+		}
+		if e.Streak != c.want {
+			t.Errorf("a host failing every attempt after %d validated: judged at fault after %d failures, want %d", c.before, e.Streak, c.want)
+		}
+	}
+}
