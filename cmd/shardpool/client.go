@@ -540,7 +540,9 @@ const failingInARow = 5
 // printFailingWorker warns about a worker whose last attempts all failed,
 // and says whether other workers validate shards meanwhile: then the
 // fault is likely its host's (a missing library, driver or mount), which
-// only a person can fix; the worker itself goes on taking shards.
+// only a person can fix. A worker started with --stop-when-failing-alone
+// (the default) holds its fetches meanwhile and stops by itself once the
+// shards' records prove it; one without goes on taking shards.
 func printFailingWorker(w io.Writer, wk stream.WorkerReport, all []stream.WorkerReport) {
 	if wk.FailedInARow < failingInARow {
 		return
@@ -554,7 +556,8 @@ func printFailingWorker(w io.Writer, wk stream.WorkerReport, all []stream.Worker
 	fmt.Fprintf(w, "%s: its last %d attempts failed, none validated since (the last: %s)\n", wk.Name, wk.FailedInARow, wk.LastFailure)
 	if healthy > 0 {
 		fmt.Fprintf(w, "%s: %d other worker(s) validate shards meanwhile, so host %s may lack what the command needs (a library, a driver, a mount): "+
-			"read its attempt logs there; to stop it taking shards, drain it (kill -USR1 %d on %s) and fix the host\n", wk.Name, healthy, wk.Host, wk.PID, wk.Host)
+			"read its attempt logs there; to stop it taking shards, drain it (kill -USR1 %d on %s) and fix the host "+
+			"(a worker started with --stop-when-failing-alone, the default, holds its fetches and stops by itself once other workers validate the shards that failed there)\n", wk.Name, healthy, wk.Host, wk.PID, wk.Host)
 	}
 }
 

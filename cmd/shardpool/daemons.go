@@ -230,6 +230,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet (0: fail at once)")
 	idleExit := fs.Duration("idle-exit", 0, "exit (0) after this long with no shard running and none delivered, as a worker in a batch allocation should (0: serve until stopped)")
 	stopAfter := fs.Int("stop-after-start-failures", 5, "stop fetching and exit 1 once `N` attempts in a row could not start their command on this host (a mount it lacks, an output it cannot write), rather than fail the rest of the queue here (0: never)")
+	stopAlone := fs.Bool("stop-when-failing-alone", true, "stop fetching and exit 1 once attempts fail here in a row while other workers validate those very shards, more often than chance allows (false: only report it)")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
 	sf.register(fs)
@@ -252,7 +253,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer nc.Close()
 	w, err := worker.New(worker.Config{JetStream: js, AdoptOrphans: true, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
-		StateDir: *data, Grace: *grace, IdleExit: *idleExit, StopAfterStartFailures: *stopAfter, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
+		StateDir: *data, Grace: *grace, IdleExit: *idleExit, StopAfterStartFailures: *stopAfter, StopWhenFailingAlone: *stopAlone, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
 		OnServing: func() { fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.describe(), *server) }})
 	if err != nil {
 		return err
@@ -273,7 +274,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if why := w.Failed(); why != "" {
-		return exitErr{code: exitFailure, msg: fmt.Sprintf("worker %s: %s. Fix the host, then start the worker again (status names each shard's reason; --stop-after-start-failures 0 never stops)", *name, why)}
+		return exitErr{code: exitFailure, msg: fmt.Sprintf("worker %s: %s. Fix the host, then start the worker again (status names each shard's reason; --stop-after-start-failures 0 and --stop-when-failing-alone=false never stop)", *name, why)}
 	}
 	return nil
 }

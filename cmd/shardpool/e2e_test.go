@@ -1145,7 +1145,8 @@ func TestStatusPointsAtAHostThatFailsWhatOthersRun(t *testing.T) {
 		"sh", "{input}", "{out}"}})
 	c.submit(spec, "--halt", "0")
 	good := c.worker("good", "--slots", "1")
-	bad := c.worker("bad", "--slots", "1")
+	// Reported, not stopped: TestWorkerStopsWhereOthersValidateWhatFailsOnItsHost.
+	bad := c.worker("bad", "--slots", "1", "--stop-when-failing-alone=false")
 	var out string
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
@@ -1179,6 +1180,108 @@ func TestStatusPointsAtAHostThatFailsWhatOthersRun(t *testing.T) {
 	for _, w := range []*testenv.Proc{good, bad} {
 		w.SignalMain(syscall.SIGTERM)
 		w.Wait(t, 30*time.Second)
+	}
+}
+
+// TestWorkerStopsWhereOthersValidateWhatFailsOnItsHost: a worker whose
+// host lacks what the command needs (its scratch directory's name makes
+// the job fail as a missing library would) fails each shard at once,
+// faster than the healthy worker runs its own. After 5 failures in a row
+// it holds its fetches while those shards run on the healthy worker;
+// once that worker has validated enough of them, the bad worker stops
+// and exits 1 saying why. It fails 10 attempts in all (5, a hold whose
+// evidence is too thin to judge, 5 more), not the 78 it failed before
+// it held, and spends no shard's retries: the run completes, every
+// shard validated by the good worker.
+func TestWorkerStopsWhereOthersValidateWhatFailsOnItsHost(t *testing.T) {
+	c := startCluster(t, "10s")
+	const n = 30
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 3, Command: []string{"sh", "-c",
+		`case "$SHARDPOOL_SCRATCH" in *scratch-bad*) echo "libfoo.so.1: cannot open shared object file" >&2; exit 127;; esac; sleep 0.1; cp "$1" "$2/"`,
+		"sh", "{input}", "{out}"}})
+	c.submit(spec, "--halt", "0")
+	good := c.worker("good", "--slots", "1")
+	bad := c.worker("bad", "--slots", "1")
+	if code := bad.Wait(t, 60*time.Second); code != 1 || !strings.Contains(bad.Output(), "worker bad: its last ") ||
+		!strings.Contains(bad.Output(), "libfoo.so.1: cannot open shared object file") ||
+		!strings.Contains(bad.Output(), "while other workers validated ") || !strings.Contains(bad.Output(), "the fault is likely the host's") {
+		t.Fatalf("worker on a host that fails what the other validates: exit %d\n%s\nwant 1, saying it stopped and why", code, bad.Output())
+	}
+	r := testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+	if r.State != stream.RunComplete || r.Counts.Validated != n {
+		t.Fatalf("after the bad worker stopped: %s %+v; want COMPLETE, all %d shards validated by the good worker", r.State, r.Counts, n)
+	}
+	failedOnBad := 0
+	for i := range n {
+		rec, err := testenv.ReadShard(c.js, "t", fmt.Sprintf("s%04d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, at := range rec.Attempts {
+			switch {
+			case at.Worker == "bad" && at.Outcome == stream.OutcomeOK:
+				t.Errorf("shard %s validated by the bad worker", rec.ID)
+			case at.Worker == "bad":
+				failedOnBad++
+			}
+		}
+	}
+	if failedOnBad < 5 || failedOnBad > 10 {
+		t.Errorf("%d attempts failed on the bad worker; want 5 to 10: 5 in a row start a hold", failedOnBad)
+	}
+	log, err := os.ReadFile(filepath.Join(c.data, "w-bad", "admission.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "decision=wait class cpu: its last 5 attempts failed here while worker good runs shards: not fetching while the failed shards run elsewhere") {
+		t.Errorf("the bad worker's admission.log has no hold:\n%s", log)
+	}
+	good.SignalMain(syscall.SIGTERM)
+	good.Wait(t, 30*time.Second)
+}
+
+// TestWorkersKeepServingAJobThatFailsEverywhere: a job that fails on
+// every host is not a host's fault. Both workers hold their fetches
+// after 5 failures in a row while the other looks healthy, and fetch
+// again once the other fails the same shards; neither stops, and the run
+// ends BLOCKED with every shard failed.
+func TestWorkersKeepServingAJobThatFailsEverywhere(t *testing.T) {
+	c := startCluster(t, "10s")
+	const n = 16
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n, Retries: 2, Command: []string{"sh", "-c", `echo "no such model: $1" >&2; exit 2`, "sh", "{input}"}})
+	c.submit(spec, "--halt", "0")
+	wa := c.worker("wa", "--slots", "1")
+	wb := c.worker("wb", "--slots", "1")
+	r := testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunBlocked)
+	if r.Counts.Failed != n {
+		t.Fatalf("run %+v; want all %d shards failed", r.Counts, n)
+	}
+	for _, w := range []*testenv.Proc{wa, wb} {
+		if w.Exited() {
+			t.Errorf("a worker stopped where the job fails everywhere:\n%s", w.Output())
+		}
+	}
+	held := 0
+	for _, name := range []string{"wa", "wb"} {
+		log, err := os.ReadFile(filepath.Join(c.data, "w-"+name, "admission.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(log), "not fetching while the failed shards run elsewhere") {
+			held++
+			if !strings.Contains(string(log), "decision=resume fetching again: ") {
+				t.Errorf("worker %s held its fetches and never resumed:\n%s", name, log)
+			}
+		}
+	}
+	if held == 0 {
+		t.Errorf("neither worker held its fetches after 5 failures in a row while the other looked healthy")
+	}
+	for _, w := range []*testenv.Proc{wa, wb} {
+		w.SignalMain(syscall.SIGTERM)
+		if code := w.Wait(t, 30*time.Second); code != 0 {
+			t.Errorf("worker exit %d after SIGTERM, want 0:\n%s", code, w.Output())
+		}
 	}
 }
 
