@@ -191,16 +191,7 @@ func (w *Worker) releaseLone() {
 // arrives as other workers run the streak's shards, after their retry
 // delays.
 func (w *Worker) watchLone(ctx context.Context, every time.Duration) error {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-w.drain:
-			return nil
-		case <-t.C:
-		}
+	for now := range w.ticks(ctx, every) {
 		w.mu.Lock()
 		streak, here, gen := w.failedInARow, w.chargedHere, w.streakGen
 		keys := slices.Clone(w.streakKeys)
@@ -236,7 +227,6 @@ func (w *Worker) watchLone(ctx context.Context, every time.Duration) error {
 				e.Streak, w.host, last, e.Validated, e.OthersBad, e.Others))
 			return nil
 		}
-		now := time.Now()
 		held := !w.loneSince.IsZero()
 		var ended string
 		switch {
@@ -263,6 +253,7 @@ func (w *Worker) watchLone(ctx context.Context, every time.Duration) error {
 			w.wakeAll()
 		}
 	}
+	return nil
 }
 
 // readShard reads and decodes the shard record at key.

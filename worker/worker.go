@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"os"
@@ -526,16 +527,7 @@ func (w *Worker) drainReason() string {
 // exitWhenIdle drains the worker once it has had nothing to run for
 // IdleExit: no shard holding a slot, and none delivered since.
 func (w *Worker) exitWhenIdle(ctx context.Context) error {
-	t := time.NewTicker(min(max(w.cfg.IdleExit/4, 10*time.Millisecond), time.Second))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-w.drain:
-			return nil
-		case <-t.C:
-		}
+	for range w.ticks(ctx, min(max(w.cfg.IdleExit/4, 10*time.Millisecond), time.Second)) {
 		if w.Running() > 0 {
 			w.busyAt.Store(time.Now().UnixNano())
 			continue
@@ -543,6 +535,27 @@ func (w *Worker) exitWhenIdle(ctx context.Context) error {
 		if idle := time.Since(time.Unix(0, w.busyAt.Load())); idle >= w.cfg.IdleExit {
 			w.Drain(fmt.Sprintf("no shard to run for %s: --idle-exit", idle.Round(time.Second)))
 			return nil
+		}
+	}
+	return nil
+}
+
+// ticks yields every period until ctx ends or the worker drains.
+func (w *Worker) ticks(ctx context.Context, every time.Duration) iter.Seq[time.Time] {
+	return func(yield func(time.Time) bool) {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.drain:
+				return
+			case now := <-t.C:
+				if !yield(now) {
+					return
+				}
+			}
 		}
 	}
 }
