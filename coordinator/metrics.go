@@ -160,9 +160,13 @@ func WriteMetrics(w io.Writer, st *Status, queues []QueueStats, store *StoreStat
 	for _, wk := range st.Workers {
 		m.sample(float64(wk.Done), "worker", wk.Name, "host", wk.Host)
 	}
-	m.family("shardpool_worker_shards_failed_total", "counter", "Attempts the worker process saw fail since it started.")
+	m.family("shardpool_worker_shards_failed_total", "counter", "Shards the worker process failed since it started: after their last retry, or at once for a reason no retry changes.")
 	for _, wk := range st.Workers {
 		m.sample(float64(wk.Failed), "worker", wk.Name, "host", wk.Host)
+	}
+	m.family("shardpool_worker_failed_in_a_row", "gauge", "Attempts that failed on the worker since it last validated a shard: one that grows while other workers validate points at its host.")
+	for _, wk := range st.Workers {
+		m.sample(float64(wk.FailedInARow), "worker", wk.Name, "host", wk.Host)
 	}
 	for _, b := range []struct {
 		name, help, key string

@@ -178,7 +178,7 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 	st := &coordinator.Status{
 		Runs: []coordinator.RunStatus{{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 5, Pending: 2, Running: 1, Validated: 2}}},
 		Workers: []stream.WorkerReport{
-			{Name: odd, Host: "h", Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 3}, Awaiting: []string{"r.a", "r.b"}, Done: 7, Failed: 1, Reported: time.Unix(1700000000, 0),
+			{Name: odd, Host: "h", Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 3}, Awaiting: []string{"r.a", "r.b"}, Done: 7, Failed: 1, FailedInARow: 6, Reported: time.Unix(1700000000, 0),
 				Headroom: map[string]stream.Resource{
 					"cpu_millicores": {Value: 1500}, "cpu_hard": {Value: 2000},
 					"memory": {Unknown: "no cgroup"}, "memory_hard": {Unlimited: true},
@@ -205,6 +205,12 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 	}
 	if got := mustValue(t, fams, "shardpool_worker_shards_done_total", "worker", odd); got != 7 || fams["shardpool_worker_shards_done_total"].GetType() != dto.MetricType_COUNTER {
 		t.Errorf("done: %v (%v), want the counter at 7", got, fams["shardpool_worker_shards_done_total"].GetType())
+	}
+	if got := mustValue(t, fams, "shardpool_worker_failed_in_a_row", "worker", odd); got != 6 {
+		t.Errorf("attempts failed in a row: %v, want 6", got)
+	}
+	if got := mustValue(t, fams, "shardpool_worker_failed_in_a_row", "worker", "gone"); got != 0 {
+		t.Errorf("attempts failed in a row of a worker that failed none: %v, want 0", got)
 	}
 	if got := mustValue(t, fams, "shardpool_worker_awaiting", "worker", odd); got != 2 {
 		t.Errorf("slots holding a shard another attempt runs: %v, want 2", got)
