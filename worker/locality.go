@@ -9,7 +9,8 @@ import (
 	"github.com/shardpool/shardpool/stream"
 )
 
-// refreshPeers reads the other live workers' reports (for locality).
+// refreshPeers reads the other live workers' reports (for locality, and
+// the peers of a hold: holdLone).
 func (w *Worker) refreshPeers(ctx context.Context) {
 	all, err := w.b.WorkerReports(ctx)
 	if err != nil {
@@ -22,7 +23,7 @@ func (w *Worker) refreshPeers(ctx context.Context) {
 		}
 	}
 	w.mu.Lock()
-	w.peers = peers
+	w.peers, w.peersAt = peers, time.Now()
 	w.mu.Unlock()
 }
 

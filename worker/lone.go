@@ -141,18 +141,28 @@ const loneHoldMax = 5 * time.Minute
 // while the other workers' outcomes on those shards come in, rather than
 // take more of the queue and spend its retries. A failure here starts it
 // at once; watchLone ends it (or stops the worker).
-func (w *Worker) holdLone(now time.Time) {
+func (w *Worker) holdLone(now time.Time) holdOutcome {
 	if !w.cfg.StopWhenFailingAlone || !w.loneSince.IsZero() || w.failedInARow < max(w.loneNext, loneStreak) {
-		return
+		return holdNotDue
 	}
 	peer := w.healthyPeer(w.streakClass)
 	if peer == "" {
-		return
+		return holdNoPeer
 	}
 	w.loneSince = now
 	w.loneWhy = fmt.Sprintf("its last %d attempts failed here while worker %s runs shards: not fetching while the failed shards run elsewhere, to tell a fault of host %s from the job's (at most %s)",
 		w.failedInARow, peer, w.host, loneHoldMax)
+	return holdStarted
 }
+
+// holdOutcome is what holdLone did.
+type holdOutcome int
+
+const (
+	holdNotDue holdOutcome = iota // switched off, held already, or the streak is short of the next hold
+	holdNoPeer                    // due, but no healthy peer is known
+	holdStarted
+)
 
 // healthyPeer names a live worker that serves class and has not failed
 // loneStreak attempts in a row itself, under mu; "" when there is none.

@@ -1,11 +1,14 @@
 package worker
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardpool/shardpool/stream"
 )
@@ -90,7 +93,7 @@ func TestGatherLone(t *testing.T) {
 func TestHoldStartsAtTheFifthFailureWhereAPeerCanRunTheShards(t *testing.T) {
 	fail := func(w *Worker, n int) {
 		for i := range n {
-			w.attemptFailed(fmt.Sprintf("t.s%d", i), "cpu", "exit status 1")
+			w.attemptFailed(context.Background(), fmt.Sprintf("t.s%d", i), "cpu", "exit status 1")
 		}
 	}
 	healthy := stream.WorkerReport{Name: "w2", Slots: map[string]int{"cpu": 1}}
@@ -110,14 +113,14 @@ func TestHoldStartsAtTheFifthFailureWhereAPeerCanRunTheShards(t *testing.T) {
 		{"an auto peer", true, []stream.WorkerReport{{Name: "w2", Auto: true}}, 5, true},
 		{"a peer serving each class as it appears", true, []stream.WorkerReport{{Name: "w2", SlotsEach: 1, Slots: map[string]int{}}}, 5, true},
 	} {
-		w := &Worker{cfg: Config{StopWhenFailingAlone: c.on}, poke: make(chan struct{}, 1), peers: c.peers}
+		w := &Worker{cfg: Config{StopWhenFailingAlone: c.on}, poke: make(chan struct{}, 1), peers: c.peers, peersAt: time.Now()}
 		fail(w, c.fails)
 		if got := w.loneHeld() != ""; got != c.want {
 			t.Errorf("%s: held %v (%q), want %v", c.name, got, w.loneHeld(), c.want)
 		}
 	}
 
-	w := &Worker{cfg: Config{StopWhenFailingAlone: true}, poke: make(chan struct{}, 1), peers: []stream.WorkerReport{healthy}}
+	w := &Worker{cfg: Config{StopWhenFailingAlone: true}, poke: make(chan struct{}, 1), peers: []stream.WorkerReport{healthy}, peersAt: time.Now()}
 	fail(w, 5)
 	w.mu.Lock()
 	w.releaseLone()
@@ -188,5 +191,38 @@ func TestJudgementUnderChance(t *testing.T) {
 		if e.Streak != c.want {
 			t.Errorf("a host failing every attempt after %d validated: judged at fault after %d failures, want %d", c.before, e.Streak, c.want)
 		}
+	}
+}
+
+// TestHeldWorkerIsNotIdle: --idle-exit does not end a worker that holds
+// its fetches (it would exit 0 saying it had nothing to run, under a
+// batch scheduler that then thinks the queue ran dry); once the hold
+// ends and nothing comes, it does.
+func TestHeldWorkerIsNotIdle(t *testing.T) {
+	w := &Worker{cfg: Config{IdleExit: 50 * time.Millisecond}, drain: make(chan struct{}), log: slog.New(slog.DiscardHandler)}
+	w.busyAt.Store(time.Now().UnixNano())
+	w.loneSince, w.loneWhy = time.Now(), "held"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.exitWhenIdle(ctx) }()
+	select {
+	case <-w.drain:
+		t.Fatalf("a held worker drained as idle: %q", w.drainReason())
+	case <-time.After(300 * time.Millisecond):
+	}
+	w.mu.Lock()
+	w.releaseLone()
+	w.mu.Unlock()
+	select {
+	case <-w.drain:
+		if why := w.drainReason(); !strings.Contains(why, "--idle-exit") {
+			t.Fatalf("drained for %q, want --idle-exit", why)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hold ended and nothing came: not drained as idle within 5s")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

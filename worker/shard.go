@@ -1123,7 +1123,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		w.handBackUncharged(ctx, a, l, "interrupted: "+res.reason+"; requeued", "requeue", res.reason, func() { w.requeue(a.msg) })
 		return
 	}
-	w.attemptFailed(a.key, class, fmt.Sprintf("%s %s: %s", m.Run, m.ID, at.Reason))
+	w.attemptFailed(ctx, a.key, class, fmt.Sprintf("%s %s: %s", m.Run, m.ID, at.Reason))
 	limit, n := spec.Retries+1, charged(&a.rec, m.Retry)
 	if n >= limit {
 		payload := a.m

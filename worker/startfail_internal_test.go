@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"slices"
@@ -57,10 +58,10 @@ func TestFailedInARowStartsOverOnAValidatedShard(t *testing.T) {
 		defer w.mu.Unlock()
 		return w.failedInARow, w.lastFailure
 	}
-	w.attemptFailed("t.a", "cpu", "t a: exit status 1")
-	w.attemptFailed("t.b", "cpu", "t b: "+strings.Repeat("x", 500))
-	w.attemptFailed("t.a", "cpu", "t a: exit status 1")
-	w.attemptFailed("t.b", "cpu", "t b: "+strings.Repeat("x", 500))
+	w.attemptFailed(context.Background(), "t.a", "cpu", "t a: exit status 1")
+	w.attemptFailed(context.Background(), "t.b", "cpu", "t b: "+strings.Repeat("x", 500))
+	w.attemptFailed(context.Background(), "t.a", "cpu", "t a: exit status 1")
+	w.attemptFailed(context.Background(), "t.b", "cpu", "t b: "+strings.Repeat("x", 500))
 	w.count(false)
 	if n, last := report(); n != 4 || len(last) != 303 || !strings.HasPrefix(last, "t b: xxx") {
 		t.Fatalf("after four failed attempts: %d in a row, last %q; want 4 and the last one's reason cut to 300 bytes", n, last)

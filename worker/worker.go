@@ -254,7 +254,8 @@ type Worker struct {
 	scratchAt      time.Time // when scratchErr was last confirmed
 	scratchDir     string    // the directory that failed
 
-	peers    []stream.WorkerReport // other live workers, for locality
+	peers    []stream.WorkerReport // other live workers, for locality and holdLone
+	peersAt  time.Time             // when peers was read; under mu
 	critical string                // why memory is critical now, or ""
 	enforce  bool                  // per-shard cgroups can be made here
 	adopter  *adopter              // nil unless AdoptOrphans took
@@ -525,10 +526,12 @@ func (w *Worker) drainReason() string {
 }
 
 // exitWhenIdle drains the worker once it has had nothing to run for
-// IdleExit: no shard holding a slot, and none delivered since.
+// IdleExit: no shard holding a slot, none delivered since, no hold.
 func (w *Worker) exitWhenIdle(ctx context.Context) error {
 	for range w.ticks(ctx, min(max(w.cfg.IdleExit/4, 10*time.Millisecond), time.Second)) {
-		if w.Running() > 0 {
+		// A held worker (holdLone) is not idle: it stops, or fetches
+		// again, once the evidence is in.
+		if w.Running() > 0 || w.loneHeld() != "" {
 			w.busyAt.Store(time.Now().UnixNano())
 			continue
 		}
@@ -1187,17 +1190,30 @@ func (w *Worker) count(ok bool) {
 	w.mu.Unlock()
 }
 
+// peersFresh is how long a read of the peers serves a failure that finds
+// no healthy one: a failing worker alone reads them at most 10 times a
+// second.
+const peersFresh = 100 * time.Millisecond
+
 // attemptFailed counts a charged attempt at the shard key of class that
 // failed here (retried or not) toward the report's FailedInARow, and the
 // judgement of StopWhenFailingAlone.
-func (w *Worker) attemptFailed(key, class, reason string) {
+func (w *Worker) attemptFailed(ctx context.Context, key, class, reason string) {
 	w.mu.Lock()
 	w.failedInARow++
 	w.chargedHere++
 	w.lastFailure = reportCut(reason)
 	w.addToStreak(key)
 	w.streakClass = class
-	w.holdLone(time.Now())
+	if w.holdLone(time.Now()) == holdNoPeer && time.Since(w.peersAt) >= peersFresh {
+		// The peers were read before the others started (a scheduler
+		// starts a fleet at once), or a while ago: read them now, before
+		// this slot fetches again.
+		w.mu.Unlock()
+		w.refreshPeers(ctx)
+		w.mu.Lock()
+		w.holdLone(time.Now())
+	}
 	w.mu.Unlock()
 	w.reportSoon()
 }

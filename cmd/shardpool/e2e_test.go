@@ -1201,6 +1201,13 @@ func TestWorkerStopsWhereOthersValidateWhatFailsOnItsHost(t *testing.T) {
 		"sh", "{input}", "{out}"}})
 	c.submit(spec, "--halt", "0")
 	good := c.worker("good", "--slots", "1")
+	// Serving, so its report is there when the bad worker starts: a bad
+	// worker that knows of no peer holds only once it reads one, which
+	// it tries at its 5th failure and then at most once a second (in CI
+	// the two, started at once, made it fail 29 attempts).
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		return strings.Contains(good.Output(), "worker good serving"), "the good worker is not serving yet:\n" + good.Output()
+	})
 	bad := c.worker("bad", "--slots", "1")
 	if code := bad.Wait(t, 60*time.Second); code != 1 || !strings.Contains(bad.Output(), "worker bad: its last ") ||
 		!strings.Contains(bad.Output(), "libfoo.so.1: cannot open shared object file") ||
