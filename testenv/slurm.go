@@ -47,6 +47,9 @@ type SlurmOptions struct {
 	// and processes, as nodes of a cluster share a file system. Default
 	// 1: one node, this host under its own name.
 	Nodes int
+	// KillOnBadExit ends a whole job step when one of its tasks exits
+	// non-zero, as sites set it (Slurm's KillOnBadExit=1).
+	KillOnBadExit bool
 }
 
 // StartSlurm starts the cluster. It skips t where it cannot run (not
@@ -152,6 +155,9 @@ AccountingStorageType=accounting_storage/none
 `, host, portOf(ctldPort), portOf(slurmdPort), dir, nodeLines, strings.Join(s.Nodes, ","), proctrack, task)
 	if opts.KillWait > 0 {
 		conf += fmt.Sprintf("KillWait=%d\n", int(opts.KillWait.Seconds()))
+	}
+	if opts.KillOnBadExit {
+		conf += "KillOnBadExit=1\n"
 	}
 	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)

@@ -156,7 +156,10 @@ func cmdSbatch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	a := sizeAllocation(spec, man, prof, *slots)
 	dir := filepath.Join(evidence, "slurm")
 
-	workerArgv := []string{"srun", "--ntasks-per-node=1", bin, "worker", "--server", *server}
+	// A worker that stops by itself for its node's fault exits 1: where
+	// the site sets KillOnBadExit, that would end the workers of every
+	// other node too, their shards handed back and the job over.
+	workerArgv := []string{"srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", bin, "worker", "--server", *server}
 	a2 := acc.get()
 	if a2.token != "" {
 		workerArgv = append(workerArgv, "--token-file", absPath(a2.token))

@@ -318,7 +318,7 @@ func TestSbatchPlacesWorkers(t *testing.T) {
 	env.Submit(spec, coordinator.SubmitOptions{})
 	out := runSbatch(t, sl, env.URL, dir, "--slots", "2", "--dry-run", spec, "--", "--comment=shardpool-test")
 	for _, want := range []string{"--job-name=shardpool-t ", "--nodes=1 ", "--cpus-per-task=2 ", "--mem=456M ", "--signal=USR1@90 ", "--time=0-00:10:00 ",
-		"--comment=shardpool-test SCRIPT", "srun --ntasks-per-node=1 " + testenv.Binary(t) + " worker --server " + env.URL + " --idle-exit 2m0s"} {
+		"--comment=shardpool-test SCRIPT", "srun --ntasks-per-node=1 --kill-on-bad-exit=0 " + testenv.Binary(t) + " worker --server " + env.URL + " --idle-exit 2m0s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("sbatch --dry-run does not say %q:\n%s", want, out)
 		}
@@ -410,6 +410,45 @@ func TestSbatchAcrossNodes(t *testing.T) {
 		t.Errorf("Slurm's output of job %s shows %d idle workers draining, want 2:\n%s", job, n, slurmOut())
 	}
 	jobRecordHas(t, sl, job, "NumNodes=2 ", "NodeList=spn[1-2] ", "JobState=COMPLETED ")
+}
+
+// TestSbatchNodeThatStopsLeavesTheOthers: on a cluster whose Slurm ends
+// a job step when one of its tasks exits non-zero (KillOnBadExit=1, as
+// sites set it), the worker of a node that lacks what the command needs
+// stops by itself and exits 1, and the worker of the other node goes on
+// and completes the run: sbatch's srun says --kill-on-bad-exit=0.
+func TestSbatchNodeThatStopsLeavesTheOthers(t *testing.T) {
+	sl := testenv.StartSlurm(t, testenv.SlurmOptions{Nodes: 2, KillOnBadExit: true})
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	dir := t.TempDir()
+	// Enough for the healthy node to run well after the other stops: it
+	// fails 5, holds while they run on spn2, fails 5 more and stops.
+	const shards = 60
+	spec := testenv.WriteJob(t, testenv.Job{Shards: shards, Retries: 3, Command: []string{"sh", "-c",
+		`[ "$(cat /proc/sys/kernel/hostname)" != spn1 ] || { echo "libfoo.so.1: cannot open shared object file" >&2; exit 127; }; sleep 0.3; cp "$1" "$2/"`, "sh", "{input}", "{out}"},
+		Extra: "[class.cpu]\ncpus = 1\nmemory = \"100MiB\"\n"})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	job := sbatchJob(t, sl, env.URL, dir, "2 node\\(s\\), each one worker with 1 CPU\\(s\\), 356MiB for 1 slot\\(s\\)",
+		"--nodes", "2", "--slots", "1", "--idle-exit", "10s", spec)
+	slurmOut := func() string { return sbatchOutput(dir, job) }
+	// --idle-exit above the retry delays (1, 2 and 4 s): a worker that
+	// saw no shard for as long while they were all in their delays would
+	// end, as it would with 3s.
+	testenv.Eventually(t, 120*time.Second, func() (bool, string) {
+		rec, err := env.Run("t")
+		return err == nil && rec.State == stream.RunComplete, fmt.Sprintf("run under the workers of job %s: %s %+v (%v), want COMPLETE\nSlurm's output:\n%s", job, rec.State, rec.Counts, err, slurmOut())
+	})
+	bad := worker.DefaultNameFor("spn1", job, "")
+	if out := slurmOut(); !strings.Contains(out, "worker "+bad+": its last ") || !strings.Contains(out, "the fault is likely the host's") {
+		t.Errorf("Slurm's output of job %s does not say the worker of spn1 stopped and why:\n%s", job, out)
+	}
+	for i := range shards {
+		r, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+		if err != nil || r.State != stream.ShardValidated || r.Attempts[len(r.Attempts)-1].Host != "spn2" {
+			t.Fatalf("shard s%04d: %+v, %v; want validated on spn2", i, r, err)
+		}
+	}
+	waitJobsGone(t, sl, 40*time.Second, job)
 }
 
 // runSbatch runs `shardpool sbatch` on sl for the coordinator at url
