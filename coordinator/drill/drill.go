@@ -265,10 +265,17 @@ func (d *drill) run(ctx context.Context) (err error) {
 		}
 	}
 	var final stream.RunRecord
-	if err := d.poll(ctx, 60*time.Second, "the run to be COMPLETE", func() bool {
+	// And its verdict written: the coordinator writes final.json just
+	// after the record, and a look in between read the BLOCKED one's
+	// counts (6 of 7 validated, in CI).
+	if err := d.poll(ctx, 60*time.Second, "the run to be COMPLETE, with its final.json", func() bool {
 		r, err := d.runRecord(ctx)
 		final = r
-		return err == nil && r.State == stream.RunComplete
+		if err != nil || r.State != stream.RunComplete {
+			return false
+		}
+		f, err := coordinator.ReadFinal(filepath.Join(d.dir, "coord", "runs", RunName))
+		return err == nil && f != nil && f.State == stream.RunComplete && f.Fingerprint == r.Fingerprint
 	}); err != nil {
 		return err
 	}
