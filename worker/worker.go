@@ -1176,6 +1176,7 @@ const reportGap = time.Second
 
 func (w *Worker) count(ok bool) {
 	w.mu.Lock()
+	held := w.loneWhy != ""
 	if ok {
 		w.done++
 		w.chargedHere++
@@ -1188,6 +1189,12 @@ func (w *Worker) count(ok bool) {
 		w.failed++
 	}
 	w.mu.Unlock()
+	if ok && held {
+		// A shard that ran through the hold validated here: the host can
+		// run the job.
+		w.hostLog("*", "resume", "fetching again: a shard was validated here")
+		w.wakeAll()
+	}
 }
 
 // peersFresh is how long a read of the peers serves a failure that finds
