@@ -212,7 +212,7 @@ func (w *Worker) watchLone(ctx context.Context, every time.Duration) error {
 		recs := make([]stream.ShardRecord, 0, len(keys))
 		pending := 0
 		for _, key := range keys {
-			rec, err := w.readShard(ctx, key)
+			rec, _, err := w.readShard(ctx, key)
 			if err != nil {
 				continue // removed (forget), or the store is away: judged without it
 			}
@@ -264,17 +264,6 @@ func (w *Worker) watchLone(ctx context.Context, every time.Duration) error {
 		}
 	}
 	return nil
-}
-
-// readShard reads and decodes the shard record at key.
-func (w *Worker) readShard(ctx context.Context, key string) (stream.ShardRecord, error) {
-	var rec stream.ShardRecord
-	e, err := w.b.Shards.Get(ctx, key)
-	if err != nil {
-		return rec, err
-	}
-	err = stream.Decode(e.Value(), &rec)
-	return rec, err
 }
 
 // stopSelf drains the worker for a fault of its host, once: Failed says

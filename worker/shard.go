@@ -468,8 +468,22 @@ func (w *Worker) freshRecord(m *stream.ShardMsg) stream.ShardRecord {
 	return stream.ShardRecord{Run: m.Run, ID: m.ID, Fingerprint: m.Fingerprint, Class: m.Class, State: stream.ShardPending}
 }
 
+// readShard reads and decodes the shard record at key, with its revision.
+func (w *Worker) readShard(ctx context.Context, key string) (stream.ShardRecord, uint64, error) {
+	var rec stream.ShardRecord
+	e, err := w.b.Shards.Get(ctx, key)
+	if err != nil {
+		return rec, 0, err
+	}
+	err = stream.Decode(e.Value(), &rec)
+	return rec, e.Revision(), err
+}
+
+// loadRecord reads the shard's record into a, afresh: decoded over what a
+// held before, a field the stored record omits (an owner cleared) would
+// have kept its old value on a second look (settle, settledMeanwhile).
 func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
-	e, err := w.b.Shards.Get(ctx, a.key)
+	rec, rev, err := w.readShard(ctx, a.key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		a.rec, a.rev = w.freshRecord(&a.m), 0
 		return nil
@@ -477,10 +491,7 @@ func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 	if err != nil {
 		return err
 	}
-	if err := stream.Decode(e.Value(), &a.rec); err != nil {
-		return err
-	}
-	a.rev = e.Revision()
+	a.rec, a.rev = rec, rev
 	if a.rec.Fingerprint != a.m.Fingerprint {
 		// A record of an older generation: this generation starts afresh.
 		a.rec = w.freshRecord(&a.m)
