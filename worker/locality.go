@@ -58,7 +58,7 @@ func (w *Worker) deferForLocality(ctx context.Context, a *attemptState, class st
 		return false // the record moved on: just run it here
 	}
 	w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("inputs staged on worker %s, which has a free %s slot; handing the shard to it once", peer, class))
-	_ = a.msg.NakWithDelay(50 * time.Millisecond)
+	w.nakWithDelay(a.msg, 50*time.Millisecond)
 	return true
 }
 

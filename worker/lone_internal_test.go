@@ -226,3 +226,20 @@ func TestHeldWorkerIsNotIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBusyTillNeverMovesBack: the end of a hand-back delay (nakWithDelay)
+// stays the mark --idle-exit counts from when a shard is delivered or
+// found running meanwhile; a later delay moves it on.
+func TestBusyTillNeverMovesBack(t *testing.T) {
+	var w Worker
+	now := time.Now()
+	w.busyTill(now.Add(time.Minute))
+	w.busyTill(now)
+	if got := time.Unix(0, w.busyAt.Load()); !got.Equal(now.Add(time.Minute)) {
+		t.Fatalf("busy till %s after a delay to %s and a delivery now, want the delay's end", got, now.Add(time.Minute))
+	}
+	w.busyTill(now.Add(2 * time.Minute))
+	if got := time.Unix(0, w.busyAt.Load()); !got.Equal(now.Add(2 * time.Minute)) {
+		t.Fatalf("busy till %s, want the later delay's end %s", got, now.Add(2*time.Minute))
+	}
+}

@@ -128,7 +128,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	run, err := w.runRecord(ctx, m.Run, m.Fingerprint, m.Settings)
 	if err != nil {
 		w.admission(m.Run, m.ID, class, "defer", "run record unreadable: "+err.Error())
-		_ = msg.NakWithDelay(w.backoff(1))
+		w.nakWithDelay(msg, w.backoff(1))
 		return
 	}
 	if run.Fingerprint != m.Fingerprint {
@@ -145,7 +145,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		a.rec, a.rev = w.freshRecord(m), 0
 	} else if err := w.loadRecord(ctx, a); err != nil {
 		w.admission(m.Run, m.ID, class, "defer", "shard record unreadable: "+err.Error())
-		_ = msg.NakWithDelay(w.backoff(1))
+		w.nakWithDelay(msg, w.backoff(1))
 		return
 	}
 	if w.settle(ctx, a, class) {
@@ -213,7 +213,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		if lerr := w.loadRecord(ctx, a); lerr != nil || w.settle(ctx, a, class) {
 			w.release(l)
 			if lerr != nil {
-				_ = msg.NakWithDelay(w.backoff(1))
+				w.nakWithDelay(msg, w.backoff(1))
 			}
 			return
 		}
@@ -228,7 +228,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 	if err != nil {
 		delay := w.ttl / 2
 		w.admission(m.Run, m.ID, class, "defer", fmt.Sprintf("%v; retry in %s", err, delay))
-		_ = msg.NakWithDelay(delay)
+		w.nakWithDelay(msg, delay)
 		return
 	}
 	w.admission(m.Run, m.ID, class, "admit", fmt.Sprintf("attempt %d; %s", a.attempt, slotInfo))
@@ -620,7 +620,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		// decide afresh.
 		w.admission(m.Run, m.ID, class, "defer", err.Error())
 		w.release(l)
-		_ = a.msg.NakWithDelay(w.backoff(1))
+		w.nakWithDelay(a.msg, w.backoff(1))
 		return
 	}
 	base, err := w.scratch.take(m.Run)
@@ -633,7 +633,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		at := &a.rec.Attempts[len(a.rec.Attempts)-1]
 		at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
 		reason := fmt.Sprintf("%v; not the shard's failure: requeued, redelivery in %s", err, scratchRecheck)
-		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { _ = a.msg.NakWithDelay(scratchRecheck) })
+		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, scratchRecheck) })
 		return
 	}
 	defer w.scratch.put(m.Run, base)
@@ -1108,7 +1108,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
 			a.rec.Output = nil
 			w.handBackUncharged(ctx, a, l, "commit deferred: "+err.Error(), "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2),
-				func() { _ = a.msg.NakWithDelay(w.ttl / 2) })
+				func() { w.nakWithDelay(a.msg, w.ttl/2) })
 			return
 		}
 		if errors.Is(err, errCommitPending) {
@@ -1117,7 +1117,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			w.recordDiscarded(ctx, a, err)
 			w.release(l)
 			w.admission(m.Run, m.ID, class, "discard", fmt.Sprintf("output discarded: %v; recheck in %s", err, w.ttl))
-			_ = a.msg.NakWithDelay(w.ttl)
+			w.nakWithDelay(a.msg, w.ttl)
 			return
 		}
 		at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
@@ -1127,7 +1127,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		// The host's pressure, not the shard's failure.
 		delay := w.backoff(a.attempt)
 		reason := fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
-		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { _ = a.msg.NakWithDelay(delay) })
+		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, delay) })
 		return
 	}
 	if res.outcome == stream.OutcomeInterrupted {
@@ -1156,7 +1156,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	}
 	w.release(l)
 	w.admission(m.Run, m.ID, class, "retry", fmt.Sprintf("attempt %d of %d: %s; redelivery in %s", n, limit, at.Reason, delay))
-	_ = a.msg.NakWithDelay(delay)
+	w.nakWithDelay(a.msg, delay)
 }
 
 // commit moves the attempt's outputs to <output>/<id> through checkpoint and
@@ -1289,7 +1289,7 @@ func (w *Worker) handBackUncharged(ctx context.Context, a *attemptState, l *leas
 // and the record is tried again.
 func (w *Worker) keepUnrecorded(a *attemptState, class string, err error) {
 	w.admission(a.m.Run, a.m.ID, class, "defer", fmt.Sprintf("final record not written (%v); redelivery in %s", err, w.ttl))
-	_ = a.msg.NakWithDelay(w.ttl)
+	w.nakWithDelay(a.msg, w.ttl)
 }
 
 // claimCommit takes the shard's commit record with compare-and-set. A
@@ -1453,7 +1453,7 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 func (w *Worker) settleDurably(ctx context.Context, a *attemptState, settle func() error) {
 	if err := w.barrier(ctx); err != nil {
 		w.log.Warn("final record not durable; message handed back", "shard", a.key, "err", err)
-		_ = a.msg.NakWithDelay(w.ttl)
+		w.nakWithDelay(a.msg, w.ttl)
 		return
 	}
 	if err := settle(); err != nil {

@@ -57,9 +57,10 @@ type Config struct {
 	// FetchWait bounds one Fetch when the queue is empty. Default 500ms.
 	FetchWait time.Duration
 	// IdleExit, when set, drains the worker (Drain) once it has had no
-	// shard running and none delivered for that long: a worker in a batch
-	// allocation then releases it when the queue has run dry, rather than
-	// holding it to the time limit. Zero serves until stopped.
+	// shard running, none delivered and none it handed back waiting in a
+	// delay for that long: a worker in a batch allocation then releases it
+	// when the queue has run dry, rather than holding it to the time
+	// limit. Zero serves until stopped.
 	IdleExit time.Duration
 	// StopAfterStartFailures, when set, drains the worker once that many
 	// attempts in a row (of any run) could not start their command on
@@ -240,7 +241,7 @@ type Worker struct {
 	drainWhy   string // why Drain was called, for reports and the admission log
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
 	serving    sync.WaitGroup
-	busyAt     atomic.Int64    // unix nanoseconds of the last delivery, or of the last look that found a shard running (IdleExit)
+	busyAt     atomic.Int64    // unix nanoseconds of the last delivery, of the last look that found a shard running, or of the end of the latest delay a shard was handed back for (IdleExit)
 	startFails atomic.Int64    // attempts in a row whose command could not start (StopAfterStartFailures)
 	stopped    string          // under mu: why the worker drained itself (Failed)
 	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
@@ -532,7 +533,7 @@ func (w *Worker) exitWhenIdle(ctx context.Context) error {
 		// A held worker (holdLone) is not idle: it stops, or fetches
 		// again, once the evidence is in.
 		if w.Running() > 0 || w.loneHeld() != "" {
-			w.busyAt.Store(time.Now().UnixNano())
+			w.busyTill(time.Now())
 			continue
 		}
 		if idle := time.Since(time.Unix(0, w.busyAt.Load())); idle >= w.cfg.IdleExit {
@@ -541,6 +542,26 @@ func (w *Worker) exitWhenIdle(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// nakWithDelay hands msg back for a delivery after d, and keeps the worker
+// from counting as idle (IdleExit) until then: were every worker to end as
+// idle while the shards they handed back waited in their delays, nothing
+// would be left to run them.
+func (w *Worker) nakWithDelay(msg jetstream.Msg, d time.Duration) {
+	w.busyTill(time.Now().Add(d))
+	_ = msg.NakWithDelay(d)
+}
+
+// busyTill moves busyAt (IdleExit) forward to t, never back.
+func (w *Worker) busyTill(t time.Time) {
+	n := t.UnixNano()
+	for {
+		old := w.busyAt.Load()
+		if old >= n || w.busyAt.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 // ticks yields every period until ctx ends or the worker drains.
@@ -978,7 +999,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			for msg := range batch.Messages() {
 				got++
 				g.arrived()
-				w.busyAt.Store(time.Now().UnixNano())
+				w.busyTill(time.Now())
 				if ctx.Err() != nil || isClosed(w.drain) {
 					// Shutting down, or draining (its goroutine cancels ctx in
 					// a moment): hand it back untouched.

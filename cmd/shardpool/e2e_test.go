@@ -909,6 +909,29 @@ func TestWorkerIdleExit(t *testing.T) {
 	}
 }
 
+// TestWorkerIdleExitWaitsForTheRetriesItHandedBack: a worker whose
+// --idle-exit (300 ms) is shorter than the delay before a failed shard's
+// retry (1 s) stays until that delay is over, runs the retries, and only
+// then exits as idle. Before, it left while its shards waited in their
+// delays, and with no other worker nothing ran them: the run stayed
+// RUNNING with no worker.
+func TestWorkerIdleExitWaitsForTheRetriesItHandedBack(t *testing.T) {
+	c := startCluster(t, "20s")
+	tried := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2, Command: []string{"sh", "-c",
+		`[ -e "$0/$1" ] || { : > "$0/$1"; echo "first attempt fails" >&2; exit 1; }; cp "$2" "$3/"`, tried, "{id}", "{input}", "{out}"}})
+	c.submit(spec)
+	w := c.worker("w1", "--slots", "cpu=2", "--idle-exit", "300ms")
+	if code := w.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("idle worker: exit %d, want 0\n%s", code, w.Output())
+	}
+	r, err := stream.ReadRun(context.Background(), c.js, "t")
+	if err != nil || r.State != stream.RunComplete {
+		t.Fatalf("run after the idle worker left: %s %+v, %v; want COMPLETE, the retries run before the worker left\n%s", r.State, r.Counts, err, w.Output())
+	}
+	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 2)
+}
+
 // TestWorkerSlotsForEachClass: `shardpool worker --slots N`, as `run
 // --slots N` has it, gives N fixed slots to every class of the runs it
 // learns of, classes that appear after it started included. Before, the
