@@ -243,3 +243,34 @@ func TestBusyTillNeverMovesBack(t *testing.T) {
 		t.Fatalf("busy till %s, want the later delay's end %s", got, now.Add(2*time.Minute))
 	}
 }
+
+// TestADueHoldReadsThePeersAgain: a worker that read its peers before the
+// others reported (a scheduler starts a fleet at once) reads them again
+// at the failure that makes a hold due, and holds at once, rather than
+// fail on until the next second's look.
+func TestADueHoldReadsThePeersAgain(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{StopWhenFailingAlone: true})
+	w.host = "h"
+	w.refreshPeers(ctx)
+	if len(w.peers) != 0 {
+		t.Fatalf("peers before any reported: %+v", w.peers)
+	}
+	data, err := stream.Encode(&stream.WorkerReport{Name: "good", Host: "g", Slots: map[string]int{"cpu": 1}, Reported: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.b.Workers.Put(ctx, "good", data); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(peersFresh)
+	for i := range loneStreak {
+		if why := w.loneHeld(); why != "" {
+			t.Fatalf("held after %d failures, want the hold at %d: %s", i, loneStreak, why)
+		}
+		w.attemptFailed(ctx, fmt.Sprintf("u.s%d", i), "cpu", "exit status 127")
+	}
+	if why := w.loneHeld(); !strings.Contains(why, "worker good runs shards") {
+		t.Fatalf("after %d failures in a row, with peer good reported since the last read: hold %q, want one naming good", loneStreak, why)
+	}
+}
