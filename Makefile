@@ -4,13 +4,18 @@ BIN     := bin/shardpool
 # The test suite runs real processes and an embedded JetStream server; keep
 # packages serial so timing-sensitive lease tests are not starved on 2 cores.
 TESTFLAGS ?= -race -count=1 -timeout 15m -p 1
+# Stamp the commit into the binary (`shardpool version`) where git can read
+# this checkout, whatever GOFLAGS says; elsewhere (no git, a checkout git
+# refuses as another user's) leave it to GOFLAGS, since -buildvcs=auto
+# fails the build there.
+BUILDVCS := $(shell git rev-parse --git-dir >/dev/null 2>&1 && echo -buildvcs=auto)
 
 .PHONY: build demo test test-gpu gpu-bundle bench soak soak-powercut soak-cluster vet clean tools
 
 # The binary carries the NVML adapter (it loads libnvidia-ml at run time and
 # reports GPUs as unknown, never idle, where the library is missing).
 build:
-	CGO_CFLAGS="-Wno-deprecated-declarations" $(GO) build -tags nvml -o $(BIN) ./cmd/shardpool
+	CGO_CFLAGS="-Wno-deprecated-declarations" $(GO) build $(BUILDVCS) -tags nvml -o $(BIN) ./cmd/shardpool
 
 # The main job on the embedded default: generate a corpus, compress and
 # checksum it with standard tools, one coordinator and one worker in-process.

@@ -164,6 +164,16 @@ func WriteMetrics(w io.Writer, st *Status, queues []QueueStats, store *StoreStat
 	for _, wk := range st.Workers {
 		m.sample(float64(wk.Failed), "worker", wk.Name, "host", wk.Host)
 	}
+	m.family("shardpool_build_info", "gauge", "1, labelled with the build of shardpool the coordinator runs.")
+	if c := st.Coordinator; c != nil && c.Version != "" {
+		m.sample(1, "version", c.Version)
+	}
+	m.family("shardpool_worker_build_info", "gauge", "1, labelled with the build of shardpool the worker runs; absent for workers too old to report one.")
+	for _, wk := range st.Workers {
+		if wk.Version != "" {
+			m.sample(1, "worker", wk.Name, "host", wk.Host, "version", wk.Version)
+		}
+	}
 	m.family("shardpool_worker_failed_in_a_row", "gauge", "Attempts that failed on the worker since it last validated a shard: one that grows while other workers validate points at its host.")
 	for _, wk := range st.Workers {
 		m.sample(float64(wk.FailedInARow), "worker", wk.Name, "host", wk.Host)

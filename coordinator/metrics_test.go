@@ -176,9 +176,10 @@ func TestMetricsAgreeWithStatus(t *testing.T) {
 func TestMetricsLeaveUnknownOut(t *testing.T) {
 	odd := "w\"1\\x\ny"
 	st := &coordinator.Status{
-		Runs: []coordinator.RunStatus{{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 5, Pending: 2, Running: 1, Validated: 2}}},
+		Coordinator: &stream.CoordinatorInfo{Host: "h", Version: "v1.2.0"},
+		Runs:        []coordinator.RunStatus{{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 5, Pending: 2, Running: 1, Validated: 2}}},
 		Workers: []stream.WorkerReport{
-			{Name: odd, Host: "h", Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 3}, Awaiting: []string{"r.a", "r.b"}, Done: 7, Failed: 1, FailedInARow: 6, Reported: time.Unix(1700000000, 0),
+			{Name: odd, Host: "h", Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 3}, Awaiting: []string{"r.a", "r.b"}, Done: 7, Failed: 1, FailedInARow: 6, Reported: time.Unix(1700000000, 0), Version: "v1.1.0",
 				Headroom: map[string]stream.Resource{
 					"cpu_millicores": {Value: 1500}, "cpu_hard": {Value: 2000},
 					"memory": {Unknown: "no cgroup"}, "memory_hard": {Unlimited: true},
@@ -211,6 +212,15 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 	}
 	if got := mustValue(t, fams, "shardpool_worker_failed_in_a_row", "worker", "gone"); got != 0 {
 		t.Errorf("attempts failed in a row of a worker that failed none: %v, want 0", got)
+	}
+	if got := mustValue(t, fams, "shardpool_build_info", "version", "v1.2.0"); got != 1 {
+		t.Errorf("the coordinator's build: %v, want 1 labelled v1.2.0", got)
+	}
+	if got := mustValue(t, fams, "shardpool_worker_build_info", "worker", odd, "version", "v1.1.0"); got != 1 {
+		t.Errorf("the worker's build: %v, want 1 labelled v1.1.0", got)
+	}
+	if v, ok := value(t, fams, "shardpool_worker_build_info", "worker", "gone"); ok {
+		t.Errorf("a worker that reports no build has the sample %v, want none", v)
 	}
 	if got := mustValue(t, fams, "shardpool_worker_awaiting", "worker", odd); got != 2 {
 		t.Errorf("slots holding a shard another attempt runs: %v, want 2", got)

@@ -716,7 +716,7 @@ func (c *Coordinator) startSyncer(store string) error {
 	}
 	host, _ := os.Hostname()
 	base := stream.CoordinatorInfo{Host: host, BootID: stream.BootID("/proc"), Sync: c.cfg.Sync, Store: store,
-		PID: os.Getpid(), PIDNS: stream.PIDNamespace()}
+		PID: os.Getpid(), PIDNS: stream.PIDNamespace(), Version: stream.ThisBuild().Version}
 	if c.cfg.Cluster != "" {
 		base.Name, base.Cluster, base.Coordinators = c.cfg.Name, clusterName, len(c.cfg.Peers)+1
 	}

@@ -888,12 +888,15 @@ type RunSummary struct {
 	Resume  string    `json:"resume"`
 	Output  string    `json:"output"`
 	Written time.Time `json:"written"`
+	// Shardpool is the build of the coordinator that wrote it
+	// (stream.Build.Version); absent from older files.
+	Shardpool string `json:"shardpool,omitempty"`
 }
 
 // summaryOf is the run record's summary, written now.
 func summaryOf(r *stream.RunRecord) RunSummary {
 	return RunSummary{Run: r.Name, Fingerprint: r.Fingerprint, State: r.State, Reason: r.Reason, Counts: r.Counts,
-		Resume: resumeCommand(*r), Output: r.Spec.Output, Written: time.Now().UTC()}
+		Resume: resumeCommand(*r), Output: r.Spec.Output, Written: time.Now().UTC(), Shardpool: stream.ThisBuild().Version}
 }
 
 // ProgressVersion is Progress.V.

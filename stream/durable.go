@@ -90,6 +90,9 @@ type CoordinatorInfo struct {
 	// (the cluster's JetStream meta leader) as the answering one knows
 	// it; "" while none is elected.
 	Leader string `json:"leader,omitempty"`
+	// Version is the build of shardpool the coordinator runs
+	// (Build.Version); absent from older coordinators.
+	Version string `json:"version,omitempty"`
 }
 
 // AskInfoAll is AskInfo that, in a cluster of coordinators, waits up to

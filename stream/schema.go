@@ -314,6 +314,9 @@ type WorkerReport struct {
 	// SlurmJob is the Slurm job the worker runs in (SLURM_JOB_ID), so that
 	// an operator can find and end it (scancel); absent outside Slurm.
 	SlurmJob string `json:"slurm_job,omitempty"`
+	// Version is the build of shardpool the worker runs (Build.Version);
+	// absent in older reports.
+	Version string `json:"version,omitempty"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.

@@ -42,7 +42,16 @@ func Binary(t testing.TB) string {
 			return
 		}
 		buildPath = filepath.Join(dir, "shardpool")
-		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/shardpool")
+		args := []string{"build", "-o", buildPath}
+		// Stamp the commit (`shardpool version`) where git can read the
+		// checkout, whatever GOFLAGS says; -buildvcs=auto fails the build
+		// where it cannot (a checkout of another user's).
+		git := exec.Command("git", "rev-parse", "--git-dir")
+		git.Dir = root
+		if git.Run() == nil {
+			args = append(args, "-buildvcs=auto")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/shardpool")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			os.RemoveAll(dir)

@@ -468,15 +468,19 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		}
 	}
 	if c := st.Coordinator; c != nil {
+		build := ""
+		if c.Version != "" {
+			build = ", shardpool " + c.Version
+		}
 		if c.Cluster != "" {
 			leader := c.Leader
 			if leader == "" {
 				leader = "none elected: no majority of the coordinators is up"
 			}
-			fmt.Fprintf(w, "coordinator %s on %s, one of cluster %s (each stream's copies: nats stream report), sync %s; runs tracked by %s\n",
-				c.Name, c.Host, c.Cluster, c.Sync, leader)
+			fmt.Fprintf(w, "coordinator %s on %s, one of cluster %s (each stream's copies: nats stream report), sync %s%s; runs tracked by %s\n",
+				c.Name, c.Host, c.Cluster, c.Sync, build, leader)
 		} else {
-			fmt.Fprintf(w, "coordinator on %s, sync %s\n", c.Host, c.Sync)
+			fmt.Fprintf(w, "coordinator on %s, sync %s%s\n", c.Host, c.Sync, build)
 		}
 		if c.StoreFull != "" {
 			todo := "free space there"
@@ -527,10 +531,24 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 				"the slot runs nothing and is free once that attempt ends (at most 3 lease TTLs)\n", wk.Name, n, strings.Join(wk.Awaiting, ", "))
 		}
 		printFailingWorker(w, wk, st.Workers)
+		printOtherBuild(w, wk, st.Coordinator)
 		if wk.LeftRunning > 0 {
 			fmt.Fprintf(w, "%s: %d attempt(s) left processes running when their command ended, killed then (the last: %s)\n", wk.Name, wk.LeftRunning, wk.LastLeft)
 		}
 	}
+}
+
+// printOtherBuild warns about a worker that runs another build of
+// shardpool than the coordinator: one left running from before an
+// upgrade, or started from another installation. Records and reports
+// keep their schema across builds, but what the worker does (admission,
+// recovery, when it stops by itself) is its own build's.
+func printOtherBuild(w io.Writer, wk stream.WorkerReport, c *stream.CoordinatorInfo) {
+	if c == nil || c.Version == "" || wk.Version == "" || wk.Version == c.Version {
+		return
+	}
+	fmt.Fprintf(w, "%s: runs shardpool %s, not the coordinator's %s: left from before an upgrade, or another installation? "+
+		"To move it to the coordinator's build, drain it (kill -USR1 %d on %s) and start it again from that binary\n", wk.Name, wk.Version, c.Version, wk.PID, wk.Host)
 }
 
 // failingInARow is how many failed attempts in a row make status point

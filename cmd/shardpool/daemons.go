@@ -71,7 +71,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		if u := c.StatusURL(); u != "" {
 			fmt.Fprintf(stdout, ", status %s, metrics %s", u, metricsURL(u))
 		}
-		fmt.Fprintf(stdout, ", data %s\n", c.DataDir())
+		fmt.Fprintf(stdout, ", data %s (shardpool %s)\n", c.DataDir(), stream.ThisBuild().Version)
 		printAccess(stdout, c)
 		err = c.Run(ctx)
 		if !errors.Is(err, coordinator.ErrReload) {
@@ -254,7 +254,9 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer nc.Close()
 	w, err := worker.New(worker.Config{JetStream: js, AdoptOrphans: true, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
 		StateDir: *data, Grace: *grace, IdleExit: *idleExit, StopAfterStartFailures: *stopAfter, StopWhenFailingAlone: *stopAlone, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
-		OnServing: func() { fmt.Fprintf(stdout, "worker %s serving %s from %s\n", *name, slots.describe(), *server) }})
+		OnServing: func() {
+			fmt.Fprintf(stdout, "worker %s serving %s from %s (shardpool %s)\n", *name, slots.describe(), *server, stream.ThisBuild().Version)
+		}})
 	if err != nil {
 		return err
 	}

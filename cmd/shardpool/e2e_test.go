@@ -932,6 +932,51 @@ func TestWorkerIdleExitWaitsForTheRetriesItHandedBack(t *testing.T) {
 	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 2)
 }
 
+// TestCoordinatorAndWorkerNameTheirBuild: `version --json`, the
+// coordinator's info and the worker's report (status --json) and the
+// run's final.json name the same build; built in a git checkout (as
+// `make build` and testenv build it), with its commit.
+func TestCoordinatorAndWorkerNameTheirBuild(t *testing.T) {
+	c := startCluster(t, "20s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"cp", "{input}", "{out}/"}})
+	c.submit(spec)
+	c.worker("w1", "--slots", "cpu=1")
+	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	v := testenv.Start(t, "version", "--json")
+	if code := v.Wait(t, 10*time.Second); code != 0 {
+		t.Fatalf("version --json: exit %d\n%s", code, v.Output())
+	}
+	var b stream.Build
+	if err := json.Unmarshal([]byte(v.Output()), &b); err != nil || b.Version == "" || !strings.HasPrefix(b.Go, "go") {
+		t.Fatalf("version --json: %+v, %v; want a version and a Go release\n%s", b, err, v.Output())
+	}
+	if head, err := exec.Command("git", "-C", "../..", "rev-parse", "HEAD").Output(); err == nil {
+		rev := strings.TrimSpace(string(head))
+		if b.Revision != rev || !strings.Contains(b.Version, rev[:12]) {
+			t.Errorf("version --json in a checkout at %s: %+v; want that commit in revision and version", rev, b)
+		}
+	} else {
+		t.Logf("not a git checkout (%v): the commit is not checked", err)
+	}
+	var st coordinator.Status
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token(), "--json")
+		if code := p.Wait(t, 30*time.Second); code != 0 {
+			return false, fmt.Sprintf("status --json: exit %d\n%s", code, p.Output())
+		}
+		st = coordinator.Status{}
+		err := json.Unmarshal([]byte(p.Output()), &st)
+		return err == nil && len(st.Workers) == 1 && len(st.Runs) == 1, fmt.Sprintf("status --json: %v; want one worker and one run\n%s", err, p.Output())
+	})
+	if st.Coordinator == nil || st.Coordinator.Version != b.Version || st.Workers[0].Version != b.Version {
+		t.Errorf("status --json: coordinator %+v, worker %q; want both at %q", st.Coordinator, st.Workers[0].Version, b.Version)
+	}
+	f, err := coordinator.ReadFinal(st.Runs[0].Evidence)
+	if err != nil || f == nil || f.Shardpool != b.Version {
+		t.Errorf("final.json in %s: %+v, %v; want shardpool %q", st.Runs[0].Evidence, f, err, b.Version)
+	}
+}
+
 // TestWorkerSlotsForEachClass: `shardpool worker --slots N`, as `run
 // --slots N` has it, gives N fixed slots to every class of the runs it
 // learns of, classes that appear after it started included. Before, the

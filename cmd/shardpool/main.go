@@ -140,7 +140,7 @@ Usage:
   shardpool stage SPEC                 stage a run's inputs to local scratch (checksummed, resumable)
   shardpool preflight [--json]         host snapshot: cgroups, memory, GPUs, mounts, effective budget
   shardpool drill [--data DIR]         the recovery drill; exit 0 only if every check passed
-  shardpool version
+  shardpool version [--json]
 
 Run 'shardpool COMMAND --help' for a command's flags.
 Exit codes: 0 ok/COMPLETE, 1 error, 2 usage, 3 BLOCKED or halted, 4 verification failed or nothing verified, 130 interrupted.
@@ -180,8 +180,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "drill":
 		return cmdDrill(ctx, rest, stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "shardpool", version)
-		return nil
+		return cmdVersion(rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -189,8 +188,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "shardpool: unknown command %q\n\n%s", cmd, usage)
 	return errUsage
 }
-
-var version = "dev"
 
 // exitCode maps an error to the documented exit codes and prints it once.
 func exitCode(err error, stderr io.Writer) int {

@@ -174,6 +174,35 @@ func TestStatusSaysTheStoreIsFull(t *testing.T) {
 	}
 }
 
+// TestStatusNamesAWorkerOfAnotherBuild: the coordinator's build is on its
+// line, and a worker that runs another build (left from before an
+// upgrade) is named with both and how to move it; a worker of the same
+// build, or one whose report names none (older), is not.
+func TestStatusNamesAWorkerOfAnotherBuild(t *testing.T) {
+	now := time.Now().UTC()
+	var b strings.Builder
+	printStatus(&b, &coordinator.Status{Coordinator: &stream.CoordinatorInfo{Host: "h", Sync: "group", Version: "v1.2.0"},
+		Workers: []stream.WorkerReport{
+			{Name: "same", Host: "h1", PID: 41, Reported: now, Version: "v1.2.0"},
+			{Name: "old", Host: "h2", PID: 42, Reported: now, Version: "v1.1.0"},
+			{Name: "older", Host: "h3", PID: 43, Reported: now},
+		}})
+	out := b.String()
+	for _, want := range []string{
+		"coordinator on h, sync group, shardpool v1.2.0\n",
+		"old: runs shardpool v1.1.0, not the coordinator's v1.2.0: left from before an upgrade, or another installation? To move it to the coordinator's build, drain it (kill -USR1 42 on h2)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("printed:\n%s\nwant %q", out, want)
+		}
+	}
+	for _, not := range []string{"same: runs", "older: runs"} {
+		if strings.Contains(out, not) {
+			t.Errorf("printed:\n%s\nwant no line %q", out, not)
+		}
+	}
+}
+
 // TestStatusDataWithAHolderThatGaveNoURL: a store held by a coordinator
 // that has not written its URL (starting, or an older shardpool) is named
 // with both possibilities, not taken for a stopped run.
