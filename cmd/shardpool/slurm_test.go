@@ -431,9 +431,10 @@ func TestSbatchNodeThatStopsLeavesTheOthers(t *testing.T) {
 	job := sbatchJob(t, sl, env.URL, dir, "2 node\\(s\\), each one worker with 1 CPU\\(s\\), 356MiB for 1 slot\\(s\\)",
 		"--nodes", "2", "--slots", "1", "--idle-exit", "10s", spec)
 	slurmOut := func() string { return sbatchOutput(dir, job) }
-	// --idle-exit above the retry delays (1, 2 and 4 s): a worker that
-	// saw no shard for as long while they were all in their delays would
-	// end, as it would with 3s.
+	// --idle-exit above the retry delays (1, 2 and 4 s): spn1's worker
+	// hands its failed shards back and stops; spn2's waits out only the
+	// delays of shards it handed back itself, and with 3s could end while
+	// spn1's waited in theirs.
 	testenv.Eventually(t, 120*time.Second, func() (bool, string) {
 		rec, err := env.Run("t")
 		return err == nil && rec.State == stream.RunComplete, fmt.Sprintf("run under the workers of job %s: %s %+v (%v), want COMPLETE\nSlurm's output:\n%s", job, rec.State, rec.Counts, err, slurmOut())
