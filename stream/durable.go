@@ -93,12 +93,18 @@ type CoordinatorInfo struct {
 	// Version is the build of shardpool the coordinator runs
 	// (Build.Version); absent from older coordinators.
 	Version string `json:"version,omitempty"`
+	// Versions is set by a reader (AskInfoAll), never by a coordinator:
+	// in a cluster whose coordinators that answered run more than one
+	// build (mid-upgrade), each one's by server name ("" for one too old
+	// to say); absent when they agree.
+	Versions map[string]string `json:"versions,omitempty"`
 }
 
 // AskInfoAll is AskInfo that, in a cluster of coordinators, waits up to
 // wait for each of them to answer and lists in Clients every client of
 // the cluster; when not all answered, Clients is nil (unknown: a worker
-// may be connected to the one that did not). A single coordinator's
+// may be connected to the one that did not). Versions names each build
+// where those that answered run more than one. A single coordinator's
 // answer returns at once.
 func AskInfoAll(ctx context.Context, nc *nats.Conn, wait time.Duration) (CoordinatorInfo, error) {
 	var first CoordinatorInfo
@@ -122,6 +128,7 @@ func AskInfoAll(ctx context.Context, nc *nats.Conn, wait time.Duration) (Coordin
 		return first, nil
 	}
 	seen := map[string]bool{first.Name: true}
+	versions := map[string]string{first.Name: first.Version}
 	clients := first.Clients
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -133,7 +140,14 @@ func AskInfoAll(ctx context.Context, nc *nats.Conn, wait time.Duration) (Coordin
 		var ci CoordinatorInfo
 		if Decode(m.Data, &ci) == nil {
 			seen[ci.Name] = true
+			versions[ci.Name] = ci.Version
 			clients = append(clients, ci.Clients...)
+		}
+	}
+	for _, v := range versions {
+		if v != first.Version {
+			first.Versions = versions
+			break
 		}
 	}
 	first.Clients = nil

@@ -3,6 +3,8 @@ package stream
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -148,5 +150,59 @@ func TestBarrierWaitsForACoordinatorThatIsStarting(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("barrier still waiting after the coordinator began serving")
+	}
+}
+
+// TestAskInfoAllNamesTheBuildsOfACluster: where the coordinators of a
+// cluster run different builds (mid-upgrade), the merged answer names each
+// one's; where they agree, it names none.
+func TestAskInfoAllNamesTheBuildsOfACluster(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(5 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, tc := range []struct {
+		builds []string
+		want   map[string]string
+	}{
+		{[]string{"v2", "v2", "v2"}, nil},
+		{[]string{"v2", "v1", ""}, map[string]string{"c0": "v2", "c1": "v1", "c2": ""}},
+	} {
+		var subs []*nats.Subscription
+		for i, b := range tc.builds {
+			data, err := Encode(&CoordinatorInfo{Name: fmt.Sprintf("c%d", i), Cluster: "k", Coordinators: len(tc.builds), Version: b})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Each answers a moment after the one before, c0 first.
+			delay := time.Duration(i) * 20 * time.Millisecond
+			sub, err := nc.Subscribe(SubjectInfo, func(m *nats.Msg) {
+				time.Sleep(delay)
+				_ = m.Respond(data)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			subs = append(subs, sub)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ci, err := AskInfoAll(ctx, nc, 2*time.Second)
+		cancel()
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+		if err != nil || ci.Name != "c0" || !maps.Equal(ci.Versions, tc.want) {
+			t.Errorf("builds %q: answer %+v, %v; want c0's with versions %v", tc.builds, ci, err, tc.want)
+		}
 	}
 }

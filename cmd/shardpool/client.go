@@ -482,6 +482,17 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		} else {
 			fmt.Fprintf(w, "coordinator on %s, sync %s%s\n", c.Host, c.Sync, build)
 		}
+		if len(c.Versions) > 0 {
+			var each []string
+			for _, name := range slices.Sorted(maps.Keys(c.Versions)) {
+				v := c.Versions[name]
+				if v == "" {
+					v = "a build too old to say"
+				}
+				each = append(each, name+" "+v)
+			}
+			fmt.Fprintf(w, "the coordinators of cluster %s run different builds of shardpool: %s (mid-upgrade: restart the rest on the new build, one at a time)\n", c.Cluster, strings.Join(each, ", "))
+		}
 		if c.StoreFull != "" {
 			todo := "free space there"
 			if strings.Contains(c.StoreFull, "of its limit of") {
@@ -546,6 +557,11 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 func printOtherBuild(w io.Writer, wk stream.WorkerReport, c *stream.CoordinatorInfo) {
 	if c == nil || c.Version == "" || wk.Version == "" || wk.Version == c.Version {
 		return
+	}
+	for _, v := range c.Versions {
+		if v == wk.Version {
+			return // a cluster mid-upgrade: its coordinators' line says so
+		}
 	}
 	fmt.Fprintf(w, "%s: runs shardpool %s, not the coordinator's %s: left from before an upgrade, or another installation? "+
 		"To move it to the coordinator's build, drain it (kill -USR1 %d on %s) and start it again from that binary\n", wk.Name, wk.Version, c.Version, wk.PID, wk.Host)

@@ -196,10 +196,32 @@ func TestStatusNamesAWorkerOfAnotherBuild(t *testing.T) {
 			t.Errorf("printed:\n%s\nwant %q", out, want)
 		}
 	}
-	for _, not := range []string{"same: runs", "older: runs"} {
+	for _, not := range []string{"same: runs", "older: runs", "different builds"} {
 		if strings.Contains(out, not) {
 			t.Errorf("printed:\n%s\nwant no line %q", out, not)
 		}
+	}
+
+	// A cluster mid-upgrade: its coordinators' builds are named, and a
+	// worker of the build of one that did not answer first is not.
+	b.Reset()
+	printStatus(&b, &coordinator.Status{Coordinator: &stream.CoordinatorInfo{Name: "c1", Cluster: "k", Coordinators: 3, Host: "h", Sync: "always", Leader: "c1",
+		Version: "v1.2.0", Versions: map[string]string{"c1": "v1.2.0", "c2": "v1.1.0", "c3": ""}},
+		Workers: []stream.WorkerReport{
+			{Name: "mid", Host: "h1", PID: 41, Reported: now, Version: "v1.1.0"},
+			{Name: "stray", Host: "h2", PID: 42, Reported: now, Version: "v0.9.0"},
+		}})
+	out = b.String()
+	for _, want := range []string{
+		"the coordinators of cluster k run different builds of shardpool: c1 v1.2.0, c2 v1.1.0, c3 a build too old to say (mid-upgrade: restart the rest on the new build, one at a time)\n",
+		"stray: runs shardpool v0.9.0, not the coordinator's v1.2.0",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("printed:\n%s\nwant %q", out, want)
+		}
+	}
+	if strings.Contains(out, "mid: runs") {
+		t.Errorf("printed:\n%s\nwant no line for worker mid, of coordinator c2's build", out)
 	}
 }
 
