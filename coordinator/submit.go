@@ -360,6 +360,14 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 	return nil
 }
 
+// orDefault is a retry_delay as settingChanges names it.
+func orDefault(d stream.Seconds) string {
+	if d <= 0 {
+		return "the workers' default"
+	}
+	return d.D().String()
+}
+
 // settingChanges describes the differences between two specs of one
 // generation in the fields the fingerprint leaves out.
 func settingChanges(old, cur *stream.Spec) []string {
@@ -369,6 +377,9 @@ func settingChanges(old, cur *stream.Spec) []string {
 	}
 	if old.Timeout != cur.Timeout {
 		out = append(out, fmt.Sprintf("timeout %s -> %s", time.Duration(old.Timeout), time.Duration(cur.Timeout)))
+	}
+	if old.RetryDelay != cur.RetryDelay {
+		out = append(out, fmt.Sprintf("retry_delay %s -> %s", orDefault(old.RetryDelay), orDefault(cur.RetryDelay)))
 	}
 	if old.Stage != cur.Stage {
 		out = append(out, fmt.Sprintf("stage %v -> %v", old.Stage, cur.Stage))

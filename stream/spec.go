@@ -35,8 +35,13 @@ type Spec struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Retries  int               `json:"retries"`
 	Timeout  Seconds           `json:"timeout"`
-	CodeRev  string            `json:"code_rev"`
-	Stage    bool              `json:"stage"`
+	// RetryDelay is how long a shard waits after its first failed attempt
+	// before the next; each later retry waits twice the one before, at
+	// most RetryDelayMaxFactor times it. Zero: the worker's own (1 s,
+	// doubling to a minute).
+	RetryDelay Seconds `json:"retry_delay,omitempty"`
+	CodeRev    string  `json:"code_rev"`
+	Stage      bool    `json:"stage"`
 	// Pack says whether a staged shard of many small inputs is packed
 	// into one file at submit: nil (the default) where its inputs are
 	// not on local storage, true always, false never.
@@ -92,20 +97,21 @@ func (s *Spec) TimeoutFor(class string) time.Duration {
 }
 
 type specFile struct {
-	Name      string               `toml:"name"`
-	Manifest  string               `toml:"manifest"`
-	Output    string               `toml:"output"`
-	Command   []string             `toml:"command"`
-	Env       map[string]string    `toml:"env"`
-	Retries   *int                 `toml:"retries"`
-	Timeout   string               `toml:"timeout"`
-	CodeRev   *string              `toml:"code_rev"`
-	Stage     bool                 `toml:"stage"`
-	Pack      *bool                `toml:"pack"`
-	Validator []string             `toml:"validator"`
-	Outputs   []string             `toml:"outputs"`
-	Class     map[string]classFile `toml:"class"`
-	Profile   struct {
+	Name       string               `toml:"name"`
+	Manifest   string               `toml:"manifest"`
+	Output     string               `toml:"output"`
+	Command    []string             `toml:"command"`
+	Env        map[string]string    `toml:"env"`
+	Retries    *int                 `toml:"retries"`
+	Timeout    string               `toml:"timeout"`
+	RetryDelay string               `toml:"retry_delay"`
+	CodeRev    *string              `toml:"code_rev"`
+	Stage      bool                 `toml:"stage"`
+	Pack       *bool                `toml:"pack"`
+	Validator  []string             `toml:"validator"`
+	Outputs    []string             `toml:"outputs"`
+	Class      map[string]classFile `toml:"class"`
+	Profile    struct {
 		Malformed []string `toml:"malformed"`
 		Sustained *int     `toml:"sustained"`
 	} `toml:"profile"`
@@ -227,6 +233,29 @@ func editDistance(a, b string) int {
 // DefaultRetries is used when the spec does not say.
 const DefaultRetries = 2
 
+// MaxRetryDelay bounds retry_delay: a shard that waits longer between its
+// attempts is better retried by hand (--retry-failed).
+const MaxRetryDelay = 24 * time.Hour
+
+// RetryDelayMaxFactor bounds the doubling of retry_delay: the longest
+// wait is this many times it (a minute for the worker's default of 1 s).
+const RetryDelayMaxFactor = 60
+
+// RetryDelayAfter is how long a shard waits after its n-th failed attempt
+// (n from 1) under retry_delay: doubled for each retry after the first, at
+// most RetryDelayMaxFactor times it. Zero when the spec sets none.
+func (s *Spec) RetryDelayAfter(n int) time.Duration {
+	base := s.RetryDelay.D()
+	if base <= 0 {
+		return 0
+	}
+	d, most := base, base*RetryDelayMaxFactor
+	for i := 1; i < n && d < most; i++ {
+		d *= 2
+	}
+	return min(d, most)
+}
+
 // LoadSpec reads and validates the spec at path. Every error wraps
 // ErrInvalidSpec and names the file, the line when it is known, and the field.
 func LoadSpec(path string) (*Spec, error) {
@@ -328,6 +357,13 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 			return nil, bad("", "timeout", "%q is not a positive Go duration such as \"90s\" or \"2h\"", f.Timeout)
 		}
 		s.Timeout = Seconds(d)
+	}
+	if f.RetryDelay != "" {
+		d, err := time.ParseDuration(f.RetryDelay)
+		if err != nil || d <= 0 || d > MaxRetryDelay {
+			return nil, bad("", "retry_delay", "%q is not a Go duration from 1ns to %s such as \"30s\" or \"5m\"", f.RetryDelay, MaxRetryDelay)
+		}
+		s.RetryDelay = Seconds(d)
 	}
 	if f.CodeRev != nil {
 		s.CodeRev = *f.CodeRev
@@ -610,7 +646,7 @@ func explainTOMLType(msg, field string) string {
 		want = "a whole number of GPUs"
 	case m[2] == "string" && slices.Contains([]string{"memory", "vram", "scratch"}, last(field)):
 		want = `a size such as "512MiB" or "2GiB"`
-	case m[2] == "string" && slices.Contains([]string{"timeout", "time"}, last(field)):
+	case m[2] == "string" && slices.Contains([]string{"timeout", "time", "retry_delay"}, last(field)):
 		want = `a duration such as "90s" or "2h"`
 	case field == "env" && m[2] == "string":
 		want = `a string for each variable (quote numbers: { N = "4" })`

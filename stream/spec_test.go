@@ -92,6 +92,24 @@ stage = true
 	}
 }
 
+// TestRetryDelay: retry_delay is the wait after the first failed attempt,
+// doubled for each later one, at most 60 times it; a spec without it
+// leaves the delay to the worker (zero).
+func TestRetryDelay(t *testing.T) {
+	s, err := LoadSpec(writeSpec(t, "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"true\"]\nretry_delay = \"30s\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, want := range map[int]time.Duration{1: 30 * time.Second, 2: time.Minute, 3: 2 * time.Minute, 6: 16 * time.Minute, 7: 30 * time.Minute, 50: 30 * time.Minute} {
+		if got := s.RetryDelayAfter(n); got != want {
+			t.Errorf("retry_delay 30s, after attempt %d: %s, want %s", n, got, want)
+		}
+	}
+	if got := (&Spec{}).RetryDelayAfter(1); got != 0 {
+		t.Errorf("no retry_delay: %s, want 0 (the worker's own)", got)
+	}
+}
+
 func TestLoadSpecErrors(t *testing.T) {
 	base := "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"true\"]\n"
 	cases := []struct {
@@ -112,6 +130,9 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"env number", base + "env = { A = 1 }\n", `field "env": invalid run spec: got an integer, want a string for each variable (quote numbers: { N = "4" })`},
 		{"inputs inside an argument", base[:len(base)-len("command = [\"true\"]\n")] + "command = [\"cat\", \"x{inputs}\"]\n", "must stand alone"},
 		{"bad timeout", base + "timeout = \"soon\"\n", `:5: field "timeout"`},
+		{"retry delay as a number", base + "retry_delay = 30\n", `:5:15: field "retry_delay": invalid run spec: got an integer, want a duration such as "90s" or "2h"`},
+		{"negative retry delay", base + "retry_delay = \"-1s\"\n", `:5: field "retry_delay": invalid run spec: "-1s" is not a Go duration from 1ns to 24h0m0s such as "30s" or "5m"`},
+		{"retry delay past a day", base + "retry_delay = \"25h\"\n", `:5: field "retry_delay"`},
 		{"negative retries", base + "retries = -1\n", `:5: field "retries"`},
 		{"zero cpus", base + "[class.cpu]\ncpus = 0\n", `:6: field "class.cpu.cpus"`},
 		{"bad class name", base + "[class.GPU]\ncpus = 1\n", `:5: field "class.GPU"`},

@@ -293,6 +293,30 @@ func TestFailingShardRetriesThenBlocksThenRetryFailedCompletes(t *testing.T) {
 	}
 }
 
+// TestRetryDelayOfTheSpecSpacesTheRetries: a run's retry_delay (here
+// 1.5 s, where the test workers' own delay is 100 ms) is what a failed
+// shard waits before its next attempt, and its record says so.
+func TestRetryDelayOfTheSpecSpacesTheRetries(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	tried := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 1, Extra: "retry_delay = \"1500ms\"\n",
+		Command: []string{"sh", "-c", `[ -e "$0/$1" ] || { : > "$0/$1"; exit 3; }; cp "$2" "$3/"`, tried, "{id}", "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Attempts) != 2 {
+		t.Fatalf("attempts: %+v, want 2", rec.Attempts)
+	}
+	first, second := rec.Attempts[0], rec.Attempts[1]
+	gap := second.Start.Sub(first.Start.Add(first.Duration.D()))
+	if gap < 1500*time.Millisecond || gap > 10*time.Second {
+		t.Fatalf("the retry began %s after the failed attempt ended, want retry_delay's 1.5s (the workers' own is 100ms)", gap)
+	}
+}
+
 // TestOutputsAndValidatorJudgeExitZero: an attempt that exits 0 is
 // committed only when {out} holds every output the spec declares and the
 // validator passes; otherwise it is an invalid output, retried and then
@@ -405,14 +429,15 @@ func TestResubmittedSettingsReachRunningWorkers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	edit(`timeout = "200ms"`, `timeout = "20s"`)
+	edit(`timeout = "200ms"`, `timeout = "20s"`+"\nretry_delay = \"200ms\"")
 	edit("retries = 0", "retries = 1")
 	res := env.Submit(spec, coordinator.SubmitOptions{})
-	if got := strings.Join(res.Changed, "; "); got != "retries 0 -> 1; timeout 200ms -> 20s" || res.Published != 0 || res.State != stream.RunBlocked {
-		t.Fatalf("resubmit with new settings: got changed %q, %d published, state %s; want retries and timeout, 0, BLOCKED", got, res.Published, res.State)
+	if got := strings.Join(res.Changed, "; "); got != "retries 0 -> 1; timeout 200ms -> 20s; retry_delay the workers' default -> 200ms" || res.Published != 0 || res.State != stream.RunBlocked {
+		t.Fatalf("resubmit with new settings: got changed %q, %d published, state %s; want retries, timeout and retry_delay, 0, BLOCKED", got, res.Published, res.State)
 	}
-	if r, _ := env.Run("t"); time.Duration(r.Spec.Timeout) != 20*time.Second || r.Spec.Retries != 1 || r.Settings != 1 {
-		t.Fatalf("run record after the update: timeout %s, retries %d, settings %d; want 20s, 1, 1", time.Duration(r.Spec.Timeout), r.Spec.Retries, r.Settings)
+	if r, _ := env.Run("t"); time.Duration(r.Spec.Timeout) != 20*time.Second || r.Spec.Retries != 1 || r.Spec.RetryDelay.D() != 200*time.Millisecond || r.Settings != 1 {
+		t.Fatalf("run record after the update: timeout %s, retries %d, retry_delay %s, settings %d; want 20s, 1, 200ms, 1",
+			time.Duration(r.Spec.Timeout), r.Spec.Retries, r.Spec.RetryDelay.D(), r.Settings)
 	}
 	if again := env.Submit(spec, coordinator.SubmitOptions{}); len(again.Changed) != 0 {
 		t.Fatalf("the same spec again: got changed %q, want nothing", again.Changed)

@@ -1149,7 +1149,10 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		w.count(false)
 		return
 	}
-	delay := w.backoff(n)
+	delay := spec.RetryDelayAfter(n)
+	if delay <= 0 {
+		delay = w.backoff(n)
+	}
 	a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, fmt.Sprintf("attempt %d of %d: %s; retry in %s", n, limit, at.Reason, delay)
 	if err := w.putRecord(ctx, a); err != nil {
 		w.log.Warn("record attempt", "shard", a.key, "err", err)
