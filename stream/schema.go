@@ -317,6 +317,11 @@ type WorkerReport struct {
 	// Version is the build of shardpool the worker runs (Build.Version);
 	// absent in older reports.
 	Version string `json:"version,omitempty"`
+	// LastStarted is when the worker last started a command (by its own
+	// clock): another worker whose commands cannot start on its host
+	// tells from it whether this one's can (worker's noteStart). Absent
+	// before its first start, and in older reports.
+	LastStarted time.Time `json:"last_started,omitzero"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.

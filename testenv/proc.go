@@ -120,10 +120,24 @@ func Start(t testing.TB, args ...string) *Proc {
 // StartCmd runs any program like Start does.
 func StartCmd(t testing.TB, name string, args ...string) *Proc {
 	t.Helper()
+	return StartCmdEnv(t, nil, name, args...)
+}
+
+// StartEnv is Start with env (NAME=VALUE) added to the environment, after
+// this process's: a later entry of a name wins (a worker given a PATH of
+// its own, as on a host that lacks a program).
+func StartEnv(t testing.TB, env []string, args ...string) *Proc {
+	t.Helper()
+	return StartCmdEnv(t, env, Binary(t), args...)
+}
+
+// StartCmdEnv is StartCmd with env added to the environment.
+func StartCmdEnv(t testing.TB, env []string, name string, args ...string) *Proc {
+	t.Helper()
 	cmd := exec.Command(name, args...)
 	// The processes of one test share a host ledger, as on a real host;
 	// those of tests running at the same time (other packages) do not.
-	cmd.Env = append(os.Environ(), "SHARDPOOL_HOST_LEDGER="+LedgerDir(t))
+	cmd.Env = append(append(os.Environ(), "SHARDPOOL_HOST_LEDGER="+LedgerDir(t)), env...)
 	p := &Proc{Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -31,6 +31,9 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	if why := w.loneHeld(); why != "" {
 		return 0, fmt.Sprintf("class %s: %s", class, why)
 	}
+	if why := w.outageHeld(); why != "" {
+		return 0, fmt.Sprintf("class %s: %s", class, why)
+	}
 	if !w.cfg.Auto {
 		slots := w.fixedSlots(class)
 		w.publishFixed(class, max(slots-inflight, 0))

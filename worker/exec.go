@@ -269,6 +269,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 		return result{outcome: stream.OutcomeStart, reason: reason, logged: true, log: out.path}
 	}
 	out.started()
+	w.lastStarted.Store(time.Now().UnixNano())
 	pgid := cmd.Process.Pid
 	w.journal.started(pgid, held)
 	if onStart != nil {

@@ -668,7 +668,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	}
 	// Before the slot is freed: a worker stopping after so many start
 	// errors in a row fetches no more in their place.
-	w.noteStart(res.outcome, res.reason)
+	w.noteStart(ctx, class, res.outcome, res.reason)
 	select {
 	case w.concluding <- struct{}{}:
 		defer func() { <-w.concluding }()

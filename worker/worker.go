@@ -67,10 +67,12 @@ type Config struct {
 	// this host (outcome start-error: the run's directory or an input
 	// missing here, an output directory it cannot write, a program it
 	// lacks, GPUs it cannot assign; or stage-error: inputs it could not
-	// stage). Such a host would otherwise fail
-	// shard after shard of the queue while healthy workers could run
-	// them; each failure is charged, and a run's retries run out fast.
-	// Failed reports why once it has. Zero never stops.
+	// stage) while another worker starts commands. Such a host would
+	// otherwise fail shard after shard of the queue while healthy
+	// workers could run them; each failure is charged, and a run's
+	// retries run out fast. Where no other worker starts commands either,
+	// it holds and tries again instead (outage.go). Failed reports why
+	// once it has. Zero never stops.
 	StopAfterStartFailures int
 	// StopWhenFailingAlone drains the worker once its charged attempts
 	// have failed in a row while other workers validated those very
@@ -241,13 +243,22 @@ type Worker struct {
 	drainWhy   string // why Drain was called, for reports and the admission log
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
 	serving    sync.WaitGroup
-	busyAt     atomic.Int64    // unix nanoseconds of the last delivery, of the last look that found a shard running, or of the end of the latest delay a shard was handed back for (IdleExit)
-	startFails atomic.Int64    // attempts in a row whose command could not start (StopAfterStartFailures)
-	stopped    string          // under mu: why the worker drained itself (Failed)
-	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
-	held       map[string]int  // per class: deliveries held for a store that takes no lease write
-	heldWhy    string          // the store's last refusal, while any is held
-	awaiting   map[string]int  // shard keys whose delivery waits here for another owner's lease (awaitLease)
+	busyAt     atomic.Int64 // unix nanoseconds of the last delivery, of the last look that found a shard running, or of the end of the latest delay a shard was handed back for (IdleExit)
+	startFails atomic.Int64 // attempts in a row whose command could not start (StopAfterStartFailures)
+	// lastStarted is when a command last started here (unix nanoseconds;
+	// reports' LastStarted).
+	lastStarted atomic.Int64
+	// Under mu (outage.go): when the current start failures in a row
+	// began; since when the worker has held for start failures no other
+	// worker is spared, until when, the last wait and why ("" when not).
+	startStreakAt, outageSince, outageUntil time.Time
+	outageWait                              time.Duration
+	outageWhy                               string
+	stopped                                 string          // under mu: why the worker drained itself (Failed)
+	owning                                  map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
+	held                                    map[string]int  // per class: deliveries held for a store that takes no lease write
+	heldWhy                                 string          // the store's last refusal, while any is held
+	awaiting                                map[string]int  // shard keys whose delivery waits here for another owner's lease (awaitLease)
 
 	defaultScratch bool // cfg.Scratch was not given: it must be this user's own
 	scratchMu      sync.Mutex
@@ -490,27 +501,6 @@ func (w *Worker) Ended(run string) (validated, failed int64) {
 	return n.validated.Load(), n.failed.Load()
 }
 
-// noteStart counts an attempt's outcome toward StopAfterStartFailures: a
-// start-error or stage-error (the command never ran) adds one, an attempt
-// whose command ran (whatever its exit) starts the count over, and one
-// handed back uncharged (interrupted, preempted, lease lost) leaves it as
-// it is.
-func (w *Worker) noteStart(outcome, reason string) {
-	switch outcome {
-	case stream.OutcomeStart, stream.OutcomeStage:
-	case stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeLeaseLost:
-		return
-	default:
-		w.startFails.Store(0)
-		return
-	}
-	n := w.startFails.Add(1)
-	if limit := w.cfg.StopAfterStartFailures; limit <= 0 || n < int64(limit) {
-		return
-	}
-	w.stopSelf(fmt.Sprintf("the last %d attempts could not start their command on host %s (the last: %s), so it stopped fetching rather than fail the rest of the queue here", n, w.host, reason))
-}
-
 // Failed is why the worker drained itself (StopAfterStartFailures,
 // StopWhenFailingAlone), or "" when it did not.
 func (w *Worker) Failed() string {
@@ -530,9 +520,10 @@ func (w *Worker) drainReason() string {
 // IdleExit: no shard holding a slot, none delivered since, no hold.
 func (w *Worker) exitWhenIdle(ctx context.Context) error {
 	for range w.ticks(ctx, min(max(w.cfg.IdleExit/4, 10*time.Millisecond), time.Second)) {
-		// A held worker (holdLone) is not idle: it stops, or fetches
-		// again, once the evidence is in.
-		if w.Running() > 0 || w.loneHeld() != "" {
+		// A held worker (holdLone, or start failures no other worker is
+		// spared) is not idle: it stops, or fetches again, once the
+		// evidence is in or the wait is over.
+		if w.Running() > 0 || w.loneHeld() != "" || w.outageHeld() != "" {
 			w.busyTill(time.Now())
 			continue
 		}
@@ -1246,6 +1237,14 @@ func (w *Worker) attemptFailed(ctx context.Context, key, class, reason string) {
 	w.reportSoon()
 }
 
+// unixTime is unix nanoseconds as UTC, the zero time for 0.
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
+}
+
 // reportCut bounds a reason a worker report quotes: the shard's record
 // has it whole.
 func reportCut(s string) string {
@@ -1315,7 +1314,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Version: stream.ThisBuild().Version, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure, SlotsEach: w.slotsEach(),
 		LeftRunning: w.leftRunning, LastLeft: w.lastLeft,
-		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting}
+		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load())}
 }
 
 // headroom is the compact probe published with each report: the effective
