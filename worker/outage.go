@@ -16,10 +16,11 @@ import (
 // no worker left when the files came back. So at the limit the worker
 // looks at the other workers serving the class: one that has started a
 // command since this worker's start failures began (its report's
-// last_started) shows that the host is at fault, and the worker stops. Where none has, it holds its fetches
-// for outageFirst, doubling up to outageMost, fetching again after each
-// wait (its next attempt tells whether the cause has passed), and stops
-// once it has held for outageMax in all.
+// last_started) shows that the host is at fault, and the worker stops.
+// Where none has, it holds its fetches for outageFirst, doubling up to
+// outageMost, fetching again after each wait (its next attempt tells
+// whether the cause has passed), and stops once it has held for
+// outageMax in all.
 const (
 	outageFirst = 10 * time.Second
 	outageMost  = 5 * time.Minute

@@ -243,8 +243,14 @@ type Worker struct {
 	drainWhy   string // why Drain was called, for reports and the admission log
 	draining   bool   // under mu: Drain was called; no fetch loop starts after it
 	serving    sync.WaitGroup
-	busyAt     atomic.Int64 // unix nanoseconds of the last delivery, of the last look that found a shard running, or of the end of the latest delay a shard was handed back for (IdleExit)
-	startFails atomic.Int64 // attempts in a row whose command could not start (StopAfterStartFailures)
+	busyAt     atomic.Int64    // unix nanoseconds of the last delivery, of the last look that found a shard running, or of the end of the latest delay a shard was handed back for (IdleExit)
+	startFails atomic.Int64    // attempts in a row whose command could not start (StopAfterStartFailures)
+	stopped    string          // under mu: why the worker drained itself (Failed)
+	owning     map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
+	held       map[string]int  // per class: deliveries held for a store that takes no lease write
+	heldWhy    string          // the store's last refusal, while any is held
+	awaiting   map[string]int  // shard keys whose delivery waits here for another owner's lease (awaitLease)
+
 	// lastStarted is when a command last started here (unix nanoseconds;
 	// reports' LastStarted).
 	lastStarted atomic.Int64
@@ -254,11 +260,6 @@ type Worker struct {
 	startStreakAt, outageSince, outageUntil time.Time
 	outageWait                              time.Duration
 	outageWhy                               string
-	stopped                                 string          // under mu: why the worker drained itself (Failed)
-	owning                                  map[string]bool // shard keys with an attempt in flight here, from lease to settle (takeLease)
-	held                                    map[string]int  // per class: deliveries held for a store that takes no lease write
-	heldWhy                                 string          // the store's last refusal, while any is held
-	awaiting                                map[string]int  // shard keys whose delivery waits here for another owner's lease (awaitLease)
 
 	defaultScratch bool // cfg.Scratch was not given: it must be this user's own
 	scratchMu      sync.Mutex
