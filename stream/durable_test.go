@@ -100,17 +100,16 @@ func TestGroupGatherJoinsLateCallers(t *testing.T) {
 	}
 }
 
-// TestBarrierWaitsForACoordinatorThatIsStarting: a coordinator accepts
-// connections before it serves barriers; a barrier asked in between waits
-// for it instead of failing with "no responders", and one that no
-// coordinator ever answers fails when its context ends.
-func TestBarrierWaitsForACoordinatorThatIsStarting(t *testing.T) {
+// plainServer starts a NATS server without JetStream on loopback, stopped
+// at cleanup, and returns a connection to it.
+func plainServer(t *testing.T) *nats.Conn {
+	t.Helper()
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.Start()
-	defer srv.Shutdown()
+	t.Cleanup(srv.Shutdown)
 	if !srv.ReadyForConnections(5 * time.Second) {
 		t.Fatal("server not ready")
 	}
@@ -118,7 +117,16 @@ func TestBarrierWaitsForACoordinatorThatIsStarting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// TestBarrierWaitsForACoordinatorThatIsStarting: a coordinator accepts
+// connections before it serves barriers; a barrier asked in between waits
+// for it instead of failing with "no responders", and one that no
+// coordinator ever answers fails when its context ends.
+func TestBarrierWaitsForACoordinatorThatIsStarting(t *testing.T) {
+	nc := plainServer(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -157,20 +165,7 @@ func TestBarrierWaitsForACoordinatorThatIsStarting(t *testing.T) {
 // cluster run different builds (mid-upgrade), the merged answer names each
 // one's; where they agree, it names none.
 func TestAskInfoAllNamesTheBuildsOfACluster(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	defer srv.Shutdown()
-	if !srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := plainServer(t)
 	for _, tc := range []struct {
 		builds []string
 		want   map[string]string
