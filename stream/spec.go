@@ -249,7 +249,13 @@ func (s *Spec) RetryDelayAfter(n int) time.Duration {
 	if base <= 0 {
 		return 0
 	}
-	d, most := base, base*RetryDelayMaxFactor
+	return Doubled(base, base*RetryDelayMaxFactor, n)
+}
+
+// Doubled is base doubled for each n after the first, at most most: the
+// delay before the retry that follows the n-th failed attempt.
+func Doubled(base, most time.Duration, n int) time.Duration {
+	d := base
 	for i := 1; i < n && d < most; i++ {
 		d *= 2
 	}

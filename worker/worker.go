@@ -1596,11 +1596,7 @@ func (w *Worker) runRecord(ctx context.Context, run, fp string, settings int) (*
 }
 
 func (w *Worker) backoff(attempt int) time.Duration {
-	d := w.cfg.BackoffMin
-	for i := 1; i < attempt && d < w.cfg.BackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, w.cfg.BackoffMax)
+	return stream.Doubled(w.cfg.BackoffMin, w.cfg.BackoffMax, attempt)
 }
 
 // stagerFor creates the host's stager on first use and refuses scratch that
