@@ -28,10 +28,7 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	if err := w.scratchUsable(); err != nil {
 		return 0, fmt.Sprintf("class %s: %v: not fetching; looking again every %s", class, err, scratchRecheck)
 	}
-	if why := w.loneHeld(); why != "" {
-		return 0, fmt.Sprintf("class %s: %s", class, why)
-	}
-	if why := w.outageHeld(); why != "" {
+	if why := w.fetchHeld(); why != "" {
 		return 0, fmt.Sprintf("class %s: %s", class, why)
 	}
 	if !w.cfg.Auto {

@@ -170,11 +170,27 @@ const (
 // a hold waiting for it would last its whole loneHoldMax.
 func (w *Worker) healthyPeer(class string) string {
 	for _, p := range w.peers {
-		if p.FailedInARow < loneStreak && (p.Auto || p.SlotsEach > 0 || p.Slots[class] > 0) {
+		if p.FailedInARow < loneStreak && servesClass(p, class) {
 			return p.Name
 		}
 	}
 	return ""
+}
+
+// servesClass reports whether the worker of report p takes shards of
+// class: it admits by measurement, gives every class slots as it
+// appears, or has slots of that class.
+func servesClass(p stream.WorkerReport, class string) bool {
+	return p.Auto || p.SlotsEach > 0 || p.Slots[class] > 0
+}
+
+// fetchHeld is why the worker holds its fetches (holdLone, or start
+// failures no other worker is spared: noteStart), or "" when it does not.
+func (w *Worker) fetchHeld() string {
+	if why := w.loneHeld(); why != "" {
+		return why
+	}
+	return w.outageHeld()
 }
 
 // loneHeld is why the worker holds its fetches (holdLone), or "".

@@ -102,7 +102,7 @@ func (w *Worker) noteStart(ctx context.Context, class, outcome, reason string) {
 // Under mu.
 func (w *Worker) startingPeer(class string) (peer, stale string) {
 	for _, p := range w.peers {
-		if !(p.Auto || p.SlotsEach > 0 || p.Slots[class] > 0) {
+		if !servesClass(p, class) {
 			continue
 		}
 		if p.LastStarted.After(w.startStreakAt) {

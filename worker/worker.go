@@ -524,7 +524,7 @@ func (w *Worker) exitWhenIdle(ctx context.Context) error {
 		// A held worker (holdLone, or start failures no other worker is
 		// spared) is not idle: it stops, or fetches again, once the
 		// evidence is in or the wait is over.
-		if w.Running() > 0 || w.loneHeld() != "" || w.outageHeld() != "" {
+		if w.Running() > 0 || w.fetchHeld() != "" {
 			w.busyTill(time.Now())
 			continue
 		}
