@@ -322,6 +322,18 @@ type WorkerReport struct {
 	// tells from it whether this one's can (worker's noteStart). Absent
 	// before its first start, and in older reports.
 	LastStarted time.Time `json:"last_started,omitzero"`
+	// Draining is why the worker drains (it fetches no more and leaves
+	// once its running shards end); absent while it serves. An idle
+	// worker does not count on a draining one to stay for the shards
+	// still out (worker's keeping).
+	Draining string `json:"draining,omitempty"`
+	// Keeping lists the classes of which shards are out (delivered, not
+	// settled) that this idle worker stays for, past its --idle-exit: a
+	// shard of a worker that dies, or one waiting out a retry's delay,
+	// comes back with a worker there to run it. Other idle workers leave
+	// (worker's keeping). Absent while the worker runs shards, or has no
+	// --idle-exit.
+	Keeping []string `json:"keeping,omitempty"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.

@@ -250,6 +250,7 @@ type Worker struct {
 	held       map[string]int  // per class: deliveries held for a store that takes no lease write
 	heldWhy    string          // the store's last refusal, while any is held
 	awaiting   map[string]int  // shard keys whose delivery waits here for another owner's lease (awaitLease)
+	keepFor    []string        // under mu: the classes this idle worker stays for (keeping)
 
 	// lastStarted is when a command last started here (unix nanoseconds;
 	// reports' LastStarted).
@@ -515,25 +516,6 @@ func (w *Worker) drainReason() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.drainWhy
-}
-
-// exitWhenIdle drains the worker once it has had nothing to run for
-// IdleExit: no shard holding a slot, none delivered since, no hold.
-func (w *Worker) exitWhenIdle(ctx context.Context) error {
-	for range w.ticks(ctx, min(max(w.cfg.IdleExit/4, 10*time.Millisecond), time.Second)) {
-		// A held worker (holdLone, or start failures no other worker is
-		// spared) is not idle: it stops, or fetches again, once the
-		// evidence is in or the wait is over.
-		if w.Running() > 0 || w.fetchHeld() != "" {
-			w.busyTill(time.Now())
-			continue
-		}
-		if idle := time.Since(time.Unix(0, w.busyAt.Load())); idle >= w.cfg.IdleExit {
-			w.Drain(fmt.Sprintf("no shard to run for %s: --idle-exit", idle.Round(time.Second)))
-			return nil
-		}
-	}
-	return nil
 }
 
 // nakWithDelay hands msg back for a delivery after d, and keeps the worker
@@ -1315,7 +1297,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Version: stream.ThisBuild().Version, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure, SlotsEach: w.slotsEach(),
 		LeftRunning: w.leftRunning, LastLeft: w.lastLeft,
-		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load())}
+		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor)}
 }
 
 // headroom is the compact probe published with each report: the effective

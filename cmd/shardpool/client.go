@@ -541,6 +541,10 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "%s: %d of its running slot(s) hold a shard that another attempt runs (%s): its message came again while that attempt ran; "+
 				"the slot runs nothing and is free once that attempt ends (at most 3 lease TTLs)\n", wk.Name, n, strings.Join(wk.Awaiting, ", "))
 		}
+		if len(wk.Keeping) > 0 {
+			fmt.Fprintf(w, "%s: idle past its --idle-exit, it stays while shards of class %s are out (running elsewhere, or due back after a retry's delay or a dead worker's lease), to run them should they come back\n",
+				wk.Name, strings.Join(wk.Keeping, ", "))
+		}
 		printFailingWorker(w, wk, st.Workers)
 		printOtherBuild(w, wk, st.Coordinator)
 		if wk.LeftRunning > 0 {

@@ -937,6 +937,93 @@ func TestWorkerIdleExitWaitsForTheRetriesItHandedBack(t *testing.T) {
 	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 2)
 }
 
+// TestIdleWorkerStaysForTheShardsOfAWorkerThatDies: a worker whose
+// --idle-exit (300 ms) has passed stays while another worker's shard is
+// out, and runs it when that worker is killed and its lease runs out (3
+// s). Before, it left as soon as its own shard was done, and when the
+// other worker died nothing ran the shard: the run stayed RUNNING with
+// no worker, as a batch allocation's would.
+func TestIdleWorkerStaysForTheShardsOfAWorkerThatDies(t *testing.T) {
+	c := startCluster(t, "3s")
+	started := filepath.Join(t.TempDir(), "started")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2, Command: []string{"sh", "-c",
+		`if [ "$SHARDPOOL_ATTEMPT" = 1 ] && [ "$4" = s0000 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=1")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return len(b) > 0, "s0000's first attempt not running yet"
+	})
+	c.journalHolds(filepath.Join(c.data, "w-w1"), 1)
+	w2 := c.worker("w2", "--slots", "cpu=1", "--idle-exit", "300ms")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		rec, err := testenv.ReadShard(c.js, "t", "s0001")
+		return err == nil && rec.State == stream.ShardValidated, fmt.Sprintf("s0001: %+v, %v", rec, err)
+	})
+	time.Sleep(2 * time.Second)
+	if w2.Exited() {
+		t.Fatalf("w2 left 2 s after its shard, while w1's shard was out\n%s", w2.Output())
+	}
+	w1.SignalMain(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	if code := w2.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("w2: exit %d, want 0 once nothing is out\n%s", code, w2.Output())
+	}
+	r, err := stream.ReadRun(context.Background(), c.js, "t")
+	if err != nil || r.State != stream.RunComplete {
+		t.Fatalf("run after w2 left: %s %+v, %v; want COMPLETE\n%s", r.State, r.Counts, err, w2.Output())
+	}
+	rec, _ := testenv.ReadShard(c.js, "t", "s0000")
+	if len(rec.Attempts) != 2 || rec.Attempts[0].Outcome != stream.OutcomeLost || rec.Attempts[1].Worker != "w2" {
+		t.Errorf("s0000 attempts %+v, want w1's lost, then w2's", rec.Attempts)
+	}
+	if !strings.Contains(w2.Output(), "idle, but staying") {
+		t.Errorf("w2 did not say why it stayed:\n%s", w2.Output())
+	}
+	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 2)
+}
+
+// TestOneIdleWorkerStaysForTheShardsOut: of two workers idle past their
+// --idle-exit while a third runs the class's last shard, one (w2, whose
+// name sorts first) stays until that shard is done, and the other (w3)
+// leaves at once: a fleet's tail keeps one node, not all of them.
+func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
+	c := startCluster(t, "20s")
+	started := filepath.Join(t.TempDir(), "started")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"sh", "-c",
+		`if [ "$4" = s0000 ]; then echo x >> "$1"; sleep 10; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}})
+	c.submit(spec)
+	c.worker("w1", "--slots", "cpu=1")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return len(b) > 0, "s0000 not running yet"
+	})
+	w2 := c.worker("w2", "--slots", "cpu=1", "--idle-exit", "300ms")
+	w3 := c.worker("w3", "--slots", "cpu=1", "--idle-exit", "300ms")
+	if code := w3.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("w3: exit %d, want 0\n%s", code, w3.Output())
+	}
+	if rec, err := testenv.ReadShard(c.js, "t", "s0000"); err != nil || rec.State == stream.ShardValidated {
+		t.Fatalf("s0000 %s, %v when w3 left; the test wants it still running", rec.State, err)
+	}
+	if w2.Exited() {
+		t.Fatalf("w2 left while s0000 ran on w1\n%s", w2.Output())
+	}
+	st := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "w2: idle past its --idle-exit, it stays while shards of class cpu are out") {
+		t.Errorf("status: exit %d; want a line saying w2 stays for class cpu\n%s", code, st.Output())
+	}
+	if code := w2.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("w2: exit %d, want 0\n%s", code, w2.Output())
+	}
+	if rec, err := testenv.ReadShard(c.js, "t", "s0000"); err != nil || rec.State != stream.ShardValidated {
+		t.Errorf("s0000 %s, %v when w2 left; want it validated first", rec.State, err)
+	}
+	if !strings.Contains(w2.Output(), "idle, but staying") {
+		t.Errorf("w2 did not say why it stayed:\n%s", w2.Output())
+	}
+}
+
 // TestCoordinatorAndWorkerNameTheirBuild: `version --json`, the
 // coordinator's info and the worker's report (status --json) and the
 // run's final.json name the same build; built in a git checkout (as
