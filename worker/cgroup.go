@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shardpool/shardpool/stream"
 )
 
 // cgroups is how this host lets the worker give each shard a cgroup of its
@@ -527,16 +529,24 @@ func (c *cgroups) close() {
 // longer running (a SIGKILL, or a crash): its kept v1 cgroups, or its
 // cgroup v2 ones beside the leaf, named for a pid that no running process
 // has. One still in use (the pid reused by a worker that made it) is not
-// empty and stays.
-func (c *cgroups) removeDeadOwners() {
+// empty and stays. What a dead worker's commands left running in them
+// (their process group outlives the command, which Pdeathsig ended, and
+// so does what left the group) is killed first (killDeadLeft), wherever
+// the dead worker kept its state: the journal reaper finds only the
+// orphans of workers of its own state directory, and a host where no
+// such worker starts again kept them running. It returns what it killed,
+// one line per cgroup.
+func (c *cgroups) removeDeadOwners() []string {
 	parents := []string{c.v1mem, c.v1cpu}
 	switch c.mode {
 	case "v2":
 		parents = []string{c.v2}
 	case "":
-		return
+		return nil
 	}
-	for _, parent := range parents {
+	var killed []string
+	ns := stream.PIDNamespace()
+	for i, parent := range parents {
 		if parent == "" {
 			continue
 		}
@@ -549,9 +559,57 @@ func (c *cgroups) removeDeadOwners() {
 			if pidAlive(pid) {
 				continue
 			}
-			_ = os.Remove(filepath.Join(parent, e.Name()))
+			dir := filepath.Join(parent, e.Name())
+			// A v1 shard's processes are in both hierarchies: the first
+			// (memory) names them.
+			if i == 0 {
+				if left := killDeadLeft(dir, ns); len(left) > 0 {
+					killed = append(killed, fmt.Sprintf("killed %s left running in cgroup %s by worker pid %d, which died without ending them", strings.Join(left, ", "), dir, pid))
+				}
+			}
+			_ = os.Remove(dir)
 		}
 	}
+	return killed
+}
+
+// killDeadLeft kills what a dead worker's shard cgroup dir still holds,
+// and waits, as killLeft does, for it to leave. Only processes of this
+// pid namespace (ns) are killed: the cgroup's name holds its worker's
+// pid in the worker's own namespace, and only a process that shares
+// this one proves that the worker did too, so that its pid, which no
+// process here has, means it is gone. Where ns is unknown, nothing is.
+func killDeadLeft(dir, ns string) []string {
+	if ns == "" {
+		return nil
+	}
+	self := os.Getpid()
+	var left []string
+	seen := map[int]bool{}
+	for range killRounds {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil {
+			break
+		}
+		var kill []int
+		for _, pid := range procList(b, self) {
+			if their, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && their == ns {
+				kill = append(kill, pid)
+			}
+		}
+		if len(kill) == 0 {
+			break
+		}
+		for _, pid := range kill {
+			if !seen[pid] {
+				seen[pid] = true
+				left = append(left, processName(pid))
+			}
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(killPause)
+	}
+	return left
 }
 
 // remove deletes the cgroups once their processes are gone.

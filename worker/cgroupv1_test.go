@@ -5,10 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // v1Cgroups are this host's cgroup v1 controllers, for tests that place
@@ -276,6 +279,83 @@ func TestDeadWorkersCgroupsAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(own); err != nil {
 		t.Errorf("this worker's own cgroup: %v, want it kept", err)
+	}
+}
+
+// TestDeadWorkersCgroupsLoseWhatTheyHold: what a dead worker's commands
+// left running in its shard cgroup (a daemon, a grandchild) is killed
+// when a worker looks, whatever state directory either kept, and the
+// cgroup is removed; the line says what and whose.
+func TestDeadWorkersCgroupsLoseWhatTheyHold(t *testing.T) {
+	c := v1Cgroups(t)
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("shardpool-p%d-1", gone.Process.Pid)
+	dirs := []string{filepath.Join(c.v1mem, name), filepath.Join(c.v1cpu, name)}
+	for _, d := range dirs {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(d)
+	}
+	orphan := exec.Command("sleep", "300")
+	if err := orphan.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- orphan.Wait() }()
+	defer orphan.Process.Kill()
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(orphan.Process.Pid)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killed := c.removeDeadOwners()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the orphan (pid %d) in the dead worker's cgroup still runs; removeDeadOwners said %q", orphan.Process.Pid, killed)
+	}
+	want := fmt.Sprintf("killed sleep (pid %d) left running in cgroup %s by worker pid %d", orphan.Process.Pid, dirs[0], gone.Process.Pid)
+	if len(killed) != 1 || !strings.HasPrefix(killed[0], want) {
+		t.Errorf("removeDeadOwners: %q, want one line starting %q", killed, want)
+	}
+	c.removeDeadOwners() // the cgroups empty once the orphan is reaped
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("the dead worker's cgroup %s: %v, want it removed", d, err)
+		}
+	}
+}
+
+// TestADeadWorkersCgroupOfAnotherNamespaceIsLeft: a process in a shard
+// cgroup whose pid namespace is not this worker's is not killed (the
+// cgroup's pid proves nothing about its worker there), and without a
+// namespace of its own to compare the worker kills nothing.
+func TestADeadWorkersCgroupOfAnotherNamespaceIsLeft(t *testing.T) {
+	c := v1Cgroups(t)
+	dir := filepath.Join(c.v1mem, fmt.Sprintf("shardpool-p%d-9", 1<<22+7))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := exec.Command("sleep", "300")
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		p.Process.Kill()
+		p.Wait()
+		os.Remove(dir)
+	}()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(p.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"pid:[1]", ""} {
+		if left := killDeadLeft(dir, ns); len(left) > 0 || !probe.PIDAlive("/proc", p.Process.Pid) {
+			t.Errorf("namespace %q: killed %q, want nothing", ns, left)
+		}
 	}
 }
 

@@ -556,6 +556,16 @@ func (w *Worker) requeueHeld(h heldShard, j deadJournal, how string) {
 	}
 }
 
+// removeDeadCgroups removes dead workers' shard cgroups, killing what
+// their commands left running in them, and says so in the host's
+// admission.log (removeDeadOwners).
+func (w *Worker) removeDeadCgroups() {
+	for _, line := range w.cgroups.removeDeadOwners() {
+		w.hostLog("-", "reap", line)
+		w.log.Warn("reaped", "what", line)
+	}
+}
+
 func (j *childJournal) pathOrEmpty() string {
 	if j == nil {
 		return ""

@@ -621,7 +621,6 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.adopter.reportLate(func(msg string) { w.hostLog("-", "left-running", msg) })
 		}
 	}
-	w.cgroups.removeDeadOwners()
 	defer w.cgroups.close()
 	// Two minutes, as a worker waits for its coordinator to answer at all
 	// (--connect-wait): a cluster restarting after a power cut takes
@@ -662,7 +661,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.outSyncs = map[string]*outSync{}
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
+	// The journals first: they say which attempt each orphan ran for and
+	// hand its shard back; what is left in dead workers' cgroups (those
+	// of other state directories) goes next.
 	w.reapOrphans()
+	w.removeDeadCgroups()
 	if j, err := openChildJournal(w.cfg.StateDir, w.host, w.cfg.Scratch, w.cfg.Name, w.boot, w.pidns, w.view().store, w.pid, start); err == nil {
 		w.journal = j
 		defer j.close()
@@ -746,7 +749,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				return nil
 			case <-t.C:
 				w.reapOrphans()
-				w.cgroups.removeDeadOwners()
+				w.removeDeadCgroups()
 				w.refreshHold()
 				w.scratch.dropIdle(scratchIdle)
 			}

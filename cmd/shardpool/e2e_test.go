@@ -273,6 +273,71 @@ func TestOrphansOfAKilledWorkerAreReaped(t *testing.T) {
 	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
 }
 
+// TestOrphansInADeadWorkersCgroupAreKilled: a SIGKILLed worker's command
+// left a descendant running in its shard cgroup, and no worker of its
+// state directory starts again. A worker of another state directory on
+// the host kills it as it starts, says so in its own admission.log, and
+// removes the cgroup. Before, it ran to its end.
+func TestOrphansInADeadWorkersCgroupAreKilled(t *testing.T) {
+	testenv.RequireRoot(t)
+	c := startCluster(t, "4s")
+	pids := filepath.Join(t.TempDir(), "pids")
+	c.submit(testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2, Extra: "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n", Command: []string{"sh", "-c",
+		`if [ "$SHARDPOOL_ATTEMPT" = 1 ]; then sleep 298 & echo $! >> "$1"; wait; fi; cp "$2" "$3/"`, "sh", pids, "{input}", "{out}"}}))
+	w1 := c.worker("w1", "--slots", "cpu=1")
+	var orphan int
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(pids)
+		_, err := fmt.Sscan(string(b), &orphan)
+		return err == nil && orphan > 0, "descendant not started yet"
+	})
+	c.journalHolds(filepath.Join(c.data, "w-w1"), 1)
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", orphan)); err == nil && strings.HasPrefix(string(b), "sleep\x00298") {
+			syscall.Kill(orphan, syscall.SIGKILL)
+		}
+	})
+	// Its shard cgroup, from its memory controller's line
+	// ("7:memory:/.../shardpool-p<w1>-1").
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", orphan))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shardCgroup := ""
+	for _, line := range strings.Split(string(cg), "\n") {
+		if parts := strings.SplitN(line, ":", 3); len(parts) == 3 && strings.Contains(","+parts[1]+",", ",memory,") &&
+			strings.Contains(parts[2], fmt.Sprintf("/shardpool-p%d-", w1.Cmd.Process.Pid)) {
+			shardCgroup = filepath.Join("/sys/fs/cgroup/memory", parts[2])
+		}
+	}
+	if shardCgroup == "" {
+		t.Fatalf("descendant %d is in no cgroup v1 memory cgroup of w1's shards (this test needs per-shard cgroups, as root on cgroup v1):\n%s", orphan, cg)
+	}
+	w1.SignalMain(syscall.SIGKILL)
+	w1.Wait(t, 10*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	if syscall.Kill(orphan, 0) != nil {
+		t.Fatalf("descendant %d died with the worker: the test does not reproduce an orphan", orphan)
+	}
+	w2 := c.worker("w2", "--slots", "cpu=1")
+	log := filepath.Join(c.data, "w-w2", "admission.log")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", orphan)); err == nil && !strings.Contains(string(b), ") Z ") {
+			l, _ := os.ReadFile(log)
+			return false, fmt.Sprintf("descendant %d of the killed worker still runs; w2's admission.log:\n%s", orphan, l)
+		}
+		// The line goes out once the cgroup is empty, a moment after.
+		l, _ := os.ReadFile(log)
+		want := fmt.Sprintf("decision=reap killed sleep (pid %d) left running in cgroup %s by worker pid %d, which died", orphan, shardCgroup, w1.Cmd.Process.Pid)
+		return strings.Contains(string(l), want), fmt.Sprintf("w2's admission.log does not say it killed the orphan (%q):\n%s\nw2:\n%s", want, l, w2.Output())
+	})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		_, err := os.Stat(shardCgroup)
+		return os.IsNotExist(err), fmt.Sprintf("w1's shard cgroup %s: %v, want it removed", shardCgroup, err)
+	})
+	testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
+}
+
 // A worker started before its coordinator (a scheduler starts both at
 // once) waits for it and then serves; without a wait it fails at once,
 // saying what is missing.
