@@ -334,6 +334,11 @@ type WorkerReport struct {
 	// (worker's keeping). Absent while the worker runs shards, or has no
 	// --idle-exit.
 	Keeping []string `json:"keeping,omitempty"`
+	// Stays is true for a worker that serves until it is stopped (no
+	// --idle-exit) and is not draining or holding its fetches: an idle
+	// worker leaves the shards out to it as to one that is Keeping them.
+	// Absent (false) in older reports, which are not counted on.
+	Stays bool `json:"stays,omitempty"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.

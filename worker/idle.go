@@ -109,18 +109,28 @@ func (w *Worker) keeping(ctx context.Context) (string, []string, error) {
 		return "", nil, nil
 	}
 	return fmt.Sprintf("idle past --idle-exit, but %s are out (running on a worker, or due back after a retry's delay or a dead worker's lease), "+
-		"and no other idle worker stays for them: staying until they settle", strings.Join(whys, " and ")), kept, nil
+		"and no other worker stays for them: staying until they settle", strings.Join(whys, " and ")), kept, nil
 }
 
 // keptBy names the live peer that stays for class's shards out
-// (keeping): one serving the class whose report says it stays for them
-// (Keeping), that does not drain, and whose name sorts before self's.
-// Two workers that start to stay at once see each other's word and the
-// one whose name sorts last leaves; a report late by a period only keeps
-// a worker longer than it had to.
+// (keeping), or "": one serving the class, not draining, that runs
+// nothing and serves until it is stopped (Stays: it has no --idle-exit,
+// and holds no fetches), or whose report says it stays for them
+// (Keeping) and whose name sorts before self's. One that serves until
+// stopped but runs shards is not counted on: it may be the one that
+// dies. A report lags what its worker does by up to reportGap: one that
+// serves until stopped and started a shard a moment ago still looks idle. Two workers that start to stay at once see
+// each other's word and the one whose name sorts last leaves; a report
+// late by a period only keeps a worker longer than it had to. A fleet of
+// workers that serve until stopped, joined by a batch job's workers
+// with --idle-exit, keeps none of the job's: its nodes would be held for
+// the tail that the fleet runs.
 func keptBy(self string, peers []stream.WorkerReport, class string) string {
 	for _, p := range peers {
-		if p.Name < self && p.Draining == "" && servesClass(p, class) && slices.Contains(p.Keeping, class) {
+		if p.Draining != "" || !servesClass(p, class) {
+			continue
+		}
+		if (p.Stays && sum(p.Running) == 0) || (p.Name < self && slices.Contains(p.Keeping, class)) {
 			return p.Name
 		}
 	}
@@ -137,4 +147,13 @@ func (w *Worker) keep(classes []string) {
 	if !same {
 		w.reportSoon()
 	}
+}
+
+// sum adds the values of m.
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }

@@ -2,14 +2,16 @@ package worker
 
 import (
 	"testing"
+	"time"
 
 	"github.com/shardpool/shardpool/stream"
 )
 
 // TestKeptByAPeer: an idle worker leaves the class's shards out to a live
-// peer whose report says it stays for them and whose name sorts first;
-// not to one that drains, serves other classes only, stays for another
-// class, or merely looks idle.
+// peer whose report says it stays for them and whose name sorts first,
+// or to an idle one that serves until stopped; not to one that drains,
+// serves other classes only, stays for another class, merely looks idle,
+// or serves until stopped but runs a shard.
 func TestKeptByAPeer(t *testing.T) {
 	keeps := func(name string, classes ...string) stream.WorkerReport {
 		return stream.WorkerReport{Name: name, Slots: map[string]int{"cpu": 2}, Keeping: classes}
@@ -20,6 +22,14 @@ func TestKeptByAPeer(t *testing.T) {
 	other.Slots = map[string]int{"gpu": 1}
 	each := keeps("a", "cpu")
 	each.Slots, each.SlotsEach = nil, 2
+	stays := keeps("z")
+	stays.Stays = true
+	staysDraining := stays
+	staysDraining.Draining = "SIGTERM"
+	staysBusy := stays
+	staysBusy.Running = map[string]int{"cpu": 1}
+	staysOther := stays
+	staysOther.Slots = map[string]int{"gpu": 1}
 	for _, c := range []struct {
 		name  string
 		peers []stream.WorkerReport
@@ -33,9 +43,34 @@ func TestKeptByAPeer(t *testing.T) {
 		{"the peer first drains", []stream.WorkerReport{draining}, ""},
 		{"the peer first serves another class only", []stream.WorkerReport{other}, ""},
 		{"the peer first serves each class as it appears", []stream.WorkerReport{each}, "a"},
+		{"a peer that serves until stopped, whatever its name", []stream.WorkerReport{stays}, "z"},
+		{"a peer that serves until stopped but runs a shard", []stream.WorkerReport{staysBusy}, ""},
+		{"a peer that serves until stopped but drains", []stream.WorkerReport{staysDraining}, ""},
+		{"a peer that serves until stopped, of another class", []stream.WorkerReport{staysOther}, ""},
 	} {
 		if got := keptBy("b", c.peers, "cpu"); got != c.want {
 			t.Errorf("%s: kept by %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// TestStaysInTheReport: a worker says it stays (serves until stopped)
+// only without --idle-exit, and not while it holds its fetches or drains.
+func TestStaysInTheReport(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		idle          time.Duration
+		held, drained string
+		want          bool
+	}{
+		{"serves until stopped", 0, "", "", true},
+		{"has --idle-exit", time.Minute, "", "", false},
+		{"holds its fetches", 0, "held", "", false},
+		{"drains", 0, "", "SIGUSR1", false},
+	} {
+		w := &Worker{cfg: Config{IdleExit: c.idle}, loneWhy: c.held, drainWhy: c.drained}
+		if got := w.snapshot().Stays; got != c.want {
+			t.Errorf("%s: stays %v, want %v", c.name, got, c.want)
 		}
 	}
 }

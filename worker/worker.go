@@ -1269,6 +1269,7 @@ func (w *Worker) fixedSlots(class string) int {
 }
 
 func (w *Worker) snapshot() stream.WorkerReport {
+	stays := w.cfg.IdleExit <= 0 && w.fetchHeld() == ""
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	running := map[string]int{}
@@ -1300,7 +1301,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Version: stream.ThisBuild().Version, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure, SlotsEach: w.slotsEach(),
 		LeftRunning: w.leftRunning, LastLeft: w.lastLeft,
-		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor)}
+		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor), Stays: stays && w.drainWhy == ""}
 }
 
 // headroom is the compact probe published with each report: the effective

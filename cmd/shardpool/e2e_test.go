@@ -1014,7 +1014,9 @@ func TestIdleWorkerStaysForTheShardsOfAWorkerThatDies(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2, Command: []string{"sh", "-c",
 		`if [ "$SHARDPOOL_ATTEMPT" = 1 ] && [ "$4" = s0000 ]; then echo x >> "$1"; exec sleep 300; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}})
 	c.submit(spec)
-	w1 := c.worker("w1", "--slots", "cpu=1")
+	// A batch job's worker, as w2 is: one without --idle-exit (it serves
+	// until stopped) and idle would be counted on to stay.
+	w1 := c.worker("w1", "--slots", "cpu=1", "--idle-exit", "1m")
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(started)
 		return len(b) > 0, "s0000's first attempt not running yet"
@@ -1058,7 +1060,7 @@ func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"sh", "-c",
 		`if [ "$4" = s0000 ]; then echo x >> "$1"; sleep 10; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}})
 	c.submit(spec)
-	c.worker("w1", "--slots", "cpu=1")
+	c.worker("w1", "--slots", "cpu=1", "--idle-exit", "1m")
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(started)
 		return len(b) > 0, "s0000 not running yet"
@@ -1087,6 +1089,33 @@ func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
 	if !strings.Contains(w2.Output(), "idle, but staying") {
 		t.Errorf("w2 did not say why it stayed:\n%s", w2.Output())
 	}
+}
+
+// TestIdleWorkerLeavesTheShardsOutToOneThatStays: a worker with
+// --idle-exit leaves while a shard is out when an idle worker that serves
+// until stopped (no --idle-exit) serves the class: the shard has a worker
+// should it come back, and a batch job joining a standing fleet is not
+// held for the tail the fleet runs.
+func TestIdleWorkerLeavesTheShardsOutToOneThatStays(t *testing.T) {
+	c := startCluster(t, "20s")
+	started := filepath.Join(t.TempDir(), "started")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"sh", "-c",
+		`if [ "$4" = s0000 ]; then echo x >> "$1"; sleep 10; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}})
+	c.submit(spec)
+	c.worker("w1", "--slots", "cpu=1")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return len(b) > 0, "s0000 not running yet"
+	})
+	c.worker("w0", "--slots", "cpu=1")
+	burst := c.worker("w2", "--slots", "cpu=1", "--idle-exit", "300ms")
+	if code := burst.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("w2: exit %d, want 0\n%s", code, burst.Output())
+	}
+	if rec, err := testenv.ReadShard(c.js, "t", "s0000"); err != nil || rec.State == stream.ShardValidated {
+		t.Fatalf("s0000 %s, %v when w2 left; the test wants it still running", rec.State, err)
+	}
+	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
 }
 
 // TestCoordinatorAndWorkerNameTheirBuild: `version --json`, the
