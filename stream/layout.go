@@ -225,6 +225,7 @@ func (b *Buckets) WorkerReports(ctx context.Context) ([]WorkerReport, error) {
 		}
 		var r WorkerReport
 		if Decode(e.Value(), &r) == nil {
+			r.Stored = e.Created()
 			out = append(out, r)
 		}
 	}

@@ -339,6 +339,11 @@ type WorkerReport struct {
 	// worker leaves the shards out to it as to one that is Keeping them.
 	// Absent (false) in older reports, which are not counted on.
 	Stays bool `json:"stays,omitempty"`
+	// Stored is when the coordinator's store took the report (the KV
+	// entry's time, by the coordinator's clock), set by WorkerReports and
+	// never sent: against Reported, by the worker's clock, it tells how
+	// far that clock is from the coordinator's.
+	Stored time.Time `json:"-"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.

@@ -10,21 +10,56 @@ import (
 )
 
 // refreshPeers reads the other live workers' reports (for locality, and
-// the peers of a hold: holdLone).
+// the peers of a hold: holdLone), their times moved to this worker's
+// clock (onOwnClock).
 func (w *Worker) refreshPeers(ctx context.Context) {
 	all, err := w.b.WorkerReports(ctx)
 	if err != nil {
 		return
 	}
+	var own *stream.WorkerReport
+	for i, r := range all {
+		if r.Name == w.cfg.Name && r.PID == w.pid && r.Host == w.host {
+			own = &all[i]
+		}
+	}
 	var peers []stream.WorkerReport
 	for _, r := range all {
-		if r.Name != w.cfg.Name && time.Since(r.Reported) < 3*w.cfg.ReportEvery {
+		if r.Name == w.cfg.Name {
+			continue
+		}
+		onOwnClock(&r, own)
+		if time.Since(r.Reported) < 3*w.cfg.ReportEvery {
 			peers = append(peers, r)
 		}
 	}
 	w.mu.Lock()
 	w.peers, w.peersAt = peers, time.Now()
 	w.mu.Unlock()
+}
+
+// onOwnClock moves the times of peer report r (Reported, Started,
+// LastStarted: by the peer's clock) to this worker's clock, given own,
+// this worker's last report as read back (nil where it has none yet).
+// Each report went to the same store, which stamped it (Stored) by its
+// own clock: a report's Stored less its Reported is the store's clock
+// less its writer's, give or take the write's latency, so the
+// difference of the two is the peer's clock less this one's. Hosts
+// whose clocks disagree by seconds (a node whose time service failed)
+// otherwise took a peer's start from before this worker's start
+// failures for one after them (outage.go), or a live peer for gone.
+func onOwnClock(r *stream.WorkerReport, own *stream.WorkerReport) {
+	if own == nil || own.Stored.IsZero() || own.Reported.IsZero() || r.Stored.IsZero() || r.Reported.IsZero() {
+		return
+	}
+	ahead := own.Stored.Sub(own.Reported) - r.Stored.Sub(r.Reported)
+	r.Reported = r.Reported.Add(-ahead)
+	if !r.Started.IsZero() {
+		r.Started = r.Started.Add(-ahead)
+	}
+	if !r.LastStarted.IsZero() {
+		r.LastStarted = r.LastStarted.Add(-ahead)
+	}
 }
 
 // deferForLocality hands a shard to another worker once, on its first

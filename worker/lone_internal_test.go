@@ -274,3 +274,45 @@ func TestADueHoldReadsThePeersAgain(t *testing.T) {
 		t.Fatalf("after %d failures in a row, with peer good reported since the last read: hold %q, want one naming good", loneStreak, why)
 	}
 }
+
+// TestPeersTimesOnOwnClock: peers whose clocks are an hour ahead and an
+// hour behind this worker's, as read through a real store, have their
+// report and start times moved to this worker's clock. The one behind is
+// live, not gone; the start of the one ahead, two seconds before its
+// report, is not taken for one after this worker's start failures began
+// a second ago (outage.go's evidence that the host is at fault).
+func TestPeersTimesOnOwnClock(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{})
+	w.host, w.pid = "h", 4242
+	now := time.Now()
+	put := func(r stream.WorkerReport) {
+		t.Helper()
+		data, err := stream.Encode(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.b.Workers.Put(ctx, r.Name, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(stream.WorkerReport{Name: w.cfg.Name, Host: "h", PID: 4242, Slots: map[string]int{"cpu": 1}, Reported: now})
+	put(stream.WorkerReport{Name: "ahead", Host: "a", PID: 1, Slots: map[string]int{"cpu": 1}, Reported: now.Add(time.Hour), LastStarted: now.Add(time.Hour - 2*time.Second)})
+	put(stream.WorkerReport{Name: "behind", Host: "b", PID: 1, Slots: map[string]int{"cpu": 1}, Reported: now.Add(-time.Hour)})
+	w.refreshPeers(ctx)
+	got := map[string]stream.WorkerReport{}
+	for _, p := range w.peers {
+		got[p.Name] = p
+	}
+	near := func(a, b time.Time) bool { return a.Sub(b).Abs() < time.Second }
+	if p, ok := got["behind"]; !ok || !near(p.Reported, now) {
+		t.Errorf("peer an hour behind: %+v (read: %v); want it live, reported about now", p.Reported, ok)
+	}
+	if p, ok := got["ahead"]; !ok || !near(p.Reported, now) || !near(p.LastStarted, now.Add(-2*time.Second)) {
+		t.Errorf("peer an hour ahead: reported %v, last started %v (read: %v); want about now and 2 s before", p.Reported, p.LastStarted, ok)
+	}
+	w.startStreakAt = now.Add(-time.Second)
+	if peer, _ := w.startingPeer("cpu"); peer != "" {
+		t.Errorf("start failures since a second ago: %q counted as having started a command since, want none", peer)
+	}
+}

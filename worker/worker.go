@@ -1342,6 +1342,9 @@ func (w *Worker) report(ctx context.Context) error {
 			w.learnCoordinator(ctx, w.cfg.JetStream.Conn())
 		}
 		r.Headroom, r.Limits, r.Auto = head, w.limits, w.cfg.Auto
+		// As it goes out, after the probe: readers compare it with when
+		// the store took it (onOwnClock).
+		r.Reported = time.Now().UTC()
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
 				w.log.Warn("worker report", "err", err)
