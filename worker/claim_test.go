@@ -80,6 +80,43 @@ func TestConcurrentCommitClaimsExactlyOneWins(t *testing.T) {
 	}
 }
 
+// TestAClaimIsAgedByTheStore: a committed claim of another host (its
+// owner not provably gone) whose clock is an hour behind is still
+// pending while it is fresh, and one whose clock is an hour ahead is
+// taken over once older than a lease TTL: the age is the store's stamp's,
+// not the claimant's own time. Before, the first was taken over at once
+// (a second publish while the first may be under way) and the second
+// held the shard's commit for an hour.
+func TestAClaimIsAgedByTheStore(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{})
+	w.ttl, w.boot, w.host, w.pid = 500*time.Millisecond, "boot", "host", 1
+	dst := t.TempDir() + "/out"
+	for _, c := range []struct {
+		id   string
+		skew time.Duration
+	}{{"behind", -time.Hour}, {"ahead", time.Hour}} {
+		a := &attemptState{m: stream.ShardMsg{Run: "r", ID: c.id, Fingerprint: "fp"}, key: "r." + c.id, attempt: 2}
+		other := stream.CommitRecord{Run: "r", ID: c.id, Fingerprint: "fp", State: stream.CommitCommitted,
+			Owner: stream.Owner{Worker: "o", Host: "elsewhere", Attempt: 1}, Checksum: "theirs", Path: dst, Time: time.Now().Add(c.skew).UTC()}
+		data, err := stream.Encode(&other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.b.Checkpoints.Create(ctx, a.key, data); err != nil {
+			t.Fatal(err)
+		}
+		owner := stream.Owner{Worker: "w", Host: "host", Attempt: 2}
+		if err := w.claimCommit(ctx, a, owner, "mine", dst); !errors.Is(err, errCommitPending) {
+			t.Errorf("claim of a clock %s, just written: %v, want errCommitPending", c.skew, err)
+		}
+		time.Sleep(w.ttl + 100*time.Millisecond)
+		if err := w.claimCommit(ctx, a, owner, "mine", dst); err != nil {
+			t.Errorf("claim of a clock %s, written a lease TTL ago: %v, want it taken over", c.skew, err)
+		}
+	}
+}
+
 // TestCoordinatorOfThisHostIsShardpoolsCPU: a worker on its coordinator's
 // boot and pid namespace counts the coordinator's process tree as
 // shardpool's CPU (its CPU meter's roots), not as others' use; on another

@@ -23,6 +23,9 @@ func (w *Worker) refreshPeers(ctx context.Context) {
 			own = &all[i]
 		}
 	}
+	if own != nil && !own.Stored.IsZero() && !own.Reported.IsZero() {
+		w.storeAhead.Store(int64(own.Stored.Sub(own.Reported)))
+	}
 	var peers []stream.WorkerReport
 	for _, r := range all {
 		if r.Name == w.cfg.Name {
@@ -60,6 +63,13 @@ func onOwnClock(r *stream.WorkerReport, own *stream.WorkerReport) {
 	if !r.LastStarted.IsZero() {
 		r.LastStarted = r.LastStarted.Add(-ahead)
 	}
+}
+
+// onOwnTime is a time the coordinator's store stamped (a KV entry's
+// Created), on this worker's clock: how old a record another host wrote
+// is, judged without that host's clock.
+func (w *Worker) onOwnTime(stamp time.Time) time.Time {
+	return stamp.Add(-time.Duration(w.storeAhead.Load()))
 }
 
 // deferForLocality hands a shard to another worker once, on its first

@@ -316,3 +316,27 @@ func TestPeersTimesOnOwnClock(t *testing.T) {
 		t.Errorf("start failures since a second ago: %q counted as having started a command since, want none", peer)
 	}
 }
+
+// TestStoreStampsOnOwnClock: a worker whose clock is an hour behind the
+// coordinator's (its report, read back, says so) moves the store's
+// stamps an hour back: a claim the store took a moment ago is a moment
+// old on this worker's clock too.
+func TestStoreStampsOnOwnClock(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{})
+	w.host, w.pid = "h", 4242
+	data, err := stream.Encode(&stream.WorkerReport{Name: w.cfg.Name, Host: "h", PID: 4242, Reported: time.Now().Add(-time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.onOwnTime(time.Now()); time.Since(got).Abs() > time.Second {
+		t.Fatalf("before its report is read back: %v, want the stamp as it is", got)
+	}
+	w.refreshPeers(ctx)
+	if got := w.onOwnTime(time.Now()); (time.Since(got) - time.Hour).Abs() > time.Second {
+		t.Errorf("a stamp of now on a clock an hour behind: %v (%s ago), want an hour ago", got, time.Since(got))
+	}
+}

@@ -1333,7 +1333,9 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 				(mk.Inputs == "" || mk.Inputs == a.inputs) {
 				return errCommitLost
 			}
-			if time.Since(cur.Time) < w.ttl && !w.ownerGone(cur.Owner) {
+			// Its age by the store's stamp, not by cur.Time: that is by
+			// the claimant's clock, which may be far from this one's.
+			if time.Since(w.onOwnTime(e.Created())) < w.ttl && !w.ownerGone(cur.Owner) {
 				return errCommitPending
 			}
 		}

@@ -255,6 +255,10 @@ type Worker struct {
 	// lastStarted is when a command last started here (unix nanoseconds;
 	// reports' LastStarted).
 	lastStarted atomic.Int64
+	// storeAhead is how far the coordinator's store's clock is ahead of
+	// this worker's (nanoseconds; onOwnTime), from this worker's last
+	// report as the store stamped it; 0 until one is read back.
+	storeAhead atomic.Int64
 	// Under mu (outage.go): when the current start failures in a row
 	// began; since when the worker has held for start failures no other
 	// worker is spared, until when, the last wait and why ("" when not).
