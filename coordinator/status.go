@@ -190,6 +190,7 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 		if wk.Gone = goneHere(*wk, boot, pidns); wk.Gone == "" {
 			wk.Disconnected = disconnected(*wk, st.Coordinator)
 		}
+		wk.ClockAhead = clockAhead(*wk)
 	}
 	queues := ReadQueues(ctx, js)
 	caps := map[string]QueueStats{}
@@ -383,6 +384,25 @@ func connected(r stream.WorkerReport, ci *stream.CoordinatorInfo) (yes, known bo
 		return false, false
 	}
 	return slices.Contains(ci.Clients, r.Conn), true
+}
+
+// clockShown is the least disagreement of a worker's clock with the
+// coordinator's that status shows: below it, a report's write latency
+// (milliseconds, up to a second or two on a loaded host) is all there is.
+const clockShown = 5 * time.Second
+
+// clockAhead is how far the worker of report r has its clock ahead of the
+// coordinator's (its report's time against the store's stamp of it),
+// where that is clockShown or more either way; 0 otherwise, or where
+// either time is missing.
+func clockAhead(r stream.WorkerReport) stream.Seconds {
+	if r.Stored.IsZero() || r.Reported.IsZero() {
+		return 0
+	}
+	if d := r.Reported.Sub(r.Stored); d.Abs() >= clockShown {
+		return stream.Seconds(d)
+	}
+	return 0
 }
 
 // disconnected says why the worker of report r has no connection to the

@@ -344,6 +344,12 @@ type WorkerReport struct {
 	// never sent: against Reported, by the worker's clock, it tells how
 	// far that clock is from the coordinator's.
 	Stored time.Time `json:"-"`
+	// ClockAhead is set by whoever reads the report, never by the worker:
+	// how far the worker's clock is ahead of the coordinator's (negative:
+	// behind), from Reported against Stored, where that is clockShown (coordinator)
+	// or more; 0 otherwise. Its report's and attempts' times are off by
+	// as much; other workers correct for it, readers of evidence do not.
+	ClockAhead Seconds `json:"clock_ahead,omitempty"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
 	// pid namespace, pid not running) while its report has not expired.

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -530,6 +531,14 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		}
 		if wk.Disconnected != "" {
 			fmt.Fprintf(w, "%s: disconnected: %s; killed, or cut off from the coordinator: its report stays until the workers bucket's TTL\n", wk.Name, wk.Disconnected)
+		}
+		if d := time.Duration(wk.ClockAhead); d != 0 {
+			way := "ahead of"
+			if d < 0 {
+				way, d = "behind", -d
+			}
+			fmt.Fprintf(w, "%s: its clock is %s %s the coordinator's: the times it writes (its reports, its attempts' starts, its evidence) are off by as much; "+
+				"other workers allow for it, but fix the time service on %s (timedatectl, chronyc tracking)\n", wk.Name, d.Round(time.Second), way, wk.Host)
 		}
 		if wk.Limits != "" {
 			fmt.Fprintf(w, "%s: per-shard limits %s\n", wk.Name, wk.Limits)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -412,5 +413,51 @@ func TestEvidenceListsTheShardsNotValidated(t *testing.T) {
 	write(coordinator.ProgressName, sum)
 	if st, err := fromEvidence(dir, "r"); err != nil || len(st.Runs) != 1 || len(st.Runs[0].Shards) != 0 {
 		t.Fatalf("progress.json's verdict differs from final.json's: %+v, %v; want no shards listed", st, err)
+	}
+}
+
+// TestStatusNamesAWorkerWhoseClockIsOff: a worker report written an hour
+// ahead of the coordinator's clock (and one ahead by a moment, as any
+// write is) is read through a real coordinator's store: status gives the
+// first its clock_ahead and a line saying to fix that host's time
+// service, and the second neither.
+func TestStatusNamesAWorkerWhoseClockIsOff(t *testing.T) {
+	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	b, err := stream.OpenBuckets(ctx, c.JetStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ahead := range map[string]time.Duration{"skewed": time.Hour, "fine": 300 * time.Millisecond} {
+		data, err := stream.Encode(&stream.WorkerReport{Name: name, Host: "h-" + name, Reported: time.Now().Add(ahead)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Workers.Put(ctx, name, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := coordinator.ReadStatus(ctx, c.JetStream(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]time.Duration{}
+	for _, wk := range st.Workers {
+		got[wk.Name] = time.Duration(wk.ClockAhead)
+	}
+	if d := got["skewed"]; (d-time.Hour).Abs() > time.Second || got["fine"] != 0 {
+		t.Errorf("clock_ahead: %v; want about 1h for skewed, 0 for fine", got)
+	}
+	var out strings.Builder
+	printStatus(&out, st)
+	if want := "skewed: its clock is 1h0m0s ahead of the coordinator's"; !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "fix the time service on h-skewed") || strings.Contains(out.String(), "fine: its clock") {
+		t.Errorf("printed:\n%s\nwant %q for skewed only", out.String(), want)
 	}
 }
