@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -135,6 +136,10 @@ func WriteMetrics(w io.Writer, st *Status, queues []QueueStats, store *StoreStat
 	m.family("shardpool_worker_last_report_timestamp_seconds", "gauge", "When the worker last reported, by its own clock (unix seconds); workers report every few seconds.")
 	for _, wk := range st.Workers {
 		m.sample(unixSeconds(wk.Reported.UnixNano()), "worker", wk.Name, "host", wk.Host)
+	}
+	m.family("shardpool_worker_clock_ahead_seconds", "gauge", "How far the worker's clock is ahead of the coordinator's (negative: behind), where 5 s or more either way; 0 below.")
+	for _, wk := range st.Workers {
+		m.sample(time.Duration(wk.ClockAhead).Seconds(), "worker", wk.Name, "host", wk.Host)
 	}
 	m.family("shardpool_worker_auto", "gauge", "1 for a worker that admits by measured headroom (its slots, if any, are caps), 0 for fixed slots.")
 	for _, wk := range st.Workers {

@@ -179,7 +179,7 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 		Coordinator: &stream.CoordinatorInfo{Host: "h", Version: "v1.2.0"},
 		Runs:        []coordinator.RunStatus{{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 5, Pending: 2, Running: 1, Validated: 2}}},
 		Workers: []stream.WorkerReport{
-			{Name: odd, Host: "h", Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 3}, Awaiting: []string{"r.a", "r.b"}, Done: 7, Failed: 1, FailedInARow: 6, Reported: time.Unix(1700000000, 0), Version: "v1.1.0",
+			{Name: odd, Host: "h", Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 3}, Awaiting: []string{"r.a", "r.b"}, Done: 7, Failed: 1, FailedInARow: 6, Reported: time.Unix(1700000000, 0), Version: "v1.1.0", ClockAhead: stream.Seconds(-90 * time.Second),
 				Headroom: map[string]stream.Resource{
 					"cpu_millicores": {Value: 1500}, "cpu_hard": {Value: 2000},
 					"memory": {Unknown: "no cgroup"}, "memory_hard": {Unlimited: true},
@@ -227,6 +227,12 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 	}
 	if got := mustValue(t, fams, "shardpool_worker_awaiting", "worker", "gone"); got != 0 {
 		t.Errorf("slots of a worker that holds none for others: %v, want 0", got)
+	}
+	if got := mustValue(t, fams, "shardpool_worker_clock_ahead_seconds", "worker", odd); got != -90 {
+		t.Errorf("a clock 90 s behind the coordinator's: %v, want -90", got)
+	}
+	if got := mustValue(t, fams, "shardpool_worker_clock_ahead_seconds", "worker", "gone"); got != 0 {
+		t.Errorf("a clock not off: %v, want 0", got)
 	}
 	if got := mustValue(t, fams, "shardpool_worker_auto", "worker", odd); got != 0 {
 		t.Errorf("a worker of fixed slots: auto %v, want 0", got)
