@@ -118,13 +118,14 @@ func (w *Worker) keeping(ctx context.Context) (string, []string, error) {
 // and holds no fetches), or whose report says it stays for them
 // (Keeping) and whose name sorts before self's. One that serves until
 // stopped but runs shards is not counted on: it may be the one that
-// dies. A report lags what its worker does by up to reportGap: one that
-// serves until stopped and started a shard a moment ago still looks idle. Two workers that start to stay at once see
-// each other's word and the one whose name sorts last leaves; a report
-// late by a period only keeps a worker longer than it had to. A fleet of
-// workers that serve until stopped, joined by a batch job's workers
-// with --idle-exit, keeps none of the job's: its nodes would be held for
-// the tail that the fleet runs.
+// dies. So a fleet of workers that serve until stopped, joined by a
+// batch job's workers with --idle-exit, keeps none of the job's (its
+// nodes would be held for the tail that the fleet runs) while one of
+// the fleet is idle. Two workers that start to stay at once see each
+// other's word and the one whose name sorts last leaves. A report lags
+// what its worker does by up to reportGap: a late word only keeps a
+// worker longer than it had to, but one that serves until stopped and
+// started a shard a moment ago still looks idle.
 func keptBy(self string, peers []stream.WorkerReport, class string) string {
 	for _, p := range peers {
 		if p.Draining != "" || !servesClass(p, class) {
