@@ -583,32 +583,10 @@ func killDeadLeft(dir, ns string) []string {
 	if ns == "" {
 		return nil
 	}
-	self := os.Getpid()
-	var left []string
-	seen := map[int]bool{}
-	for range killRounds {
-		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-		if err != nil {
-			break
-		}
-		var kill []int
-		for _, pid := range procList(b, self) {
-			if their, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && their == ns {
-				kill = append(kill, pid)
-			}
-		}
-		if len(kill) == 0 {
-			break
-		}
-		for _, pid := range kill {
-			if !seen[pid] {
-				seen[pid] = true
-				left = append(left, processName(pid))
-			}
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(killPause)
-	}
+	left, _ := killIn(dir, func(pid int) bool {
+		their, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
+		return err == nil && their == ns
+	}, nil)
 	return left
 }
 
@@ -642,23 +620,42 @@ func (c *shardCgroup) killLeft() []string {
 	if c == nil {
 		return nil
 	}
+	var first func()
+	if c.v2 {
+		// Linux 5.14+: one write kills every process, those forking too;
+		// where it is missing the signals do.
+		first = func() { _ = os.WriteFile(filepath.Join(c.mem, "cgroup.kill"), []byte("1"), 0o644) }
+	}
+	left, none := killIn(c.mem, func(int) bool { return true }, first)
+	c.seenEmpty = none
+	return left
+}
+
+// killIn SIGKILLs the processes of cgroup dir that pick chooses (this
+// process never), round after round, until none is left or killRounds
+// have passed: a process killed leaves the cgroup a moment later. first,
+// when set, runs before the first round's signals. It returns what it
+// killed, as "comm (pid N)", and whether the first look found none.
+func killIn(dir string, pick func(pid int) bool, first func()) ([]string, bool) {
 	self := os.Getpid()
 	var left []string
 	seen := map[int]bool{}
 	for round := range killRounds {
-		b, err := os.ReadFile(filepath.Join(c.mem, "cgroup.procs"))
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 		if err != nil {
 			break
 		}
-		pids := procList(b, self)
-		if len(pids) == 0 {
-			c.seenEmpty = round == 0
-			break
+		var pids []int
+		for _, pid := range procList(b, self) {
+			if pick(pid) {
+				pids = append(pids, pid)
+			}
 		}
-		if round == 0 && c.v2 {
-			// Linux 5.14+: one write kills every process, those forking
-			// too; where it is missing the signals below do.
-			_ = os.WriteFile(filepath.Join(c.mem, "cgroup.kill"), []byte("1"), 0o644)
+		if len(pids) == 0 {
+			return left, round == 0
+		}
+		if round == 0 && first != nil {
+			first()
 		}
 		for _, pid := range pids {
 			if !seen[pid] {
@@ -669,7 +666,7 @@ func (c *shardCgroup) killLeft() []string {
 		}
 		time.Sleep(killPause)
 	}
-	return left
+	return left, false
 }
 
 // killRounds and killPause bound killLeft's wait for a cgroup to empty:

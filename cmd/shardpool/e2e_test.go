@@ -1056,15 +1056,7 @@ func TestIdleWorkerStaysForTheShardsOfAWorkerThatDies(t *testing.T) {
 // leaves at once: a fleet's tail keeps one node, not all of them.
 func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
 	c := startCluster(t, "20s")
-	started := filepath.Join(t.TempDir(), "started")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"sh", "-c",
-		`if [ "$4" = s0000 ]; then echo x >> "$1"; sleep 10; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}})
-	c.submit(spec)
-	c.worker("w1", "--slots", "cpu=1", "--idle-exit", "1m")
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(started)
-		return len(b) > 0, "s0000 not running yet"
-	})
+	c.slowFirstShard(3, "--idle-exit", "1m")
 	w2 := c.worker("w2", "--slots", "cpu=1", "--idle-exit", "300ms")
 	w3 := c.worker("w3", "--slots", "cpu=1", "--idle-exit", "300ms")
 	if code := w3.Wait(t, 30*time.Second); code != 0 {
@@ -1098,15 +1090,7 @@ func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
 // held for the tail the fleet runs.
 func TestIdleWorkerLeavesTheShardsOutToOneThatStays(t *testing.T) {
 	c := startCluster(t, "20s")
-	started := filepath.Join(t.TempDir(), "started")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"sh", "-c",
-		`if [ "$4" = s0000 ]; then echo x >> "$1"; sleep 10; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}})
-	c.submit(spec)
-	c.worker("w1", "--slots", "cpu=1")
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(started)
-		return len(b) > 0, "s0000 not running yet"
-	})
+	c.slowFirstShard(2)
 	c.worker("w0", "--slots", "cpu=1")
 	burst := c.worker("w2", "--slots", "cpu=1", "--idle-exit", "300ms")
 	if code := burst.Wait(t, 30*time.Second); code != 0 {
@@ -1116,6 +1100,21 @@ func TestIdleWorkerLeavesTheShardsOutToOneThatStays(t *testing.T) {
 		t.Fatalf("s0000 %s, %v when w2 left; the test wants it still running", rec.State, err)
 	}
 	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+}
+
+// slowFirstShard submits run t of n shards, of which s0000 takes 10 s
+// and the others none, and starts worker w1 (one slot, and the flags
+// extra) on it; it returns once s0000 runs there.
+func (c *cluster) slowFirstShard(n int, extra ...string) {
+	c.t.Helper()
+	started := filepath.Join(c.t.TempDir(), "started")
+	c.submit(testenv.WriteJob(c.t, testenv.Job{Shards: n, Command: []string{"sh", "-c",
+		`if [ "$4" = s0000 ]; then echo x >> "$1"; sleep 10; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}}))
+	c.worker("w1", append([]string{"--slots", "cpu=1"}, extra...)...)
+	testenv.Eventually(c.t, 20*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(started)
+		return len(b) > 0, "s0000 not running yet"
+	})
 }
 
 // TestCoordinatorAndWorkerNameTheirBuild: `version --json`, the

@@ -422,19 +422,8 @@ func TestEvidenceListsTheShardsNotValidated(t *testing.T) {
 // first its clock_ahead and a line saying to fix that host's time
 // service, and the second neither.
 func TestStatusNamesAWorkerWhoseClockIsOff(t *testing.T) {
-	c, err := coordinator.New(coordinator.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	b, err := stream.OpenBuckets(ctx, c.JetStream())
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx, b := context.Background(), env.Buckets()
 	for name, ahead := range map[string]time.Duration{"skewed": time.Hour, "fine": 300 * time.Millisecond} {
 		data, err := stream.Encode(&stream.WorkerReport{Name: name, Host: "h-" + name, Reported: time.Now().Add(ahead)})
 		if err != nil {
@@ -444,7 +433,7 @@ func TestStatusNamesAWorkerWhoseClockIsOff(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := coordinator.ReadStatus(ctx, c.JetStream(), "")
+	st, err := coordinator.ReadStatus(ctx, env.JS, "")
 	if err != nil {
 		t.Fatal(err)
 	}
