@@ -346,9 +346,10 @@ type WorkerReport struct {
 	Stored time.Time `json:"-"`
 	// ClockAhead is set by whoever reads the report, never by the worker:
 	// how far the worker's clock is ahead of the coordinator's (negative:
-	// behind), from Reported against Stored, where that is clockShown (coordinator)
-	// or more; 0 otherwise. Its report's and attempts' times are off by
-	// as much; other workers correct for it, readers of evidence do not.
+	// behind), from Reported against Stored, where that is the
+	// coordinator's clockShown or more; 0 otherwise. Its report's and
+	// attempts' times are off by as much; other workers correct for it,
+	// readers of evidence do not.
 	ClockAhead Seconds `json:"clock_ahead,omitempty"`
 	// Gone is set by whoever reads the report, never by the worker: why
 	// its process is proven gone (on the reader's own host: same boot and
