@@ -282,7 +282,7 @@ func TestRunDrainsOnSIGUSR1(t *testing.T) {
 		shards, code int
 		says         string
 	}{
-		{4, 130, "drained (SIGUSR1): the running shards ended, the rest stay queued"},
+		{4, 130, "drained (SIGUSR1) at 2/4 validated: the running shards ended, the rest stay queued"},
 		{2, 0, "COMPLETE  (2 validated, 0 failed of 2)"},
 	} {
 		t.Run(fmt.Sprintf("%d shards", c.shards), func(t *testing.T) {
@@ -890,7 +890,8 @@ func killRunning(t *testing.T, p *testenv.Proc, data, name string) {
 // TestInterruptedRunTellsWhereItStood: a `run` stopped with SIGINT leaves
 // in progress.json the counts of what its worker finished before it
 // stopped, and `status --data` reports them: as many validated as there
-// are committed outputs, none running.
+// are committed outputs, none running. The run's own last lines say them
+// too.
 func TestInterruptedRunTellsWhereItStood(t *testing.T) {
 	data := t.TempDir()
 	spec := testenv.WriteJob(t, testenv.Job{Name: "brief", Shards: 40, Command: []string{"sleep", "0.1"}})
@@ -917,6 +918,9 @@ func TestInterruptedRunTellsWhereItStood(t *testing.T) {
 	c := doc.NoVerdict[0].Counts
 	if c.Validated != len(markers) || c.Running != 0 || c.Validated+c.Pending != 40 || len(markers) == 40 {
 		t.Fatalf("interrupted run: recorded %+v with %d committed outputs, want as many validated as outputs, none running, some pending", *c, len(markers))
+	}
+	if want := fmt.Sprintf("interrupted at %d/40 validated; state is kept in %s", len(markers), data); !strings.Contains(p.Output(), want) {
+		t.Fatalf("interrupted run: want %q, the counts status --data gives\n%s", want, p.Output())
 	}
 }
 

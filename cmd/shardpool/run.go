@@ -267,6 +267,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		log.Error("shutdown", "err", err)
 	}
 	evidence := coord.EvidenceDir(spec.Name)
+	// Where a run stopped short of its verdict stands, said with its
+	// resume command: the counts its coordinator left in progress.json
+	// as it stopped, which status --data reports too.
+	where := ""
+	if waitErr != nil {
+		where = stoodAt(evidence)
+	}
 	// Why the run stopped before its verdict, in its evidence: status
 	// --data reads it once no coordinator serves the run.
 	stopped := func(why string, failed []string, more int) {
@@ -296,17 +303,17 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if waitErr != nil && drainedFirst {
 		stopped("drained on SIGUSR1", nil, 0)
-		fmt.Fprintf(stdout, "drained (SIGUSR1): the running shards ended, the rest stay queued; state is kept in %s\nresume with: %s\n", absData, resume)
+		fmt.Fprintf(stdout, "drained (SIGUSR1)%s: the running shards ended, the rest stay queued; state is kept in %s\nresume with: %s\n", where, absData, resume)
 		return exitErr{code: exitInterrupted, msg: "run " + spec.Name + " drained on SIGUSR1 before it completed; resume with: " + resume}
 	}
 	if waitErr != nil && ctx.Err() == nil && workerErr != nil {
 		stopped("its worker stopped: "+workerErr.Error(), nil, 0)
-		fmt.Fprintf(stdout, "the worker stopped; state is kept in %s\nresume with: %s\n", absData, resume)
+		fmt.Fprintf(stdout, "the worker stopped%s; state is kept in %s\nresume with: %s\n", where, absData, resume)
 		return fmt.Errorf("run %s: %w", spec.Name, workerErr)
 	}
 	if waitErr != nil {
 		stopped("interrupted (SIGINT, SIGTERM or SIGHUP)", nil, 0)
-		fmt.Fprintf(stdout, "interrupted; state is kept in %s\nresume with: %s\n", absData, resume)
+		fmt.Fprintf(stdout, "interrupted%s; state is kept in %s\nresume with: %s\n", where, absData, resume)
 		return waitErr
 	}
 	fmt.Fprintf(stdout, "run %s: %s  (%d validated, %d failed of %d)\n", final.Name, final.State, final.Counts.Validated, final.Counts.Failed, final.Counts.Total)
@@ -529,6 +536,20 @@ func (e errHalted) Error() string {
 
 // waitRun follows the run record until COMPLETE or BLOCKED, ignoring a
 // verdict last updated before o.since.
+// stoodAt is " at 5/20 validated, 1 failed" from the progress.json of a
+// run's evidence, or "" where there is none.
+func stoodAt(evidence string) string {
+	p, err := coordinator.ReadProgress(evidence)
+	if err != nil || p == nil || p.Counts.Total == 0 {
+		return ""
+	}
+	s := fmt.Sprintf(" at %d/%d validated", p.Counts.Validated, p.Counts.Total)
+	if p.Counts.Failed > 0 {
+		s += fmt.Sprintf(", %d failed", p.Counts.Failed)
+	}
+	return s
+}
+
 func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts) (*stream.RunRecord, error) {
 	kv, err := js.KeyValue(ctx, stream.BucketRuns)
 	if err != nil {
