@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 )
@@ -70,6 +72,28 @@ func onOwnClock(r *stream.WorkerReport, own *stream.WorkerReport) {
 // is, judged without that host's clock.
 func (w *Worker) onOwnTime(stamp time.Time) time.Time {
 	return stamp.Add(-time.Duration(w.storeAhead.Load()))
+}
+
+// readStoreClock sets storeAhead from the store's own clock, before the
+// worker has a report to read back: the info of the workers bucket
+// carries the time the store gathered it, taken against the middle of
+// the request. It is how checkName ages a report another host wrote
+// without that host's clock. It returns false where the store did not
+// answer or stamped nothing.
+func (w *Worker) readStoreClock(ctx context.Context) bool {
+	sent := time.Now()
+	st, err := w.b.Workers.Status(ctx)
+	got := time.Now()
+	if err != nil {
+		return false
+	}
+	kv, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || kv.StreamInfo() == nil || kv.StreamInfo().TimeStamp.IsZero() {
+		return false
+	}
+	mid := sent.Add(got.Sub(sent) / 2)
+	w.storeAhead.Store(int64(kv.StreamInfo().TimeStamp.Sub(mid)))
+	return true
 }
 
 // deferForLocality hands a shard to another worker once, on its first

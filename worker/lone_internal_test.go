@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -338,5 +339,35 @@ func TestStoreStampsOnOwnClock(t *testing.T) {
 	w.refreshPeers(ctx)
 	if got := w.onOwnTime(time.Now()); (time.Since(got) - time.Hour).Abs() > time.Second {
 		t.Errorf("a stamp of now on a clock an hour behind: %v (%s ago), want an hour ago", got, time.Since(got))
+	}
+}
+
+// TestANameInUseIsJudgedByTheStoresStamp: a worker on another host whose
+// clock runs an hour behind reported under a name a moment ago. Its report
+// says an hour ago, the store's stamp says now: the name is in use, and a
+// second worker under it is refused (judged by the writer's clock, it took
+// the name, and the two overwrote each other's reports). The store's clock
+// is read before this worker has a report of its own.
+func TestANameInUseIsJudgedByTheStoresStamp(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{})
+	w.host, w.pid = "h", 4242
+	for _, skew := range []time.Duration{-time.Hour, time.Hour} {
+		data, err := stream.Encode(&stream.WorkerReport{Name: w.cfg.Name, Host: "elsewhere", PID: 7, Slots: map[string]int{"cpu": 1}, Reported: time.Now().Add(skew)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil {
+			t.Fatal(err)
+		}
+		rev, err := w.checkName(ctx)
+		if !errors.Is(err, ErrNameTaken) || rev != 0 {
+			t.Errorf("a live worker's report, its clock %v off: revision %d, %v; want the name refused", skew, rev, err)
+		} else if !strings.Contains(err.Error(), "last report 0s ago") {
+			t.Errorf("clock %v off: %v; want its report's age by the store's stamp (0s)", skew, err)
+		}
+	}
+	if ahead := time.Duration(w.storeAhead.Load()); ahead.Abs() > time.Second {
+		t.Errorf("store clock read as %v ahead of this one (the same host's), want about 0", ahead)
 	}
 }

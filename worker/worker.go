@@ -1376,7 +1376,9 @@ func (w *Worker) report(ctx context.Context) error {
 // of them, and either one's exit would remove the other's report). A report
 // of a process proven gone (this host and boot, same pid namespace, pid
 // not running) or older than three report periods (15 s by default) is a
-// dead worker's, as after a crash and restart under the same name.
+// dead worker's, as after a crash and restart under the same name. The
+// age is the store's (its stamp of the entry against its clock now:
+// readStoreClock), not its writer's, whose clock may be off by hours.
 //
 // It returns the revision of the report it judged (0: none), from which
 // claimName takes the name.
@@ -1394,11 +1396,17 @@ func (w *Worker) checkName(ctx context.Context) (uint64, error) {
 	if w.ownerGone(stream.Owner{Worker: r.Name, Host: r.Host, BootID: r.BootID, PID: r.PID, PIDNS: r.PIDNS}) {
 		return e.Revision(), nil
 	}
-	if time.Since(r.Reported) > 3*max(w.cfg.ReportEvery, 5*time.Second) {
+	// The report's age by the store's stamp, not by its writer's clock:
+	// a holder whose clock runs an hour behind is live all the same.
+	age := time.Since(r.Reported)
+	if w.readStoreClock(ctx) {
+		age = time.Since(w.onOwnTime(e.Created()))
+	}
+	if age > 3*max(w.cfg.ReportEvery, 5*time.Second) {
 		return e.Revision(), nil // silent for three report periods: gone, or its pid reused
 	}
 	return 0, fmt.Errorf("worker %s: %w: a live worker reports under it from host %s pid %d (last report %s ago); give this one another --name",
-		w.cfg.Name, ErrNameTaken, r.Host, r.PID, time.Since(r.Reported).Round(time.Second))
+		w.cfg.Name, ErrNameTaken, r.Host, r.PID, max(age, 0).Round(time.Second))
 }
 
 // claimName takes the worker's name: checkName, then a first report
