@@ -115,12 +115,12 @@ func printAccess(w io.Writer, c *coordinator.Coordinator) {
 // restarts. Where it pins the authority found beside the token file, it
 // sets acc.ca to it: the commands a client writes down (resume.txt) then
 // name the files it really used.
-func connect(ctx context.Context, url string, acc *access, name string, wait time.Duration, notice io.Writer) (*nats.Conn, jetstream.JetStream, error) {
+func connect(ctx context.Context, url string, acc *access, name string, wait time.Duration, notice io.Writer, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	deadline := time.Now().Add(wait)
 	pause := 250 * time.Millisecond
 	tokenFile := acc.token
-	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond),
-		nats.Timeout(5 * time.Second), nats.RetryOnFailedConnect(false)}
+	opts := append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond),
+		nats.Timeout(5 * time.Second), nats.RetryOnFailedConnect(false)}, extra...)
 	if tokenFile != "" {
 		opts = append(opts, nats.TokenHandler(coordinator.TokenReader(tokenFile)))
 	}
@@ -177,7 +177,7 @@ func connect(ctx context.Context, url string, acc *access, name string, wait tim
 			// with it, is the one to pin.
 			if beside := filepath.Join(filepath.Dir(tokenFile), coordinator.CAName); tokenFile != "" && fileExists(beside) {
 				pinned := access{token: tokenFile, ca: beside}
-				nc, js, err := connect(ctx, url, &pinned, name, time.Until(deadline), notice)
+				nc, js, err := connect(ctx, url, &pinned, name, time.Until(deadline), notice, extra...)
 				if err == nil {
 					*acc = pinned
 				}
@@ -227,7 +227,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	data := fs.String("data", worker.DefaultStateDir(), "`DIR` where this worker writes evidence (runs/<run>/)")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
 	acc := registerAccess(fs)
-	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet (0: fail at once)")
+	connectWait := fs.Duration("connect-wait", 2*time.Minute, "how long to wait for a coordinator that does not answer yet, or that refuses this worker's token or authority after a restart, before exiting 1 (0: fail at once)")
 	idleExit := fs.Duration("idle-exit", 0, "exit (0) after this long with no shard running and none delivered, as a worker in a batch allocation should (0: serve until stopped)")
 	stopAfter := fs.Int("stop-after-start-failures", 5, "stop fetching and exit 1 once `N` attempts in a row could not start their command on this host (a mount it lacks, an output it cannot write) while another worker starts commands, rather than fail the rest of the queue here; where none does (a file server away for all), hold and try again, for up to 15 minutes (0: never stop)")
 	stopAlone := fs.Bool("stop-when-failing-alone", true, "stop fetching and exit 1 once attempts fail here in a row while other workers validate those very shards, more often than chance allows (false: only report it)")
@@ -247,11 +247,18 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("worker %s: %w", *name, err)
 	}
 	used := acc.get()
-	nc, js, err := connect(ctx, *server, &used, "shardpool-worker-"+*name, *connectWait, stderr)
+	refused := newRefusal(*server, used)
+	nc, js, err := connect(ctx, *server, &used, "shardpool-worker-"+*name, *connectWait, stderr, refused.options(stderr)...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	refused.acc, refused.nc = used, nc // acc: the authority pinned from beside the token, where it was
+	// A coordinator that refuses the worker after a restart stops it as
+	// a signal would, with the reason.
+	wctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	go refused.watch(wctx, *connectWait, stderr, stop)
 	w, err := worker.New(worker.Config{JetStream: js, AdoptOrphans: true, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
 		StateDir: *data, Grace: *grace, IdleExit: *idleExit, StopAfterStartFailures: *stopAfter, StopWhenFailingAlone: *stopAlone, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
 		OnServing: func() {
@@ -266,14 +273,17 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer close(ran)
 	go func() {
 		select {
-		case <-ctx.Done():
+		case <-wctx.Done():
 			defer announceDrain(stderr, w, *grace)()
 			<-ran
 		case <-ran:
 		}
 	}()
-	if err := w.Run(ctx); err != nil {
+	if err := w.Run(wctx); err != nil {
 		return err
+	}
+	if cause := context.Cause(wctx); ctx.Err() == nil && cause != nil {
+		return exitErr{code: exitFailure, msg: fmt.Sprintf("worker %s: %v", *name, cause)}
 	}
 	if why := w.Failed(); why != "" {
 		return exitErr{code: exitFailure, msg: fmt.Sprintf("worker %s: %s. Fix the host, then start the worker again (status names each shard's reason; --stop-after-start-failures 0 and --stop-when-failing-alone=false never stop)", *name, why)}

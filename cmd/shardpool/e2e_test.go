@@ -63,7 +63,15 @@ func (c *cluster) connect() {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	nc, err := nats.Connect(c.url, nats.Token(tok), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	opts := []nats.Option{nats.Token(tok), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
+	if ca := filepath.Join(c.data, "jetstream", coordinator.CAName); isFile(ca) {
+		tc, err := coordinator.ClientTLS(ca)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
+	nc, err := nats.Connect(c.url, opts...)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -72,8 +80,8 @@ func (c *cluster) connect() {
 	c.js, _ = jetstream.New(nc)
 }
 
-func (c *cluster) startCoordinator(leaseTTL string) {
-	c.coord = testenv.Start(c.t, "coordinator", "--data", c.data, "--listen", c.addr, "--http", "", "--lease-ttl", leaseTTL)
+func (c *cluster) startCoordinator(leaseTTL string, extra ...string) {
+	c.coord = testenv.Start(c.t, append([]string{"coordinator", "--data", c.data, "--listen", c.addr, "--http", "", "--lease-ttl", leaseTTL}, extra...)...)
 	testenv.Eventually(c.t, 20*time.Second, func() (bool, string) {
 		return strings.Contains(c.coord.Output(), "coordinator ready"), "coordinator output: " + c.coord.Output()
 	})
@@ -358,6 +366,69 @@ func TestWorkerWaitsForItsCoordinator(t *testing.T) {
 	r := testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
 	if r.Counts.Validated != 2 {
 		t.Fatalf("run completed with %+v, want 2 validated", r.Counts)
+	}
+}
+
+// TestWorkerRefusedAfterACoordinatorRestartStops: the coordinator is
+// replaced by one with another --data (another token, and with TLS
+// another certificate authority) on its address. A worker rode out the
+// restart, was refused, and went on for ever with a connection that could
+// not come back, logging twice a second. Now it says why and what to do,
+// stops with exit 1 after --connect-wait, and a worker whose files get the
+// new coordinator's meanwhile is taken again and runs its shards.
+func TestWorkerRefusedAfterACoordinatorRestartStops(t *testing.T) {
+	for _, tls := range []string{"off", "on"} {
+		t.Run("tls "+tls, func(t *testing.T) {
+			c := newCluster(t)
+			c.startCoordinator("30s", "--tls", tls)
+			// The patient worker's token, and authority beside it, are
+			// copies: the new coordinator's are copied over them later.
+			files := t.TempDir()
+			copyFiles := func(from string) {
+				for _, name := range []string{coordinator.TokenName, coordinator.CAName} {
+					if b, err := os.ReadFile(filepath.Join(from, "jetstream", name)); err == nil {
+						if err := os.WriteFile(filepath.Join(files, name), b, 0o600); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			copyFiles(c.data)
+			brief := c.worker("brief", "--slots", "cpu=1", "--connect-wait", "3s")
+			patient := c.worker("patient", "--slots", "cpu=1", "--connect-wait", "2m", "--token-file", filepath.Join(files, coordinator.TokenName))
+			for _, w := range []*testenv.Proc{brief, patient} {
+				testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+					return strings.Contains(w.Output(), "serving"), "worker output: " + w.Output()
+				})
+			}
+			c.coord.SignalMain(syscall.SIGKILL)
+			c.coord.Wait(t, 10*time.Second)
+			anew := &cluster{t: t, data: t.TempDir(), addr: c.addr, url: c.url}
+			anew.startCoordinator("30s", "--tls", tls)
+			anew.connect()
+			says, patientSays := "refuses this worker now (authorization violation): its token is no longer the one in "+c.token(), "its token is no longer the one in "+filepath.Join(files, coordinator.TokenName)
+			if tls == "on" {
+				says, patientSays = "is not the one whose certificate authority is "+filepath.Join(c.data, "jetstream", coordinator.CAName), "is not the one whose certificate authority is "+filepath.Join(files, coordinator.CAName)
+			}
+			if code := brief.Wait(t, 30*time.Second); code != 1 || !strings.Contains(brief.Output(), says) || !strings.Contains(brief.Output(), "refused for 3s (--connect-wait), so it stops") {
+				t.Fatalf("worker refused by the new coordinator: exit %d, want 1, %q and that it stops\n%s", code, says, brief.Output())
+			}
+			testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+				return strings.Contains(patient.Output(), patientSays), "patient worker: " + patient.Output()
+			})
+			copyFiles(anew.data)
+			testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+				return strings.Contains(patient.Output(), "takes this worker again"), "patient worker: " + patient.Output()
+			})
+			anew.submit(testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"cp", "{input}", "{out}/"}}))
+			if r := testenv.WaitState(t, anew.js, "t", 30*time.Second, stream.RunComplete); r.Counts.Validated != 2 {
+				t.Fatalf("the new coordinator's run: %+v, want 2 validated by the worker taken again", r.Counts)
+			}
+			patient.Signal(syscall.SIGTERM)
+			if code := patient.Wait(t, 20*time.Second); code != 0 {
+				t.Fatalf("patient worker on SIGTERM: exit %d, want 0\n%s", code, patient.Output())
+			}
+		})
 	}
 }
 
@@ -1652,4 +1723,9 @@ sleep 0.5`, pidDir}})
 	}
 	w.SignalMain(syscall.SIGTERM)
 	w.Wait(t, 30*time.Second)
+}
+
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
