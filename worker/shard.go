@@ -1435,7 +1435,7 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 	ci, err := stream.AskInfo(ictx, nc)
 	if err != nil {
 		if ctx.Err() == nil {
-			w.log.Warn("coordinator info unavailable", "err", err)
+			w.warnOnline("coordinator info unavailable", "err", err)
 		}
 		return
 	}

@@ -891,7 +891,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			break
 		}
 		if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			w.log.Warn("consumer lookup", "class", class, "err", err)
+			w.warnOnline("consumer lookup", "class", class, "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -1351,7 +1351,7 @@ func (w *Worker) report(ctx context.Context) error {
 		r.Reported = time.Now().UTC()
 		if data, err := stream.Encode(&r); err == nil {
 			if _, err := w.b.Workers.Put(ctx, w.cfg.Name, data); err != nil && ctx.Err() == nil {
-				w.log.Warn("worker report", "err", err)
+				w.warnOnline("worker report", "err", err)
 			}
 		}
 		wrote := time.Now()
@@ -1442,6 +1442,18 @@ func (w *Worker) claimName(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("worker %s: %w: its report changed under it three times; give this one another --name", w.cfg.Name, ErrNameTaken)
+}
+
+// warnOnline logs a failed request to the coordinator as a warning while
+// the connection is up, and at debug level while it is down: the loss is
+// told once where the connection is watched (the worker command says
+// "lost the coordinator at ..."), not by every loop that meets it.
+func (w *Worker) warnOnline(msg string, args ...any) {
+	if nc := w.cfg.JetStream.Conn(); nc != nil && !nc.IsConnected() {
+		w.log.Debug(msg, args...)
+		return
+	}
+	w.log.Warn(msg, args...)
 }
 
 // finalReport removes the worker's report so status stops listing it.

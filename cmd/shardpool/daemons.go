@@ -247,18 +247,18 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("worker %s: %w", *name, err)
 	}
 	used := acc.get()
-	refused := newRefusal(*server, used)
-	nc, js, err := connect(ctx, *server, &used, "shardpool-worker-"+*name, *connectWait, stderr, refused.options(stderr)...)
+	conn := newConnWatch(*server, used, stderr)
+	nc, js, err := connect(ctx, *server, &used, "shardpool-worker-"+*name, *connectWait, stderr, conn.options()...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	refused.acc, refused.nc = used, nc // acc: the authority pinned from beside the token, where it was
+	conn.acc, conn.nc = used, nc // acc: the authority pinned from beside the token, where it was
 	// A coordinator that refuses the worker after a restart stops it as
 	// a signal would, with the reason.
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	go refused.watch(wctx, *connectWait, stderr, stop)
+	go conn.watch(wctx, *connectWait, stop)
 	w, err := worker.New(worker.Config{JetStream: js, AdoptOrphans: true, Name: *name, Slots: slots.forClasses(nil), SlotsEach: slots.each(), Auto: slots.auto, Scratch: *scratch,
 		StateDir: *data, Grace: *grace, IdleExit: *idleExit, StopAfterStartFailures: *stopAfter, StopWhenFailingAlone: *stopAlone, Staging: sf.config(""), StageFleet: sf.fleet, Logger: logger(stderr, *verbose, slog.LevelInfo),
 		OnServing: func() {

@@ -644,7 +644,7 @@ func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 30, Retries: 2,
 		Command: []string{"sh", "-c", `sleep 0.3; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
 	c.submit(spec)
-	c.worker("w1", "--slots", "cpu=4")
+	w := c.worker("w1", "--slots", "cpu=4")
 	var before int
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		r, err := stream.ReadRun(context.Background(), c.js, "t")
@@ -663,6 +663,11 @@ func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 		t.Fatalf("validated: got %d, want 30", r.Counts.Validated)
 	}
 	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 30)
+	// The worker told the loss and the return, once each.
+	out := w.Output()
+	if strings.Count(out, "lost the coordinator at "+c.url) != 1 || !regexpMatch(`the coordinator at \S+ answers again, after \d+s`, out) {
+		t.Errorf("worker output over the coordinator's restart: want one line for the loss and one for its return\n%s", out)
+	}
 }
 
 // TestWorkerSIGTERMDrainsAndExitsZero: SIGTERM, and SIGHUP (the terminal
