@@ -266,12 +266,13 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueSt
 		if c.Pending <= 0 {
 			continue
 		}
-		slots, busy := 0, 0
+		slots, busy, live := 0, 0, 0
 		var whys []string
 		for _, w := range workers {
 			if w.Gone != "" || w.Disconnected != "" {
 				continue // its report outlives it by up to the bucket's TTL
 			}
+			live++
 			slots += w.Slots[class]
 			busy += w.Running[class]
 			if why, ok := w.Waiting[class]; ok {
@@ -287,7 +288,11 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueSt
 		case slots == 0 && len(workers) > 0 && anyAuto(workers):
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: workers admit by measured headroom; see their admission.log", class, c.Pending))
 		case slots == 0:
-			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: no live worker serves class %s", class, c.Pending, class))
+			hint := "start one: shardpool worker --slots auto (or N) serves every class, --slots " + class + "=N this one"
+			if live > 0 {
+				hint = "the workers were given --slots for other classes; start one with --slots auto (or N), or with " + class + "=N among its classes"
+			}
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: no live worker serves class %s (%s)", class, c.Pending, class, hint))
 		case busy >= slots:
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: all %d slot(s) of class %s are busy", class, c.Pending, slots, class))
 		}
