@@ -88,7 +88,7 @@ func loadOrCreateCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
 		Subject:               pkix.Name{CommonName: "shardpool coordinator CA " + host, Organization: []string{"shardpool"}},
-		NotBefore:             now.Add(-time.Hour),
+		NotBefore:             now.Add(-certSkew),
 		NotAfter:              now.AddDate(10, 0, 0),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
@@ -144,6 +144,17 @@ func parseCert(b []byte) (*x509.Certificate, error) {
 	return x509.ParseCertificate(blk.Bytes)
 }
 
+// certSkew is how far back a new certificate's validity starts: a worker
+// whose clock runs behind the coordinator's (a node whose time service
+// failed, a clock kept in local time) still takes it. It was an hour, and
+// a node two hours behind was refused every connection. The authority is
+// pinned, so the window's start guards nothing else.
+const certSkew = 48 * time.Hour
+
+// ErrCertTime is a coordinator certificate refused for this host's time
+// alone: the clock of one of the two hosts is wrong.
+var ErrCertTime = errors.New("the coordinator's certificate is not valid at this host's time")
+
 // leafCert issues the listeners' certificate from the authority, for
 // localhost, the host's name, the listen host and every address of the
 // host's interfaces (so that the nats CLI, which checks the name, can
@@ -156,7 +167,7 @@ func leafCert(ca *x509.Certificate, caKey *ecdsa.PrivateKey, listenHosts ...stri
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: "shardpool coordinator", Organization: []string{"shardpool"}},
-		NotBefore:    time.Now().Add(-time.Hour),
+		NotBefore:    time.Now().Add(-certSkew),
 		NotAfter:     time.Now().AddDate(1, 0, 0),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		// Client auth too: a coordinator of a cluster presents it when it
@@ -274,7 +285,19 @@ func ClientTLS(caFile string) (*tls.Config, error) {
 			for _, c := range cs.PeerCertificates[1:] {
 				inter.AddCert(c)
 			}
-			_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+			opts := x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+			_, err = cs.PeerCertificates[0].Verify(opts)
+			var invalid x509.CertificateInvalidError
+			if errors.As(err, &invalid) && invalid.Reason == x509.Expired {
+				// Issued by the pinned authority, at another time than
+				// this host's: say so, not that it is another authority.
+				leaf := cs.PeerCertificates[0]
+				opts.CurrentTime = leaf.NotBefore.Add(time.Second)
+				if _, again := leaf.Verify(opts); again == nil {
+					return fmt.Errorf("%w: it is issued by the authority in %s for %s to %s, and this host's clock says %s: is one of the two hosts' clocks wrong? (timedatectl; chronyc tracking)",
+						ErrCertTime, caFile, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("the coordinator's certificate is not issued by the authority in %s: %w", caFile, err)
 			}

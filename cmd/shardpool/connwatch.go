@@ -115,7 +115,7 @@ func (c *connWatch) lostLately() bool {
 // note records err where it is a refusal of this client's token or of the
 // coordinator's certificate, and says whether it was one.
 func (c *connWatch) note(err error) bool {
-	if err == nil || !(isAuthError(err) || isCertError(err)) {
+	if err == nil || !(isAuthError(err) || isCertError(err) || isCertTimeError(err)) {
 		return false
 	}
 	c.mu.Lock()
@@ -137,6 +137,9 @@ func (c *connWatch) wake() {
 
 // why is what the refusal err means and how to end it.
 func (c *connWatch) why(err error) string {
+	if isCertTimeError(err) {
+		return fmt.Sprintf("this worker cannot take the coordinator at %s now (%v)", c.url, err)
+	}
 	if isCertError(err) {
 		return fmt.Sprintf("the coordinator at %s is not the one whose certificate authority is %s (%v): another coordinator, or its store made anew; copy its ca.pem and token (DATA/jetstream/ of its --data) over %s and %s, which are read again at every try",
 			c.url, absPath(c.acc.ca), err, absPath(c.acc.ca), absPath(c.acc.token))

@@ -185,6 +185,8 @@ func connect(ctx context.Context, url string, acc *access, name string, wait tim
 			}
 			return nil, nil, fmt.Errorf("%w at %s (%v): pass --tls-ca FILE (or set SHARDPOOL_TLS_CA), or keep it as ca.pem beside the token file: its certificate authority, DATA/jetstream/ca.pem of a coordinator's --data, DATA/stores/<run>/ca.pem of a `shardpool run`, copied with the token",
 				errNeedsTLS, redactURL(url), err)
+		case acc.ca != "" && isCertTimeError(err):
+			return nil, nil, fmt.Errorf("the coordinator at %s: %v", redactURL(url), err)
 		case acc.ca != "" && isCertError(err):
 			return nil, nil, fmt.Errorf("the coordinator at %s is not the one whose certificate authority is %s (%v): is it another coordinator, or was its store made anew? Copy its ca.pem again", redactURL(url), acc.ca, err)
 		case errors.Is(err, nats.ErrSecureConnWanted):
@@ -371,6 +373,13 @@ func isCertError(err error) bool {
 	var cv *tls.CertificateVerificationError
 	return errors.As(err, &ua) || errors.As(err, &cv) || strings.Contains(err.Error(), "x509:") ||
 		strings.Contains(err.Error(), "not issued by the authority")
+}
+
+// isCertTimeError reports a coordinator certificate of the pinned
+// authority refused for this host's time (coordinator.ErrCertTime, which
+// nats.go passes on as text).
+func isCertTimeError(err error) bool {
+	return errors.Is(err, coordinator.ErrCertTime) || strings.Contains(err.Error(), coordinator.ErrCertTime.Error())
 }
 
 // isAuthError reports a server's refusal of a connection's credentials.
