@@ -105,7 +105,10 @@ func (w *Worker) ownerGone(o stream.Owner) bool {
 	return !pidAlive(o.PID)
 }
 
-// renew extends the lease by updating it from its revision.
+// renew extends the lease by updating it from its revision. It fails with
+// ErrLeaseLost only where the store answered that the lease is another's;
+// a store that did not answer is errStoreUnreachable, one that refused the
+// write (full) errCoordinator.
 func (w *Worker) renew(ctx context.Context, l *lease) error {
 	sent := time.Now()
 	l.rec.Renewed = sent.UTC()
@@ -114,11 +117,32 @@ func (w *Worker) renew(ctx context.Context, l *lease) error {
 		return err
 	}
 	rev, err := w.b.Leases.Update(ctx, l.key, data, l.rev)
-	if err != nil {
-		return fmt.Errorf("renew lease %s: %w: %v", l.key, ErrLeaseLost, err)
+	if err == nil {
+		l.rev, l.confirmed = rev, sent
+		return nil
 	}
-	l.rev, l.confirmed = rev, sent
+	if !stream.IsConflict(err) {
+		// No answer, or not about the lease (a full store): it may well be
+		// held still (unreachable.go).
+		return storeErr(fmt.Errorf("renew lease %s: %w", l.key, err))
+	}
+	// The store answered that l.rev is not the lease's last revision.
+	if rerr := w.retake(ctx, l, data); rerr != nil {
+		if errors.Is(rerr, ErrLeaseLost) {
+			return fmt.Errorf("renew lease %s: %w", l.key, rerr)
+		}
+		return storeErr(fmt.Errorf("renew lease %s: %w", l.key, rerr))
+	}
 	return nil
+}
+
+// storeErr marks err, a request the store did not answer or did not take,
+// as errStoreUnreachable or errCoordinator (a full store).
+func storeErr(err error) error {
+	if unreachable(err) {
+		return fmt.Errorf("%w: %w", errStoreUnreachable, err)
+	}
+	return fmt.Errorf("%w: %w", errCoordinator, err)
 }
 
 // ensureHeld makes sure the lease outlives the next step: a lease confirmed

@@ -79,6 +79,10 @@ type attemptState struct {
 	// free gives the attempt's slot back (idempotent); it is called once
 	// the command has exited, when the worker has room to conclude aside.
 	free func()
+	// stop is closed when the worker stops (its Run's context ends): a
+	// commit waiting for the coordinator to answer gives up then
+	// (untilStore).
+	stop <-chan struct{}
 	// inputs is the stamp of the shard's inputs as the command found
 	// them (checkpoint.InputsStamp), recorded in the output's marker.
 	inputs string
@@ -110,7 +114,7 @@ func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream
 		_ = msg.Term()
 		return
 	}
-	a := &attemptState{msg: msg, attempt: int(meta.NumDelivered), free: free}
+	a := &attemptState{msg: msg, attempt: int(meta.NumDelivered), free: free, stop: stop}
 	if err := stream.Decode(msg.Data(), &a.m); err != nil {
 		w.log.Error("undecodable shard message; terminating it", "subject", msg.Subject(), "err", err)
 		_ = msg.TermWithReason("undecodable: " + err.Error())
@@ -1014,9 +1018,10 @@ func (w *Worker) stagingLog(m *stream.ShardMsg, attempt int, s staging.Stats) {
 func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, l *lease, lost chan<- struct{}) (stop func()) {
 	period := max(w.ttl/3, 100*time.Millisecond)
 	ctx, cancel := context.WithCancel(ctx)
-	var mu sync.Mutex // held by a beat; guards t and over
+	var mu sync.Mutex // held by a beat; guards t, over and away
 	var t *time.Timer
 	over := false
+	var away time.Time // since when renewals get no answer
 	beat := func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -1024,11 +1029,28 @@ func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, l *lease, los
 			return
 		}
 		_ = msg.InProgress()
-		if err := w.renew(ctx, l); err != nil && ctx.Err() == nil {
+		err := w.renew(ctx, l)
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, ErrLeaseLost):
 			w.log.Warn("lease lost", "shard", l.key, "err", err)
 			close(lost)
 			over = true
 			return
+		case err != nil:
+			// No answer (a coordinator restarting), or a full store: the
+			// lease may be held still, and the command goes on. Tried
+			// again every second, so that it is renewed (or taken back)
+			// as soon as the store answers (unreachable.go).
+			if away.IsZero() {
+				away = time.Now()
+				w.log.Warn("lease not renewed: the coordinator's store does not take it; the command goes on", "shard", l.key, "err", err)
+			}
+			t.Reset(min(period, time.Second))
+			return
+		case !away.IsZero():
+			w.log.Info("lease renewed again", "shard", l.key, "after", time.Since(away).Round(time.Second))
+			away = time.Time{}
 		}
 		t.Reset(period)
 	}
@@ -1073,10 +1095,10 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		return
 	}
 	if res.outcome == stream.OutcomeOK {
-		err := w.ensureHeld(ctx, l)
+		err := w.untilStore(ctx, a, func() error { return w.ensureHeld(ctx, l) })
 		if err == nil {
 			t := time.Now()
-			err = w.commit(ctx, a, v, l.rec.Owner, t)
+			err = w.commit(ctx, a, v, l, t)
 		}
 		if err == nil {
 			w.admission(m.Run, m.ID, class, "validated", fmt.Sprintf("attempt %d in %.3fs, output %s", a.attempt, res.duration.Seconds(), a.rec.Output.Checksum))
@@ -1167,7 +1189,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 // this attempt won the shard's commit in the checkpoints bucket; a loser
 // discards its copy. A previous output that does not verify is kept aside
 // under .shardpool/replaced for inspection.
-func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, owner stream.Owner, start time.Time) error {
+func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *lease, start time.Time) error {
 	spec := &a.run.Spec
 	dst := filepath.Join(spec.Output, a.m.ID)
 	if err := foreignDestination(dst, a.m.Run, a.m.Fingerprint); err != nil {
@@ -1179,17 +1201,29 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	if err != nil {
 		return err
 	}
-	if err := w.claimCommit(ctx, a, owner, p.Marker.Manifest, dst); err != nil {
-		p.Discard()
-		if errors.Is(err, errCommitLost) || errors.Is(err, errCommitPending) {
+	// A coordinator that does not answer keeps the prepared output: the
+	// claim is tried again once it does, after the lease is renewed (or
+	// taken back: unreachable.go), which it must be by then.
+	tried := false
+	err = w.untilStore(ctx, a, func() error {
+		if tried {
+			if err := w.ensureHeld(ctx, l); err != nil {
+				return err
+			}
+		}
+		tried = true
+		if err := w.claimCommit(ctx, a, l.rec.Owner, p.Marker.Manifest, dst); err != nil {
 			return err
 		}
-		return fmt.Errorf("%w: %v", errCoordinator, err)
-	}
-	// The claim must outlive a host crash of the coordinator before the
-	// output appears, or a second attempt could publish too.
-	if err := w.barrierRemote(ctx); err != nil {
+		// The claim must outlive a host crash of the coordinator before
+		// the output appears, or a second attempt could publish too.
+		return w.barrierRemote(ctx)
+	})
+	if err != nil {
 		p.Discard()
+		if errors.Is(err, errCommitLost) || errors.Is(err, errCommitPending) || errors.Is(err, ErrLeaseLost) {
+			return err
+		}
 		return fmt.Errorf("%w: %v", errCoordinator, err)
 	}
 	keep := ""
@@ -1204,7 +1238,10 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, own
 	mk := p.Marker
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
 	a.rec.Attempts[len(a.rec.Attempts)-1].CommitSeconds = time.Since(start).Seconds()
-	if err := w.finish(ctx, a, stream.ShardValidated, "", nil); err != nil {
+	// Published: the record waits for a coordinator that does not answer
+	// too (were it given up, the next delivery would find the output and
+	// record it, a lease TTL later).
+	if err := w.untilStore(ctx, a, func() error { return w.finish(ctx, a, stream.ShardValidated, "", nil) }); err != nil {
 		return fmt.Errorf("%w: output committed, record not written: %v", errCoordinator, err)
 	}
 	// Not only where the command names {ckpt}: a job may use

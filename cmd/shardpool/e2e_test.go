@@ -670,6 +670,49 @@ func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	}
 }
 
+// TestShardsOutliveACoordinatorRestart: the coordinator is SIGKILLed while
+// two shards run and started again 10 s later, past the lease TTL (3 s).
+// One command ends during the outage, the other runs through it. A
+// renewal that got no answer was taken for a lost lease, so the command
+// running through was killed at its next heartbeat, and the output of the
+// one that ended was discarded at its commit: both ran again. Now the
+// running command goes on, the ended one keeps its output until the store
+// answers, and each lease, expired meanwhile and taken by no one, is
+// taken back: each command ran once, each shard is validated once in its
+// first attempt.
+func TestShardsOutliveACoordinatorRestart(t *testing.T) {
+	c := startCluster(t, "3s")
+	ran := filepath.Join(t.TempDir(), "ran")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 2,
+		Command: []string{"sh", "-c", `echo "$1" >> "$3"; case "$1" in *s0000*) sleep 2;; *) sleep 14;; esac; cp "$1" "$2/"`, "sh", "{input}", "{out}", ran}})
+	c.submit(spec)
+	w := c.worker("w1", "--slots", "cpu=2")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(ran)
+		return strings.Count(string(b), "\n") == 2, "commands started: " + string(b)
+	})
+	c.coord.SignalMain(syscall.SIGKILL)
+	c.coord.Wait(t, 10*time.Second)
+	// Longer than a request's timeout (5 s) after the first command's
+	// end: its commit's requests fail, not only wait.
+	time.Sleep(10 * time.Second)
+	c.startCoordinator("3s")
+	r := testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
+	if r.Counts.Validated != 2 {
+		t.Fatalf("validated: got %d, want 2", r.Counts.Validated)
+	}
+	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 2)
+	if b, _ := os.ReadFile(ran); strings.Count(string(b), "\n") != 2 {
+		t.Errorf("commands ran:\n%s\nwant each of the 2 once\nworker:\n%s", b, w.Output())
+	}
+	for _, id := range []string{"s0000", "s0001"} {
+		rec, err := testenv.ReadShard(c.js, "t", id)
+		if err != nil || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK {
+			t.Errorf("shard %s: %+v (%v), want one attempt, ok", id, rec.Attempts, err)
+		}
+	}
+}
+
 // TestWorkerSIGTERMDrainsAndExitsZero: SIGTERM, and SIGHUP (the terminal
 // a worker was started from goes away), stop a worker gracefully.
 func TestWorkerSIGTERMDrainsAndExitsZero(t *testing.T) {
