@@ -254,6 +254,14 @@ func (c *Coordinator) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	// A route listener in use was the same: logged by nats-server, then
+	// five minutes of "Waiting for routing to be established" (the
+	// cluster's ReadyTimeout) before "no listener".
+	if _, p, _ := net.SplitHostPort(c.cfg.Cluster); c.cfg.Cluster != "" && p != "0" {
+		if err := portFree(c.cfg.Cluster, "--cluster"); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(c.cfg.StoreDir, 0o755); err != nil {
 		return fmt.Errorf("start coordinator: %w", err)
 	}
@@ -336,9 +344,19 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	srv.SetLoggerV2(natsLogger{l: c.cfg.Logger.With("component", "nats"), onWriteErr: c.noteWriteError}, false, false, false)
 	srv.Start()
 	c.srv = srv
-	if !srv.ReadyForConnections(c.cfg.ReadyTimeout) {
-		c.Close()
-		return fmt.Errorf("start coordinator: %w: no listener after %s", ErrNotReady, c.cfg.ReadyTimeout)
+	// Waited for in steps, so that a stop (SIGTERM, Ctrl-C) ends the wait
+	// at once: a listener that never comes up (its port taken between
+	// portFree and the server's bind, as a soak's picked ports once were)
+	// held the command for ReadyTimeout, five minutes in a cluster.
+	for began := time.Now(); !srv.ReadyForConnections(min(time.Second, c.cfg.ReadyTimeout)); {
+		if ctx.Err() != nil {
+			c.Close()
+			return fmt.Errorf("start coordinator: %w", ctx.Err())
+		}
+		if time.Since(began) >= c.cfg.ReadyTimeout {
+			c.Close()
+			return fmt.Errorf("start coordinator: %w: no listener after %s", ErrNotReady, c.cfg.ReadyTimeout)
+		}
 	}
 	if err := c.waitHealthy(ctx); err != nil {
 		c.Close()
@@ -591,11 +609,21 @@ func portFree(addr, flag string) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return fmt.Errorf("start coordinator: %w: %s is in use (another coordinator, or another program): pass %s HOST:PORT, port 0 for any free one", ErrConfig, addr, flag)
+			return fmt.Errorf("start coordinator: %w: %s is in use (another coordinator, or another program): pass %s HOST:PORT%s", ErrConfig, addr, flag, anyFree(flag))
 		}
 		return fmt.Errorf("start coordinator: %w: %s: %v", ErrConfig, flag, err)
 	}
 	return l.Close()
+}
+
+// anyFree is the hint that port 0 takes any free port, for the listeners
+// clients find through the coordinator's own output; not for a route
+// listener, which its peers are given.
+func anyFree(flag string) string {
+	if flag == "--cluster" {
+		return " (the one its peers name in their --peers)"
+	}
+	return ", port 0 for any free one"
 }
 
 // lockName is the lock file in a coordinator's store directory (beside
