@@ -106,6 +106,26 @@ func (c *cluster) submit(spec string, extra ...string) string {
 	return p.Output()
 }
 
+// bounceCoordinator SIGKILLs the coordinator and starts it again on its
+// data after away.
+func (c *cluster) bounceCoordinator(away time.Duration, leaseTTL string) {
+	c.coord.SignalMain(syscall.SIGKILL)
+	c.coord.Wait(c.t, 10*time.Second)
+	time.Sleep(away)
+	c.startCoordinator(leaseTTL)
+}
+
+// completesOnce waits for run t of spec to be COMPLETE with its n shards
+// validated, each once, every output verified (validatedOnce).
+func (c *cluster) completesOnce(spec string, n int, within time.Duration) {
+	c.t.Helper()
+	r := testenv.WaitState(c.t, c.js, "t", within, stream.RunComplete)
+	if r.Counts.Validated != n {
+		c.t.Fatalf("validated: got %d, want %d", r.Counts.Validated, n)
+	}
+	validatedOnce(c.t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), n)
+}
+
 // validatedOnce checks the KV history: each shard was recorded validated
 // exactly once, and its output verifies with the run's fingerprint.
 func validatedOnce(t *testing.T, js jetstream.JetStream, run, outDir string, n int) {
@@ -651,18 +671,11 @@ func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 		before = r.Counts.Validated
 		return err == nil && before >= 5, fmt.Sprintf("validated %d", before)
 	})
-	c.coord.SignalMain(syscall.SIGKILL)
 	if before >= 30 {
 		t.Fatalf("the run finished before the coordinator was killed; the test proves nothing")
 	}
-	c.coord.Wait(t, 10*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	c.startCoordinator("3s")
-	r := testenv.WaitState(t, c.js, "t", 90*time.Second, stream.RunComplete)
-	if r.Counts.Validated != 30 {
-		t.Fatalf("validated: got %d, want 30", r.Counts.Validated)
-	}
-	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 30)
+	c.bounceCoordinator(500*time.Millisecond, "3s")
+	c.completesOnce(spec, 30, 90*time.Second)
 	// The worker told the loss and the return, once each.
 	out := w.Output()
 	if strings.Count(out, "lost the coordinator at "+c.url) != 1 || !regexpMatch(`the coordinator at \S+ answers again, after \d+s`, out) {
@@ -691,17 +704,10 @@ func TestShardsOutliveACoordinatorRestart(t *testing.T) {
 		b, _ := os.ReadFile(ran)
 		return strings.Count(string(b), "\n") == 2, "commands started: " + string(b)
 	})
-	c.coord.SignalMain(syscall.SIGKILL)
-	c.coord.Wait(t, 10*time.Second)
-	// Longer than a request's timeout (5 s) after the first command's
-	// end: its commit's requests fail, not only wait.
-	time.Sleep(10 * time.Second)
-	c.startCoordinator("3s")
-	r := testenv.WaitState(t, c.js, "t", 60*time.Second, stream.RunComplete)
-	if r.Counts.Validated != 2 {
-		t.Fatalf("validated: got %d, want 2", r.Counts.Validated)
-	}
-	validatedOnce(t, c.js, "t", filepath.Join(filepath.Dir(spec), "out"), 2)
+	// Away longer than a request's timeout (5 s) after the first
+	// command's end: its commit's requests fail, not only wait.
+	c.bounceCoordinator(10*time.Second, "3s")
+	c.completesOnce(spec, 2, 60*time.Second)
 	if b, _ := os.ReadFile(ran); strings.Count(string(b), "\n") != 2 {
 		t.Errorf("commands ran:\n%s\nwant each of the 2 once\nworker:\n%s", b, w.Output())
 	}
