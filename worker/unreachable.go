@@ -34,7 +34,10 @@ import (
 // renewed (or taken back) before the claim.
 
 // errStoreUnreachable: a request to the coordinator's store got no answer.
-var errStoreUnreachable = errors.New("coordinator unreachable")
+// It is an errCoordinator: where the wait for an answer is given up (the
+// worker stops), the attempt is handed back uncharged like any other the
+// store did not take.
+var errStoreUnreachable = fmt.Errorf("%w: no answer", errCoordinator)
 
 // unreachable says whether err is a request to the coordinator's store
 // that got no answer: a timeout, no responders (JetStream not ready yet
