@@ -280,14 +280,22 @@ func (s *soak) waitReady(i int) {
 	s.fail("%s not ready after 90s; its log is in %s", s.coordName(i), s.dir)
 }
 
-// freePort is a loopback address no one listens on now.
+// freePort is a loopback address no one listens on now, below the
+// kernel's ephemeral range (32768 and up by default): a port the kernel
+// picks for a listener on port 0 is one it also gives to outgoing
+// connections, and a worker's connection once took a coordinator's
+// picked port before it was bound (the coordinator refused it as in use;
+// one that restarts during the soak must get its own address back).
 func freePort() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fail("%v", err)
+	for range 1000 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	fail("no free port in 20000-31999 on 127.0.0.1")
+	return ""
 }
 
 // tokenFile holds the coordinator's token (in its store), which every
