@@ -3,7 +3,9 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +111,24 @@ func freePorts(t *testing.T, n int) []string {
 		t.Fatal(err)
 	}
 	return ports
+}
+
+// TestLoopbackPortsAvoidTheEphemeralRange: the ports handed to test and
+// soak coordinators are distinct, free, and below the kernel's ephemeral
+// range, where no outgoing connection takes one before it is bound.
+func TestLoopbackPortsAvoidTheEphemeralRange(t *testing.T) {
+	low := ephemeralLow()
+	if low <= 21000 {
+		t.Skipf("this kernel's ephemeral range starts at %d: no room below it, port 0 is used", low)
+	}
+	ports := freePorts(t, 20)
+	seen := map[string]bool{}
+	for _, p := range ports {
+		_, ps, _ := net.SplitHostPort(p)
+		n, _ := strconv.Atoi(ps)
+		if seen[p] || n < 20000 || n >= low {
+			t.Errorf("port %s: want distinct ports in 20000-%d", p, low-1)
+		}
+		seen[p] = true
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -877,15 +878,43 @@ func (c *Coordinator) metaLeader() string {
 // once may be handed out again by the next listen (a cluster's three
 // route ports came out with duplicates, and its coordinator refused a
 // cluster of one peer). They are free a moment ago, not reserved.
+//
+// They are picked at random below the kernel's ephemeral range where it
+// leaves room (the default range starts at 32768): a port the kernel
+// picks for a listener on port 0 comes from the range it also gives
+// outgoing connections, and a client's connection took a soak's picked
+// port before its coordinator bound it.
 func LoopbackPorts(n int) ([]string, error) {
 	out := make([]string, 0, n)
+	low := ephemeralLow()
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
+		var l net.Listener
+		var err error
+		for try := 0; l == nil && low > 21000 && try < 100; try++ {
+			l, _ = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(low-20000)))
+		}
+		if l == nil {
+			if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+				return nil, err
+			}
 		}
 		defer l.Close()
 		out = append(out, l.Addr().String())
 	}
 	return out, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or 0
+// where it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 0
+	}
+	low, _ := strconv.Atoi(f[0])
+	return low
 }

@@ -25,7 +25,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -280,22 +279,16 @@ func (s *soak) waitReady(i int) {
 	s.fail("%s not ready after 90s; its log is in %s", s.coordName(i), s.dir)
 }
 
-// freePort is a loopback address no one listens on now, below the
-// kernel's ephemeral range (32768 and up by default): a port the kernel
-// picks for a listener on port 0 is one it also gives to outgoing
-// connections, and a worker's connection once took a coordinator's
-// picked port before it was bound (the coordinator refused it as in use;
-// one that restarts during the soak must get its own address back).
+// freePort is a loopback address no one listens on now
+// (coordinator.LoopbackPorts: below the kernel's ephemeral range, where a
+// worker's outgoing connection cannot take it before the coordinator
+// binds it; one that restarts during the soak gets its own address back).
 func freePort() string {
-	for range 1000 {
-		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
-		if l, err := net.Listen("tcp", addr); err == nil {
-			l.Close()
-			return addr
-		}
+	ports, err := coordinator.LoopbackPorts(1)
+	if err != nil {
+		fail("%v", err)
 	}
-	fail("no free port in 20000-31999 on 127.0.0.1")
-	return ""
+	return ports[0]
 }
 
 // tokenFile holds the coordinator's token (in its store), which every
