@@ -1264,6 +1264,51 @@ func TestCommitWaitsOutAnUnavailableStore(t *testing.T) {
 	}
 }
 
+// TestStoppedWhileItsCommitWaitsHandsTheShardBack: a worker stopped
+// (SIGTERM) while its commit waits for a store that does not answer gives
+// the wait up: it stops within its grace, and the attempt is handed back
+// uncharged, so the shard (retries = 0) runs again on another worker once
+// the store answers. The first version of the wait heard no stop, and the
+// worker never exited.
+func TestStoppedWhileItsCommitWaitsHandsTheShardBack(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	gate := filepath.Join(t.TempDir(), "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := env.Run("t")
+		return r.Counts.Running == 1, "the shard is not running yet"
+	})
+	ctx := context.Background()
+	if err := env.JS.DeleteKeyValue(ctx, stream.BucketCheckpoint); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Contains(string(b), "decision=wait coordinator unreachable at the commit"), "admission log:\n" + string(b)
+	})
+	if err := env.StopWorker("w1"); err != nil {
+		t.Fatalf("stop while the commit waits: %v", err)
+	}
+	rec, err := env.Shard("t", "s0000")
+	if err != nil || rec.State != stream.ShardPending || rec.Interrupted != 1 || len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeInterrupted {
+		t.Fatalf("record after the stop: %s, interrupted %d, attempts %+v (%v); want pending, the attempt interrupted and uncharged", rec.State, rec.Interrupted, rec.Attempts, err)
+	}
+	if err := stream.Setup(ctx, env.JS, stream.Layout{LeaseTTL: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	env.StartWorker("w2", map[string]int{"cpu": 1})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	if rec, _ := env.Shard("t", "s0000"); len(rec.Attempts) != 2 || rec.Attempts[1].Outcome != stream.OutcomeOK || rec.Attempts[1].Worker != "w2" {
+		t.Fatalf("record: %+v; want the second attempt, w2's, committed", rec.Attempts)
+	}
+}
+
 // TestLeaseWaitsOutAnUnavailableStore: while the store takes no lease
 // write (here the leases bucket at a limit of 1 byte; a full disk looks
 // the same to a worker), a worker holds the deliveries it fetched instead of handing
