@@ -1211,6 +1211,37 @@ func TestEscapedDescendantDoesNotHoldTheAttempt(t *testing.T) {
 	}
 }
 
+// commitWaitingForTheStore starts worker w1 on one shard (retries = 0)
+// whose command appends a line to ran, waits for a gate, then copies its
+// input; removes the checkpoints bucket while it runs, so that no one
+// answers for the commit claim; opens the gate; and returns once the
+// attempt says, in the run's admission log (log), that its commit waits.
+func commitWaitingForTheStore(t *testing.T) (env *testenv.Env, ran, log string) {
+	t.Helper()
+	env = testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	gate := filepath.Join(t.TempDir(), "go")
+	ran = filepath.Join(t.TempDir(), "ran")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `echo >> "$4"; while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}", ran}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := env.Run("t")
+		return r.Counts.Running == 1, "the shard is not running yet"
+	})
+	if err := env.JS.DeleteKeyValue(context.Background(), stream.BucketCheckpoint); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log = filepath.Join(env.Data, "runs", "t", "admission.log")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		b, _ := os.ReadFile(log)
+		return strings.Contains(string(b), "decision=wait coordinator unreachable at the commit"), "admission log:\n" + string(b)
+	})
+	return env, ran, log
+}
+
 // TestCommitWaitsOutAnUnavailableStore: while the coordinator's store does
 // not answer the commit claim (here its bucket is gone, so no one answers
 // for it, as while a coordinator restarts), the attempt keeps its output
@@ -1220,28 +1251,8 @@ func TestEscapedDescendantDoesNotHoldTheAttempt(t *testing.T) {
 // concluding its whole run. A full store, which answers, still hands the
 // attempt back (TestCoordinatorReloadsItsStoreAfterAFullDisk).
 func TestCommitWaitsOutAnUnavailableStore(t *testing.T) {
-	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
-	gate := filepath.Join(t.TempDir(), "go")
-	ran := filepath.Join(t.TempDir(), "ran")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
-		Command: []string{"sh", "-c", `echo >> "$4"; while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}", ran}})
-	env.Submit(spec, coordinator.SubmitOptions{})
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		r, _ := env.Run("t")
-		return r.Counts.Running == 1, "the shard is not running yet"
-	})
+	env, ran, log := commitWaitingForTheStore(t)
 	ctx := context.Background()
-	if err := env.JS.DeleteKeyValue(ctx, stream.BucketCheckpoint); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	log := filepath.Join(env.Data, "runs", "t", "admission.log")
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return strings.Contains(string(b), "decision=wait coordinator unreachable at the commit"), "admission log:\n" + string(b)
-	})
 	// Longer than a lease TTL (3 s): the delivery is kept in progress and
 	// the lease renewed while the output waits.
 	time.Sleep(4 * time.Second)
@@ -1271,27 +1282,8 @@ func TestCommitWaitsOutAnUnavailableStore(t *testing.T) {
 // the store answers. The first version of the wait heard no stop, and the
 // worker never exited.
 func TestStoppedWhileItsCommitWaitsHandsTheShardBack(t *testing.T) {
-	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
-	gate := filepath.Join(t.TempDir(), "go")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
-		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		r, _ := env.Run("t")
-		return r.Counts.Running == 1, "the shard is not running yet"
-	})
+	env, _, _ := commitWaitingForTheStore(t)
 	ctx := context.Background()
-	if err := env.JS.DeleteKeyValue(ctx, stream.BucketCheckpoint); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	log := filepath.Join(env.Data, "runs", "t", "admission.log")
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(log)
-		return strings.Contains(string(b), "decision=wait coordinator unreachable at the commit"), "admission log:\n" + string(b)
-	})
 	if err := env.StopWorker("w1"); err != nil {
 		t.Fatalf("stop while the commit waits: %v", err)
 	}
