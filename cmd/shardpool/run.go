@@ -534,8 +534,6 @@ func (e errHalted) Error() string {
 	return fmt.Sprintf("the first %d shard(s) to end all failed after their retries and none succeeded", e.failed)
 }
 
-// waitRun follows the run record until COMPLETE or BLOCKED, ignoring a
-// verdict last updated before o.since.
 // stoodAt is " at 5/20 validated, 1 failed" from the progress.json of a
 // run's evidence, or "" where there is none.
 func stoodAt(evidence string) string {
@@ -550,6 +548,8 @@ func stoodAt(evidence string) string {
 	return s
 }
 
+// waitRun follows the run record until COMPLETE or BLOCKED, ignoring a
+// verdict last updated before o.since.
 func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts) (*stream.RunRecord, error) {
 	kv, err := js.KeyValue(ctx, stream.BucketRuns)
 	if err != nil {
