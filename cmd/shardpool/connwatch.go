@@ -67,7 +67,12 @@ func (c *connWatch) options() []nats.Option {
 			}
 			fmt.Fprintf(c.stderr, "nats: %s\n", strings.TrimPrefix(err.Error(), "nats: ")) // as nats.go's own handler
 		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				// The worker's own close at its end (or a close the
+				// ClosedHandler tells), not a coordinator lost.
+				return
+			}
 			c.mu.Lock()
 			first := c.lost.IsZero()
 			if first {

@@ -676,7 +676,12 @@ func TestCoordinatorSIGKILLAndRestartLosesNothing(t *testing.T) {
 	}
 	c.bounceCoordinator(500*time.Millisecond, "3s")
 	c.completesOnce(spec, 30, 90*time.Second)
-	// The worker told the loss and the return, once each.
+	// The worker told the loss and the return, once each; its own close
+	// when it stops is no loss (it said "lost the coordinator" there too).
+	w.SignalMain(syscall.SIGTERM)
+	if code := w.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("worker exit %d after SIGTERM, want 0\n%s", code, w.Output())
+	}
 	out := w.Output()
 	if strings.Count(out, "lost the coordinator at "+c.url) != 1 || !regexpMatch(`the coordinator at \S+ answers again, after \d+s`, out) {
 		t.Errorf("worker output over the coordinator's restart: want one line for the loss and one for its return\n%s", out)
