@@ -231,6 +231,14 @@ func (d *drill) run(ctx context.Context) (err error) {
 	d.say("truncated committed output %s; starting worker w2 (cpu=2)", tf)
 	d.startWorker("w2", "cpu=2")
 
+	// 4b. SIGKILL the coordinator while w2 runs shards and keep it down
+	// past the lease TTL: the commands run on, and those that end in the
+	// outage keep their outputs until it answers again.
+	through, err := d.outageWhileRunning(ctx, "w2")
+	if err != nil {
+		return err
+	}
+
 	// 5. Every cpu shard done; the big shard must wait with its reason.
 	if err := d.poll(ctx, 60*time.Second, "every cpu shard validated", func() bool {
 		r, err := d.runRecord(ctx)
@@ -280,8 +288,97 @@ func (d *drill) run(ctx context.Context) (err error) {
 		return err
 	}
 	d.say("COMPLETE; checking")
-	d.verify(ctx, before, running, victim, corruptGen, truncated, detected, blocked.Reason, pendingOK, waitReason, final)
+	d.verify(ctx, before, running, victim, corruptGen, truncated, detected, blocked.Reason, pendingOK, waitReason, final, through)
 	return nil
+}
+
+// outage is how long the drill keeps the coordinator down while shards
+// run: longer than its 3 s lease TTL, so that the store, which counts a
+// lease's TTL across its own downtime, has let their leases expire when
+// it comes back, and longer than a worker's 5 s request timeout after the
+// fixture's 1.5 s shards end, so that their commits wait for it rather
+// than being answered from nats.go's reconnect buffer.
+const outage = 7 * time.Second
+
+// ranAt is a shard's attempt that was running when the coordinator died.
+type ranAt struct {
+	id, worker string
+	n          int
+}
+
+// outageWhileRunning waits for worker to run a cpu shard, SIGKILLs the
+// coordinator, and restarts it on the same data after outage. It returns
+// the attempts that were running at the kill.
+func (d *drill) outageWhileRunning(ctx context.Context, worker string) ([]ranAt, error) {
+	var through []ranAt
+	if err := d.poll(ctx, 30*time.Second, "worker "+worker+" to run a shard", func() bool {
+		through = through[:0]
+		for _, id := range d.cpuIDs() {
+			r, err := d.shard(ctx, id)
+			if err != nil || !r.OpenAttempt() {
+				continue
+			}
+			if a := r.Attempts[len(r.Attempts)-1]; a.Worker == worker {
+				through = append(through, ranAt{id, worker, a.N})
+			}
+		}
+		return len(through) > 0
+	}); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, a := range through {
+		names = append(names, fmt.Sprintf("%s (attempt %d)", a.id, a.n))
+	}
+	d.say("SIGKILL coordinator while %s runs %s; restarting it in %s", worker, strings.Join(names, ", "), outage)
+	d.coord.Process.Signal(syscall.SIGKILL)
+	d.coord.Wait()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(outage):
+	}
+	if err := d.startCoordinator(ctx); err != nil {
+		return nil, fmt.Errorf("restart coordinator: %w", err)
+	}
+	return through, nil
+}
+
+// verifyOutage checks that each attempt running when the coordinator died
+// was the one that committed its shard, with no other attempt of its
+// worker: the outage cost no shard its run.
+func (d *drill) verifyOutage(ctx context.Context, through []ranAt) {
+	var bad, ok []string
+	for _, at := range through {
+		r, err := d.shard(ctx, at.id)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", at.id, err))
+			continue
+		}
+		var said []string
+		committed := false
+		for _, a := range r.Attempts {
+			if a.Worker != at.worker {
+				continue // w1's, before the outage
+			}
+			if a.N == at.n && a.Outcome == stream.OutcomeOK {
+				committed = true
+				continue
+			}
+			said = append(said, fmt.Sprintf("attempt %d %s %s", a.N, a.Outcome, a.Reason))
+		}
+		if r.State != stream.ShardValidated || !committed || len(said) > 0 {
+			bad = append(bad, fmt.Sprintf("%s: %s, attempt %d committed %v; %s", at.id, r.State, at.n, committed, strings.Join(said, "; ")))
+			continue
+		}
+		waited := ""
+		if d.admissionSaid(at.id, "decision=resume") {
+			waited = " (its commit waited for the coordinator)"
+		}
+		ok = append(ok, fmt.Sprintf("%s attempt %d%s", at.id, at.n, waited))
+	}
+	d.checkIf("coordinator SIGKILL while shards run: they ran on and committed", len(through) > 0 && len(bad) == 0,
+		fmt.Sprintf("down %s with %d running; committed by the attempt running then: %s; %s", outage, len(through), strings.Join(ok, ", "), strings.Join(bad, "; ")))
 }
 
 // failedVerification reports whether the shard's record history shows it
@@ -532,7 +629,7 @@ func (d *drill) snapshot() map[string]string {
 }
 
 func (d *drill) verify(ctx context.Context, before map[string]string, killed []string, victim string, corruptGen int64,
-	truncated string, detected bool, blockedReason string, pendingOK bool, waitReason string, final stream.RunRecord) {
+	truncated string, detected bool, blockedReason string, pendingOK bool, waitReason string, final stream.RunRecord, through []ranAt) {
 	// Worker SIGKILL: the shards it was running were redelivered, the lost
 	// attempt recorded, and they completed.
 	var bad []string
@@ -563,6 +660,7 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 	// Coordinator SIGKILL: nothing lost.
 	d.checkIf("coordinator SIGKILL and restart: run completed, nothing lost", final.State == stream.RunComplete && final.Counts.Validated == len(d.man.Shards),
 		fmt.Sprintf("%s with %d of %d validated", final.State, final.Counts.Validated, len(d.man.Shards)))
+	d.verifyOutage(ctx, through)
 
 	// Truncated output detected and redone.
 	_, err := checkpoint.Verify(filepath.Join(d.out, truncated))
@@ -630,6 +728,18 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 	d.powerCut(ctx)
 	c := <-cluster
 	d.check(c.Name, c.Status, c.Detail)
+}
+
+// admissionSaid reports whether the drill workers' admission log has a
+// line for shard id that contains what.
+func (d *drill) admissionSaid(id, what string) bool {
+	b, _ := os.ReadFile(filepath.Join(d.dir, "workers", "runs", RunName, "admission.log"))
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, " shard="+id+" ") && strings.Contains(l, what) {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *drill) attemptLogs(id string) string {
