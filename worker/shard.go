@@ -1499,7 +1499,12 @@ func (w *Worker) settleDurably(ctx context.Context, a *attemptState, settle func
 		return
 	}
 	if err := settle(); err != nil {
-		w.log.Warn("settle", "shard", a.key, "err", err)
+		// A coordinator SIGKILLed may come back with its consumer's
+		// deliveries behind its stream (nats-server writes consumer state
+		// asynchronously): it ignores an ack for a delivery it no longer
+		// knows and delivers the message again, and that delivery finds the
+		// final record and settles it.
+		w.log.Warn("ack or term not confirmed: the next delivery of this message finds its final record and settles it", "shard", a.key, "err", err)
 	}
 }
 
