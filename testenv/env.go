@@ -80,6 +80,18 @@ type Worker struct {
 	W      *worker.Worker
 	cancel context.CancelFunc
 	done   chan error
+	ended  chan struct{} // closed when Run has returned
+}
+
+// Ended is closed once the worker's Run has returned (after a drain, for
+// instance); StopWorker still collects its error.
+func (w *Worker) Ended() <-chan struct{} { return w.ended }
+
+// Worker is the running worker named name, or nil.
+func (e *Env) Worker(name string) *Worker {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.workers[name]
 }
 
 // New starts a coordinator (and workers) for t.
@@ -200,8 +212,12 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 		e.t.Fatalf("worker config: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &Worker{Name: name, W: wk, cancel: cancel, done: make(chan error, 1)}
-	go func() { w.done <- wk.Run(ctx) }()
+	w := &Worker{Name: name, W: wk, cancel: cancel, done: make(chan error, 1), ended: make(chan struct{})}
+	go func() {
+		err := wk.Run(ctx)
+		close(w.ended)
+		w.done <- err
+	}()
 	e.mu.Lock()
 	e.workers[name] = w
 	e.mu.Unlock()

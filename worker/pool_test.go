@@ -1301,6 +1301,45 @@ func TestStoppedWhileItsCommitWaitsHandsTheShardBack(t *testing.T) {
 	}
 }
 
+// TestDrainedWhileItsCommitWaitsCommitsWhenTheStoreAnswers: a drain
+// (SIGUSR1, Slurm's warning before a job's end) lets running shards end as
+// they would, and a commit waiting for a store that does not answer is one
+// of them: the worker goes on waiting rather than handing the attempt
+// back, commits that same attempt once the store answers, and only then
+// ends.
+func TestDrainedWhileItsCommitWaitsCommitsWhenTheStoreAnswers(t *testing.T) {
+	env, ran, log := commitWaitingForTheStore(t)
+	w := env.Worker("w1")
+	w.W.Drain("SIGUSR1")
+	select {
+	case <-w.Ended():
+		t.Fatalf("the drained worker ended while its commit waited for the store")
+	case <-time.After(2 * time.Second):
+	}
+	if rec, _ := env.Shard("t", "s0000"); rec.State != stream.ShardRunning {
+		t.Fatalf("shard %s while the drained worker's commit waited (%s), want running", rec.State, rec.Reason)
+	}
+	if err := stream.Setup(context.Background(), env.JS, stream.Layout{LeaseTTL: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Ended():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the drained worker did not end within 30 s of the store answering")
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, _ := env.Shard("t", "s0000")
+	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeOK || rec.Interrupted != 0 {
+		t.Fatalf("record: interrupted %d, attempts %+v; want the one attempt committed", rec.Interrupted, rec.Attempts)
+	}
+	if b, _ := os.ReadFile(ran); strings.Count(string(b), "\n") != 1 {
+		t.Fatalf("the command ran %d times, want once", strings.Count(string(b), "\n"))
+	}
+	if b, _ := os.ReadFile(log); !strings.Contains(string(b), "decision=resume") {
+		t.Fatalf("no resume line in the admission log:\n%s", b)
+	}
+}
+
 // TestLeaseWaitsOutAnUnavailableStore: while the store takes no lease
 // write (here the leases bucket at a limit of 1 byte; a full disk looks
 // the same to a worker), a worker holds the deliveries it fetched instead of handing
