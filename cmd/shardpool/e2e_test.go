@@ -722,6 +722,14 @@ func TestShardsOutliveACoordinatorRestart(t *testing.T) {
 			t.Errorf("shard %s: %+v (%v), want one attempt, ok", id, rec.Attempts, err)
 		}
 	}
+	// The outage is told once ("lost the coordinator ..."), not warned
+	// by each loop that meets it: its report every 5 s, its look for the
+	// class's consumer, its ask for the coordinator's info.
+	for _, l := range strings.Split(w.Output(), "\n") {
+		if strings.Contains(l, "level=WARN") && regexpMatch(`msg="(worker report|consumer lookup|coordinator info unavailable)"`, l) {
+			t.Errorf("the worker warned of the outage itself: %s", l)
+		}
+	}
 }
 
 // TestWorkerSIGTERMDrainsAndExitsZero: SIGTERM, and SIGHUP (the terminal
