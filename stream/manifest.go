@@ -279,6 +279,9 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 				return nil, bad("params", "keys %q and %q both become the variable %s (letters are upper-cased, characters other than ASCII letters, digits and _ become _): rename one", other, k, name)
 			}
 			names[name] = k
+			if err := paramAsPlaceholder(spec, k, name); err != nil {
+				return nil, bad("params", "%v", err)
+			}
 		}
 	}
 	var total int64
@@ -312,6 +315,27 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 		return nil, bad("inputs", "%v", err)
 	}
 	return sh, nil
+}
+
+// paramAsPlaceholder refuses a param whose key the spec's command or
+// validator names in braces, {n} for param n: params are no placeholders,
+// so the braces reached every shard's command as they are (a shell loop
+// "while [ $i -lt {n} ]" failed its test, ran no step and exited 0, and
+// every shard validated with nothing done).
+func paramAsPlaceholder(spec *Spec, key, env string) error {
+	word := "{" + key + "}"
+	for _, argv := range []struct {
+		field string
+		args  []string
+	}{{"command", spec.Command}, {"validator", spec.Validator}} {
+		for i, a := range argv.args {
+			if strings.Contains(a, word) {
+				return fmt.Errorf("key %q appears as %s in argument %d of the %s in %s, but params are not placeholders: that text would reach the command as it is; "+
+					"a param reaches the command as the environment variable %s (in a shell: \"$%s\")", key, word, i, argv.field, spec.SpecPath, env, env)
+			}
+		}
+	}
+	return nil
 }
 
 func checkPlaceholders(argv []string, sh *Shard) error {

@@ -518,6 +518,43 @@ func TestParamsBecomeShellVariables(t *testing.T) {
 	}
 }
 
+// TestParamNamedAsAPlaceholderIsRefused: a command that names a param in
+// braces ({n} for param n) got the braces as they are, since params are
+// environment variables, not placeholders; a shell loop bounded by it ran
+// no step, exited 0, and every shard validated with nothing done. The
+// manifest is refused at the first shard with such a param, naming the
+// variable to use; braces that match no param pass, as before.
+func TestParamNamedAsAPlaceholderIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	specPath := filepath.Join(dir, "shardpool.toml")
+	for _, tc := range []struct{ command, validator, want string }{
+		{`["./job.sh", "{n}", "{out}"]`, "", `m.jsonl:2: field "params": invalid manifest: key "n" appears as {n} in argument 1 of the command in ` + specPath +
+			`, but params are not placeholders: that text would reach the command as it is; a param reaches the command as the environment variable SHARDPOOL_PARAM_N (in a shell: "$SHARDPOOL_PARAM_N")`},
+		{`["sh", "-c", "seq {batch-size} > {out}/x"]`, "", `key "batch-size" appears as {batch-size} in argument 2 of the command`},
+		{`["true"]`, `["check", "{n}"]`, `key "n" appears as {n} in argument 1 of the validator`},
+		{`["awk", "{print $1}", "{input}"]`, "", ""},
+	} {
+		spec := "name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = " + tc.command + "\n"
+		if tc.validator != "" {
+			spec += "validator = " + tc.validator + "\n"
+		}
+		os.WriteFile(specPath, []byte(spec), 0o644)
+		os.WriteFile(filepath.Join(dir, "in"), []byte("x"), 0o644)
+		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte("{\"id\":\"a\",\"inputs\":[\"in\"]}\n{\"id\":\"b\",\"inputs\":[\"in\"],\"params\":{\"n\":\"3\",\"batch-size\":\"2\"}}\n"), 0o644)
+		sp, err := LoadSpec(specPath)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.command, err)
+		}
+		_, err = LoadManifest(sp)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v, want no error", tc.command, err)
+		case tc.want != "" && (!errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: got %v, want an error containing %q", tc.command, err, tc.want)
+		}
+	}
+}
+
 // TestRepeatedKeysAreRefused: encoding/json keeps the last of a repeated
 // key without a word, so {"inputs":[a],"inputs":[b]} ran on b alone. A
 // line that gives a field twice, or a param twice, is refused with its
