@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -159,7 +158,7 @@ func hashFile(p string) (int64, string, error) {
 	}
 	defer f.Close()
 	h := xxhash.New()
-	n, err := io.Copy(h, f)
+	n, err := copyFrom(h, f)
 	if err != nil {
 		return 0, "", err
 	}
