@@ -72,6 +72,7 @@ bench: build
 	$(GO) run ./bench/pool -bin $(BIN)
 	$(GO) run ./bench/probe
 	$(GO) run ./bench/stage
+	$(GO) run ./bench/commit
 	$(GO) run ./bench/admit -bin $(BIN)
 
 clean:
