@@ -277,8 +277,9 @@ func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error
 // process the command left behind may have written more since src was
 // listed), and, of files and dirs (src's listing), those under entries
 // that could not be renamed (another file system mounted inside src),
-// to be copied. Renaming a whole directory instead of each file made an
-// output of 20,000 small files commit in a third of the time.
+// to be copied. Renaming a whole directory instead of each file, a stat
+// and a rename per file, cut the commit of 20,000 small files by 40%
+// (and with copyFrom's pooled buffer by 60%: bench/commit).
 func moveInto(src, tmp string, files []entry, dirs []string) ([]entry, []string, error) {
 	tops, err := os.ReadDir(src)
 	if err != nil {
@@ -288,7 +289,7 @@ func moveInto(src, tmp string, files []entry, dirs []string) ([]entry, []string,
 	for _, t := range tops {
 		name := t.Name()
 		if name == MarkerName || name == ManifestName {
-			continue // refused by collect; a straggler is refused below
+			continue // refused by collect when listed; one written since stays behind
 		}
 		err := os.Rename(filepath.Join(src, name), filepath.Join(tmp, name))
 		switch {
