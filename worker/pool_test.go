@@ -891,15 +891,22 @@ func TestDiskFullDuringCommitLeavesNothingPartial(t *testing.T) {
 	}
 }
 
+// TestOutputSymlinkIsRefused: an output that cannot be committed safely
+// (here a symlink out of {out}) fails the shard at once with the reason,
+// though retries are left: the command would write it again, and each
+// retry cost its whole run.
 func TestOutputSymlinkIsRefused(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2,
 		Command: []string{"ln", "-s", "/etc/passwd", "{out}/escape"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("t", 30*time.Second, stream.RunBlocked)
 	rec, _ := env.Shard("t", "s0000")
 	if len(rec.Attempts) != 1 || !strings.Contains(rec.Attempts[0].Reason, "symlink") {
-		t.Fatalf("attempt: got %+v, want a refusal naming the symlink", rec.Attempts)
+		t.Fatalf("attempt: got %+v, want one attempt, a refusal naming the symlink", rec.Attempts)
+	}
+	if rec.State != stream.ShardFailed || !strings.Contains(rec.Reason, "not retried") {
+		t.Fatalf("record: %s %q, want failed, saying it is not retried", rec.State, rec.Reason)
 	}
 	if _, err := os.Lstat(filepath.Join(filepath.Dir(spec), "out", "s0000")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("output dir exists after refusal (%v), want none", err)

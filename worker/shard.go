@@ -1116,6 +1116,15 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			w.release(l)
 			return
 		}
+		if errors.Is(err, checkpoint.ErrUnsafe) {
+			// A symlink, a FIFO, a reserved or non-UTF-8 name in {out}:
+			// the command writes it again at every retry, each of them
+			// its whole length (hours, for some jobs), to fail the same.
+			at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
+			w.failAtOnce(ctx, a, class, fmt.Errorf("%w (not retried: the command would write it again)", err))
+			w.release(l)
+			return
+		}
 		if errors.Is(err, errCommitLost) {
 			w.recordDiscarded(ctx, a, err)
 			w.admission(m.Run, m.ID, class, "discard", "output discarded: "+err.Error())
