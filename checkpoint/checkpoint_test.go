@@ -404,3 +404,59 @@ func TestMovedCommitCopiesWhatAMountInsideItHolds(t *testing.T) {
 		t.Errorf("kept/ is still in the source (%v): the rest should have moved", err)
 	}
 }
+
+// TestCommitStoppedByItsContextLeavesNothing: files are placed several at
+// a time; a commit whose context ends stops with that error and leaves
+// neither a temporary directory nor a destination.
+func TestCommitStoppedByItsContextLeavesNothing(t *testing.T) {
+	files := map[string]string{}
+	for i := range 50 {
+		files[filepath.Join("d", string(rune('a'+i%26))+strings.Repeat("x", i))] = strings.Repeat("y", i)
+	}
+	src := writeTree(t, files)
+	parent := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := CommitDir(ctx, filepath.Join(parent, "s1"), src, Options{}, "")
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("commit with its context ended: %v, want context.Canceled", err)
+	}
+	if left, _ := os.ReadDir(parent); len(left) != 0 {
+		t.Fatalf("the destination's parent holds %d entries after a stopped commit, want none", len(left))
+	}
+	// And with the context alive, the same files commit and verify, their
+	// list in order.
+	mk, err := CommitDir(context.Background(), filepath.Join(parent, "s1"), src, Options{}, "")
+	if err != nil || mk.Files != 50 {
+		t.Fatalf("commit: %v, %d files; want 50", err, mk.Files)
+	}
+	for i := 1; i < len(mk.Contents); i++ {
+		if mk.Contents[i-1].Path >= mk.Contents[i].Path {
+			t.Fatalf("the file list is out of order at %d: %s, %s", i, mk.Contents[i-1].Path, mk.Contents[i].Path)
+		}
+	}
+	if _, err := Verify(filepath.Join(parent, "s1")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEmptyOutputCommitsAndVerifies: a command that writes nothing into
+// {out} commits an empty output that verifies, with the file list
+// checksum outputs committed so far have ("2b37a3d2213e3fea", that of an
+// absent list): a list made empty rather than absent was written as []
+// and read back as absent, so the output never verified.
+func TestEmptyOutputCommitsAndVerifies(t *testing.T) {
+	for _, move := range []bool{false, true} {
+		dst := filepath.Join(t.TempDir(), "s1")
+		mk, err := CommitDir(context.Background(), dst, t.TempDir(), Options{Move: move}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mk.Files != 0 || mk.Manifest != "2b37a3d2213e3fea" {
+			t.Fatalf("move %v: %d files, list checksum %s; want 0 and 2b37a3d2213e3fea", move, mk.Files, mk.Manifest)
+		}
+		if _, err := Verify(dst); err != nil {
+			t.Fatalf("move %v: %v", move, err)
+		}
+	}
+}

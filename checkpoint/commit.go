@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -103,28 +104,15 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 		}
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].rel < files[j].rel })
-	var m manifest
-	var total int64
-	for _, e := range files {
-		if err := ctx.Err(); err != nil {
+	var m manifest // an empty output's list stays nil: its checksum is that of "null"
+	if len(files) > 0 {
+		m.Files = make([]File, len(files))
+		if err := placeAll(ctx, tmp, files, m.Files, opt); err != nil {
 			return Marker{}, err
 		}
-		dst := filepath.Join(tmp, filepath.FromSlash(e.rel))
-		var f File
-		var err error
-		if e.src == dst {
-			// Moved in with its directory (moveInto).
-			f, err = hashSync(dst, e.rel, e.mode, opt.Sync == nil)
-		} else {
-			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-				return Marker{}, err
-			}
-			f, err = place(e, dst, opt.Move, opt.Sync == nil)
-		}
-		if err != nil {
-			return Marker{}, fmt.Errorf("commit %s: %w", e.rel, err)
-		}
-		m.Files = append(m.Files, f)
+	}
+	var total int64
+	for _, f := range m.Files {
 		total += f.Size
 	}
 	write := writeFileSync
@@ -160,6 +148,55 @@ func fill(ctx context.Context, tmp string, files []entry, dirs []string, gen int
 		return mk, nil
 	}
 	return mk, syncDir(tmp)
+}
+
+// placeReaders is how many files of one commit are placed (moved or
+// copied, hashed, fsynced) at once: an output of many small files is
+// bound by the latency of each open and read, most of all on network
+// storage, more than by CPU.
+const placeReaders = 4
+
+// placeAll places each of files into tmp, its File at the same index of
+// out, placeReaders at a time; it stops at the first error.
+func placeAll(ctx context.Context, tmp string, files []entry, out []File, opt Options) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(placeReaders, len(files)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				e := files[i]
+				dst := filepath.Join(tmp, filepath.FromSlash(e.rel))
+				var f File
+				var err error
+				if e.src == dst {
+					// Moved in with its directory (moveInto).
+					f, err = hashSync(dst, e.rel, e.mode, opt.Sync == nil)
+				} else if err = os.MkdirAll(filepath.Dir(dst), 0o755); err == nil {
+					f, err = place(e, dst, opt.Move, opt.Sync == nil)
+				}
+				if err != nil {
+					cancel(fmt.Errorf("commit %s: %w", e.rel, err))
+					continue
+				}
+				out[i] = f
+			}
+		}()
+	}
+feed:
+	for i := range files {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return context.Cause(ctx)
 }
 
 // place moves (when allowed and possible) or copies one file, hashing it and
