@@ -30,11 +30,17 @@ var (
 // memory) at its limit.
 const jsInsufficientResources = 10023
 
+// IsStoreFull reports whether err is JetStream refusing a write for want
+// of space.
+func IsStoreFull(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == jsInsufficientResources
+}
+
 // Explain wraps err with ErrStoreFull when it is JetStream refusing a write
 // for want of space, and returns it unchanged otherwise.
 func Explain(err error) error {
-	var api *jetstream.APIError
-	if errors.As(err, &api) && api.ErrorCode == jsInsufficientResources {
+	if IsStoreFull(err) {
 		return fmt.Errorf("%w (%v)", ErrStoreFull, err)
 	}
 	return err

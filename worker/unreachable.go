@@ -54,17 +54,13 @@ func unreachable(err error) bool {
 	if errors.As(err, &api) {
 		// "temporarily unavailable", "jetstream not enabled" (yet): 503;
 		// a full store answers 503 too, and is full, not away.
-		return api.Code == 503 && api.ErrorCode != insufficientResources
+		return api.Code == 503 && !stream.IsStoreFull(err)
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrDisconnected) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, jetstream.ErrServerShutdown)
 }
-
-// insufficientResources is JetStream's error code for a store out of
-// space (JSInsufficientResourcesErr).
-const insufficientResources jetstream.ErrorCode = 10023
 
 // retake takes this attempt's lease back after the store answered that
 // l.rev is not its last revision. The lease expired while the store could
