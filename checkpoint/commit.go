@@ -238,8 +238,7 @@ func hashSync(path, rel string, mode fs.FileMode, sync bool) (File, error) {
 		return File{}, err
 	}
 	defer f.Close()
-	h := xxhash.New()
-	n, err := copyFrom(h, f)
+	n, sum, err := hashOpen(f)
 	if err != nil {
 		return File{}, err
 	}
@@ -248,7 +247,7 @@ func hashSync(path, rel string, mode fs.FileMode, sync bool) (File, error) {
 			return File{}, err
 		}
 	}
-	return File{Path: rel, Size: n, XXH64: fmt.Sprintf("%016x", h.Sum64()), Mode: uint32(mode)}, nil
+	return File{Path: rel, Size: n, XXH64: sum, Mode: uint32(mode)}, nil
 }
 
 // CommitDir commits the regular files under src as the directory dst:

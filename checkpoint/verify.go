@@ -157,6 +157,12 @@ func hashFile(p string) (int64, string, error) {
 		return 0, "", err
 	}
 	defer f.Close()
+	return hashOpen(f)
+}
+
+// hashOpen reads f to its end and returns the bytes read and their xxh64,
+// as a file list writes it.
+func hashOpen(f *os.File) (int64, string, error) {
 	h := xxhash.New()
 	n, err := copyFrom(h, f)
 	if err != nil {
