@@ -456,12 +456,14 @@ memory = "1GiB"
 
 func (d *drill) startCoordinator(ctx context.Context) error {
 	if d.addr == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// Below the ephemeral range (LoopbackPorts): the coordinator is
+		// restarted on this address twice, the second time after a 7 s
+		// outage, and an outgoing connection must not take it meanwhile.
+		ports, err := coordinator.LoopbackPorts(1)
 		if err != nil {
 			return err
 		}
-		d.addr = l.Addr().String()
-		l.Close()
+		d.addr = ports[0]
 		d.url = "nats://" + d.addr
 	}
 	cmd := exec.Command(d.cfg.Binary, "coordinator", "--data", filepath.Join(d.dir, "coord"), "--listen", d.addr,
