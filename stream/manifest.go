@@ -292,7 +292,7 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 		p := resolve(spec.Dir, in)
 		st, err := os.Stat(p)
 		if err != nil {
-			return nil, bad("inputs", "input %d: %v", i, err)
+			return nil, bad("inputs", "input %d: %v%s", i, err, unexpandedHint(in))
 		}
 		if st.IsDir() {
 			return nil, bad("inputs", "input %d: %s is a directory, want a file", i, p)

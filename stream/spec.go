@@ -318,9 +318,17 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 	if f.Manifest == "" {
 		return nil, bad("", "manifest", "missing: the path of the JSONL manifest")
 	}
+	if why := unexpanded(f.Manifest); why != "" {
+		return nil, bad("", "manifest", "%s", why)
+	}
 	s.Manifest = resolve(dir, f.Manifest)
 	if f.Output == "" {
 		return nil, bad("", "output", "missing: the durable output directory")
+	}
+	if why := unexpanded(f.Output); why != "" {
+		// Taken as written, it would make a directory named "~" or
+		// "$HOME" beside the spec, and the outputs would land there.
+		return nil, bad("", "output", "%s", why)
 	}
 	s.Output = filepath.Clean(resolve(dir, f.Output))
 	if s.Output == "/" {
@@ -431,7 +439,7 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 	for i, m := range f.Profile.Malformed {
 		p := resolve(dir, m)
 		if _, err := os.Stat(p); err != nil {
-			return nil, bad("profile", "malformed", "input %d: %v", i, err)
+			return nil, bad("profile", "malformed", "input %d: %v%s", i, err, unexpandedHint(m))
 		}
 		s.Profile.Malformed = append(s.Profile.Malformed, p)
 	}
@@ -446,6 +454,59 @@ func (s *Spec) ClassNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// unexpanded says why a path that a shell would have expanded is refused:
+// a spec or manifest is no shell, so a leading ~ or a $VARIABLE would be
+// taken as written, relative to the spec's directory. It suggests the
+// path the shell would have made, where this process can tell it. A
+// directory that is really named so is written "./~" or "./$x".
+func unexpanded(p string) string {
+	switch {
+	case p == "~" || strings.HasPrefix(p, "~/"):
+		want := "the full path"
+		if home, err := os.UserHomeDir(); err == nil && home != "" {
+			want = fmt.Sprintf("the full path (%q here)", filepath.Join(home, strings.TrimPrefix(p, "~")))
+		}
+		return fmt.Sprintf("%q: a leading ~ is not expanded (paths are taken as written, relative to the spec's directory); write %s, or \"./%s\" where a directory is really named ~", p, want, p)
+	case strings.HasPrefix(p, "~"):
+		return fmt.Sprintf("%q: a leading ~ is not expanded (paths are taken as written, relative to the spec's directory); write the full path, or \"./%s\" where a directory is really named so", p, p)
+	case shellVarRE.MatchString(p):
+		want := "the full path"
+		if x := os.Expand(p, os.Getenv); !strings.Contains(x, "$") && !strings.Contains(p, "$$") && allSet(p) {
+			want = fmt.Sprintf("the full path (%q here)", x)
+		}
+		return fmt.Sprintf("%q: environment variables are not expanded (paths are taken as written, relative to the spec's directory); write %s", p, want)
+	}
+	return ""
+}
+
+// unexpandedHint is unexpanded's reason as a note to an error about a
+// path that was not found, where a file may really have such a name.
+func unexpandedHint(p string) string {
+	if strings.HasPrefix(p, "~") {
+		return " (a leading ~ is not expanded: paths are taken as written, relative to the spec's directory; write the full path)"
+	}
+	if shellVarRE.MatchString(p) {
+		return " (environment variables are not expanded: paths are taken as written, relative to the spec's directory; write the full path)"
+	}
+	return ""
+}
+
+// shellVarRE finds what a shell would expand as a variable: $NAME or
+// ${...}.
+var shellVarRE = regexp.MustCompile(`\$(\{|[A-Za-z_])`)
+
+// allSet reports whether every variable p names is set here.
+func allSet(p string) bool {
+	ok := true
+	os.Expand(p, func(k string) string {
+		if _, set := os.LookupEnv(k); !set {
+			ok = false
+		}
+		return ""
+	})
+	return ok
 }
 
 func resolve(dir, p string) string {

@@ -625,3 +625,85 @@ func FuzzCountKeys(f *testing.F) {
 		}
 	})
 }
+
+// TestUnexpandedInputPathsAreExplained: a manifest is no shell, so an
+// input written "~/data/x" or "$DATA/x" is looked up as it is, relative
+// to the spec's directory. The error says so instead of naming a path
+// the user never meant.
+func TestUnexpandedInputPathsAreExplained(t *testing.T) {
+	dir := t.TempDir()
+	specPath := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"cat\", \"{inputs}\"]\n"), 0o644)
+	spec, err := LoadSpec(specPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ input, want string }{
+		{"~/x.txt", "a leading ~ is not expanded"},
+		{"~alice/x.txt", "a leading ~ is not expanded"},
+		{"$HOME/x.txt", "environment variables are not expanded"},
+		{"${DATA}/x.txt", "environment variables are not expanded"},
+		{"missing.txt", ""},
+	} {
+		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(`{"id":"s","inputs":["`+tc.input+`"]}`+"\n"), 0o644)
+		_, err := LoadManifest(spec)
+		if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), `m.jsonl:1: field "inputs"`) || !strings.Contains(err.Error(), "no such file") {
+			t.Fatalf("%s: got %v, want the missing input named with its line and field", tc.input, err)
+		}
+		if tc.want == "" {
+			if strings.Contains(err.Error(), "not expanded") {
+				t.Errorf("%s: got %v, want no expansion hint", tc.input, err)
+			}
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want it to say %q", tc.input, err, tc.want)
+		}
+	}
+}
+
+// TestUnexpandedSpecPathsAreRefused: `output = "~/results"` was taken as
+// written and made a directory named "~" beside the spec, where every
+// output then landed (found by hand). A spec path that a shell would
+// have expanded is refused with the path it would have made; one that
+// names such a directory on purpose ("./~") is taken.
+func TestUnexpandedSpecPathsAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	home, _ := os.UserHomeDir()
+	t.Setenv("SP_TEST_DATA", "/data/proj")
+	os.Unsetenv("SP_TEST_UNSET")
+	specPath := filepath.Join(dir, "shardpool.toml")
+	for _, tc := range []struct{ field, value, want string }{
+		{"output", "~/results", `field "output": invalid run spec: "~/results": a leading ~ is not expanded`},
+		{"output", "~/results", fmt.Sprintf("(%q here)", filepath.Join(home, "results"))},
+		{"output", "~alice/results", `a leading ~ is not expanded`},
+		{"output", "$SP_TEST_DATA/out", `environment variables are not expanded (paths are taken as written, relative to the spec's directory); write the full path ("/data/proj/out" here)`},
+		{"output", "${SP_TEST_DATA}/out", `("/data/proj/out" here)`},
+		{"output", "$SP_TEST_UNSET/out", `environment variables are not expanded (paths are taken as written, relative to the spec's directory); write the full path`},
+		{"manifest", "~/m.jsonl", `field "manifest": invalid run spec: "~/m.jsonl": a leading ~ is not expanded`},
+		{"output", "./~", ""},
+		{"output", "out~1", ""},
+		{"output", "price$", ""},
+	} {
+		spec := map[string]string{"manifest": "m.jsonl", "output": "o"}
+		spec[tc.field] = tc.value
+		src := fmt.Sprintf("name = \"x\"\nmanifest = %q\noutput = %q\ncommand = [\"true\"]\n", spec["manifest"], spec["output"])
+		os.WriteFile(specPath, []byte(src), 0o644)
+		s, err := LoadSpec(specPath)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s = %q: %v, want it taken", tc.field, tc.value, err)
+			} else if s.Output != filepath.Join(dir, tc.value) {
+				t.Errorf("%s = %q: output %s, want it beside the spec", tc.field, tc.value, s.Output)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s = %q: got %v, want an error containing %q", tc.field, tc.value, err, tc.want)
+			continue
+		}
+		if strings.Contains(tc.value, "UNSET") && strings.Contains(err.Error(), "here)") {
+			t.Errorf("%s = %q: got %v, want no expansion suggested for an unset variable", tc.field, tc.value, err)
+		}
+	}
+}
