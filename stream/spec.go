@@ -602,6 +602,11 @@ func (s *Spec) At(table, key string) string {
 
 // lineOf finds the 1-based line that sets key inside table ("" for the top
 // level), or 0. It is a reader for error messages, not a TOML parser.
+// LineOf is the line of a TOML file that sets key in table (table ""
+// for the top level; key "" for the table's header), or 0 where it
+// cannot tell: the line an error about that field names.
+func LineOf(src []byte, table, key string) int { return lineOf(src, table, key) }
+
 func lineOf(src []byte, table, key string) int {
 	cur := ""
 	keyRE := regexp.MustCompile(`^\s*"?` + regexp.QuoteMeta(key) + `"?\s*=`)

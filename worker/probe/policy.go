@@ -92,7 +92,15 @@ func LoadPolicy(path string) (Policy, error) {
 		return p, fmt.Errorf("%s: %w: %v", path, ErrPolicy, err)
 	}
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%s: field %q: %w: %s", path, field, ErrPolicy, fmt.Sprintf(format, args...))
+		loc := path
+		table, key := "", field
+		if i := strings.LastIndex(field, "."); i >= 0 {
+			table, key = field[:i], field[i+1:]
+		}
+		if n := stream.LineOf(src, table, key); n > 0 {
+			loc = fmt.Sprintf("%s:%d", path, n)
+		}
+		return fmt.Errorf("%s: field %q: %w: %s", loc, field, ErrPolicy, fmt.Sprintf(format, args...))
 	}
 	src2 := "policy " + path
 	p.Loaded = true
@@ -138,7 +146,16 @@ func LoadPolicy(path string) (Policy, error) {
 		}
 		*sz.dst = n
 	}
-	p.ShareGPUs, p.Scratch, p.Fleet = f.GPU.Share, f.Scratch, f.Fleet
+	p.ShareGPUs, p.Fleet = f.GPU.Share, f.Fleet
+	for i, d := range f.Scratch {
+		// Taken on every host that reads the policy, so it must mean the
+		// same directory everywhere: absolute, and as written (no shell
+		// expands it).
+		if !filepath.IsAbs(d) {
+			return p, bad("scratch", "entry %d (%q): want an absolute path such as \"/local/scratch\" (no ~ or $VARIABLE: nothing expands them)", i, d)
+		}
+		p.Scratch = append(p.Scratch, filepath.Clean(d))
+	}
 	for class, n := range f.Fleet {
 		if !stream.ValidClass(class) || n < 0 {
 			return p, bad("fleet."+class, "want a class name and a count of 0 or more")

@@ -415,3 +415,24 @@ func TestSlurmKillWait(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyErrorsNameTheirLine: a policy value that parses but is wrong
+// (a size without a unit, a relative scratch directory) names the file's
+// line as well as the field, as a TOML syntax error does.
+func TestPolicyErrorsNameTheirLine(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "policy.toml")
+	for _, tc := range []struct{ src, want string }{
+		{"[caps]\ncpus = 2\n\n[reserve]\nmemory = \"lots\"\n", pol + `:5: field "reserve.memory"`},
+		{"# mine\nscratch = [\"/local\", \"scratch\"]\n", pol + `:2: field "scratch": invalid policy file: entry 1 ("scratch"): want an absolute path`},
+		{"scratch = [\"~/scratch\"]\n", `entry 0 ("~/scratch"): want an absolute path`},
+	} {
+		os.WriteFile(pol, []byte(tc.src), 0o644)
+		if _, err := LoadPolicy(pol); !errors.Is(err, ErrPolicy) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want an error containing %q", tc.src, err, tc.want)
+		}
+	}
+	os.WriteFile(pol, []byte("scratch = [\"/local/scratch/\", \"/tmp\"]\n"), 0o644)
+	if p, err := LoadPolicy(pol); err != nil || len(p.Scratch) != 2 || p.Scratch[0] != "/local/scratch" {
+		t.Errorf("scratch list: got %v, %v; want [/local/scratch /tmp]", p.Scratch, err)
+	}
+}
