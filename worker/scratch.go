@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // scratchPool hands out the {out} and {scratch} directory pairs of
@@ -221,6 +223,59 @@ func emptyDir(dir string) error {
 // read and changed the first user's work.
 func DefaultScratch(name string) string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-%s-%d", name, os.Getuid()))
+}
+
+// ScratchBase is the directory in which the default scratch directories
+// are made: the first directory of the policy's scratch list that exists
+// on this host, or $TMPDIR where the policy lists none. One policy file
+// (in a home directory every host mounts) can thus list the local disks
+// of several kinds of host, "/tmp" last for hosts that have none. A list
+// of which no directory exists here is an error, not a silent fall back
+// to $TMPDIR: where a user listed scratch, /tmp is often the small disk
+// (or memory) they meant to keep shards off.
+func ScratchBase(pol probe.Policy) (string, error) {
+	if len(pol.Scratch) == 0 {
+		return os.TempDir(), nil
+	}
+	var why []string
+	for _, d := range pol.Scratch {
+		st, err := os.Stat(d)
+		switch {
+		case err == nil && st.IsDir():
+			return d, nil
+		case err == nil:
+			why = append(why, d+" is not a directory")
+		case errors.Is(err, os.ErrNotExist):
+			why = append(why, d+" does not exist")
+		default:
+			why = append(why, err.Error())
+		}
+	}
+	return "", fmt.Errorf("none of the scratch directories of policy %s is usable on this host (%s): make one, list one this host has, or pass --scratch DIR",
+		pol.Path, strings.Join(why, "; "))
+}
+
+// DefaultScratchFor is the scratch directory of a worker named name when
+// none is given: shardpool-<name>-<uid> in ScratchBase(pol).
+func DefaultScratchFor(pol probe.Policy, name string) (string, error) {
+	base, err := ScratchBase(pol)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(base, fmt.Sprintf("shardpool-%s-%d", name, os.Getuid())), nil
+}
+
+// PolicyScratch is DefaultScratchFor with the policy read from path ("":
+// the user's, probe.DefaultPolicyPath).
+func PolicyScratch(path, name string) (string, error) {
+	if path == "" {
+		path = probe.DefaultPolicyPath(os.Getenv)
+	}
+	pol, err := probe.LoadPolicy(path)
+	if err != nil {
+		return "", err
+	}
+	return DefaultScratchFor(pol, name)
 }
 
 // CheckScratch makes dir where it is missing (0700) and proves it usable

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // TestCheckScratchRefusesWhatIsNotTheUsersOwn: the default scratch lives
@@ -56,5 +57,32 @@ func TestCheckScratchRefusesWhatIsNotTheUsersOwn(t *testing.T) {
 	}
 	if err := worker.CheckScratch(theirs, false); err != nil {
 		t.Fatalf("another user's writable directory given by the user: %v, want it used", err)
+	}
+}
+
+// TestScratchBaseTakesThePolicysFirstDirectoryHere: one policy file can
+// serve hosts of several kinds, so its scratch list is read in order and
+// the first directory this host has is taken; a list none of whose
+// directories this host has is an error that names each, not $TMPDIR.
+func TestScratchBaseTakesThePolicysFirstDirectoryHere(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o644)
+	missing := filepath.Join(dir, "missing")
+	if got, err := worker.ScratchBase(probe.Policy{}); err != nil || got != os.TempDir() {
+		t.Errorf("no list: got %q, %v; want $TMPDIR", got, err)
+	}
+	if got, err := worker.ScratchBase(probe.Policy{Scratch: []string{missing, file, dir, "/tmp"}}); err != nil || got != dir {
+		t.Errorf("got %q, %v; want %s, the first directory that exists", got, err, dir)
+	}
+	got, err := worker.DefaultScratchFor(probe.Policy{Scratch: []string{dir}}, "h1")
+	if want := filepath.Join(dir, fmt.Sprintf("shardpool-h1-%d", os.Getuid())); err != nil || got != want {
+		t.Errorf("DefaultScratchFor: got %q, %v; want %s", got, err, want)
+	}
+	_, err = worker.ScratchBase(probe.Policy{Path: "/p.toml", Scratch: []string{missing, file}})
+	for _, want := range []string{"/p.toml", missing + " does not exist", file + " is not a directory", "--scratch DIR"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("none here: got %v, want it to say %q", err, want)
+		}
 	}
 }

@@ -44,7 +44,9 @@ type Config struct {
 	// and checks live headroom before each fetch.
 	Auto bool
 	// Scratch is local scratch space for {out} and {scratch}. Default:
-	// DefaultScratch(Name), $TMPDIR/shardpool-<name>-<uid>.
+	// shardpool-<name>-<uid> in the first directory of the policy's
+	// scratch list that this host has, or in $TMPDIR where it lists none
+	// (DefaultScratchFor, with the Probe's policy file).
 	Scratch string
 	// StateDir is where the worker writes evidence (attempt logs,
 	// admission.log) under runs/<run>/. Default: $XDG_STATE_HOME/shardpool.
@@ -330,10 +332,6 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("%w: Slots: class %s has %d slots", ErrConfig, c, n)
 		}
 	}
-	defaultScratch := cfg.Scratch == ""
-	if defaultScratch {
-		cfg.Scratch = DefaultScratch(cfg.Name)
-	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir()
 	}
@@ -402,6 +400,14 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("%w: Probe: %v", ErrConfig, err)
 		}
 		cfg.Probe = p
+	}
+	defaultScratch := cfg.Scratch == ""
+	if defaultScratch {
+		dir, err := PolicyScratch(cfg.Probe.PolicyPath(), cfg.Name)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Scratch: %v", ErrConfig, err)
+		}
+		cfg.Scratch = dir
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
 		running: map[string]int{}, logs: map[string]*openLog{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil

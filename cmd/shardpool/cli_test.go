@@ -1184,6 +1184,52 @@ func TestRunRefusesAScratchItCannotUse(t *testing.T) {
 	}
 }
 
+// TestPolicyScratchIsWhereShardsRun: the policy file's scratch list was
+// read and then used nowhere, so shards ran in $TMPDIR whatever it said.
+// The first listed directory this host has holds the default scratch;
+// a list of which this host has none refuses the run before anything is
+// queued, rather than falling back to the /tmp the user meant to avoid.
+func TestPolicyScratchIsWhereShardsRun(t *testing.T) {
+	cfg := t.TempDir()
+	local := t.TempDir()
+	policy := filepath.Join(cfg, "shardpool", "policy.toml")
+	os.MkdirAll(filepath.Dir(policy), 0o755)
+	t.Setenv("XDG_CONFIG_HOME", cfg)
+	missing := filepath.Join(local, "absent")
+
+	os.WriteFile(policy, []byte(fmt.Sprintf("scratch = [%q, %q, \"/tmp\"]\n", missing, local)), 0o644)
+	spec := testenv.WriteJob(t, testenv.Job{Name: "pol", Shards: 2, Command: []string{"sh", "-c", `echo "$1" > "$1/where"`, "sh", "{out}"}})
+	data := t.TempDir()
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, p.Output())
+	}
+	out := filepath.Join(filepath.Dir(spec), "out")
+	for _, id := range []string{"s0000", "s0001"} {
+		b, err := os.ReadFile(filepath.Join(out, id, "where"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := filepath.Join(local, fmt.Sprintf("shardpool-%s-%d", worker.DefaultName(), os.Getuid()), "pol") + "/"
+		if got := strings.TrimSpace(string(b)); !strings.HasPrefix(got, want) {
+			t.Errorf("%s ran in %s, want under %s (the policy's first scratch directory this host has)", id, got, want)
+		}
+	}
+
+	os.WriteFile(policy, []byte(fmt.Sprintf("scratch = [%q]\n", missing)), 0o644)
+	spec = testenv.WriteJob(t, testenv.Job{Name: "pol2", Shards: 1, Command: []string{"true"}})
+	p = testenv.Start(t, "run", "--data", data, "--slots", "1", spec)
+	if code := p.Wait(t, 30*time.Second); code != 1 {
+		t.Fatalf("exit %d, want 1\n%s", code, p.Output())
+	}
+	if o := p.Output(); !strings.Contains(o, policy) || !strings.Contains(o, missing+" does not exist") || !strings.Contains(o, "--scratch DIR") {
+		t.Fatalf("output lacks the policy, the missing directory and the way out:\n%s", o)
+	}
+	if _, err := os.Stat(filepath.Join(data, "runs", "pol2")); !os.IsNotExist(err) {
+		t.Fatalf("a run was started (its evidence folder: %v)", err)
+	}
+}
+
 // TestForgetCommand: `shardpool forget` removes a COMPLETE run from the
 // coordinator's store and says what it removed and what it kept; the run
 // is then unknown (exit 1), a missing name is a usage error (exit 2), and

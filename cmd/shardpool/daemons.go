@@ -224,7 +224,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	slots := &slotsFlag{auto: true}
 	fs.Var(slots, "slots", "`SLOTS`: auto (from this host's budget and each class's peak), N (for each class), both serving every class of the active runs as they appear, or CLASS=N,... (those classes only)")
-	scratch := fs.String("scratch", "", "local scratch `DIR` (default $TMPDIR/shardpool-<name>-<uid>)")
+	scratch := fs.String("scratch", "", "local scratch `DIR` (default shardpool-<name>-<uid> in the policy's first scratch directory this host has, or in $TMPDIR)")
 	name := fs.String("name", worker.DefaultName(), "worker `NAME` (unique per worker)")
 	data := fs.String("data", worker.DefaultStateDir(), "`DIR` where this worker writes evidence (runs/<run>/)")
 	grace := fs.Duration("grace", 10*time.Second, "time a child has after SIGTERM before SIGKILL")
@@ -432,5 +432,9 @@ func checkScratch(scratch, name string) error {
 	if !stream.ValidWorkerName(name) {
 		return exitErr{code: exitUsage, msg: fmt.Sprintf("--name %q must match [A-Za-z0-9_-]{1,64}", name)}
 	}
-	return worker.CheckScratch(worker.DefaultScratch(name), true)
+	dir, err := worker.PolicyScratch("", name)
+	if err != nil {
+		return err
+	}
+	return worker.CheckScratch(dir, true)
 }

@@ -39,12 +39,24 @@ func cmdPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.Var(paths, "path", "a storage path to probe, `NAME=PATH` (repeatable)")
 	specPath := fs.String("spec", "", "probe this run's output, inputs and scratch (the run's `SPEC` file), and write the snapshot to its evidence folder")
 	data := fs.String("data", worker.DefaultStateDir(), "state `DIR` (evidence goes to DIR/runs/<run>/preflight/)")
-	scratch := fs.String("scratch", os.TempDir(), "the local scratch `DIR` to probe")
+	scratch := fs.String("scratch", "", "the local scratch `DIR` to probe (default: where workers make theirs, the policy's first scratch directory this host has, or $TMPDIR)")
 	pol := fs.String("policy", "", "policy `FILE` (default $XDG_CONFIG_HOME/shardpool/policy.toml)")
 	if err := parseNone(fs, args); err != nil {
 		return err
 	}
-	paths["scratch"] = *scratch
+	if *scratch == "" {
+		// The policy's own errors are the snapshot's to report.
+		if p, err := probe.LoadPolicy(policyPath(*pol)); err == nil {
+			base, err := worker.ScratchBase(p)
+			if err != nil {
+				fmt.Fprintf(stderr, "warning: %v\n", err)
+			}
+			*scratch = base
+		}
+	}
+	if *scratch != "" {
+		paths["scratch"] = *scratch
+	}
 	// Where stores and evidence go: a home directory on NFS is common.
 	paths["state"] = *data
 	var spec *stream.Spec
@@ -237,4 +249,12 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// policyPath is the policy file a --policy flag names, or the user's.
+func policyPath(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	return probe.DefaultPolicyPath(os.Getenv)
 }

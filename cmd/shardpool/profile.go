@@ -13,6 +13,7 @@ import (
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -25,7 +26,15 @@ func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	dir := filepath.Join(*data, "runs", spec.Name)
-	scratch, err := os.MkdirTemp("", "shardpool-profile-")
+	pol, err := probe.LoadPolicy(policyPath(""))
+	if err != nil {
+		return err
+	}
+	base, err := worker.ScratchBase(pol)
+	if err != nil {
+		return err
+	}
+	scratch, err := os.MkdirTemp(base, "shardpool-profile-")
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	retryFailed := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	halt := fs.Int64("halt", 5, "stop fetching once the first `N` shards this run ends have all failed after their retries, none validated (0: run every shard whatever fails)")
 	syncMode := registerSync(fs)
-	scratch := fs.String("scratch", "", "local scratch `DIR` (default $TMPDIR/shardpool-<name>-<uid>)")
+	scratch := fs.String("scratch", "", "local scratch `DIR` (default shardpool-<name>-<uid> in the policy's first scratch directory this host has, or in $TMPDIR)")
 	quiet := fs.Bool("quiet", false, "no progress display")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags

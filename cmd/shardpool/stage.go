@@ -63,7 +63,7 @@ type StageReport struct {
 
 func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("stage", "shardpool stage [--scratch DIR] [--stage-bwlimit SIZE] [--stage-concurrency N] [--json] SPEC", stderr)
-	scratch := fs.String("scratch", filepath.Join(worker.DefaultScratch(worker.DefaultName()), "stage"), "local scratch `DIR` to stage into (the worker's default)")
+	scratch := fs.String("scratch", "", "local scratch `DIR` to stage into (default: the stage directory of the worker's default scratch)")
 	data := fs.String("data", worker.DefaultStateDir(), "state `DIR`: input checksum cache and evidence")
 	asJSON := fs.Bool("json", false, "print staging.json")
 	var sf stagingFlags
@@ -71,6 +71,13 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	spec, man, err := parseSpec(fs, args)
 	if err != nil {
 		return err
+	}
+	if *scratch == "" {
+		dir, err := worker.PolicyScratch("", worker.DefaultName())
+		if err != nil {
+			return err
+		}
+		*scratch = filepath.Join(dir, "stage")
 	}
 	cfg := sf.config(*scratch)
 	if cfg.CacheBytes == 0 {

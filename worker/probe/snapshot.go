@@ -104,6 +104,9 @@ type Snapshot struct {
 	Errors   []string   `json:"errors,omitempty"`
 }
 
+// PolicyPath is the policy file this prober reads.
+func (p *Prober) PolicyPath() string { return p.cfg.PolicyPath }
+
 // Snapshot reads everything once. paths names the storage to probe
 // (inputs, scratch, output, checkpoints).
 func (p *Prober) Snapshot(ctx context.Context, paths map[string]string) (*Snapshot, error) {
