@@ -234,7 +234,9 @@ func printSnapshot(w io.Writer, s *probe.Snapshot) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", b.name, eff, b.line.Binding, b.line.Reserve)
 	}
 	tw.Flush()
-	if s.Policy.Loaded {
+	if s.Policy.Loaded && s.Policy.Tier != "" {
+		fmt.Fprintf(w, "policy: %s, tier %s (this host's name matches its hosts)\n", s.Policy.Path, s.Policy.Tier)
+	} else if s.Policy.Loaded {
 		fmt.Fprintf(w, "policy: %s\n", s.Policy.Path)
 	} else {
 		fmt.Fprintf(w, "policy: none (%s absent)\n", s.Policy.Path)

@@ -436,3 +436,78 @@ func TestPolicyErrorsNameTheirLine(t *testing.T) {
 		t.Errorf("scratch list: got %v, %v; want [/local/scratch /tmp]", p.Scratch, err)
 	}
 }
+
+// TestPolicyTiersApplyByHostName: one policy file in a home directory
+// that every host mounts serves hosts of several kinds. A [tier.NAME]
+// whose hosts match this host's name (or its short name) replaces the
+// top level's settings that it sets, and only those; every tier is
+// checked on every host; a host that two tiers claim is an error.
+func TestPolicyTiersApplyByHostName(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "policy.toml")
+	os.WriteFile(pol, []byte(`scratch = ["/tmp"]
+
+[caps]
+cpus = 8
+memory = "16GiB"
+
+[reserve]
+cpus = 1
+
+[tier.box]
+hosts = ["box", "box.lab.example.org"]
+scratch = ["/data/scratch"]
+[tier.box.caps]
+cpus = 16
+[tier.box.gpu]
+share = true
+
+[tier.login]
+hosts = ["login[0-9]*"]
+[tier.login.caps]
+cpus = 1
+memory = "2GiB"
+[tier.login.reserve]
+cpus = 0
+`), 0o644)
+	for _, tc := range []struct {
+		host, tier   string
+		cpus, memory int64
+		reserveCPU   int64
+		scratch      string
+		share        bool
+	}{
+		{"other", "", 8000, 16 << 30, 1000, "/tmp", false},
+		{"box", "box", 16000, 16 << 30, 1000, "/data/scratch", true},
+		{"box.lab.example.org", "box", 16000, 16 << 30, 1000, "/data/scratch", true},
+		{"login3.cluster.example.org", "login", 1000, 2 << 30, 0, "/tmp", false},
+		{"login", "", 8000, 16 << 30, 1000, "/tmp", false},
+	} {
+		p, err := LoadPolicyFor(pol, tc.host)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.host, err)
+		}
+		if p.Tier != tc.tier || p.CPUs.N != tc.cpus || p.Memory.N != tc.memory || p.ReserveCPU != tc.reserveCPU ||
+			len(p.Scratch) != 1 || p.Scratch[0] != tc.scratch || p.ShareGPUs != tc.share {
+			t.Errorf("%s: got tier %q, cpus %d, memory %d, reserve cpus %d, scratch %v, share %v; want %q, %d, %d, %d, [%s], %v",
+				tc.host, p.Tier, p.CPUs.N, p.Memory.N, p.ReserveCPU, p.Scratch, p.ShareGPUs, tc.tier, tc.cpus, tc.memory, tc.reserveCPU, tc.scratch, tc.share)
+		}
+		if tc.tier != "" && !strings.Contains(p.CPUs.Source, "tier "+tc.tier) {
+			t.Errorf("%s: the cpu cap's source %q does not name the tier", tc.host, p.CPUs.Source)
+		}
+	}
+
+	for _, tc := range []struct{ src, want string }{
+		{"[tier.a]\nhosts = [\"x*\"]\n[tier.b]\nhosts = [\"*y\"]\n", `host xy matches the hosts of tiers a and b`},
+		{"[caps]\ncpus = 2\n[tier.a]\nhosts = []\n", pol + `:3: field "tier.a": invalid policy file: no hosts`},
+		{"[tier.a]\nhosts = [\"gpu[\"]\n", `field "tier.a.hosts": invalid policy file: entry 0 ("gpu[") is not a host name or shell pattern`},
+		// A tier for other hosts is checked all the same.
+		{"[tier.a]\nhosts = [\"elsewhere\"]\n\n[tier.a.caps]\nmemory = \"lots\"\n", pol + `:5: field "tier.a.caps.memory"`},
+		{"[tier.a]\nhosts = [\"x\"]\n[tier.a.fleet]\ngpu = 1\n", "belong to the top level"},
+		{"[tier.a]\nhosts = [\"x\"]\nscratch = [\"tmp\"]\n", `field "tier.a.scratch": invalid policy file: entry 0 ("tmp"): want an absolute path`},
+	} {
+		os.WriteFile(pol, []byte(tc.src), 0o644)
+		if _, err := LoadPolicyFor(pol, "xy"); !errors.Is(err, ErrPolicy) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want an error containing %q", tc.src, err, tc.want)
+		}
+	}
+}
