@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -525,6 +526,18 @@ var (
 )
 
 func checkArgv(argv []string) error {
+	// A shell line in one string: its program would be looked up as
+	// "python3 train.py" and fail at every attempt, on every host. A
+	// program name with a space and no directory is no program anyone
+	// has; one with a directory may be a real path ("/opt/My App/tool").
+	if prog := argv[0]; strings.ContainsAny(prog, " \t\n") && !strings.Contains(prog, "/") {
+		var split []string
+		for _, a := range append(strings.Fields(prog), argv[1:]...) {
+			split = append(split, strconv.Quote(a))
+		}
+		return fmt.Errorf("program %q has spaces: the command is an argv array, not a shell line, so it would be looked up as one name; write [%s] (pipes, redirects and globs belong in a script the command runs)",
+			prog, strings.Join(split, ", "))
+	}
 	for i, a := range argv {
 		if strings.Contains(a, "{inputs}") && a != "{inputs}" {
 			return fmt.Errorf("argument %d (%q): {inputs} expands to one argument per input, so it must stand alone", i, a)

@@ -707,3 +707,28 @@ func TestUnexpandedSpecPathsAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestShellLineAsProgramIsRefused: command = ["gzip -c", "{input}"] was
+// accepted and every attempt failed to start ("executable file not
+// found"), on every host, after its retries. A program name with spaces
+// and no directory is a shell line in one string: refused at load with
+// the argv it meant. A path with a directory may hold a space.
+func TestShellLineAsProgramIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"gzip -c", "{input}"}, `program "gzip -c" has spaces: the command is an argv array, not a shell line, so it would be looked up as one name; write ["gzip", "-c", "{input}"]`},
+		{[]string{"python3 train.py --lr 0.1"}, `write ["python3", "train.py", "--lr", "0.1"]`},
+		{[]string{"/opt/My App/bin/tool", "{id}"}, ""},
+		{[]string{"sh", "-c", "gzip -c x | wc"}, ""},
+	} {
+		err := checkArgv(tc.argv)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v, want it taken", tc.argv, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: got %v, want an error containing %q", tc.argv, err, tc.want)
+		}
+	}
+}
