@@ -131,8 +131,25 @@ func StartEnv(t testing.TB, env []string, args ...string) *Proc {
 	return StartCmdEnv(t, env, Binary(t), args...)
 }
 
+// StartOnHost is StartEnv with the binary in a UTS namespace of its own
+// whose host name is host (root only): a host of its own for what tells
+// hosts apart by name, such as the policy file's host tiers. A shell in
+// the namespace sets the name and execs the binary, its path and
+// arguments passed as positional parameters, never interpolated.
+func StartOnHost(t testing.TB, host string, env []string, args ...string) *Proc {
+	t.Helper()
+	RequireRoot(t)
+	argv := append([]string{"-c", `printf %s "$0" > /proc/sys/kernel/hostname && exec "$@"`, host, Binary(t)}, args...)
+	return startCmd(t, env, &syscall.SysProcAttr{Setpgid: true, Cloneflags: syscall.CLONE_NEWUTS}, "/bin/sh", argv...)
+}
+
 // StartCmdEnv is StartCmd with env added to the environment.
 func StartCmdEnv(t testing.TB, env []string, name string, args ...string) *Proc {
+	t.Helper()
+	return startCmd(t, env, &syscall.SysProcAttr{Setpgid: true}, name, args...)
+}
+
+func startCmd(t testing.TB, env []string, attr *syscall.SysProcAttr, name string, args ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	// The processes of one test share a host ledger, as on a real host;
@@ -140,7 +157,7 @@ func StartCmdEnv(t testing.TB, env []string, name string, args ...string) *Proc 
 	cmd.Env = append(append(os.Environ(), "SHARDPOOL_HOST_LEDGER="+LedgerDir(t)), env...)
 	p := &Proc{Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = attr
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start shardpool %v: %v", args, err)
 	}
