@@ -151,6 +151,8 @@ func LoadPolicyFor(path, host string) (Policy, error) {
 			return p, bad("fleet."+class, "want a class name and a count of 0 or more")
 		}
 	}
+	// Host names are not case-sensitive (RFC 4343): "Box" is box.
+	host = strings.ToLower(host)
 	short, _, _ := strings.Cut(host, ".")
 	var matched []string
 	for _, name := range slices.Sorted(maps.Keys(f.Tier)) {
@@ -165,7 +167,7 @@ func LoadPolicyFor(path, host string) (Policy, error) {
 				return p, bad(prefix+"hosts", "entry %d (%q) is not a host name or shell pattern", i, pat)
 			}
 			for _, h := range []string{host, short} {
-				if ok, _ := filepath.Match(pat, h); ok && h != "" {
+				if ok, _ := filepath.Match(strings.ToLower(pat), h); ok && h != "" {
 					match = true
 				}
 			}

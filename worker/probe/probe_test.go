@@ -454,7 +454,7 @@ memory = "16GiB"
 cpus = 1
 
 [tier.box]
-hosts = ["box", "box.lab.example.org"]
+hosts = ["Box", "box.lab.example.org"]
 scratch = ["/data/scratch"]
 [tier.box.caps]
 cpus = 16
@@ -479,6 +479,7 @@ cpus = 0
 		{"other", "", 8000, 16 << 30, 1000, "/tmp", false},
 		{"box", "box", 16000, 16 << 30, 1000, "/data/scratch", true},
 		{"box.lab.example.org", "box", 16000, 16 << 30, 1000, "/data/scratch", true},
+		{"BOX.Lab.Example.Org", "box", 16000, 16 << 30, 1000, "/data/scratch", true},
 		{"login3.cluster.example.org", "login", 1000, 2 << 30, 0, "/tmp", false},
 		{"login", "", 8000, 16 << 30, 1000, "/tmp", false},
 	} {
