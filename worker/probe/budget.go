@@ -1,6 +1,9 @@
 package probe
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Limit is one bound on a resource, with where it applies.
 type Limit struct {
@@ -64,6 +67,16 @@ func times1000(v Value) Value {
 	return v
 }
 
+// policyLimit is a cap of the policy file, named "policy tier NAME"
+// where this host's tier set it: status shows a fleet's workers each
+// with what binds it, and which tier did is what differs among them.
+func policyLimit(pol Policy, v Value) Limit {
+	if pol.Tier != "" && strings.HasSuffix(v.Source, " tier "+pol.Tier) {
+		return Limit{"policy tier " + pol.Tier, v}
+	}
+	return Limit{"policy", v}
+}
+
 func (p *Prober) budget(s *Snapshot) Budget {
 	var b Budget
 	cpu := []Limit{{"host online CPUs", times1000(s.Host.OnlineCPUs)}, {"affinity", times1000(s.Host.Affinity)},
@@ -78,14 +91,14 @@ func (p *Prober) budget(s *Snapshot) Budget {
 		gpus = append(gpus, Limit{job, s.Slurm.GPUs})
 	}
 	pol := s.Policy
-	cpu = append(cpu, Limit{"policy", pol.CPUs})
+	cpu = append(cpu, policyLimit(pol, pol.CPUs))
 	b.Hard.CPU = line(pol.ReserveCPU, cpu...)
 	if o := s.Host.OthersCPU; o != nil && !allocated(s) {
 		cpu = append(cpu, othersLimit(s.Host.OnlineCPUs, *o))
 	}
-	mem = append(mem, Limit{"policy", pol.Memory})
-	gpus = append(gpus, Limit{"policy", pol.GPUs})
-	vram = append(vram, Limit{"policy", pol.VRAM})
+	mem = append(mem, policyLimit(pol, pol.Memory))
+	gpus = append(gpus, policyLimit(pol, pol.GPUs))
+	vram = append(vram, policyLimit(pol, pol.VRAM))
 	b.CPU = line(pol.ReserveCPU, cpu...)
 	b.Memory = line(pol.ReserveMemory, mem...)
 	b.GPUs = line(0, gpus...)
@@ -104,7 +117,7 @@ func (p *Prober) budget(s *Snapshot) Budget {
 		healthy, largest = Known(n, "nvml: healthy devices, busy or not"), Known(big, "nvml: largest healthy device")
 	}
 	b.Hard.GPUs = line(0, append([]Limit{{"healthy GPUs", healthy}}, gpus[1:]...)...)
-	b.Hard.VRAM = line(pol.ReserveVRAM, Limit{"largest GPU", largest}, Limit{"policy", pol.VRAM})
+	b.Hard.VRAM = line(pol.ReserveVRAM, Limit{"largest GPU", largest}, policyLimit(pol, pol.VRAM))
 	return b
 }
 

@@ -495,6 +495,15 @@ cpus = 0
 		if tc.tier != "" && !strings.Contains(p.CPUs.Source, "tier "+tc.tier) {
 			t.Errorf("%s: the cpu cap's source %q does not name the tier", tc.host, p.CPUs.Source)
 		}
+		// What binds is named with the tier that set it, and a cap the
+		// tier left to the top level is the policy's alone.
+		cpu, mem := policyLimit(p, p.CPUs), policyLimit(p, p.Memory)
+		if want := map[bool]string{true: "policy tier " + tc.tier, false: "policy"}[tc.tier != ""]; cpu.Scope != want {
+			t.Errorf("%s: cpu cap named %q, want %q", tc.host, cpu.Scope, want)
+		}
+		if tc.tier == "box" && mem.Scope != "policy" {
+			t.Errorf("%s: memory cap (top level's) named %q, want policy", tc.host, mem.Scope)
+		}
 	}
 
 	for _, tc := range []struct{ src, want string }{
