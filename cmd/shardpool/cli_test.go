@@ -1204,6 +1204,10 @@ func TestPolicyScratchIsWhereShardsRun(t *testing.T) {
 	if code := p.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("exit %d, want 0\n%s", code, p.Output())
 	}
+	want := fmt.Sprintf("scratch: %s (from the scratch list of %s)", filepath.Join(local, fmt.Sprintf("shardpool-%s-%d", worker.DefaultName(), os.Getuid())), policy)
+	if !strings.Contains(p.Output(), want) {
+		t.Errorf("run does not say where its scratch is (%q):\n%s", want, p.Output())
+	}
 	out := filepath.Join(filepath.Dir(spec), "out")
 	for _, id := range []string{"s0000", "s0001"} {
 		b, err := os.ReadFile(filepath.Join(out, id, "where"))

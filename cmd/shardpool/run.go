@@ -26,6 +26,7 @@ import (
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -176,6 +177,14 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	follow := fmt.Sprintf("shardpool status --data %s %s", shellQuote(absData), spec.Name)
 	fmt.Fprintf(stdout, "follow it from another terminal: %s\n", follow)
+	if *scratch == "" {
+		// Where the policy chose it, say where: not $TMPDIR, as without one.
+		if pol, err := probe.LoadPolicy(policyPath("")); err == nil && len(pol.Scratch) > 0 {
+			if dir, err := worker.DefaultScratchFor(pol, worker.DefaultName()); err == nil {
+				fmt.Fprintf(stdout, "scratch: %s (from the scratch list of %s)\n", dir, pol.Path)
+			}
+		}
+	}
 
 	*grace = graceUnderSlurm(ctx, *grace, stderr)
 	wk, err := worker.New(worker.Config{JetStream: coord.JetStream(), AdoptOrphans: true, Slots: slots.forClasses(spec.ClassNames()), Auto: slots.auto,
