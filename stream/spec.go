@@ -461,7 +461,8 @@ func (s *Spec) ClassNames() []string {
 // a spec or manifest is no shell, so a leading ~ or a $VARIABLE would be
 // taken as written, relative to the spec's directory. It suggests the
 // path the shell would have made, where this process can tell it. A
-// directory that is really named so is written "./~" or "./$x".
+// directory that is really named ~ is written "./~"; a $NAME in a path
+// is refused wherever it stands.
 func unexpanded(p string) string {
 	switch {
 	case p == "~" || strings.HasPrefix(p, "~/"):
