@@ -126,6 +126,14 @@ func New(cfg Config) (*Stager, error) {
 	return s, nil
 }
 
+// Reserved is the scratch space the shards staging or staged now hold
+// (inputs not yet copied, declared scratch).
+func (s *Stager) Reserved() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reserved
+}
+
 func statfsFree(dir string) (int64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {

@@ -2166,3 +2166,61 @@ func TestCommandKilledBySignalFails(t *testing.T) {
 		}
 	}
 }
+
+// TestDeclaredScratchIsReservedWithoutStaging: a class's declared scratch
+// was reserved only by staging, so a class that stages nothing declared
+// it for nothing, and its shards ran whatever the disk held. Now a shard
+// whose declared scratch the file system cannot hold fails unrun with the
+// numbers; shards that fit one at a time run one at a time, the next
+// waiting in its slot with its lease kept (one attempt each, longer than
+// the lease's TTL, no second delivery).
+func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	testenv.SmallTmpfs(t, filepath.Join(env.Data, "scratch", "w1"), "8m")
+	env.StartWorker("w1", map[string]int{"cpu": 2})
+
+	ran := filepath.Join(t.TempDir(), "ran")
+	spec := testenv.WriteJob(t, testenv.Job{Name: "big", Shards: 1, Retries: 0, Extra: "[class.cpu]\nscratch = \"64MiB\"\n",
+		Command: []string{"sh", "-c", `echo ran >> "$0"`, ran}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("big", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+	if _, err := os.Stat(ran); err == nil {
+		t.Fatal("the command ran on a scratch that cannot hold its declared 64MiB")
+	}
+	rec, err := env.Shard("big", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := rec.Attempts[len(rec.Attempts)-1]; rec.State != stream.ShardFailed || at.Outcome != stream.OutcomeStart ||
+		!strings.Contains(at.Reason, "not enough scratch space: the shard's class declares 64.0MiB of scratch") || !strings.Contains(at.Reason, "the command was not run") {
+		t.Fatalf("shard %s, attempt %s %q; want failed, a start error naming the declared scratch", rec.State, at.Outcome, at.Reason)
+	}
+
+	// 5MiB each on 8MiB: one at a time, though two slots are free. The
+	// first holds the room past the lease TTL (3s).
+	lock := filepath.Join(t.TempDir(), "lock")
+	spec = testenv.WriteJob(t, testenv.Job{Name: "two", Shards: 2, Retries: 0, Extra: "[class.cpu]\nscratch = \"5MiB\"\n",
+		Command: []string{"sh", "-c", `mkdir "$0" || exit 7; sleep 4; rmdir "$0"`, lock}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r := env.WaitState("two", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+	log, _ := os.ReadFile(filepath.Join(env.Data, "runs", "two", "admission.log"))
+	if r.State != stream.RunComplete {
+		t.Fatalf("run %s: %s (the two overlapped: their declared scratch was not held)\n%s", r.State, r.Reason, log)
+	}
+	if !strings.Contains(string(log), "decision=wait not enough scratch space") || !strings.Contains(string(log), "held by other running shards; waiting for them to end") {
+		t.Errorf("admission.log does not say the second shard waited for scratch space:\n%s", log)
+	}
+	for _, id := range []string{"s0000", "s0001"} {
+		rec, err := env.Shard("two", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Attempts) != 1 || rec.Interrupted != 0 {
+			t.Errorf("%s: %d attempt(s), %d handed back; want one attempt (the lease kept while it waited)\n%s", id, len(rec.Attempts), rec.Interrupted, log)
+		}
+	}
+	if strings.Contains(string(log), "in flight in this worker") {
+		t.Errorf("a shard was delivered again while it waited for scratch space:\n%s", log)
+	}
+}

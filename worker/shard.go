@@ -644,6 +644,49 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	var res result
 	v := stream.Vars{ID: m.ID, Inputs: m.Inputs, Out: base + ".out", Scratch: base + ".tmp",
 		Ckpt: CkptDir(spec.Output, m.Run, m.Fingerprint, m.ID), Attempt: a.attempt}
+	// Staging and a wait for scratch space can outlast the lease's TTL:
+	// beat for the attempt meanwhile, as the command's heartbeat does
+	// once it runs. Without it a copy longer than the TTL let the
+	// message come back (to another worker, whose lease then expired
+	// under this one's copy).
+	var preLost chan struct{}
+	stopPre := func() {}
+	if spec.StageFor(class) || cls.Scratch > 0 {
+		preLost = make(chan struct{})
+		stopPre = w.heartbeat(ctx, a.msg, l, preLost)
+	}
+	if !spec.StageFor(class) && cls.Scratch > 0 {
+		// Staging reserves the class's declared scratch with the inputs;
+		// a shard that stages nothing reserves it here, waiting in its
+		// slot (its lease renewed) while running shards hold the room,
+		// as it would wait for a slow copy.
+		for logged := false; ; {
+			release, held, err := w.reserveScratch(cls.Scratch)
+			if err == nil {
+				defer release()
+				break
+			}
+			if !held {
+				res = result{outcome: stream.OutcomeStart, reason: err.Error() + "; the command was not run"}
+				break
+			}
+			if !logged {
+				w.admission(m.Run, m.ID, class, "wait", err.Error()+"; waiting for them to end")
+				logged = true
+			}
+			select {
+			case <-stop:
+				res = result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while waiting for scratch space"}
+			case <-ctx.Done():
+				res = result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while waiting for scratch space"}
+			case <-preLost:
+				res = result{outcome: stream.OutcomeLeaseLost, reason: "lease could not be renewed while waiting for scratch space; not run"}
+			case <-time.After(scratchWait):
+				continue
+			}
+			break
+		}
+	}
 	if res.outcome == "" && spec.StageFor(class) {
 		// A shutdown stops the copy at once (it resumes from its verified
 		// chunks next time) instead of waiting for a large input.
@@ -652,11 +695,16 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 			select {
 			case <-stop:
 				cancel()
+			case <-preLost:
+				cancel()
 			case <-sctx.Done():
 			}
 		}()
 		staged, sres := w.stage(sctx, a, cls, base+".in")
-		if sres.outcome != "" && sctx.Err() != nil && ctx.Err() == nil {
+		switch {
+		case isClosed(preLost):
+			sres = result{outcome: stream.OutcomeLeaseLost, reason: "lease could not be renewed while staging the inputs; not run"}
+		case sres.outcome != "" && sctx.Err() != nil && ctx.Err() == nil:
 			sres = result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while staging the inputs"}
 		}
 		cancel()
@@ -667,6 +715,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		}
 		res = sres
 	}
+	stopPre()
 	if res.outcome == "" {
 		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
 	}
@@ -1525,4 +1574,46 @@ func isClosed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// scratchWait is how often a shard waiting for scratch space that running
+// shards hold looks again.
+const scratchWait = 250 * time.Millisecond
+
+// reserveScratch holds need bytes of the scratch file system for a shard
+// whose class declares scratch and that stages nothing, until release.
+// Without it such a class's scratch was declared for nothing: shards ran
+// whatever the disk held and failed midway, or filled it for everyone.
+// held reports that the space is free but held by running shards'
+// declarations (staged or not), so that waiting will do; otherwise the
+// file system cannot hold need now, and the attempt fails with the
+// numbers, unrun, as a staged one does (a start error: a host whose
+// scratch is full stops taking shards where others run them).
+func (w *Worker) reserveScratch(need int64) (release func(), held bool, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(w.cfg.Scratch, &st); err != nil {
+		return nil, false, fmt.Errorf("free space of the scratch directory %s: %w", w.cfg.Scratch, err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	w.mu.Lock()
+	stager := w.stager
+	w.mu.Unlock()
+	var staged int64
+	if stager != nil {
+		staged = stager.Reserved()
+	}
+	w.scratchMu.Lock()
+	defer w.scratchMu.Unlock()
+	others := w.scratchHeld + staged
+	if need > free-others {
+		err := fmt.Errorf("not enough scratch space: the shard's class declares %s of scratch, %s is free at %s and %s of it is held by other running shards",
+			stream.FormatSize(need), stream.FormatSize(free), w.cfg.Scratch, stream.FormatSize(others))
+		return nil, need <= free, err
+	}
+	w.scratchHeld += need
+	return func() {
+		w.scratchMu.Lock()
+		w.scratchHeld -= need
+		w.scratchMu.Unlock()
+	}, false, nil
 }

@@ -273,6 +273,7 @@ type Worker struct {
 	scratchErr     error     // why the scratch directory failed an attempt; nil while it works
 	scratchAt      time.Time // when scratchErr was last confirmed
 	scratchDir     string    // the directory that failed
+	scratchHeld    int64     // declared scratch of running shards that stage nothing (reserveScratch)
 
 	peers    []stream.WorkerReport // other live workers, for locality and holdLone
 	peersAt  time.Time             // when peers was read; under mu

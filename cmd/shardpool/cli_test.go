@@ -354,6 +354,28 @@ func TestInterruptWhileStagingStopsTheCopy(t *testing.T) {
 	}
 }
 
+// TestStagingLongerThanTheLeaseKeepsIt: staging ran before the attempt's
+// heartbeat, so a copy longer than the lease's TTL let the message come
+// back meanwhile (here to the same worker, which found its own lease
+// held; to another worker, the lease would have expired under the copy).
+// The attempt now beats while it stages: one delivery, one attempt.
+func TestStagingLongerThanTheLeaseKeepsIt(t *testing.T) {
+	data := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 1, InputSize: 5 << 20, Extra: "stage = true\n",
+		Command: []string{"cp", "{input}", "{out}/"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "1", "--lease-ttl", "2s", "--stage-bwlimit", "1MiB", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, p.Output())
+	}
+	b, _ := os.ReadFile(filepath.Join(data, "runs", "slow", "admission.log"))
+	if n := strings.Count(string(b), "decision=admit"); n != 1 || strings.Contains(string(b), "decision=defer") {
+		t.Fatalf("admission log: %d admit(s), want one delivery admitted and none deferred on its own lease\n%s", n, b)
+	}
+	if staged := regexp.MustCompile(`validated attempt 1 in`).Find(b); staged == nil {
+		t.Fatalf("admission log: want attempt 1 validated\n%s", b)
+	}
+}
+
 // TestFullStoreStopsTheRunAndItResumes: the file system of --data fills up
 // while a run goes on (here another file takes the rest of a small tmpfs):
 // `run` stops within seconds, says the store is full and where, and after
