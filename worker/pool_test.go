@@ -2198,10 +2198,12 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	}
 
 	// 5MiB each on 8MiB: one at a time, though two slots are free. The
-	// first holds the room past the lease TTL (3s).
+	// first writes 4MiB of it (the second must wait, not fail, though
+	// less than 5MiB is free then) and holds the room past the lease TTL
+	// (3s).
 	lock := filepath.Join(t.TempDir(), "lock")
 	spec = testenv.WriteJob(t, testenv.Job{Name: "two", Shards: 2, Retries: 0, Extra: "[class.cpu]\nscratch = \"5MiB\"\n",
-		Command: []string{"sh", "-c", `mkdir "$0" || exit 7; sleep 4; rmdir "$0"`, lock}})
+		Command: []string{"sh", "-c", `mkdir "$0" || exit 7; head -c 4194304 /dev/zero > "$SHARDPOOL_SCRATCH/fill"; sleep 4; rmdir "$0"`, lock}})
 	env.Submit(spec, coordinator.SubmitOptions{})
 	r := env.WaitState("two", 60*time.Second, stream.RunComplete, stream.RunBlocked)
 	log, _ := os.ReadFile(filepath.Join(env.Data, "runs", "two", "admission.log"))

@@ -1584,9 +1584,9 @@ const scratchWait = 250 * time.Millisecond
 // whose class declares scratch and that stages nothing, until release.
 // Without it such a class's scratch was declared for nothing: shards ran
 // whatever the disk held and failed midway, or filled it for everyone.
-// held reports that the space is free but held by running shards'
-// declarations (staged or not), so that waiting will do; otherwise the
-// file system cannot hold need now, and the attempt fails with the
+// held reports that running shards' declarations (staged or not) hold
+// the room, so that waiting for them will do; otherwise the file system
+// cannot hold need even once they end, and the attempt fails with the
 // numbers, unrun, as a staged one does (a start error: a host whose
 // scratch is full stops taking shards where others run them).
 func (w *Worker) reserveScratch(need int64) (release func(), held bool, err error) {
@@ -1608,7 +1608,9 @@ func (w *Worker) reserveScratch(need int64) (release func(), held bool, err erro
 	if need > free-others {
 		err := fmt.Errorf("not enough scratch space: the shard's class declares %s of scratch, %s is free at %s and %s of it is held by other running shards",
 			stream.FormatSize(need), stream.FormatSize(free), w.cfg.Scratch, stream.FormatSize(others))
-		return nil, need <= free, err
+		// What they hold comes back when they end: free already lacks
+		// what they wrote, so it is counted once, not subtracted twice.
+		return nil, need <= free+others, err
 	}
 	w.scratchHeld += need
 	return func() {
