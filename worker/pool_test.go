@@ -2208,7 +2208,7 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	r := env.WaitState("two", 60*time.Second, stream.RunComplete, stream.RunBlocked)
 	log, _ := os.ReadFile(filepath.Join(env.Data, "runs", "two", "admission.log"))
 	if r.State != stream.RunComplete {
-		t.Fatalf("run %s: %s (the two overlapped: their declared scratch was not held)\n%s", r.State, r.Reason, log)
+		t.Fatalf("run %s: %s (want both run, one at a time: exit 7 means they overlapped)\n%s", r.State, r.Reason, log)
 	}
 	if !strings.Contains(string(log), "decision=wait not enough scratch space") || !strings.Contains(string(log), "held by other running shards; waiting for them to end") {
 		t.Errorf("admission.log does not say the second shard waited for scratch space:\n%s", log)
