@@ -690,6 +690,27 @@ func TestImpossibleShardBlocksBeforeQueuing(t *testing.T) {
 	}
 }
 
+// TestScratchNoDiskHoldsBlocksBeforeQueuing: a class declaring more
+// scratch than the whole file system of the scratch directory would fail
+// every attempt unrun; `run` says so before anything is queued, as for
+// a memory no host here has.
+func TestScratchNoDiskHoldsBlocksBeforeQueuing(t *testing.T) {
+	data, scratch := t.TempDir(), t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"true"}, Extra: "[class.cpu]\nscratch = \"4096TiB\"\n"})
+	p := testenv.Start(t, "run", "--data", data, "--scratch", scratch, spec)
+	if code := p.Wait(t, 30*time.Second); code != 3 {
+		t.Fatalf("exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	for _, want := range []string{"BLOCKED before queuing", "shard s0000 (class cpu) declares 4.0PiB of scratch, more than the whole file system of the scratch directory " + scratch, "no worker here can ever run it"} {
+		if !strings.Contains(p.Output(), want) {
+			t.Errorf("output lacks %q:\n%s", want, p.Output())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(data, "stores")); err == nil {
+		t.Errorf("a JetStream store was created: something was queued")
+	}
+}
+
 // TestSubmitBlocksWhatNoLiveWorkerCanRun: submit judges classes against the
 // hard limits live workers report, not the submitting host.
 func TestSubmitBlocksWhatNoLiveWorkerCanRun(t *testing.T) {

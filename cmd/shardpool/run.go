@@ -88,6 +88,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		printPlan(stdout, pl)
 		return blockedErr(stdout, stderr, "run "+spec.Name+" is BLOCKED before queuing", pl.Blocked)
 	}
+	if why := scratchNeverFits(spec, man, *scratch); why != "" {
+		fmt.Fprintln(stdout, why)
+		return blockedErr(stdout, stderr, "run "+spec.Name+" is BLOCKED before queuing", why)
+	}
 	log := logger(stderr, *verbose, slog.LevelWarn)
 	// One store per run (DIR/stores/<run>): runs of other names can share
 	// the state directory at the same time; the same run twice cannot.
@@ -429,6 +433,34 @@ func warnUnwritableOutput(spec *stream.Spec, stderr io.Writer) {
 	if err := unix.Access(spec.Output, unix.W_OK); err != nil {
 		fmt.Fprintf(stderr, "warning: the output directory %s cannot be written on this host (%v): shards that are not committed yet will fail without running\n", spec.Output, err)
 	}
+}
+
+// scratchNeverFits names a shard whose class declares more scratch than
+// the whole file system of this host's scratch directory holds (scratch
+// given, or the worker's default): the worker would fail each of its
+// attempts unrun, so the run is BLOCKED before anything is queued, as for
+// a memory no host here has. "" when every class fits, or the size cannot
+// be read (the worker's own check remains).
+func scratchNeverFits(spec *stream.Spec, man *stream.Manifest, scratch string) string {
+	if scratch == "" {
+		dir, err := worker.PolicyScratch("", worker.DefaultName())
+		if err != nil {
+			return ""
+		}
+		scratch = dir
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(scratch, &st); err != nil {
+		return ""
+	}
+	total := int64(st.Blocks) * int64(st.Bsize)
+	for _, sh := range man.Shards {
+		if need := spec.Classes[sh.Class].Scratch; need > total {
+			return fmt.Sprintf("shard %s (class %s) declares %s of scratch, more than the whole file system of the scratch directory %s holds (%s): no worker here can ever run it; lower the class's scratch, or pass --scratch DIR on a larger disk",
+				sh.ID, sh.Class, stream.FormatSize(need), scratch, stream.FormatSize(total))
+		}
+	}
+	return ""
 }
 
 // checkCommands refuses a run whose command or validator cannot be found
