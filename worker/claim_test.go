@@ -227,3 +227,43 @@ func TestOwnerGoneNeedsAKnownBoot(t *testing.T) {
 		}
 	}
 }
+
+// TestAClaimThatLandedUnansweredIsTheAttemptsOwn: a claim whose Create
+// reached the store but whose answer was lost (the coordinator killed
+// meanwhile) is found by the attempt's next try. It is the attempt's own,
+// so the try succeeds without writing: once the claim was older than a
+// lease TTL the attempt wrote it again, two live commits of one output
+// in the history (the drill's check failed on it in CI), and while it
+// was younger the attempt waited on itself as on another live claimant.
+func TestAClaimThatLandedUnansweredIsTheAttemptsOwn(t *testing.T) {
+	ctx := context.Background()
+	w := workerOnServer(t, Config{})
+	w.ttl, w.boot, w.host, w.pid = 300*time.Millisecond, "boot", "host", 1
+	dst := t.TempDir() + "/out"
+	a := &attemptState{m: stream.ShardMsg{Run: "r", ID: "s1", Fingerprint: "fp"}, key: "r.s1", attempt: 2}
+	owner := stream.Owner{Worker: "w", Host: "host", BootID: "boot", PID: 1, Attempt: 2}
+	if err := w.claimCommit(ctx, a, owner, "mine", dst); err != nil {
+		t.Fatal(err)
+	}
+	// The same try again at once, and once the claim is older than a TTL.
+	if err := w.claimCommit(ctx, a, owner, "mine", dst); err != nil {
+		t.Errorf("its own claim, just written: %v, want it taken as won", err)
+	}
+	time.Sleep(w.ttl + 100*time.Millisecond)
+	if err := w.claimCommit(ctx, a, owner, "mine", dst); err != nil {
+		t.Errorf("its own claim, a TTL old: %v, want it taken as won", err)
+	}
+	hist, err := w.b.Checkpoints.History(ctx, a.key)
+	if err != nil || len(hist) != 1 {
+		t.Fatalf("commit history: %d entries (%v), want the one claim", len(hist), err)
+	}
+	// Another attempt of the same worker is not this one.
+	other := owner
+	other.Attempt = 3
+	if err := w.claimCommit(ctx, a, other, "theirs", dst); err != nil {
+		t.Errorf("another attempt, the first's claim a TTL old and its owner live: %v, want it taken over", err)
+	}
+	if hist, _ := w.b.Checkpoints.History(ctx, a.key); len(hist) != 2 {
+		t.Errorf("commit history: %d entries, want 2 (the other attempt's claim written over the first)", len(hist))
+	}
+}

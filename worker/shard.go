@@ -1420,6 +1420,15 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 		}
 		var cur stream.CommitRecord
 		if stream.Decode(e.Value(), &cur) == nil && cur.Fingerprint == a.m.Fingerprint && cur.State == stream.CommitCommitted {
+			if cur.Owner == owner && cur.Checksum == checksum {
+				// This attempt's own claim: an earlier try reached the
+				// store and its answer did not (a coordinator killed
+				// meanwhile, or nats.go sending what it buffered once it
+				// reconnected). Claiming again wrote a second commit of
+				// the same output (the drill's "one live commit per
+				// shard" failed on it).
+				return nil
+			}
 			// The output there is that commit's. It is another attempt's
 			// of this shard, which won, unless it was made from inputs
 			// that have changed since: then this attempt, made from them
