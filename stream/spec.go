@@ -281,7 +281,7 @@ func LoadSpec(path string) (*Spec, error) {
 func parseSpec(abs string, src []byte) (*Spec, error) {
 	bad := func(table, key, format string, args ...any) error {
 		loc := abs
-		if n := lineOf(src, table, key); n > 0 {
+		if n := LineOf(src, table, key); n > 0 {
 			loc = fmt.Sprintf("%s:%d", abs, n)
 		}
 		field := key
@@ -608,20 +608,17 @@ func (s *Spec) At(table, key string) string {
 	if err != nil {
 		return s.SpecPath
 	}
-	if n := lineOf(bytes.TrimPrefix(src, utf8BOM), table, key); n > 0 {
+	if n := LineOf(bytes.TrimPrefix(src, utf8BOM), table, key); n > 0 {
 		return fmt.Sprintf("%s:%d", s.SpecPath, n)
 	}
 	return s.SpecPath
 }
 
-// lineOf finds the 1-based line that sets key inside table ("" for the top
-// level), or 0. It is a reader for error messages, not a TOML parser.
-// LineOf is the line of a TOML file that sets key in table (table ""
-// for the top level; key "" for the table's header), or 0 where it
-// cannot tell: the line an error about that field names.
-func LineOf(src []byte, table, key string) int { return lineOf(src, table, key) }
-
-func lineOf(src []byte, table, key string) int {
+// LineOf finds the 1-based line of a TOML file that sets key inside table
+// ("" for the top level; key "" for the table's header), or 0: the line an
+// error about that field names. It is a reader for error messages, not a
+// TOML parser.
+func LineOf(src []byte, table, key string) int {
 	cur := ""
 	keyRE := regexp.MustCompile(`^\s*"?` + regexp.QuoteMeta(key) + `"?\s*=`)
 	for i, line := range strings.Split(string(src), "\n") {
@@ -642,7 +639,7 @@ func lineOf(src []byte, table, key string) int {
 		}
 	}
 	if table != "" && key != "" {
-		return lineOf(src, table, "")
+		return LineOf(src, table, "")
 	}
 	return 0
 }
