@@ -245,7 +245,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	*grace = graceUnderSlurm(ctx, *grace, stderr)
 	// Before waiting for a coordinator: a scratch directory this worker
 	// cannot use is the user's to fix now.
-	if err := checkScratch(*scratch, *name); err != nil {
+	if _, err := checkScratch(*scratch, *name); err != nil {
 		return fmt.Errorf("worker %s: %w", *name, err)
 	}
 	used := acc.get()
@@ -423,18 +423,18 @@ func absPath(p string) string {
 	return p
 }
 
-// checkScratch checks the scratch directory a worker named name will use:
-// the one given, or its default (worker.CheckScratch).
-func checkScratch(scratch, name string) error {
+// checkScratch checks the scratch directory a worker named name will use,
+// the one given or its default (worker.CheckScratch), and returns it.
+func checkScratch(scratch, name string) (string, error) {
 	if scratch != "" {
-		return worker.CheckScratch(scratch, false)
+		return scratch, worker.CheckScratch(scratch, false)
 	}
 	if !stream.ValidWorkerName(name) {
-		return exitErr{code: exitUsage, msg: fmt.Sprintf("--name %q must match [A-Za-z0-9_-]{1,64}", name)}
+		return "", exitErr{code: exitUsage, msg: fmt.Sprintf("--name %q must match [A-Za-z0-9_-]{1,64}", name)}
 	}
 	dir, err := worker.PolicyScratch("", name)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return worker.CheckScratch(dir, true)
+	return dir, worker.CheckScratch(dir, true)
 }

@@ -65,7 +65,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	checkOutput(ctx, spec.Output, stderr)
 	// A scratch directory the worker cannot use would fail the run only
 	// once it is queued: say so now.
-	if err := checkScratch(*scratch, worker.DefaultName()); err != nil {
+	scratchDir, err := checkScratch(*scratch, worker.DefaultName())
+	if err != nil {
 		return err
 	}
 	if *scratch != "" {
@@ -88,7 +89,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		printPlan(stdout, pl)
 		return blockedErr(stdout, stderr, "run "+spec.Name+" is BLOCKED before queuing", pl.Blocked)
 	}
-	if why := scratchNeverFits(spec, man, *scratch); why != "" {
+	if why := scratchNeverFits(spec, man, scratchDir); why != "" {
 		fmt.Fprintln(stdout, why)
 		return blockedErr(stdout, stderr, "run "+spec.Name+" is BLOCKED before queuing", why)
 	}
@@ -184,9 +185,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *scratch == "" {
 		// Where the policy chose it, say where: not $TMPDIR, as without one.
 		if pol, err := probe.LoadPolicy(policyPath("")); err == nil && len(pol.Scratch) > 0 {
-			if dir, err := worker.DefaultScratchFor(pol, worker.DefaultName()); err == nil {
-				fmt.Fprintf(stdout, "scratch: %s (from the scratch list of %s)\n", dir, pol.Path)
-			}
+			fmt.Fprintf(stdout, "scratch: %s (from the scratch list of %s)\n", scratchDir, pol.Path)
 		}
 	}
 
@@ -436,19 +435,12 @@ func warnUnwritableOutput(spec *stream.Spec, stderr io.Writer) {
 }
 
 // scratchNeverFits names a shard whose class declares more scratch than
-// the whole file system of this host's scratch directory holds (scratch
-// given, or the worker's default): the worker would fail each of its
-// attempts unrun, so the run is BLOCKED before anything is queued, as for
-// a memory no host here has. "" when every class fits, or the size cannot
-// be read (the worker's own check remains).
+// the whole file system of the scratch directory (checkScratch's) holds:
+// the worker would fail each of its attempts unrun, so the run is BLOCKED
+// before anything is queued, as for a memory no host here has. "" when
+// every class fits, or the size cannot be read (the worker's own check
+// remains).
 func scratchNeverFits(spec *stream.Spec, man *stream.Manifest, scratch string) string {
-	if scratch == "" {
-		dir, err := worker.PolicyScratch("", worker.DefaultName())
-		if err != nil {
-			return ""
-		}
-		scratch = dir
-	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(scratch, &st); err != nil {
 		return ""
