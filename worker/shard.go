@@ -1538,11 +1538,19 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 	defer cancel()
 	ci, err := stream.AskInfo(ictx, nc)
 	if err != nil {
-		if ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, nats.ErrNoResponders) && !w.infoMissed.Swap(true):
+			// A coordinator restarting: its server takes connections a
+			// moment before the coordinator answers there. One miss is
+			// that moment; the next, a report period later, is not.
+			w.log.Debug("coordinator info unavailable", "err", err)
+		default:
 			w.warnOnline("coordinator info unavailable", "err", err)
 		}
 		return
 	}
+	w.infoMissed.Store(false)
 	v := &coordView{sync: stream.SyncGroup}
 	if stream.ValidSync(ci.Sync) {
 		v.sync = ci.Sync

@@ -290,6 +290,9 @@ type Worker struct {
 	scratch *scratchPool              // {out} and {scratch} directories of attempts
 	durable *stream.Group             // shared sync barriers at the coordinator
 	coord   atomic.Pointer[coordView] // see learnCoordinator
+	// infoMissed: the last ask for the coordinator's info had no responder
+	// (learnCoordinator).
+	infoMissed atomic.Bool
 
 	oomMu    sync.Mutex // guards the shared OOM-kill baseline (oomBaseline)
 	oomN     int64
