@@ -722,13 +722,30 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	// Before the slot is freed: a worker stopping after so many start
 	// errors in a row fetches no more in their place.
 	w.noteStart(ctx, class, res.outcome, res.reason)
-	select {
-	case w.concluding <- struct{}{}:
-		defer func() { <-w.concluding }()
-		a.free()
-	default:
+	if !chargedFailure(res.outcome) {
+		select {
+		case w.concluding <- struct{}{}:
+			defer func() { <-w.concluding }()
+			a.free()
+		default:
+		}
 	}
 	w.conclude(ctx, a, l, v, res)
+}
+
+// chargedFailure reports whether an attempt that ended with outcome
+// spends one of the shard's attempts. Such an attempt concludes in its
+// slot: it counts toward the failures in a row (attemptFailed) before the
+// slot fetches again, so a hold after 5 (holdLone) starts before a 6th is
+// fetched. Freed at the command's exit, the slot fetched the 6th in the
+// moment before the 5th was counted: a host failing every shard took one
+// more than the hold allowed, and its next hold came 5 after that one.
+func chargedFailure(outcome string) bool {
+	switch outcome {
+	case stream.OutcomeOK, stream.OutcomeInterrupted, stream.OutcomePreempted, stream.OutcomeLeaseLost:
+		return false
+	}
+	return true
 }
 
 // inputCheckWait bounds checkInputs: a network mount that does not answer

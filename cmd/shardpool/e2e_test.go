@@ -1614,9 +1614,10 @@ func TestStatusPointsAtAHostThatFailsWhatOthersRun(t *testing.T) {
 // it holds its fetches while those shards run on the healthy worker;
 // once that worker has validated enough of them, the bad worker stops
 // and exits 1 saying why. It fails 10 attempts in all (5, a hold whose
-// evidence is too thin to judge, 5 more), not the 78 it failed before
-// it held, and spends no shard's retries: the run completes, every
-// shard validated by the good worker.
+// evidence is too thin to judge, 5 more, whatever the timing: a failed
+// attempt is counted before its slot fetches again), not the 78 it
+// failed before it held, and spends no shard's retries: the run
+// completes, every shard validated by the good worker.
 func TestWorkerStopsWhereOthersValidateWhatFailsOnItsHost(t *testing.T) {
 	c := startCluster(t, "10s")
 	const n = 30
@@ -1657,12 +1658,14 @@ func TestWorkerStopsWhereOthersValidateWhatFailsOnItsHost(t *testing.T) {
 			}
 		}
 	}
-	if failedOnBad < 5 || failedOnBad > 10 {
-		t.Errorf("%d attempts failed on the bad worker; want 5 to 10: 5 in a row start a hold", failedOnBad)
-	}
 	log, err := os.ReadFile(filepath.Join(c.data, "w-bad", "admission.log"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if failedOnBad != 10 {
+		// CI once saw 11: the slot freed at the command's exit fetched a
+		// 6th shard before the 5th failure was counted and the hold began.
+		t.Errorf("%d attempts failed on the bad worker; want 10: 5 in a row start a hold, 5 more the next\n%s\nits admission.log:\n%s", failedOnBad, bad.Output(), log)
 	}
 	if !strings.Contains(string(log), "decision=wait class cpu: its last 5 attempts failed here while worker good runs shards: not fetching while the failed shards run elsewhere") {
 		t.Errorf("the bad worker's admission.log has no hold:\n%s", log)
