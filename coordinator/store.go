@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // storeLimit is the JetStream store limit for the store at dir: what it
@@ -23,7 +23,7 @@ import (
 // its limit refuses writes (insufficient resources) instead of meeting a
 // full disk, on which nats-server disables JetStream altogether.
 func storeLimit(dir string) (int64, error) {
-	free, err := freeBytes(dir)
+	free, err := probe.FreeBytes(dir)
 	if err != nil {
 		return 0, fmt.Errorf("free space of %s: %w", dir, err)
 	}
@@ -56,23 +56,13 @@ type storeRoom struct{ free, used, limit int64 }
 // shares among its checks.
 func (c *Coordinator) lookAtStore() storeRoom {
 	r := storeRoom{free: -1}
-	if free, err := freeBytes(c.cfg.StoreDir); err == nil {
+	if free, err := probe.FreeBytes(c.cfg.StoreDir); err == nil {
 		r.free = free
 	}
 	if js, err := c.srv.Jsz(&server.JSzOptions{}); err == nil && js != nil && js.Config.MaxStore > 0 {
 		r.used, r.limit = int64(js.Store), js.Config.MaxStore
 	}
 	return r
-}
-
-// freeBytes is the space an unprivileged writer has left on dir's file
-// system.
-func freeBytes(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, err
-	}
-	return int64(st.Bavail) * st.Bsize, nil
 }
 
 // storeFloor is how close to its limit (or to a full file system) the

@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 
 	"github.com/shardpool/shardpool/stream"
@@ -114,7 +113,7 @@ func New(cfg Config) (*Stager, error) {
 		cfg.Retries = 2
 	}
 	if cfg.Free == nil {
-		cfg.Free = statfsFree
+		cfg.Free = probe.FreeBytes
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -132,14 +131,6 @@ func (s *Stager) Reserved() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.reserved
-}
-
-func statfsFree(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, err
-	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
 // Check refuses scratch that is network storage or whose locality cannot

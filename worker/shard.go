@@ -1624,11 +1624,10 @@ const scratchWait = 250 * time.Millisecond
 // numbers, unrun, as a staged one does (a start error: a host whose
 // scratch is full stops taking shards where others run them).
 func (w *Worker) reserveScratch(need int64) (release func(), held bool, err error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(w.cfg.Scratch, &st); err != nil {
+	free, err := probe.FreeBytes(w.cfg.Scratch)
+	if err != nil {
 		return nil, false, fmt.Errorf("free space of the scratch directory %s: %w", w.cfg.Scratch, err)
 	}
-	free := int64(st.Bavail) * int64(st.Bsize)
 	w.mu.Lock()
 	stager := w.stager
 	w.mu.Unlock()

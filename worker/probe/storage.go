@@ -43,6 +43,19 @@ func (SysStatFS) Statfs(p string) (Statfs, error) {
 
 var _ StatFS = SysStatFS{}
 
+// Free is the room an unprivileged writer has left on the file system
+// (f_bavail blocks: root's reserve is not counted).
+func (s Statfs) Free() int64 { return int64(s.Bavail) * s.Bsize }
+
+// Total is the file system's size (f_blocks).
+func (s Statfs) Total() int64 { return int64(s.Blocks) * s.Bsize }
+
+// FreeBytes is Free of the file system that holds dir, by statfs(2).
+func FreeBytes(dir string) (int64, error) {
+	st, err := SysStatFS{}.Statfs(dir)
+	return st.Free(), err
+}
+
 // Filesystem magic numbers from statfs(2) and the filesystems' sources.
 var magics = map[int64]string{
 	0x6969: "nfs", 0x517B: "smb", 0xFF534D42: "cifs", 0xFE534D42: "smb2",
@@ -164,8 +177,7 @@ func (p *Prober) onePath(ctx context.Context, mounts []Mount, name, raw string) 
 	}
 	pi.Locality = locality(pi.Type, pi.Subtype)
 	src := "statfs " + pi.Resolved
-	bs := r.st.Bsize
-	pi.BytesFree, pi.BytesTotal = Known(int64(r.st.Bavail)*bs, src), Known(int64(r.st.Blocks)*bs, src)
+	pi.BytesFree, pi.BytesTotal = Known(r.st.Free(), src), Known(r.st.Total(), src)
 	if r.st.Files == 0 {
 		pi.InodesFree = Unlimited(src + " (filesystem does not count inodes)")
 	} else {
