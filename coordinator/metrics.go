@@ -208,6 +208,14 @@ func WriteMetrics(w io.Writer, st *Status, queues []QueueStats, store *StoreStat
 			}
 		}
 	}
+	m.family("shardpool_worker_scratch_bytes", "gauge", "The worker's scratch file system: kind=\"free\" the room an unprivileged writer has left, kind=\"size\" its size. No sample where unknown.")
+	for _, wk := range st.Workers {
+		for _, k := range [][2]string{{"free", "scratch"}, {"size", "scratch_hard"}} {
+			if v, ok := resourceValue(wk.Headroom, k[1], 1); ok {
+				m.sample(v, "worker", wk.Name, "host", wk.Host, "kind", k[0])
+			}
+		}
+	}
 
 	m.family("shardpool_queue_pending", "gauge", "Shards of the class queued and not yet delivered to any worker.")
 	for _, q := range queues {

@@ -183,6 +183,7 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 				Headroom: map[string]stream.Resource{
 					"cpu_millicores": {Value: 1500}, "cpu_hard": {Value: 2000},
 					"memory": {Unknown: "no cgroup"}, "memory_hard": {Unlimited: true},
+					"scratch": {Value: 3 << 30}, "scratch_hard": {Unknown: "statfs: permission denied"},
 				}},
 			{Name: "gone", Host: "h", Reported: time.Unix(1700000000, 0), Gone: "pid 1 is not running"},
 		},
@@ -203,6 +204,12 @@ func TestMetricsLeaveUnknownOut(t *testing.T) {
 	}
 	if got := mustValue(t, fams, "shardpool_worker_budget_memory_bytes", "worker", odd, "kind", "hard"); !math.IsInf(got, 1) {
 		t.Errorf("an unlimited memory capacity: %v, want +Inf", got)
+	}
+	if got := mustValue(t, fams, "shardpool_worker_scratch_bytes", "worker", odd, "kind", "free"); got != 3<<30 {
+		t.Errorf("free scratch: %v, want 3 GiB", got)
+	}
+	if v, ok := value(t, fams, "shardpool_worker_scratch_bytes", "worker", odd, "kind", "size"); ok {
+		t.Errorf("an unknown scratch size has the sample %v, want none", v)
 	}
 	if got := mustValue(t, fams, "shardpool_worker_shards_done_total", "worker", odd); got != 7 || fams["shardpool_worker_shards_done_total"].GetType() != dto.MetricType_COUNTER {
 		t.Errorf("done: %v (%v), want the counter at 7", got, fams["shardpool_worker_shards_done_total"].GetType())

@@ -1330,13 +1330,24 @@ func (w *Worker) headroom(ctx context.Context) map[string]stream.Resource {
 		v := l.Effective
 		return stream.Resource{Value: v.N, Unlimited: v.Unlimited, Unknown: v.Unknown, Source: l.Binding}
 	}
-	return map[string]stream.Resource{
+	h := map[string]stream.Resource{
 		"cpu_millicores": conv(snap.Budget.CPU), "memory": conv(snap.Budget.Memory),
 		"gpus": conv(snap.Budget.GPUs), "vram": conv(snap.Budget.VRAM),
 		// Capacity, for judging whether a shard can ever run on this host.
 		"cpu_hard": conv(snap.Budget.Hard.CPU), "memory_hard": conv(snap.Budget.Hard.Memory), "gpus_hard": conv(snap.Budget.Hard.GPUs), "vram_hard": conv(snap.Budget.Hard.VRAM),
 		"memory_available": {Value: snap.Host.MemAvailable.N, Unknown: snap.Host.MemAvailable.Unknown, Source: "MemAvailable"},
 	}
+	// The scratch file system: its room now, and its size, for judging
+	// whether a class's declared scratch can ever fit (submit).
+	src := "statfs " + w.cfg.Scratch
+	if st, err := (probe.SysStatFS{}).Statfs(w.cfg.Scratch); err != nil {
+		h["scratch"] = stream.Resource{Unknown: err.Error(), Source: src}
+		h["scratch_hard"] = h["scratch"]
+	} else {
+		h["scratch"] = stream.Resource{Value: st.Free(), Source: src}
+		h["scratch_hard"] = stream.Resource{Value: st.Total(), Source: src}
+	}
+	return h
 }
 
 func (w *Worker) report(ctx context.Context) error {

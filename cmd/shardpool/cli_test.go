@@ -701,7 +701,7 @@ func TestScratchNoDiskHoldsBlocksBeforeQueuing(t *testing.T) {
 	if code := p.Wait(t, 30*time.Second); code != 3 {
 		t.Fatalf("exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
 	}
-	for _, want := range []string{"BLOCKED before queuing", "shard s0000 (class cpu) declares 4.0PiB of scratch, more than the whole file system of the scratch directory " + scratch, "no worker here can ever run it"} {
+	for _, want := range []string{"BLOCKED before queuing", "shard s0000 (class cpu) declares 4.0PiB of scratch, more than the whole file system of its scratch directory holds (", "statfs " + scratch + "):", "no worker here can ever run it"} {
 		if !strings.Contains(p.Output(), want) {
 			t.Errorf("output lacks %q:\n%s", want, p.Output())
 		}
@@ -712,28 +712,39 @@ func TestScratchNoDiskHoldsBlocksBeforeQueuing(t *testing.T) {
 }
 
 // TestSubmitBlocksWhatNoLiveWorkerCanRun: submit judges classes against the
-// hard limits live workers report, not the submitting host.
+// hard limits live workers report, not the submitting host: their memory,
+// and the size of their scratch file system for a class's declared
+// scratch (which the worker would otherwise fail unrun at every attempt).
 func TestSubmitBlocksWhatNoLiveWorkerCanRun(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 		st, err := coordinator.ReadStatus(context.Background(), env.JS, "")
-		return err == nil && len(st.Workers) == 1 && st.Workers[0].Headroom["memory_hard"].Value > 0, "no worker report with hard limits yet"
+		return err == nil && len(st.Workers) == 1 && st.Workers[0].Headroom["memory_hard"].Value > 0 && st.Workers[0].Headroom["scratch_hard"].Value > 0,
+			"no worker report with hard limits and a scratch size yet"
 	})
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"true"},
-		Extra: "[class.huge]\ncpus = 1\nmemory = \"64TiB\"\n",
-		Line: func(i int, in string) string {
-			return fmt.Sprintf(`{"id":"x%d","inputs":[%q],"class":"huge"}`, i, in)
-		}})
-	p := testenv.Start(t, "submit", "--server", env.URL, spec)
-	if code := p.Wait(t, 30*time.Second); code != 3 {
-		t.Fatalf("exit %d, want 3\n%s", code, p.Output())
+	for _, c := range []struct{ class, want string }{
+		{"[class.huge]\ncpus = 1\nmemory = \"64TiB\"\n", "of memory"},
+		{"[class.huge]\ncpus = 1\nscratch = \"4096TiB\"\n", "declares 4.0PiB of scratch, more than the whole file system of its scratch directory holds ("},
+	} {
+		spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"true"}, Extra: c.class,
+			Line: func(i int, in string) string {
+				return fmt.Sprintf(`{"id":"x%d","inputs":[%q],"class":"huge"}`, i, in)
+			}})
+		p := testenv.Start(t, "submit", "--server", env.URL, spec)
+		if code := p.Wait(t, 30*time.Second); code != 3 {
+			t.Fatalf("%sexit %d, want 3\n%s", c.class, code, p.Output())
+		}
+		if !strings.Contains(p.Output(), "fits no live worker: w1: ") || !strings.Contains(p.Output(), c.want) {
+			t.Fatalf("%soutput lacks the reason per worker (%q):\n%s", c.class, c.want, p.Output())
+		}
+		s, _ := env.JS.Stream(context.Background(), stream.StreamShards)
+		if info, _ := s.Info(context.Background()); info.State.Msgs != 0 {
+			t.Fatalf("%s%d messages queued for a blocked run", c.class, info.State.Msgs)
+		}
 	}
-	if !strings.Contains(p.Output(), "fits no live worker") || !strings.Contains(p.Output(), "w1:") {
-		t.Fatalf("output lacks the reason per worker:\n%s", p.Output())
-	}
-	s, _ := env.JS.Stream(context.Background(), stream.StreamShards)
-	if info, _ := s.Info(context.Background()); info.State.Msgs != 0 {
-		t.Fatalf("%d messages queued for a blocked run", info.State.Msgs)
+	st := testenv.Start(t, "status", "--server", env.URL)
+	if code := st.Wait(t, 30*time.Second); code != 0 || !regexp.MustCompile(`scratch [0-9.]+[KMGTP]?i?B free of [0-9.]+[KMGTP]?i?B \(statfs /`).MatchString(st.Output()) {
+		t.Fatalf("status: exit %d; want the worker's scratch room and size:\n%s", code, st.Output())
 	}
 }
 

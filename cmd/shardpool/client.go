@@ -652,7 +652,7 @@ func headroom(h map[string]stream.Resource) string {
 		return "-"
 	}
 	var parts []string
-	for _, k := range []string{"memory", "cpu_millicores", "gpus", "vram"} {
+	for _, k := range []string{"memory", "cpu_millicores", "gpus", "vram", "scratch"} {
 		r, ok := h[k]
 		if !ok {
 			continue
@@ -663,6 +663,11 @@ func headroom(h map[string]stream.Resource) string {
 			v = "unknown: " + r.Unknown
 		case r.Unlimited:
 			v = "unlimited"
+		case k == "scratch":
+			v = stream.FormatSize(r.Value) + " free"
+			if t, ok := h["scratch_hard"]; ok && t.Unknown == "" {
+				v += " of " + stream.FormatSize(t.Value)
+			}
 		case k == "memory" || k == "vram":
 			v = stream.FormatSize(r.Value)
 		case k == "cpu_millicores":
@@ -712,6 +717,15 @@ func fleetCheck(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, 
 				h[res] = probe.Unlimited(r.Source)
 			default:
 				h[res] = probe.Known(r.Value, r.Source)
+			}
+		}
+		if r, ok := w.Headroom["scratch_hard"]; ok {
+			// Not a slot resource: FleetBlocked judges a class's declared
+			// scratch against it (plan.FitsScratch).
+			if r.Unknown != "" {
+				h["scratch"] = probe.Unknown(r.Source, "%s", r.Unknown)
+			} else {
+				h["scratch"] = probe.Known(r.Value, r.Source)
 			}
 		}
 		workers = append(workers, plan.Worker{Name: w.Name, Hard: h})

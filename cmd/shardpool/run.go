@@ -441,15 +441,14 @@ func warnUnwritableOutput(spec *stream.Spec, stderr io.Writer) {
 // every class fits, or the size cannot be read (the worker's own check
 // remains).
 func scratchNeverFits(spec *stream.Spec, man *stream.Manifest, scratch string) string {
-	var st unix.Statfs_t
-	if err := unix.Statfs(scratch, &st); err != nil {
+	st, err := probe.SysStatFS{}.Statfs(scratch)
+	if err != nil {
 		return ""
 	}
-	total := int64(st.Blocks) * int64(st.Bsize)
+	total := probe.Known(st.Total(), "statfs "+scratch)
 	for _, sh := range man.Shards {
-		if need := spec.Classes[sh.Class].Scratch; need > total {
-			return fmt.Sprintf("shard %s (class %s) declares %s of scratch, more than the whole file system of the scratch directory %s holds (%s): no worker here can ever run it; lower the class's scratch, or pass --scratch DIR on a larger disk",
-				sh.ID, sh.Class, stream.FormatSize(need), scratch, stream.FormatSize(total))
+		if ok, why := plan.FitsScratch(total, spec.Classes[sh.Class].Scratch); !ok {
+			return fmt.Sprintf("shard %s (class %s) %s: no worker here can ever run it; lower the class's scratch, or pass --scratch DIR on a larger disk", sh.ID, sh.Class, why)
 		}
 	}
 	return ""

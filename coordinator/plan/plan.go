@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // Profile is the part of profile.json the plan reads: measured peaks per class.
@@ -190,7 +191,19 @@ func SplitOutliers(spec *stream.Spec, man *stream.Manifest) []string {
 // Worker is a live worker's hard limits, from its report.
 type Worker struct {
 	Name string
+	// Hard is the worker's capacity, with "scratch" the size of its
+	// scratch file system where it reports one.
 	Hard Budget
+}
+
+// FitsScratch says whether a shard that declares need bytes of scratch
+// fits a scratch file system of size total: one that could not hold it
+// even empty never runs it. An unknown size judges nothing.
+func FitsScratch(total probe.Value, need int64) (bool, string) {
+	if need <= 0 || total.IsUnknown() || total.Unlimited || need <= total.N {
+		return true, ""
+	}
+	return false, fmt.Sprintf("declares %s of scratch, more than the whole file system of its scratch directory holds (%s, %s)", stream.FormatSize(need), stream.FormatSize(total.N), total.Source)
 }
 
 // FleetBlocked checks each class of the run against every live worker's
@@ -214,6 +227,9 @@ func FleetBlocked(spec *stream.Spec, man *stream.Manifest, peaks map[string]Peak
 		fits := false
 		for _, w := range workers {
 			ok, why := Fits(w.Hard, peak, gpu)
+			if total, has := w.Hard["scratch"]; ok && has {
+				ok, why = FitsScratch(total, spec.Classes[class].Scratch)
+			}
 			if ok {
 				fits = true
 				break

@@ -110,6 +110,28 @@ func TestFleetBlocked(t *testing.T) {
 	if why := FleetBlocked(spec, man, peaks, []Worker{small, big}); why != "" {
 		t.Fatalf("a big worker is live: got %q, want no block", why)
 	}
+
+	// Declared scratch: judged against the size of each worker's scratch
+	// file system, where it reports one; the worker must fit both.
+	spec.Classes["cpu"] = stream.Class{CPUs: 1, Memory: 8 << 30, Scratch: 100 << 30}
+	peaks["cpu"] = Declared(spec.Classes["cpu"])
+	big.Hard["scratch"] = probe.Known(50<<30, "statfs /scratch")
+	roomy := Worker{Name: "roomy", Hard: Budget{"cpu": probe.Known(4000, ""), "memory": probe.Known(4<<30, "MemTotal"), "scratch": probe.Known(1<<40, "statfs /big")}}
+	if why := FleetBlocked(spec, man, peaks, []Worker{small, big, roomy}); !strings.Contains(why, "big: declares 100.0GiB of scratch, more than the whole file system of its scratch directory holds (50.0GiB, statfs /scratch)") ||
+		!strings.Contains(why, "roomy: needs 8.0GiB of memory") {
+		t.Fatalf("no worker with both the memory and the scratch: got %q, want blocked, naming what each lacks", why)
+	}
+	unreported := Worker{Name: "older", Hard: Budget{"memory": probe.Known(64<<30, "MemTotal")}}
+	unknown := Worker{Name: "unknown", Hard: Budget{"memory": probe.Known(64<<30, "MemTotal"), "scratch": probe.Unknown("statfs /s", "permission denied")}}
+	for _, w := range []Worker{unreported, unknown} {
+		if why := FleetBlocked(spec, man, peaks, []Worker{w}); why != "" {
+			t.Fatalf("worker %s, its scratch size not known: got %q, want no block", w.Name, why)
+		}
+	}
+	big.Hard["scratch"] = probe.Known(200<<30, "statfs /scratch")
+	if why := FleetBlocked(spec, man, peaks, []Worker{small, big}); why != "" {
+		t.Fatalf("a big worker with room for the scratch: got %q, want no block", why)
+	}
 }
 
 // TestEnforcedLimitsNameClassesWithoutDeclaredMemory: on a host that
