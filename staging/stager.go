@@ -125,12 +125,95 @@ func New(cfg Config) (*Stager, error) {
 	return s, nil
 }
 
-// Reserved is the scratch space the shards staging or staged now hold
-// (inputs not yet copied, declared scratch).
+// Reserved is the scratch space the shards staging, staged or holding
+// room (Reserve) now hold: inputs not yet copied, declared scratch.
 func (s *Stager) Reserved() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.reserved
+}
+
+// reserveLocked adds need to the reservations, under mu, where the file
+// system has room for it beside the others, removing idle staged inputs
+// (least recently used first) to make it. It returns the free space it
+// counted, and false where even then there is not enough.
+func (s *Stager) reserveLocked(need int64) (free int64, ok bool, err error) {
+	free, err = s.free()
+	if err != nil {
+		return 0, false, err
+	}
+	if need > free-s.reserved {
+		free += s.freeUpLocked(need - (free - s.reserved))
+	}
+	if need > free-s.reserved {
+		return free, false, nil
+	}
+	s.reserved += need
+	return free, true, nil
+}
+
+// free is the room on Dir's file system, measured at Dir or, before
+// Check made it, at its parent (the worker's scratch directory).
+func (s *Stager) free() (int64, error) {
+	n, err := s.cfg.Free(s.cfg.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		n, err = s.cfg.Free(filepath.Dir(s.cfg.Dir))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("free space of %s: %w", s.cfg.Dir, err)
+	}
+	return n, nil
+}
+
+// Reserve holds need bytes of the scratch file system for a shard that
+// stages nothing (its class's declared scratch) until release, in the
+// same reservations as staged shards, and removes idle staged inputs to
+// make room as Stage does. It needs no Check: it copies nothing. Where
+// there is not room, the error (ErrNoSpace) has the numbers, and Held
+// says whether other shards' reservations hold it.
+func (s *Stager) Reserve(need int64) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	free, ok, err := s.reserveLocked(need)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, s.noSpace(need, free, fmt.Errorf("%w: the shard's class declares %s of scratch, %s is free on the file system of %s and %s of it is held by other running shards",
+			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved)))
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.reserved -= need
+			s.mu.Unlock()
+		})
+	}, nil
+}
+
+// noSpace marks err, under mu, as room other shards hold (Held) where
+// need fits once their reservations are released: what they hold comes
+// back when they end. free already lacks what they wrote, so that is
+// counted once, not subtracted twice.
+func (s *Stager) noSpace(need, free int64, err error) error {
+	if need <= free+s.reserved {
+		return heldError{err}
+	}
+	return err
+}
+
+// heldError is an ErrNoSpace whose room other shards' reservations hold.
+type heldError struct{ error }
+
+func (e heldError) Unwrap() error { return e.error }
+
+// Held reports whether err (from Stage or Reserve) is a lack of room
+// that other shards' reservations hold: waiting for them to end will
+// do. Otherwise the file system cannot hold the shard even then.
+func Held(err error) bool {
+	var h heldError
+	return errors.As(err, &h)
 }
 
 // Check refuses scratch that is network storage or whose locality cannot
@@ -216,20 +299,17 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 			need += f.Size
 		}
 	}
-	free, err := s.cfg.Free(s.cfg.Dir)
+	free, ok, err := s.reserveLocked(need)
 	if err != nil {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("stage: free space of %s: %w", s.cfg.Dir, err)
+		return nil, fmt.Errorf("stage: %w", err)
 	}
-	if need > free-s.reserved {
-		free += s.freeUpLocked(need - (free - s.reserved))
-	}
-	if need > free-s.reserved {
+	if !ok {
+		err := s.noSpace(need, free, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s is reserved by other shards",
+			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved)))
 		s.mu.Unlock()
-		return nil, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s is reserved by other shards",
-			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved))
+		return nil, err
 	}
-	s.reserved += need
 	st.reserved = need
 	for _, f := range files {
 		k := key(f)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -133,6 +134,72 @@ func TestDiskThatWouldFillIsRefusedBeforeCopying(t *testing.T) {
 	if len(parts) != 0 {
 		t.Fatalf("files written before the refusal: %v", parts)
 	}
+}
+
+// TestReserveSharesTheLedgerAndEvictsIdleInputs: room held for a shard
+// that stages nothing (Reserve) is in the same reservations as staged
+// shards', works before anything was staged (the stage directory not
+// made yet), and removes idle staged inputs to make room, as Stage does;
+// where others hold the room the error says so (held), and where the
+// file system could never hold it, not.
+func TestReserveSharesTheLedgerAndEvictsIdleInputs(t *testing.T) {
+	scratch := filepath.Join(t.TempDir(), "scratch")
+	testenv.SmallTmpfs(t, scratch, "4m")
+	s, err := staging.New(staging.Config{Dir: filepath.Join(scratch, "stage"), CacheBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, err := s.Reserve(1 << 20)
+	if err != nil || s.Reserved() != 1<<20 {
+		t.Fatalf("before the stage directory exists: %v (reserved %d), want 1MiB reserved", err, s.Reserved())
+	}
+	release()
+	release() // twice returns it once
+	if s.Reserved() != 0 {
+		t.Fatalf("released: %d reserved, want 0", s.Reserved())
+	}
+	if err := s.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	in := testenv.RandomFile(t, t.TempDir(), "in.bin", 2<<20)
+	st, err := s.Stage(context.Background(), describe(t, in), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// While the staged shard runs, its input is not removed for room.
+	if _, err := s.Reserve(3 << 20); !errors.Is(err, staging.ErrNoSpace) || !staging.Held(err) {
+		t.Fatalf("3MiB beside a running staged shard's 2MiB on 4MiB: %v (held %v), want ErrNoSpace, held by it", err, staging.Held(err))
+	}
+	st.Release() // idle now, kept in the cache
+	if _, err := os.Stat(st.Paths[0]); err != nil {
+		t.Fatalf("the idle staged input: %v, want it cached", err)
+	}
+	release, err = s.Reserve(3 << 20)
+	if err != nil {
+		t.Fatalf("3MiB with 2MiB of idle staged input on 4MiB: %v, want the input removed to make room", err)
+	}
+	if _, err := os.Stat(st.Paths[0]); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the idle staged input after the reservation: %v, want it removed", err)
+	}
+	small := testenv.RandomFile(t, t.TempDir(), "small.bin", 2<<20)
+	if _, err := s.Stage(context.Background(), describe(t, small), 0); !errors.Is(err, staging.ErrNoSpace) || !staging.Held(err) {
+		t.Fatalf("staging 2MiB beside 3MiB reserved on 4MiB: %v (held %v), want ErrNoSpace, held (one ledger)", err, staging.Held(err))
+	}
+	_, err = s.Reserve(2 << 20)
+	if !errors.Is(err, staging.ErrNoSpace) || !staging.Held(err) || !strings.Contains(err.Error(), "held by other running shards") {
+		t.Fatalf("2MiB beside 3MiB reserved on 4MiB: %v (held %v), want ErrNoSpace, held by the others", err, staging.Held(err))
+	}
+	if _, err = s.Reserve(8 << 20); !errors.Is(err, staging.ErrNoSpace) || staging.Held(err) {
+		t.Fatalf("8MiB on 4MiB: %v (held %v), want ErrNoSpace, not held: it never fits", err, staging.Held(err))
+	}
+	if _, err := s.Stage(context.Background(), describe(t, small), 6<<20); !errors.Is(err, staging.ErrNoSpace) || staging.Held(err) {
+		t.Fatalf("staging 2MiB with 6MiB declared on 4MiB: %v (held %v), want ErrNoSpace, not held", err, staging.Held(err))
+	}
+	release()
+	if release, err = s.Reserve(2 << 20); err != nil {
+		t.Fatalf("2MiB once the 3MiB were released: %v", err)
+	}
+	release()
 }
 
 // fixtureStatFS types the probe fixture's mounts by statfs magic.

@@ -2173,7 +2173,7 @@ func TestCommandKilledBySignalFails(t *testing.T) {
 // whose declared scratch the file system cannot hold fails unrun with the
 // numbers; shards that fit one at a time run one at a time, the next
 // waiting in its slot with its lease kept (one attempt each, longer than
-// the lease's TTL, no second delivery).
+// the lease's TTL, no second delivery); staged ones too.
 func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	testenv.RequireRoot(t)
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
@@ -2224,5 +2224,19 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	}
 	if strings.Contains(string(log), "in flight in this worker") {
 		t.Errorf("a shard was delivered again while it waited for scratch space:\n%s", log)
+	}
+
+	// The same with staging: one ledger, and a staged shard whose room
+	// the other holds waits too, where it failed its attempt (stage-error).
+	spec = testenv.WriteJob(t, testenv.Job{Name: "staged", Shards: 2, Retries: 0, Extra: "[class.cpu]\nstage = true\nscratch = \"5MiB\"\n",
+		Command: []string{"sh", "-c", `mkdir "$0" || exit 7; head -c 4194304 /dev/zero > "$SHARDPOOL_SCRATCH/fill"; sleep 4; rmdir "$0"`, lock}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r = env.WaitState("staged", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+	log, _ = os.ReadFile(filepath.Join(env.Data, "runs", "staged", "admission.log"))
+	if r.State != stream.RunComplete {
+		t.Fatalf("staged run %s: %s (want both run, one at a time)\n%s", r.State, r.Reason, log)
+	}
+	if !strings.Contains(string(log), "decision=wait stage: not enough scratch space") || !strings.Contains(string(log), "reserved by other shards; waiting for them to end") {
+		t.Errorf("admission.log does not say the second staged shard waited for scratch space:\n%s", log)
 	}
 }

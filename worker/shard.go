@@ -661,12 +661,12 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		// slot (its lease renewed) while running shards hold the room,
 		// as it would wait for a slow copy.
 		for logged := false; ; {
-			release, held, err := w.reserveScratch(cls.Scratch)
+			release, err := w.reserveScratch(cls.Scratch)
 			if err == nil {
 				defer release()
 				break
 			}
-			if !held {
+			if !staging.Held(err) {
 				res = result{outcome: stream.OutcomeStart, reason: err.Error() + "; the command was not run"}
 				break
 			}
@@ -1017,6 +1017,21 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 		}
 	}
 	staged, err := st.Stage(ctx, files, cls.Scratch)
+	// Room that running shards hold comes back when they end: the shard
+	// waits in its slot for it, as one that stages nothing does, rather
+	// than spend an attempt.
+	for logged := false; staging.Held(err); {
+		if !logged {
+			w.admission(m.Run, m.ID, m.Class, "wait", err.Error()+"; waiting for them to end")
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, result{outcome: stream.OutcomeStage, reason: err.Error()} // stopped: the caller says why
+		case <-time.After(scratchWait):
+		}
+		staged, err = st.Stage(ctx, files, cls.Scratch)
+	}
 	if err != nil {
 		if ctx.Err() == nil { // else stopped: the caller says why
 			w.admission(m.Run, m.ID, m.Class, "stage-failed", err.Error())
@@ -1615,40 +1630,19 @@ func isClosed(ch <-chan struct{}) bool {
 const scratchWait = 250 * time.Millisecond
 
 // reserveScratch holds need bytes of the scratch file system for a shard
-// whose class declares scratch and that stages nothing, until release.
-// Without it such a class's scratch was declared for nothing: shards ran
+// whose class declares scratch and that stages nothing, until release, in
+// the stager's reservations (staged shards' inputs and declared scratch
+// are in them too; idle staged inputs are removed to make room). Without
+// it such a class's scratch was declared for nothing: shards ran
 // whatever the disk held and failed midway, or filled it for everyone.
-// held reports that running shards' declarations (staged or not) hold
-// the room, so that waiting for them will do; otherwise the file system
+// staging.Held(err) says that running shards' reservations hold the
+// room, so that waiting for them will do; otherwise the file system
 // cannot hold need even once they end, and the attempt fails with the
-// numbers, unrun, as a staged one does (a start error: a host whose
-// scratch is full stops taking shards where others run them).
-func (w *Worker) reserveScratch(need int64) (release func(), held bool, err error) {
-	free, err := probe.FreeBytes(w.cfg.Scratch)
-	if err != nil {
-		return nil, false, fmt.Errorf("free space of the scratch directory %s: %w", w.cfg.Scratch, err)
-	}
+// numbers, unrun (a start error: a host whose scratch is full stops
+// taking shards where others run them).
+func (w *Worker) reserveScratch(need int64) (release func(), err error) {
 	w.mu.Lock()
 	stager := w.stager
 	w.mu.Unlock()
-	var staged int64
-	if stager != nil {
-		staged = stager.Reserved()
-	}
-	w.scratchMu.Lock()
-	defer w.scratchMu.Unlock()
-	others := w.scratchHeld + staged
-	if need > free-others {
-		err := fmt.Errorf("not enough scratch space: the shard's class declares %s of scratch, %s is free at %s and %s of it is held by other running shards",
-			stream.FormatSize(need), stream.FormatSize(free), w.cfg.Scratch, stream.FormatSize(others))
-		// What they hold comes back when they end: free already lacks
-		// what they wrote, so it is counted once, not subtracted twice.
-		return nil, need <= free+others, err
-	}
-	w.scratchHeld += need
-	return func() {
-		w.scratchMu.Lock()
-		w.scratchHeld -= need
-		w.scratchMu.Unlock()
-	}, false, nil
+	return stager.Reserve(need)
 }

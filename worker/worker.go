@@ -273,7 +273,6 @@ type Worker struct {
 	scratchErr     error     // why the scratch directory failed an attempt; nil while it works
 	scratchAt      time.Time // when scratchErr was last confirmed
 	scratchDir     string    // the directory that failed
-	scratchHeld    int64     // declared scratch of running shards that stage nothing (reserveScratch)
 
 	peers    []stream.WorkerReport // other live workers, for locality and holdLone
 	peersAt  time.Time             // when peers was read; under mu
@@ -656,6 +655,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.ttl = st.TTL()
 	if err := CheckScratch(w.cfg.Scratch, w.defaultScratch); err != nil {
+		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
+	}
+	if err := w.newStager(); err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
 	}
 	// The last step that can fail: a worker that took its name and then
@@ -1633,31 +1635,44 @@ func (w *Worker) backoff(attempt int) time.Duration {
 	return stream.Doubled(w.cfg.BackoffMin, w.cfg.BackoffMax, attempt)
 }
 
-// stagerFor creates the host's stager on first use and refuses scratch that
-// is not local storage.
+// newStager makes the host's stager, at start: it copies nothing until
+// a shard stages (stagerFor), but its reservations are the scratch
+// file system's one ledger from the first shard on, staged or not
+// (reserveScratch).
+func (w *Worker) newStager() error {
+	cfg := w.cfg.Staging
+	if cfg.Dir == "" {
+		cfg.Dir = filepath.Join(w.cfg.Scratch, "stage")
+	}
+	if cfg.Probe == nil {
+		cfg.Probe = w.cfg.Probe
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = w.log
+	}
+	if w.cfg.StageFleet > 0 {
+		cfg.Fleet = &staging.Fleet{KV: w.b.Stagers, Slots: w.cfg.StageFleet, Owner: w.cfg.Name, TTL: w.ttl}
+	}
+	st, err := staging.New(cfg)
+	if err != nil {
+		return err
+	}
+	// Under mu: the report and the locality check read it from other
+	// goroutines than the one that ran this.
+	w.mu.Lock()
+	w.stager = st
+	w.mu.Unlock()
+	return nil
+}
+
+// stagerFor returns the host's stager once it has checked, on first use,
+// that the scratch is local storage: staging to a network mount would
+// copy inputs from one file server to another.
 func (w *Worker) stagerFor(ctx context.Context) (*staging.Stager, error) {
 	w.stageOnce.Do(func() {
-		cfg := w.cfg.Staging
-		if cfg.Dir == "" {
-			cfg.Dir = filepath.Join(w.cfg.Scratch, "stage")
-		}
-		if cfg.Probe == nil {
-			cfg.Probe = w.cfg.Probe
-		}
-		if cfg.Logger == nil {
-			cfg.Logger = w.log
-		}
-		if w.cfg.StageFleet > 0 {
-			cfg.Fleet = &staging.Fleet{KV: w.b.Stagers, Slots: w.cfg.StageFleet, Owner: w.cfg.Name, TTL: w.ttl}
-		}
-		st, err := staging.New(cfg)
-		if err == nil {
-			err = st.Check(ctx)
-		}
-		// Under mu: the report and the locality check read it from other
-		// goroutines than the one that ran this.
+		err := w.stager.Check(ctx)
 		w.mu.Lock()
-		w.stager, w.stageErr = st, err
+		w.stageErr = err
 		w.mu.Unlock()
 	})
 	w.mu.Lock()
