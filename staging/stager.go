@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -602,6 +603,15 @@ func (st *Staged) Release() {
 		}
 		s.evictLocked()
 	})
+}
+
+// DropIdle removes every staged input no shard uses now and returns the
+// bytes it freed: where the scratch file system filled, the cache gives
+// way to the shards' own files.
+func (s *Stager) DropIdle() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.freeUpLocked(math.MaxInt64)
 }
 
 // freeUpLocked removes idle staged files, least recently used first, until

@@ -200,6 +200,28 @@ func TestReserveSharesTheLedgerAndEvictsIdleInputs(t *testing.T) {
 		t.Fatalf("2MiB once the 3MiB were released: %v", err)
 	}
 	release()
+
+	// DropIdle (a scratch that filled): every idle input goes, none in use.
+	tiny := testenv.RandomFile(t, t.TempDir(), "tiny.bin", 100<<10)
+	busy, err := s.Stage(context.Background(), describe(t, tiny), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err = s.Stage(context.Background(), describe(t, in), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Release()
+	if freed := s.DropIdle(); freed != 2<<20 {
+		t.Fatalf("DropIdle freed %d, want the idle input's %d", freed, 2<<20)
+	}
+	if _, err := os.Stat(st.Paths[0]); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the idle input after DropIdle: %v, want it removed", err)
+	}
+	if _, err := os.Stat(busy.Paths[0]); err != nil {
+		t.Fatalf("the input in use after DropIdle: %v, want it kept", err)
+	}
+	busy.Release()
 }
 
 // fixtureStatFS types the probe fixture's mounts by statfs magic.

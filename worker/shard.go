@@ -718,6 +718,9 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	stopPre()
 	if res.outcome == "" {
 		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
+		if chargedFailure(res.outcome) {
+			res.reason += w.scratchFullNote(cls)
+		}
 	}
 	// Before the slot is freed: a worker stopping after so many start
 	// errors in a row fetches no more in their place.
@@ -1623,6 +1626,33 @@ func isClosed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// scratchFullNote says, for an attempt whose command failed, whether the
+// scratch file system was full when it ended: the command says it in its
+// own words ("No space left on device"), which do not say that staged
+// inputs no shard used held the room, or that its class declares no
+// scratch to reserve. It removes those idle inputs, so that the retry
+// finds the room, and returns a note for the attempt's reason; "" where
+// there was room. Full is less than 1 MiB or a thousandth of the file
+// system left: a write that fails leaves little more.
+func (w *Worker) scratchFullNote(cls stream.Class) string {
+	st, err := probe.SysStatFS{}.Statfs(w.cfg.Scratch)
+	if err != nil || st.Free() > max(1<<20, st.Total()/1000) {
+		return ""
+	}
+	note := fmt.Sprintf("; the scratch file system of %s was full when the command ended (%s free of %s)",
+		w.cfg.Scratch, stream.FormatSize(st.Free()), stream.FormatSize(st.Total()))
+	w.mu.Lock()
+	stager := w.stager
+	w.mu.Unlock()
+	if freed := stager.DropIdle(); freed > 0 {
+		note += fmt.Sprintf(": %s of staged inputs no running shard used were removed for the retry", stream.FormatSize(freed))
+	}
+	if cls.Scratch == 0 {
+		note += "; declare the class's scratch (room for its {out} and {scratch}) so that its shards wait for room instead of failing"
+	}
+	return note
 }
 
 // scratchWait is how often a shard waiting for scratch space that running

@@ -376,6 +376,41 @@ func TestStagingLongerThanTheLeaseKeepsIt(t *testing.T) {
 	}
 }
 
+// TestAFullScratchIsNamed: a command that fills the scratch file system
+// fails in its own words ("No space left on device"), which do not say
+// that the scratch was full or that its class declares no scratch to
+// reserve. The failure says both now; a class that declares its scratch
+// gets no advice to.
+func TestAFullScratchIsNamed(t *testing.T) {
+	scratch := filepath.Join(t.TempDir(), "scratch")
+	testenv.SmallTmpfs(t, scratch, "16m")
+	for _, c := range []struct {
+		name, class string
+		advice      bool
+	}{{"undeclared", "", true}, {"declared", "[class.cpu]\nscratch = \"8MiB\"\n", false}} {
+		data := t.TempDir()
+		spec := testenv.WriteJob(t, testenv.Job{Name: c.name, Shards: 1, Retries: 0, Extra: c.class,
+			Command: []string{"sh", "-c", `head -c 20000000 /dev/zero > "$0/big"`, "{out}"}})
+		p := testenv.Start(t, "run", "--data", data, "--slots", "1", "--scratch", scratch, spec)
+		if code := p.Wait(t, 60*time.Second); code != 3 {
+			t.Fatalf("%s: exit %d, want 3 (BLOCKED)\n%s", c.name, code, p.Output())
+		}
+		b, err := os.ReadFile(filepath.Join(data, "runs", c.name, "admission.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		failed := regexp.MustCompile(`(?m)^.* decision=failed .*$`).FindString(string(b))
+		for _, want := range []string{"No space left on device", "; the scratch file system of " + scratch + " was full when the command ended ("} {
+			if !strings.Contains(failed, want) {
+				t.Errorf("%s: the failed attempt lacks %q:\n%s", c.name, want, b)
+			}
+		}
+		if advice := strings.Contains(failed, "; declare the class's scratch (room for its {out} and {scratch})"); advice != c.advice {
+			t.Errorf("%s: advice to declare the class's scratch %v, want %v:\n%s", c.name, advice, c.advice, failed)
+		}
+	}
+}
+
 // TestFullStoreStopsTheRunAndItResumes: the file system of --data fills up
 // while a run goes on (here another file takes the rest of a small tmpfs):
 // `run` stops within seconds, says the store is full and where, and after
