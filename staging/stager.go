@@ -181,7 +181,7 @@ func (s *Stager) Reserve(need int64) (release func(), err error) {
 	}
 	if !ok {
 		return nil, s.noSpace(need, free, fmt.Errorf("%w: the shard's class declares %s of scratch, %s is free on the file system of %s and %s of it is held by other running shards",
-			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved)))
+			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked())))
 	}
 	var once sync.Once
 	return func() {
@@ -194,14 +194,26 @@ func (s *Stager) Reserve(need int64) (release func(), err error) {
 }
 
 // noSpace marks err, under mu, as room other shards hold (Held) where
-// need fits once their reservations are released: what they hold comes
-// back when they end. free already lacks what they wrote, so that is
-// counted once, not subtracted twice.
+// need fits once they end: their reservations are released and the
+// inputs they use can be removed then. free already lacks what they
+// wrote, so that is counted once, not subtracted twice.
 func (s *Stager) noSpace(need, free int64, err error) error {
-	if need <= free+s.reserved {
+	if need <= free+s.heldLocked() {
 		return heldError{err}
 	}
 	return err
+}
+
+// heldLocked is the room running shards hold, under mu: their
+// reservations and the staged inputs they use.
+func (s *Stager) heldLocked() int64 {
+	n := s.reserved
+	for _, e := range s.entries {
+		if e.refs > 0 && e.ready {
+			n += e.size
+		}
+	}
+	return n
 }
 
 // heldError is an ErrNoSpace whose room other shards' reservations hold.
@@ -294,20 +306,22 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		what = "inputs not yet staged, the unpacked copy of their pack"
 	}
 	s.mu.Lock()
+	var copies int64 // inputs not yet staged
 	for _, f := range files {
 		k := key(f)
 		if e := s.entries[k]; e == nil || !e.ready {
-			need += f.Size
+			copies += f.Size
 		}
 	}
+	need += copies
 	free, ok, err := s.reserveLocked(need)
 	if err != nil {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("stage: %w", err)
 	}
 	if !ok {
-		err := s.noSpace(need, free, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s is reserved by other shards",
-			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.reserved)))
+		err := s.noSpace(need, free, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s of it is held by other running shards",
+			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked())))
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -363,6 +377,15 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		st.Release()
 		return nil, firstErr
 	}
+	// The copies are on the disk now, kept from eviction while the shard
+	// uses them: the free space counts them, so the reservation keeps only
+	// what is still to be written (a pack's unpacked copy, the declared
+	// scratch). Kept, they counted twice while the shard ran, and a shard
+	// beside it waited for room there was.
+	s.mu.Lock()
+	s.reserved -= copies
+	st.reserved -= copies
+	s.mu.Unlock()
 	return st, nil
 }
 

@@ -201,19 +201,30 @@ func TestReserveSharesTheLedgerAndEvictsIdleInputs(t *testing.T) {
 	}
 	release()
 
-	// DropIdle (a scratch that filled): every idle input goes, none in use.
-	tiny := testenv.RandomFile(t, t.TempDir(), "tiny.bin", 100<<10)
-	busy, err := s.Stage(context.Background(), describe(t, tiny), 0)
+	// A staged input counts once: on the disk, not in the reservations
+	// too. Before, 1MiB beside 2MiB staged on 4MiB waited for room there
+	// was.
+	busy, err := s.Stage(context.Background(), describe(t, small), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err = s.Stage(context.Background(), describe(t, in), 0)
+	if s.Reserved() != 0 {
+		t.Fatalf("reserved %d once the input was copied, want 0: it is on the disk", s.Reserved())
+	}
+	if release, err = s.Reserve(1 << 20); err != nil {
+		t.Fatalf("1MiB beside a staged 2MiB on 4MiB: %v", err)
+	}
+	release()
+
+	// DropIdle (a scratch that filled): every idle input goes, none in use.
+	tiny := testenv.RandomFile(t, t.TempDir(), "tiny.bin", 100<<10)
+	st, err = s.Stage(context.Background(), describe(t, tiny), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.Release()
-	if freed := s.DropIdle(); freed != 2<<20 {
-		t.Fatalf("DropIdle freed %d, want the idle input's %d", freed, 2<<20)
+	if freed := s.DropIdle(); freed != 100<<10 {
+		t.Fatalf("DropIdle freed %d, want the idle input's %d", freed, 100<<10)
 	}
 	if _, err := os.Stat(st.Paths[0]); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("the idle input after DropIdle: %v, want it removed", err)

@@ -2236,7 +2236,7 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	if r.State != stream.RunComplete {
 		t.Fatalf("staged run %s: %s (want both run, one at a time)\n%s", r.State, r.Reason, log)
 	}
-	if !strings.Contains(string(log), "decision=wait stage: not enough scratch space") || !strings.Contains(string(log), "reserved by other shards; waiting for them to end") {
+	if !strings.Contains(string(log), "decision=wait stage: not enough scratch space") || !strings.Contains(string(log), "held by other running shards; waiting for them to end") {
 		t.Errorf("admission.log does not say the second staged shard waited for scratch space:\n%s", log)
 	}
 }
