@@ -137,14 +137,17 @@ func (s *Stager) Reserved() int64 {
 // reserveLocked adds need to the reservations, under mu, where the file
 // system has room for it beside the others, removing idle staged inputs
 // (least recently used first) to make it. It returns the free space it
-// counted, and false where even then there is not enough.
-func (s *Stager) reserveLocked(need int64) (free int64, ok bool, err error) {
+// counted, and false where even then there is not enough. The inputs in
+// keep (the shard's own, already staged, which need counts as no copy)
+// are not removed: removed, they would be copied again outside the
+// reservation.
+func (s *Stager) reserveLocked(need int64, keep map[string]bool) (free int64, ok bool, err error) {
 	free, err = s.free()
 	if err != nil {
 		return 0, false, err
 	}
 	if need > free-s.reserved {
-		free += s.freeUpLocked(need - (free - s.reserved))
+		free += s.freeUpLocked(need-(free-s.reserved), keep)
 	}
 	if need > free-s.reserved {
 		return free, false, nil
@@ -175,7 +178,7 @@ func (s *Stager) free() (int64, error) {
 func (s *Stager) Reserve(need int64) (release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	free, ok, err := s.reserveLocked(need)
+	free, ok, err := s.reserveLocked(need, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -307,14 +310,17 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 	}
 	s.mu.Lock()
 	var copies int64 // inputs not yet staged
+	keep := map[string]bool{}
 	for _, f := range files {
 		k := key(f)
 		if e := s.entries[k]; e == nil || !e.ready {
 			copies += f.Size
+		} else {
+			keep[k] = true
 		}
 	}
 	need += copies
-	free, ok, err := s.reserveLocked(need)
+	free, ok, err := s.reserveLocked(need, keep)
 	if err != nil {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("stage: %w", err)
@@ -634,16 +640,20 @@ func (st *Staged) Release() {
 func (s *Stager) DropIdle() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.freeUpLocked(math.MaxInt64)
+	return s.freeUpLocked(math.MaxInt64, nil)
 }
 
 // freeUpLocked removes idle staged files, least recently used first, until
-// at least want bytes are freed or none is left; it returns bytes freed.
-func (s *Stager) freeUpLocked(want int64) int64 {
+// at least want bytes are freed or none is left, all but those in keep;
+// it returns bytes freed.
+func (s *Stager) freeUpLocked(want int64, keep map[string]bool) int64 {
 	var freed int64
 	for _, x := range s.idleLocked() {
 		if freed >= want {
 			break
+		}
+		if keep[x.k] {
+			continue
 		}
 		os.RemoveAll(filepath.Dir(x.e.path))
 		delete(s.entries, x.k)

@@ -136,6 +136,51 @@ func TestDiskThatWouldFillIsRefusedBeforeCopying(t *testing.T) {
 	}
 }
 
+// TestRoomIsNotMadeOfTheShardsOwnInputs: a shard whose input is staged
+// and idle (its retry, or another shard of the same input) counts it as
+// no copy; making room for the rest must remove other idle inputs, not
+// that one, which would then be copied again outside the reservation.
+func TestRoomIsNotMadeOfTheShardsOwnInputs(t *testing.T) {
+	scratch := filepath.Join(t.TempDir(), "scratch")
+	testenv.SmallTmpfs(t, scratch, "4m")
+	s, err := staging.New(staging.Config{Dir: filepath.Join(scratch, "stage"), CacheBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	own := testenv.RandomFile(t, src, "own.bin", 2<<20)     // staged first: least recently used
+	other := testenv.RandomFile(t, src, "other.bin", 1<<20) // staged second
+	for _, f := range []string{own, other} {
+		st, err := s.Stage(context.Background(), describe(t, f), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Release()
+	}
+	// About 1MiB free: 1.5MiB declared scratch needs one of the idle
+	// inputs removed, and own.bin, the older, is the shard's own.
+	st, err := s.Stage(context.Background(), describe(t, own), 3<<19)
+	if err != nil {
+		t.Fatalf("own.bin staged and idle, 1.5MiB declared, other.bin idle: %v, want room made of other.bin", err)
+	}
+	defer st.Release()
+	if st.Stats.Copied != 0 || st.Stats.Reused != 1 {
+		t.Errorf("own.bin copied %d bytes, reused %d, want 0 and 1: the shard's own staged input was removed for room and copied again", st.Stats.Copied, st.Stats.Reused)
+	}
+	if _, err := os.Stat(st.Paths[0]); err != nil {
+		t.Errorf("own.bin: %v", err)
+	}
+	if n, err := os.ReadDir(filepath.Join(scratch, "stage", "cache")); err != nil || len(n) != 1 {
+		t.Errorf("cache holds %d entries (%v), want 1: other.bin removed for room", len(n), err)
+	}
+	if s.Reserved() != 3<<19 {
+		t.Errorf("reserved %d, want the declared 1.5MiB", s.Reserved())
+	}
+}
+
 // TestReserveSharesTheLedgerAndEvictsIdleInputs: room held for a shard
 // that stages nothing (Reserve) is in the same reservations as staged
 // shards', works before anything was staged (the stage directory not
