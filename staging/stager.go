@@ -183,8 +183,8 @@ func (s *Stager) Reserve(need int64) (release func(), err error) {
 		return nil, err
 	}
 	if !ok {
-		return nil, s.noSpace(need, free, fmt.Errorf("%w: the shard's class declares %s of scratch, %s is free on the file system of %s and %s of it is held by other running shards",
-			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked())))
+		return nil, s.noSpace(need, free, nil, fmt.Errorf("%w: the shard's class declares %s of scratch, %s is free on the file system of %s and %s of it is held by other running shards",
+			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked(nil))))
 	}
 	var once sync.Once
 	return func() {
@@ -198,21 +198,22 @@ func (s *Stager) Reserve(need int64) (release func(), err error) {
 
 // noSpace marks err, under mu, as room other shards hold (Held) where
 // need fits once they end: their reservations are released and the
-// inputs they use can be removed then. free already lacks what they
-// wrote, so that is counted once, not subtracted twice.
-func (s *Stager) noSpace(need, free int64, err error) error {
-	if need <= free+s.heldLocked() {
+// inputs they use can be removed then, but for those in keep (the
+// shard's own: they stay for it). free already lacks what they wrote,
+// so that is counted once, not subtracted twice.
+func (s *Stager) noSpace(need, free int64, keep map[string]bool, err error) error {
+	if need <= free+s.heldLocked(keep) {
 		return heldError{err}
 	}
 	return err
 }
 
 // heldLocked is the room running shards hold, under mu: their
-// reservations and the staged inputs they use.
-func (s *Stager) heldLocked() int64 {
+// reservations and the staged inputs they use, but for those in keep.
+func (s *Stager) heldLocked(keep map[string]bool) int64 {
 	n := s.reserved
-	for _, e := range s.entries {
-		if e.refs > 0 && e.ready {
+	for k, e := range s.entries {
+		if e.refs > 0 && e.ready && !keep[k] {
 			n += e.size
 		}
 	}
@@ -326,8 +327,8 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		return nil, fmt.Errorf("stage: %w", err)
 	}
 	if !ok {
-		err := s.noSpace(need, free, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s of it is held by other running shards",
-			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked())))
+		err := s.noSpace(need, free, keep, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s of it is held by other running shards",
+			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked(keep))))
 		s.mu.Unlock()
 		return nil, err
 	}

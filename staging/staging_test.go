@@ -166,7 +166,6 @@ func TestRoomIsNotMadeOfTheShardsOwnInputs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("own.bin staged and idle, 1.5MiB declared, other.bin idle: %v, want room made of other.bin", err)
 	}
-	defer st.Release()
 	if st.Stats.Copied != 0 || st.Stats.Reused != 1 {
 		t.Errorf("own.bin copied %d bytes, reused %d, want 0 and 1: the shard's own staged input was removed for room and copied again", st.Stats.Copied, st.Stats.Reused)
 	}
@@ -178,6 +177,19 @@ func TestRoomIsNotMadeOfTheShardsOwnInputs(t *testing.T) {
 	}
 	if s.Reserved() != 3<<19 {
 		t.Errorf("reserved %d, want the declared 1.5MiB", s.Reserved())
+	}
+	st.Release()
+
+	// Nor is its own input, in use by another shard, room that comes back
+	// to it when that shard ends: it stays for this one. About 2MiB free
+	// and own.bin's 2MiB in use cannot hold 3MiB more: an error, not a wait.
+	running, err := s.Stage(context.Background(), describe(t, own), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Release()
+	if _, err := s.Stage(context.Background(), describe(t, own), 3<<20); !errors.Is(err, staging.ErrNoSpace) || staging.Held(err) {
+		t.Fatalf("own.bin in use by another shard, 3MiB declared, about 2MiB free: %v (held %v), want ErrNoSpace, not held", err, staging.Held(err))
 	}
 }
 
