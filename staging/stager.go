@@ -183,8 +183,8 @@ func (s *Stager) Reserve(need int64) (release func(), err error) {
 		return nil, err
 	}
 	if !ok {
-		return nil, s.noSpace(need, free, nil, fmt.Errorf("%w: the shard's class declares %s of scratch, %s is free on the file system of %s and %s of it is held by other running shards",
-			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked(nil))))
+		return nil, s.noSpace(need, free, nil, fmt.Errorf("%w: the shard's class declares %s of scratch, %s is free on the file system of %s, %s",
+			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, s.othersLocked(nil)))
 	}
 	var once sync.Once
 	return func() {
@@ -218,6 +218,17 @@ func (s *Stager) heldLocked(keep map[string]bool) int64 {
 		}
 	}
 	return n
+}
+
+// othersLocked says, under mu, what other running shards hold: their
+// reservations, inside the free space (not written yet), and the staged
+// inputs they use (but those in keep), beside it.
+func (s *Stager) othersLocked(keep map[string]bool) string {
+	w := stream.FormatSize(s.reserved) + " of it reserved by other running shards"
+	if in := s.heldLocked(keep) - s.reserved; in > 0 {
+		w += ", whose staged inputs hold " + stream.FormatSize(in) + " more"
+	}
+	return w
 }
 
 // heldError is an ErrNoSpace whose room other shards' reservations hold.
@@ -327,8 +338,8 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		return nil, fmt.Errorf("stage: %w", err)
 	}
 	if !ok {
-		err := s.noSpace(need, free, keep, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s and %s of it is held by other running shards",
-			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, stream.FormatSize(s.heldLocked(keep))))
+		err := s.noSpace(need, free, keep, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s, %s",
+			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, s.othersLocked(keep)))
 		s.mu.Unlock()
 		return nil, err
 	}
