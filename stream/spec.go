@@ -548,9 +548,16 @@ func checkArgv(argv []string) error {
 		}
 		// Other braces pass through (an awk program), but a word of three
 		// letters or more a letter or two from a placeholder is a typo that
-		// would reach every shard as it is.
+		// would reach every shard as it is, and so is a shorter one that
+		// stands alone as an argument and begins a placeholder ("{in}").
 		for _, m := range braceRE.FindAllStringSubmatch(a, -1) {
-			if len(m[1]) < 3 || slices.Contains(placeholders, m[1]) {
+			if slices.Contains(placeholders, m[1]) {
+				continue
+			}
+			if len(m[1]) < 3 {
+				if k := beginning(m[1], placeholders); k != "" && a == m[0] && len(m[1]) > 1 {
+					return fmt.Errorf("argument %d (%q): %s is not a placeholder; did you mean {%s}? (text in braces that is meant as it is belongs in a script the command runs)", i, a, m[0], k)
+				}
 				continue
 			}
 			if k := likelyMeant(m[1], placeholders); k != "" {
@@ -559,6 +566,16 @@ func checkArgv(argv []string) error {
 		}
 	}
 	return nil
+}
+
+// beginning is the first of names that w begins, or "".
+func beginning(w string, names []string) string {
+	for _, n := range names {
+		if strings.HasPrefix(n, w) {
+			return n
+		}
+	}
+	return ""
 }
 
 // checkOutput checks one pattern of the spec's outputs: a path inside

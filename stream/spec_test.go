@@ -145,6 +145,7 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"top-level key under a class", base + "[class.cpu]\ncpus = 1\nretries = 3\n", `:7: field "class.cpu.retries": invalid run spec: unknown field: "retries" is a top-level key: in TOML every key after a [table] header belongs to that table, so put it above the first one (known here: cpus,`},
 		{"nothing close", base + "colour = 3\n", `unknown field: "colour" (known here: class, code_rev, command,`},
 		{"misspelt placeholder", strings.Replace(base, `["true"]`, `["sh", "-c", "gzip -c {inptus} > {out}/x"]`, 1), `:4: field "command": invalid run spec: argument 2 ("gzip -c {inptus} > {out}/x"): {inptus} is not a placeholder; did you mean {inputs}?`},
+		{"placeholder cut short", strings.Replace(base, `["true"]`, `["cp", "{in}", "{out}/"]`, 1), `:4: field "command": invalid run spec: argument 1 ("{in}"): {in} is not a placeholder; did you mean {input}?`},
 		{"outputs as a string", base + "outputs = \"x.gz\"\n", `:5:11: field "outputs": invalid run spec: got a string, want an array of paths inside {out} such as ["{id}.gz", "*.csv"]`},
 		{"output outside {out}", base + "outputs = [\"x.gz\", \"../y\"]\n", `:5: field "outputs": invalid run spec: entry 1 ("../y"): not a path inside {out}`},
 		{"absolute output", base + "outputs = [\"/tmp/x\"]\n", `:5: field "outputs": invalid run spec: entry 0 ("/tmp/x"): not a path inside {out}`},
@@ -316,6 +317,18 @@ func TestBracesThatAreNoPlaceholderTypo(t *testing.T) {
 	for _, a := range []string{"{print $1}", "{a,b}", "{in}", "{output}", "{config_file}", "${HOME}", "{}"} {
 		if err := checkArgv([]string{"sh", "-c", "echo " + a}); err != nil {
 			t.Errorf("%s: %v, want it passed as it is", a, err)
+		}
+	}
+	// Alone as an argument, a short word passes unless it begins a
+	// placeholder: {in} there can only be {input} cut short.
+	for _, a := range []string{"{ab}", "{o}", "{x_}"} {
+		if err := checkArgv([]string{"tool", a}); err != nil {
+			t.Errorf("argument %s: %v, want it passed as it is", a, err)
+		}
+	}
+	for a, want := range map[string]string{"{in}": "{input}", "{ou}": "{out}", "{ck}": "{ckpt}", "{sc}": "{scratch}"} {
+		if err := checkArgv([]string{"tool", a}); err == nil || !strings.Contains(err.Error(), "did you mean "+want+"?") {
+			t.Errorf("argument %s: %v, want it refused, suggesting %s", a, err, want)
 		}
 	}
 	if got := likelyMeant("ouput", placeholders); got != "out" {
