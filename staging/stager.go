@@ -221,12 +221,12 @@ func (s *Stager) heldLocked(keep map[string]bool) int64 {
 }
 
 // othersLocked says, under mu, what other running shards hold: their
-// reservations, inside the free space (not written yet), and the staged
-// inputs they use (but those in keep), beside it.
+// reservations (what they wrote of them is no longer free, the rest still
+// is) and the staged inputs they use, but those in keep.
 func (s *Stager) othersLocked(keep map[string]bool) string {
-	w := stream.FormatSize(s.reserved) + " of it reserved by other running shards"
+	w := "other running shards hold " + stream.FormatSize(s.reserved) + " reserved"
 	if in := s.heldLocked(keep) - s.reserved; in > 0 {
-		w += ", whose staged inputs hold " + stream.FormatSize(in) + " more"
+		w += " and " + stream.FormatSize(in) + " of staged inputs"
 	}
 	return w
 }

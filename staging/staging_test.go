@@ -243,7 +243,7 @@ func TestReserveSharesTheLedgerAndEvictsIdleInputs(t *testing.T) {
 		t.Fatalf("staging 2MiB beside 3MiB reserved on 4MiB: %v (held %v), want ErrNoSpace, held (one ledger)", err, staging.Held(err))
 	}
 	_, err = s.Reserve(2 << 20)
-	if !errors.Is(err, staging.ErrNoSpace) || !staging.Held(err) || !strings.Contains(err.Error(), "3.0MiB of it reserved by other running shards") {
+	if !errors.Is(err, staging.ErrNoSpace) || !staging.Held(err) || !strings.Contains(err.Error(), "other running shards hold 3.0MiB reserved") {
 		t.Fatalf("2MiB beside 3MiB reserved on 4MiB: %v (held %v), want ErrNoSpace, held by the others", err, staging.Held(err))
 	}
 	if _, err = s.Reserve(8 << 20); !errors.Is(err, staging.ErrNoSpace) || staging.Held(err) {

@@ -2211,7 +2211,7 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	if r.State != stream.RunComplete {
 		t.Fatalf("run %s: %s (want both run, one at a time: exit 7 means they overlapped)\n%s", r.State, r.Reason, log)
 	}
-	if !strings.Contains(string(log), "decision=wait not enough scratch space") || !strings.Contains(string(log), "reserved by other running shards; waiting for them to end") {
+	if !strings.Contains(string(log), "decision=wait not enough scratch space") || !strings.Contains(string(log), "other running shards hold 5.0MiB reserved; waiting for them to end") {
 		t.Errorf("admission.log does not say the second shard waited for scratch space:\n%s", log)
 	}
 	for _, id := range []string{"s0000", "s0001"} {
@@ -2237,7 +2237,7 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	if r.State != stream.RunComplete {
 		t.Fatalf("staged run %s: %s (want both run, one at a time)\n%s", r.State, r.Reason, log)
 	}
-	if !regexp.MustCompile(`decision=wait stage: not enough scratch space: .* is free at \S+, 5\.0MiB of it reserved by other running shards, whose staged inputs hold \S+ more; waiting for them to end`).Match(log) {
+	if !regexp.MustCompile(`decision=wait stage: not enough scratch space: .* is free at \S+, other running shards hold 5\.0MiB reserved and \S+ of staged inputs; waiting for them to end`).Match(log) {
 		t.Errorf("admission.log does not say the second staged shard waited for scratch space:\n%s", log)
 	}
 }
