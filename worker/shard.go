@@ -648,66 +648,57 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	// beat for the attempt meanwhile, as the command's heartbeat does
 	// once it runs. Without it a copy longer than the TTL let the
 	// message come back (to another worker, whose lease then expired
-	// under this one's copy).
+	// under this one's copy). pctx ends them at once where the worker
+	// stops or the lease is lost: a copy resumes from its verified chunks
+	// next time instead of finishing a large input first.
 	var preLost chan struct{}
-	stopPre := func() {}
+	pctx, stopPre := ctx, func() {}
 	if spec.StageFor(class) || cls.Scratch > 0 {
 		preLost = make(chan struct{})
-		stopPre = w.heartbeat(ctx, a.msg, l, preLost)
+		stopBeat := w.heartbeat(ctx, a.msg, l, preLost)
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-stop:
+			case <-preLost:
+			case <-pctx.Done():
+			}
+			cancel()
+		}()
+		stopPre = func() { stopBeat(); cancel() }
+	}
+	// preStopped is the result of an attempt that pctx ended while doing.
+	preStopped := func(doing string) result {
+		if isClosed(preLost) {
+			return result{outcome: stream.OutcomeLeaseLost, reason: "lease could not be renewed while " + doing + "; not run"}
+		}
+		return result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while " + doing}
 	}
 	if !spec.StageFor(class) && cls.Scratch > 0 {
 		// Staging reserves the class's declared scratch with the inputs;
 		// a shard that stages nothing reserves it here, waiting in its
 		// slot (its lease renewed) while running shards hold the room,
 		// as it would wait for a slow copy.
-		for logged := false; ; {
-			release, err := w.reserveScratch(cls.Scratch)
-			if err == nil {
-				defer release()
-				break
-			}
-			if !staging.Held(err) {
-				res = result{outcome: stream.OutcomeStart, reason: err.Error() + "; the command was not run"}
-				break
-			}
-			if !logged {
-				w.admission(m.Run, m.ID, class, "wait", err.Error()+"; waiting for them to end")
-				logged = true
-			}
-			select {
-			case <-stop:
-				res = result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while waiting for scratch space"}
-			case <-ctx.Done():
-				res = result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while waiting for scratch space"}
-			case <-preLost:
-				res = result{outcome: stream.OutcomeLeaseLost, reason: "lease could not be renewed while waiting for scratch space; not run"}
-			case <-time.After(scratchWait):
-				continue
-			}
-			break
+		var release func()
+		err := w.waitForRoom(pctx, m, class, func() (err error) {
+			release, err = w.reserveScratch(cls.Scratch)
+			return err
+		})
+		switch {
+		case err == nil:
+			defer release()
+		case staging.Held(err): // pctx ended the wait
+			res = preStopped("waiting for scratch space")
+		default:
+			res = result{outcome: stream.OutcomeStart, reason: err.Error() + "; the command was not run"}
 		}
 	}
 	if res.outcome == "" && spec.StageFor(class) {
-		// A shutdown stops the copy at once (it resumes from its verified
-		// chunks next time) instead of waiting for a large input.
-		sctx, cancel := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-stop:
-				cancel()
-			case <-preLost:
-				cancel()
-			case <-sctx.Done():
-			}
-		}()
-		staged, sres := w.stage(sctx, a, cls, base+".in")
-		switch {
-		case isClosed(preLost):
-			sres = result{outcome: stream.OutcomeLeaseLost, reason: "lease could not be renewed while staging the inputs; not run"}
-		case sres.outcome != "" && sctx.Err() != nil && ctx.Err() == nil:
-			sres = result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while staging the inputs"}
+		staged, sres := w.stage(pctx, a, cls, base+".in")
+		if isClosed(preLost) || (sres.outcome != "" && pctx.Err() != nil && ctx.Err() == nil) {
+			sres = preStopped("staging the inputs")
 		}
-		cancel()
 		defer os.RemoveAll(base + ".in")
 		if staged != nil {
 			defer staged.Release()
@@ -1019,22 +1010,14 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 			files = append(files, f)
 		}
 	}
-	staged, err := st.Stage(ctx, files, cls.Scratch)
 	// Room that running shards hold comes back when they end: the shard
 	// waits in its slot for it, as one that stages nothing does, rather
 	// than spend an attempt.
-	for logged := false; staging.Held(err); {
-		if !logged {
-			w.admission(m.Run, m.ID, m.Class, "wait", err.Error()+"; waiting for them to end")
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return nil, result{outcome: stream.OutcomeStage, reason: err.Error()} // stopped: the caller says why
-		case <-time.After(scratchWait):
-		}
+	var staged *staging.Staged
+	err = w.waitForRoom(ctx, m, m.Class, func() (err error) {
 		staged, err = st.Stage(ctx, files, cls.Scratch)
-	}
+		return err
+	})
 	if err != nil {
 		if ctx.Err() == nil { // else stopped: the caller says why
 			w.admission(m.Run, m.ID, m.Class, "stage-failed", err.Error())
@@ -1658,6 +1641,26 @@ func (w *Worker) scratchFullNote(cls stream.Class) string {
 // scratchWait is how often a shard waiting for scratch space that running
 // shards hold looks again.
 const scratchWait = 250 * time.Millisecond
+
+// waitForRoom calls try until it fails for anything but room that running
+// shards hold (staging.Held), looking again every scratchWait, and says
+// once in admission.log that the shard waits. It returns try's last
+// error: a Held one where ctx ended the wait.
+func (w *Worker) waitForRoom(ctx context.Context, m *stream.ShardMsg, class string, try func() error) error {
+	err := try()
+	for logged := false; staging.Held(err); err = try() {
+		if !logged {
+			w.admission(m.Run, m.ID, class, "wait", err.Error()+"; waiting for them to end")
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(scratchWait):
+		}
+	}
+	return err
+}
 
 // reserveScratch holds need bytes of the scratch file system for a shard
 // whose class declares scratch and that stages nothing, until release, in
