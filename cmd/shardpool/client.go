@@ -701,7 +701,9 @@ func fleetCheck(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, 
 	var workers []plan.Worker
 	for _, w := range st.Workers {
 		h := plan.Budget{}
-		for res, key := range map[string]string{"cpu": "cpu_hard", "memory": "memory_hard", "gpus": "gpus_hard", "vram": "vram_hard"} {
+		// "scratch" is no slot resource: FleetBlocked judges a class's
+		// declared scratch against it (plan.FitsScratch).
+		for res, key := range map[string]string{"cpu": "cpu_hard", "memory": "memory_hard", "gpus": "gpus_hard", "vram": "vram_hard", "scratch": "scratch_hard"} {
 			r, ok := w.Headroom[key]
 			if !ok && res == "cpu" {
 				// Workers before cpu_hard: their CPU budget was capacity.
@@ -717,15 +719,6 @@ func fleetCheck(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, 
 				h[res] = probe.Unlimited(r.Source)
 			default:
 				h[res] = probe.Known(r.Value, r.Source)
-			}
-		}
-		if r, ok := w.Headroom["scratch_hard"]; ok {
-			// Not a slot resource: FleetBlocked judges a class's declared
-			// scratch against it (plan.FitsScratch).
-			if r.Unknown != "" {
-				h["scratch"] = probe.Unknown(r.Source, "%s", r.Unknown)
-			} else {
-				h["scratch"] = probe.Known(r.Value, r.Source)
 			}
 		}
 		workers = append(workers, plan.Worker{Name: w.Name, Hard: h})
