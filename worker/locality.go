@@ -111,10 +111,7 @@ func (w *Worker) deferForLocality(ctx context.Context, a *attemptState, class st
 	for i, f := range m.Files {
 		keys[i] = staging.Key(f)
 	}
-	w.mu.Lock()
-	st := w.stager
-	w.mu.Unlock()
-	if st != nil && st.Has(keys) {
+	if st := w.hostStager(); st != nil && st.Has(keys) {
 		return false
 	}
 	peer := w.peerWithInputs(class, keys)

@@ -1626,10 +1626,7 @@ func (w *Worker) scratchFullNote(cls stream.Class) string {
 	}
 	note := fmt.Sprintf("; the scratch file system of %s was full when the command ended (%s free of %s)",
 		w.cfg.Scratch, stream.FormatSize(st.Free()), stream.FormatSize(st.Total()))
-	w.mu.Lock()
-	stager := w.stager
-	w.mu.Unlock()
-	if freed := stager.DropIdle(); freed > 0 {
+	if freed := w.hostStager().DropIdle(); freed > 0 {
 		note += fmt.Sprintf(": %s of staged inputs no running shard used were removed for the retry", stream.FormatSize(freed))
 	}
 	if cls.Scratch == 0 {
@@ -1674,8 +1671,5 @@ func (w *Worker) waitForRoom(ctx context.Context, m *stream.ShardMsg, class stri
 // numbers, unrun (a start error: a host whose scratch is full stops
 // taking shards where others run them).
 func (w *Worker) reserveScratch(need int64) (release func(), err error) {
-	w.mu.Lock()
-	stager := w.stager
-	w.mu.Unlock()
-	return stager.Reserve(need)
+	return w.hostStager().Reserve(need)
 }

@@ -1665,12 +1665,21 @@ func (w *Worker) newStager() error {
 	return nil
 }
 
+// hostStager is the host's stager (newStager), read under mu: the
+// report, the locality check and the shards read it from other
+// goroutines than the one that made it.
+func (w *Worker) hostStager() *staging.Stager {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stager
+}
+
 // stagerFor returns the host's stager once it has checked, on first use,
 // that the scratch is local storage: staging to a network mount would
 // copy inputs from one file server to another.
 func (w *Worker) stagerFor(ctx context.Context) (*staging.Stager, error) {
 	w.stageOnce.Do(func() {
-		err := w.stager.Check(ctx)
+		err := w.hostStager().Check(ctx)
 		w.mu.Lock()
 		w.stageErr = err
 		w.mu.Unlock()
