@@ -143,13 +143,7 @@ func TestDiskThatWouldFillIsRefusedBeforeCopying(t *testing.T) {
 func TestRoomIsNotMadeOfTheShardsOwnInputs(t *testing.T) {
 	scratch := filepath.Join(t.TempDir(), "scratch")
 	testenv.SmallTmpfs(t, scratch, "4m")
-	s, err := staging.New(staging.Config{Dir: filepath.Join(scratch, "stage"), CacheBytes: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Check(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	s := newStager(t, staging.Config{Dir: filepath.Join(scratch, "stage"), CacheBytes: 1 << 30})
 	src := t.TempDir()
 	own := testenv.RandomFile(t, src, "own.bin", 2<<20)     // staged first: least recently used
 	other := testenv.RandomFile(t, src, "other.bin", 1<<20) // staged second
