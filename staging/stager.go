@@ -156,6 +156,26 @@ func (s *Stager) reserveLocked(need int64, keep map[string]bool) (free int64, ok
 	return free, true, nil
 }
 
+// Room is what a new reservation could hold now, by Reserve's own
+// arithmetic: the free space of Dir's file system less the reservations,
+// plus the idle staged inputs that Reserve would remove to make room.
+// free and reserved are its parts, for a message.
+func (s *Stager) Room() (room, free, reserved int64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	free, err = s.free()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	room = free - s.reserved
+	for _, x := range s.idleLocked() {
+		if x.e.ready {
+			room += x.e.size
+		}
+	}
+	return room, free, s.reserved, nil
+}
+
 // free is the room on Dir's file system, measured at Dir or, before
 // Check made it, at its parent (the worker's scratch directory).
 func (s *Stager) free() (int64, error) {

@@ -221,9 +221,17 @@ func TestReserveSharesTheLedgerAndEvictsIdleInputs(t *testing.T) {
 	if _, err := s.Reserve(3 << 20); !errors.Is(err, staging.ErrNoSpace) || !staging.Held(err) {
 		t.Fatalf("3MiB beside a running staged shard's 2MiB on 4MiB: %v (held %v), want ErrNoSpace, held by it", err, staging.Held(err))
 	}
+	// Room, admission's look at the ledger, agrees: the running shard's
+	// input is not room, and once idle it is.
+	if room, free, _, err := s.Room(); err != nil || room >= 3<<20 || room != free {
+		t.Fatalf("room beside a running staged shard's 2MiB on 4MiB: %d (free %d, %v), want the free space alone, under 3MiB", room, free, err)
+	}
 	st.Release() // idle now, kept in the cache
 	if _, err := os.Stat(st.Paths[0]); err != nil {
 		t.Fatalf("the idle staged input: %v, want it cached", err)
+	}
+	if room, free, _, err := s.Room(); err != nil || room < 3<<20 || room != free+2<<20 {
+		t.Fatalf("room with 2MiB of idle staged input on 4MiB: %d (free %d, %v), want the free space and the idle input", room, free, err)
 	}
 	release, err = s.Reserve(3 << 20)
 	if err != nil {
