@@ -33,8 +33,20 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 	}
 	if !w.cfg.Auto {
 		slots := w.fixedSlots(class)
-		w.publishFixed(class, max(slots-inflight, 0))
-		return slots - inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
+		n, why := slots-inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
+		if _, _, known := w.peakFor(class); !known && w.runsWatched.Load() {
+			// No active run has the class yet: one open fetch waits for
+			// its first shard, so that the others are admitted by what
+			// the run declares (its scratch), not by a request for every
+			// slot made before the run was seen.
+			if g := w.gate(class); g != nil && n > 1-g.requested() {
+				n = max(1-g.requested(), 0)
+			}
+		} else if k, note := w.scratchFit(class, inflight, n); note != "" {
+			n, why = k, why+"; "+note
+		}
+		w.publishFixed(class, max(n, 0))
+		return n, why
 	}
 	peak, gpu, ok := w.peakFor(class)
 	if !ok {
@@ -198,6 +210,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	if gpu && peak.GPUs > 0 {
 		k = min(k, max(len(gpuFree)-int(o.GPUPending), 0)/int(peak.GPUs))
 	}
+	k, scratchNote := w.scratchFit(class, inflight, k)
 	if g := w.gate(class); g != nil && !g.backlog() && k > 1-g.requested() {
 		// The queue ran dry: one open fetch at a time waits for the next
 		// shard, so that what this worker holds for shards not yet queued
@@ -211,6 +224,9 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	detail = fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - %s %s = %s; peak %s (%s): fetch %d",
 		class, n, reason, inflight, stream.FormatSize(headroom), src, growthOf, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
 		stream.FormatSize(peak.Memory), peak.Source, k)
+	if scratchNote != "" {
+		detail += "; " + scratchNote
+	}
 	hold = w.holding(class, k, peak, own+int64(k)*peak.Memory)
 	if wants {
 		hold.want(peak)
@@ -410,7 +426,7 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 	if err != nil {
 		return nil
 	}
-	peaks, gpu := map[string]plan.Peak{}, map[string]bool{}
+	peaks, gpu, scratch := map[string]plan.Peak{}, map[string]bool{}, map[string][]int64{}
 	for _, k := range keys {
 		e, err := w.b.Runs.Get(ctx, k)
 		if err != nil {
@@ -430,11 +446,17 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 			cur.Source = d.Source
 			peaks[c] = cur
 			gpu[c] = gpu[c] || d.GPUs > 0
+			if n := r.Spec.Classes[c].Scratch; n > 0 {
+				scratch[c] = append(scratch[c], n)
+			}
 		}
 	}
 	w.mu.Lock()
-	w.peaks, w.gpuClass = peaks, gpu
+	w.peaks, w.gpuClass, w.scratchNeed = peaks, gpu, scratch
 	w.mu.Unlock()
+	// Fetch loops held back for want of a run, or for scratch a run no
+	// longer declares, look again.
+	w.wakeAll()
 	classes := make([]string, 0, len(peaks))
 	for c := range peaks {
 		classes = append(classes, c)

@@ -2175,6 +2175,44 @@ func TestCommandKilledBySignalFails(t *testing.T) {
 // numbers; shards that fit one at a time run one at a time, the next
 // waiting in its slot with its lease kept (one attempt each, longer than
 // the lease's TTL, no second delivery); staged ones too.
+// A class's declared scratch is part of admission: with 3 slots and room
+// on a 12 MiB scratch for two shards of 5 MiB, the worker fetches two,
+// and the third stays queued (for another host, were there one) until
+// one of them ends, instead of waiting for room in its slot.
+func TestAdmissionFetchesOnlyWhatScratchHasRoomFor(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	testenv.SmallTmpfs(t, filepath.Join(env.Data, "scratch", "w1"), "12m")
+	env.StartWorker("w1", map[string]int{"cpu": 3})
+
+	spec := concurrencyJob(t, 4, "1", "[class.cpu]\nscratch = \"5MiB\"\n")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+	hostLog, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	runLog, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	if r.State != stream.RunComplete {
+		t.Fatalf("run %s: %s\n%s\n%s", r.State, r.Reason, hostLog, runLog)
+	}
+	if most := maxConcurrent(t, spec, 4); most != 2 {
+		t.Errorf("%d shards ran at once; want 2 (12 MiB of scratch, 5 MiB declared each, 3 slots)\n%s", most, runLog)
+	}
+	if !regexp.MustCompile(`class=cpu decision=wait 2 of 3 slots of class cpu in use; slots from configuration; scratch at \S+ has room for 0 more shard\(s\) declaring 5\.0MiB: \S+ free, 10\.0MiB reserved by running shards`).Match(hostLog) {
+		t.Errorf("the worker's admission.log does not say scratch held the third slot back:\n%s", hostLog)
+	}
+	if strings.Contains(string(runLog), "not enough scratch space") {
+		t.Errorf("a shard was fetched and waited for scratch in its slot:\n%s", runLog)
+	}
+	for i := range 4 {
+		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Attempts) != 1 || rec.Interrupted != 0 {
+			t.Errorf("s%04d: %d attempt(s), %d handed back; want one", i, len(rec.Attempts), rec.Interrupted)
+		}
+	}
+}
+
 func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	testenv.RequireRoot(t)
 	env := testenv.New(t, testenv.Options{NoWorkers: true})

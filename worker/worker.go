@@ -225,6 +225,15 @@ type Worker struct {
 	gpuRes   map[string]string // GPU UUID -> shard key holding it
 	ledger   *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
 	sharing  atomic.Bool       // the last admission decision saw other active workers in the ledger
+
+	// scratchNeed is each class's declared scratch in the active runs
+	// that declare one; scratchHeld counts its shards in flight holding
+	// their reservation in the scratch ledger (scratchadmit.go).
+	scratchNeed map[string][]int64
+	scratchHeld map[string]int
+	// runsWatched: refreshPeaks keeps peaks and scratchNeed up to date.
+	runsWatched atomic.Bool
+
 	// othersLimit is what others' use of the host's CPUs limited the last
 	// admission decision to; nil when another limit bound it (OthersLimit).
 	othersLimit atomic.Pointer[othersLimit]
@@ -836,6 +845,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		// The classes' peaks of the active runs, for admission and for what
 		// this worker's shards hold; in auto mode or with SlotsEach, serve
 		// every class of those runs as they appear.
+		w.runsWatched.Store(true)
 		served := map[string]bool{}
 		for c, n := range w.cfg.Slots {
 			// With fixed slots CLASS=0 keeps the class away; in auto mode
