@@ -41,6 +41,7 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 			// slot made before the run was seen.
 			if g := w.gate(class); g != nil && n > 1-g.requested() {
 				n = max(1-g.requested(), 0)
+				why += "; one open fetch until a run of the class is seen"
 			}
 		} else if k, note := w.scratchFit(class, inflight, n); note != "" {
 			n, why = k, why+"; "+note
