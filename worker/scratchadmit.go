@@ -23,8 +23,8 @@ import (
 // the room in the scratch ledger: whole shards of the class's declared
 // scratch, less those of its shards in flight that hold no reservation
 // yet (fetched or being fetched; holdScratch counts those that do). It
-// returns k unchanged and "" where
-// scratch did not bind, otherwise the cap and why.
+// returns k unchanged and "" where scratch did not bind, otherwise the
+// cap and why.
 func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
 	needs, holding := w.scratchState(class)
 	if len(needs) == 0 || k <= 0 {
