@@ -115,6 +115,14 @@ func (w *Worker) startingPeer(class string) (peer, stale string) {
 	return "", stale
 }
 
+// outageLeft is how long the hold for start failures lasts yet; 0 when
+// there is none.
+func (w *Worker) outageLeft() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return max(time.Until(w.outageUntil), 0)
+}
+
 // outageHeld is why the worker holds its fetches for start failures that
 // no other worker is spared (noteStart), or "" when it does not.
 func (w *Worker) outageHeld() string {

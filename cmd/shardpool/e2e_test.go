@@ -1491,7 +1491,9 @@ func TestRetryDelayIsNotABusyWorker(t *testing.T) {
 // predate the failures, and the bad worker waits for the next one.
 func TestWorkerStopsWhereAttemptsCannotStart(t *testing.T) {
 	c := startCluster(t, "10s")
-	const n = 30
+	// Enough for the good worker to be busy past the bad one's hold (5s
+	// at 0.2s a shard): the bad one must fetch again to stop.
+	const n = 50
 	tools := t.TempDir()
 	if err := os.WriteFile(filepath.Join(tools, "sptool"), []byte("#!/bin/sh\nsleep 0.2; cp \"$1\" \"$2/\"\n"), 0o755); err != nil {
 		t.Fatal(err)
