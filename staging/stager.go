@@ -56,8 +56,96 @@ type Stager struct {
 	log     *slog.Logger
 
 	mu       sync.Mutex
-	reserved int64
+	reserved int64             // the claims' bytes, written or not
+	claims   map[*claim]bool   // the shards' reservations
 	entries  map[string]*entry // by cache key
+}
+
+// claim is one shard's reservation: n bytes of the file system, held
+// from before the shard writes until it ends. What the shard has written
+// in its directories (dirs: its {out}, {scratch}, unpacked inputs) is
+// gone from the free space already, so it no longer counts as reserved:
+// counted in both, a shard that had written most of its room kept a
+// shard beside it waiting for room that was there.
+type claim struct {
+	n    int64
+	dirs []string
+	used int64     // in dirs at the last look
+	at   time.Time // of the last look
+}
+
+// usageEvery is how long a look at a claim's directories stands.
+const usageEvery = time.Second
+
+// usageEntries bounds the entries a look at a claim's directories counts:
+// a tree larger than that counts for what was seen, which errs toward
+// waiting.
+const usageEntries = 10000
+
+// unwritten is what of the claim is still to be written, under mu.
+func (c *claim) unwritten() int64 {
+	if len(c.dirs) > 0 && time.Since(c.at) >= usageEvery {
+		c.used, c.at = dirUsage(c.dirs), time.Now()
+	}
+	return max(c.n-c.used, 0)
+}
+
+// dirUsage is the space the files under dirs take on the disk.
+func dirUsage(dirs []string) int64 {
+	var n int64
+	seen := 0
+	for _, d := range dirs {
+		filepath.WalkDir(d, func(_ string, e fs.DirEntry, err error) error {
+			if err != nil {
+				return nil // not made yet, or removed meanwhile
+			}
+			if seen++; seen > usageEntries {
+				return fs.SkipAll
+			}
+			if !e.Type().IsRegular() {
+				return nil
+			}
+			fi, err := e.Info()
+			if err != nil {
+				return nil
+			}
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			} else {
+				n += fi.Size()
+			}
+			return nil
+		})
+	}
+	return n
+}
+
+// claimLocked reserves n bytes for a shard writing in dirs, under mu.
+func (s *Stager) claimLocked(n int64, dirs []string) *claim {
+	c := &claim{n: n, dirs: dirs}
+	if s.claims == nil {
+		s.claims = map[*claim]bool{}
+	}
+	s.claims[c] = true
+	s.reserved += n
+	return c
+}
+
+// unclaimLocked releases c, under mu.
+func (s *Stager) unclaimLocked(c *claim) {
+	if s.claims[c] {
+		delete(s.claims, c)
+		s.reserved -= c.n
+	}
+}
+
+// unwrittenLocked is what the claims hold still to be written, under mu.
+func (s *Stager) unwrittenLocked() int64 {
+	var n int64
+	for c := range s.claims {
+		n += c.unwritten()
+	}
+	return n
 }
 
 type entry struct {
@@ -127,53 +215,56 @@ func New(cfg Config) (*Stager, error) {
 }
 
 // Reserved is the scratch space the shards staging, staged or holding
-// room (Reserve) now hold: inputs not yet copied, declared scratch.
+// room (Reserve) now hold: inputs not yet copied, declared scratch,
+// whether they have written in it yet or not.
 func (s *Stager) Reserved() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.reserved
 }
 
-// reserveLocked adds need to the reservations, under mu, where the file
-// system has room for it beside the others, removing idle staged inputs
-// (least recently used first) to make it. It returns the free space it
-// counted, and false where even then there is not enough. The inputs in
-// keep (the shard's own, already staged, which need counts as no copy)
-// are not removed: removed, they would be copied again outside the
-// reservation.
-func (s *Stager) reserveLocked(need int64, keep map[string]bool) (free int64, ok bool, err error) {
+// reserveLocked claims need for a shard writing in dirs, under mu, where
+// the file system has room for it beside what the others' claims hold
+// still to be written, removing idle staged inputs (least recently used
+// first) to make it. It returns the claim, nil where even then there is
+// not enough, and the free space it counted. The inputs in keep (the
+// shard's own, already staged, which need counts as no copy) are not
+// removed: removed, they would be copied again outside the reservation.
+func (s *Stager) reserveLocked(need int64, keep map[string]bool, dirs []string) (c *claim, free int64, err error) {
 	free, err = s.free()
 	if err != nil {
-		return 0, false, err
+		return nil, 0, err
 	}
-	if need > free-s.reserved {
-		free += s.freeUpLocked(need-(free-s.reserved), keep)
+	held := s.unwrittenLocked()
+	if need > free-held {
+		free += s.freeUpLocked(need-(free-held), keep)
 	}
-	if need > free-s.reserved {
-		return free, false, nil
+	if need > free-held {
+		return nil, free, nil
 	}
-	s.reserved += need
-	return free, true, nil
+	return s.claimLocked(need, dirs), free, nil
 }
 
 // Room is what a new reservation could hold now, by Reserve's own
-// arithmetic: the free space of Dir's file system less the reservations,
-// plus the idle staged inputs that Reserve would remove to make room.
-// free and reserved are its parts, for a message.
-func (s *Stager) Room() (room, free, reserved int64, err error) {
+// arithmetic: the free space of Dir's file system less what the
+// reservations hold still to be written, plus the idle staged inputs
+// that Reserve would remove to make room. free and unwritten are its
+// parts, for a message.
+func (s *Stager) Room() (room, free, unwritten int64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	free, err = s.free()
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	room = free - s.reserved
+	unwritten = s.unwrittenLocked()
+	room = free - unwritten
 	for _, x := range s.idleLocked() {
 		if x.e.ready {
 			room += x.e.size
 		}
 	}
-	return room, free, s.reserved, nil
+	return room, free, unwritten, nil
 }
 
 // free is the room on Dir's file system, measured at Dir or, before
@@ -192,27 +283,25 @@ func (s *Stager) free() (int64, error) {
 // Reserve holds need bytes of the scratch file system for a shard that
 // stages nothing (its class's declared scratch) until release, in the
 // same reservations as staged shards, and removes idle staged inputs to
-// make room as Stage does. It needs no Check: it copies nothing. Where
+// make room as Stage does. What the shard writes in dirs leaves the
+// reservation (claim). It needs no Check: it copies nothing. Where
 // there is not room, the error (ErrNoSpace) has the numbers, and Held
 // says whether other shards' reservations hold it.
-func (s *Stager) Reserve(need int64) (release func(), err error) {
+func (s *Stager) Reserve(need int64, dirs ...string) (release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	free, ok, err := s.reserveLocked(need, nil)
+	c, free, err := s.reserveLocked(need, nil, dirs)
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
+	if c == nil {
 		return nil, s.noSpace(need, free, nil, fmt.Errorf("%w: the shard's class declares %s of scratch, %s is free on the file system of %s, %s",
 			ErrNoSpace, stream.FormatSize(need), stream.FormatSize(free), s.cfg.Dir, s.othersLocked(nil)))
 	}
-	var once sync.Once
 	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			s.reserved -= need
-			s.mu.Unlock()
-		})
+		s.mu.Lock()
+		s.unclaimLocked(c)
+		s.mu.Unlock()
 	}, nil
 }
 
@@ -245,6 +334,9 @@ func (s *Stager) heldLocked(keep map[string]bool) int64 {
 // is) and the staged inputs they use, but those in keep.
 func (s *Stager) othersLocked(keep map[string]bool) string {
 	w := "other running shards hold " + stream.FormatSize(s.reserved) + " reserved"
+	if written := s.reserved - s.unwrittenLocked(); written > 0 {
+		w += " (" + stream.FormatSize(written) + " of it written)"
+	}
 	if in := s.heldLocked(keep) - s.reserved; in > 0 {
 		w += " and " + stream.FormatSize(in) + " of staged inputs"
 	}
@@ -313,12 +405,12 @@ type Stats struct {
 
 // Staged is a shard's staged inputs; Release them after the shard ends.
 type Staged struct {
-	Paths    []string
-	Stats    Stats
-	s        *Stager
-	keys     []string
-	reserved int64
-	once     sync.Once
+	Paths []string
+	Stats Stats
+	s     *Stager
+	keys  []string
+	claim *claim
+	once  sync.Once
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -332,7 +424,7 @@ func key(f stream.InputFile) string {
 // besides its inputs (expected output and checkpoints); it is reserved
 // until Release. A pack's unpacked copy (at most the pack's size) is
 // reserved too: the worker unpacks it into the same scratch.
-func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int64) (*Staged, error) {
+func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int64, dirs ...string) (*Staged, error) {
 	start := time.Now()
 	st := &Staged{s: s, Paths: make([]string, len(files))}
 	need, what := extra, "inputs not yet staged"
@@ -352,18 +444,18 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		}
 	}
 	need += copies
-	free, ok, err := s.reserveLocked(need, keep)
+	c, free, err := s.reserveLocked(need, keep, dirs)
 	if err != nil {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("stage: %w", err)
 	}
-	if !ok {
+	if c == nil {
 		err := s.noSpace(need, free, keep, fmt.Errorf("stage: %w: the shard needs %s (%s, plus %s declared scratch), %s is free at %s, %s",
 			ErrNoSpace, stream.FormatSize(need), what, stream.FormatSize(extra), stream.FormatSize(free), s.cfg.Dir, s.othersLocked(keep)))
 		s.mu.Unlock()
 		return nil, err
 	}
-	st.reserved = need
+	st.claim = c
 	for _, f := range files {
 		k := key(f)
 		e := s.entries[k]
@@ -422,7 +514,7 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 	// beside it waited for room there was.
 	s.mu.Lock()
 	s.reserved -= copies
-	st.reserved -= copies
+	st.claim.n -= copies
 	s.mu.Unlock()
 	return st, nil
 }
@@ -655,7 +747,7 @@ func (st *Staged) Release() {
 		s := st.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.reserved -= st.reserved
+		s.unclaimLocked(st.claim)
 		for _, k := range st.keys {
 			if e := s.entries[k]; e != nil {
 				e.refs--

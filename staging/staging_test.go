@@ -294,6 +294,49 @@ func TestReserveSharesTheLedgerAndEvictsIdleInputs(t *testing.T) {
 	busy.Release()
 }
 
+// TestWrittenScratchLeavesTheReservation: what a shard writes in the
+// directories its reservation names is gone from the free space, so it
+// no longer counts as reserved. 3MiB reserved on 4MiB, 2MiB of it
+// written: 1MiB more fits (2MiB free, 1MiB still to be written); counted
+// in both, it did not.
+func TestWrittenScratchLeavesTheReservation(t *testing.T) {
+	scratch := filepath.Join(t.TempDir(), "scratch")
+	testenv.SmallTmpfs(t, scratch, "4m")
+	s, err := staging.New(staging.Config{Dir: filepath.Join(scratch, "stage")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(scratch, "a.out")
+	release, err := s.Reserve(3<<20, out, filepath.Join(scratch, "a.tmp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "part"), make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A look at the directories stands for a second.
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		room, free, unwritten, err := s.Room()
+		return err == nil && unwritten == 1<<20 && room == free-1<<20,
+			fmt.Sprintf("room %d, free %d, unwritten %d, %v; want 1MiB still to be written", room, free, unwritten, err)
+	})
+	second, err := s.Reserve(1 << 20)
+	if err != nil {
+		t.Fatalf("1MiB beside 3MiB reserved, 2MiB of it written, on 4MiB: %v", err)
+	}
+	second()
+	if _, err := s.Reserve(2 << 20); !errors.Is(err, staging.ErrNoSpace) || !strings.Contains(err.Error(), "other running shards hold 3.0MiB reserved (2.0MiB of it written)") {
+		t.Fatalf("2MiB beside 1MiB unwritten and 2MiB free: %v, want ErrNoSpace naming what was written", err)
+	}
+	if s.Reserved() != 3<<20 {
+		t.Fatalf("Reserved %d, want the whole 3MiB, written or not", s.Reserved())
+	}
+}
+
 // fixtureStatFS types the probe fixture's mounts by statfs magic.
 type fixtureStatFS struct{ root string }
 

@@ -30,7 +30,7 @@ func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
 	if len(needs) == 0 || k <= 0 {
 		return k, ""
 	}
-	room, free, reserved, err := w.hostStager().Room()
+	room, free, unwritten, err := w.hostStager().Room()
 	if err != nil {
 		return 0, fmt.Sprintf("scratch free space unknown (%v): fetching none of class %s", err, class)
 	}
@@ -55,8 +55,8 @@ func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
 		return k, ""
 	}
 	fits = max(fits, 0)
-	why := fmt.Sprintf("scratch at %s has room for %d more shard(s) declaring %s: %s free, %s reserved by running shards",
-		w.cfg.Scratch, fits, stream.FormatSize(need), stream.FormatSize(free), stream.FormatSize(reserved))
+	why := fmt.Sprintf("scratch at %s has room for %d more shard(s) declaring %s: %s free, %s reserved by running shards and not yet written",
+		w.cfg.Scratch, fits, stream.FormatSize(need), stream.FormatSize(free), stream.FormatSize(unwritten))
 	if pending > 0 {
 		why += fmt.Sprintf(", %d fetched not yet reserved", pending)
 	}

@@ -692,7 +692,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		// as it would wait for a slow copy.
 		var release func()
 		err := w.waitForRoom(pctx, m, class, func() (err error) {
-			release, err = w.reserveScratch(cls.Scratch)
+			release, err = w.reserveScratch(cls.Scratch, v.Out, v.Scratch)
 			return err
 		})
 		switch {
@@ -706,7 +706,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		}
 	}
 	if res.outcome == "" && spec.StageFor(class) {
-		staged, sres := w.stage(pctx, a, cls, base+".in")
+		staged, sres := w.stage(pctx, a, cls, base+".in", v.Out, v.Scratch)
 		if isClosed(preLost) || (sres.outcome != "" && pctx.Err() != nil && ctx.Err() == nil) {
 			sres = preStopped("staging the inputs")
 		}
@@ -1005,7 +1005,7 @@ func (w *Worker) ensureDir(dir string) error {
 
 // stage copies the shard's inputs to local scratch. On failure the result
 // carries the reason and the attempt goes through the failure path.
-func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, unpackDir string) (*staging.Staged, result) {
+func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, unpackDir, out, scratch string) (*staging.Staged, result) {
 	m := &a.m
 	st, err := w.stagerFor(ctx)
 	if err != nil {
@@ -1036,7 +1036,7 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 	// than spend an attempt.
 	var staged *staging.Staged
 	err = w.waitForRoom(ctx, m, m.Class, func() (err error) {
-		staged, err = st.Stage(ctx, files, cls.Scratch)
+		staged, err = st.Stage(ctx, files, cls.Scratch, out, scratch, unpackDir)
 		return err
 	})
 	if err != nil {
@@ -1690,7 +1690,8 @@ func (w *Worker) waitForRoom(ctx context.Context, m *stream.ShardMsg, class stri
 // room, so that waiting for them will do; otherwise the file system
 // cannot hold need even once they end, and the attempt fails with the
 // numbers, unrun (a start error: a host whose scratch is full stops
-// taking shards where others run them).
-func (w *Worker) reserveScratch(need int64) (release func(), err error) {
-	return w.hostStager().Reserve(need)
+// taking shards where others run them). What the shard writes in dirs
+// (its {out} and {scratch}) leaves the reservation.
+func (w *Worker) reserveScratch(need int64, dirs ...string) (release func(), err error) {
+	return w.hostStager().Reserve(need, dirs...)
 }
