@@ -39,7 +39,7 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 			// its first shard, so that the others are admitted by what
 			// the run declares (its scratch), not by a request for every
 			// slot made before the run was seen.
-			if g := w.gate(class); g != nil && n > 1-g.requested() {
+			if g := w.gate(class); g != nil && n > max(1-g.requested(), 0) {
 				n = max(1-g.requested(), 0)
 				why += "; one open fetch until a run of the class is seen"
 			}
