@@ -809,6 +809,12 @@ func (w *Worker) Run(ctx context.Context) error {
 			return w.serve(fetchCtx, shardCtx, ctx.Done(), class, &shards)
 		})
 	}
+	if discover || w.ledger != nil {
+		// The runs already active decide the first fetches (with fixed
+		// slots, a class no run has yet is fetched one at a time).
+		w.runsWatched.Store(true)
+		w.refreshPeaks(gctx)
+	}
 	for _, class := range classes {
 		startServe(class)
 	}
@@ -845,7 +851,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		// The classes' peaks of the active runs, for admission and for what
 		// this worker's shards hold; in auto mode or with SlotsEach, serve
 		// every class of those runs as they appear.
-		w.runsWatched.Store(true)
 		served := map[string]bool{}
 		for c, n := range w.cfg.Slots {
 			// With fixed slots CLASS=0 keeps the class away; in auto mode
