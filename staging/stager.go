@@ -90,7 +90,10 @@ func (c *claim) unwritten() int64 {
 	return max(c.n-c.used, 0)
 }
 
-// dirUsage is the space the files under dirs take on the disk.
+// dirUsage is the space the files under dirs take on the disk. A file
+// with more than one link is not counted: it may be a link to what was
+// there before (a staged input, another shard's file), which took no
+// room from the reservation.
 func dirUsage(dirs []string) int64 {
 	var n int64
 	seen := 0
@@ -110,7 +113,9 @@ func dirUsage(dirs []string) int64 {
 				return nil
 			}
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
+				if st.Nlink == 1 {
+					n += st.Blocks * 512
+				}
 			} else {
 				n += fi.Size()
 			}

@@ -329,6 +329,20 @@ func TestWrittenScratchLeavesTheReservation(t *testing.T) {
 		t.Fatalf("1MiB beside 3MiB reserved, 2MiB of it written, on 4MiB: %v", err)
 	}
 	second()
+	// A link to a file that was there before took no room: not written.
+	before := filepath.Join(scratch, "before")
+	if err := os.WriteFile(before, make([]byte, 512<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(before, filepath.Join(out, "linked")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // past the last look
+	if _, _, unwritten, err := s.Room(); err != nil || unwritten != 1<<20 {
+		t.Fatalf("unwritten %d (%v) with a link to an older file in the shard's directory, want 1MiB: the link is not the shard's writing", unwritten, err)
+	}
+	os.Remove(filepath.Join(out, "linked"))
+	os.Remove(before)
 	if _, err := s.Reserve(2 << 20); !errors.Is(err, staging.ErrNoSpace) || !strings.Contains(err.Error(), "other running shards hold 3.0MiB reserved (2.0MiB of it written)") {
 		t.Fatalf("2MiB beside 1MiB unwritten and 2MiB free: %v, want ErrNoSpace naming what was written", err)
 	}
