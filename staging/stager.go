@@ -55,10 +55,9 @@ type Stager struct {
 	limiter *rate.Limiter
 	log     *slog.Logger
 
-	mu       sync.Mutex
-	reserved int64             // the claims' bytes, written or not
-	claims   map[*claim]bool   // the shards' reservations
-	entries  map[string]*entry // by cache key
+	mu      sync.Mutex
+	claims  map[*claim]bool   // the shards' reservations
+	entries map[string]*entry // by cache key
 }
 
 // claim is one shard's reservation: n bytes of the file system, held
@@ -132,16 +131,21 @@ func (s *Stager) claimLocked(n int64, dirs []string) *claim {
 		s.claims = map[*claim]bool{}
 	}
 	s.claims[c] = true
-	s.reserved += n
 	return c
 }
 
 // unclaimLocked releases c, under mu.
 func (s *Stager) unclaimLocked(c *claim) {
-	if s.claims[c] {
-		delete(s.claims, c)
-		s.reserved -= c.n
+	delete(s.claims, c)
+}
+
+// reservedLocked is what the claims hold, written or not, under mu.
+func (s *Stager) reservedLocked() int64 {
+	var n int64
+	for c := range s.claims {
+		n += c.n
 	}
+	return n
 }
 
 // unwrittenLocked is what the claims hold still to be written, under mu.
@@ -225,7 +229,7 @@ func New(cfg Config) (*Stager, error) {
 func (s *Stager) Reserved() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.reserved
+	return s.reservedLocked()
 }
 
 // reserveLocked claims need for a shard writing in dirs, under mu, where
@@ -325,7 +329,7 @@ func (s *Stager) noSpace(need, free int64, keep map[string]bool, err error) erro
 // heldLocked is the room running shards hold, under mu: their
 // reservations and the staged inputs they use, but for those in keep.
 func (s *Stager) heldLocked(keep map[string]bool) int64 {
-	n := s.reserved
+	n := s.reservedLocked()
 	for k, e := range s.entries {
 		if e.refs > 0 && e.ready && !keep[k] {
 			n += e.size
@@ -338,11 +342,12 @@ func (s *Stager) heldLocked(keep map[string]bool) int64 {
 // reservations (what they wrote of them is no longer free, the rest still
 // is) and the staged inputs they use, but those in keep.
 func (s *Stager) othersLocked(keep map[string]bool) string {
-	w := "other running shards hold " + stream.FormatSize(s.reserved) + " reserved"
-	if written := s.reserved - s.unwrittenLocked(); written > 0 {
+	reserved := s.reservedLocked()
+	w := "other running shards hold " + stream.FormatSize(reserved) + " reserved"
+	if written := reserved - s.unwrittenLocked(); written > 0 {
 		w += " (" + stream.FormatSize(written) + " of it written)"
 	}
-	if in := s.heldLocked(keep) - s.reserved; in > 0 {
+	if in := s.heldLocked(keep) - reserved; in > 0 {
 		w += " and " + stream.FormatSize(in) + " of staged inputs"
 	}
 	return w
@@ -518,7 +523,6 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 	// scratch). Kept, they counted twice while the shard ran, and a shard
 	// beside it waited for room there was.
 	s.mu.Lock()
-	s.reserved -= copies
 	st.claim.n -= copies
 	s.mu.Unlock()
 	return st, nil
