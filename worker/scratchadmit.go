@@ -78,11 +78,13 @@ func (w *Worker) scratchState(class string) (needs []int64, holding int) {
 	return w.scratchNeed[class], w.scratchHeld[class]
 }
 
-// holdScratch counts a shard of class, in its slot, as holding its
-// reservation in the scratch ledger, until the returned function: called
-// when the slot is freed, as the reservation may outlast it (an attempt
-// concludes aside) but is then no longer among the class's in flight.
-func (w *Worker) holdScratch(class string) func() {
+// holdScratch counts a's shard, in its slot, as holding its reservation
+// in the scratch ledger, until the returned function or a.free, whichever
+// comes first: the reservation may outlast the slot (an attempt concludes
+// aside) but is then no longer among the class's in flight. The count
+// ends first: for a moment the shard counts both as in flight without a
+// reservation and by its reservation, never as room it does not have.
+func (w *Worker) holdScratch(class string, a *attemptState) (unhold func()) {
 	w.mu.Lock()
 	if w.scratchHeld == nil {
 		w.scratchHeld = map[string]int{}
@@ -90,11 +92,14 @@ func (w *Worker) holdScratch(class string) func() {
 	w.scratchHeld[class]++
 	w.mu.Unlock()
 	var once sync.Once
-	return func() {
+	unhold = func() {
 		once.Do(func() {
 			w.mu.Lock()
 			w.scratchHeld[class]--
 			w.mu.Unlock()
 		})
 	}
+	free := a.free
+	a.free = func() { unhold(); free() }
+	return unhold
 }

@@ -76,10 +76,6 @@ type attemptState struct {
 	// found is the marker at the shard's destination when that is a
 	// committed output of another fingerprint (alreadyDone).
 	found *checkpoint.Marker
-	// unhold ends the attempt's count among its class's shards in flight
-	// that hold a scratch reservation (holdScratch); nil where it holds
-	// none.
-	unhold func()
 	// free gives the attempt's slot back (idempotent); it is called once
 	// the command has exited, when the worker has room to conclude aside.
 	free func()
@@ -698,7 +694,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		switch {
 		case err == nil:
 			defer release()
-			a.unhold = w.holdScratch(class)
+			defer w.holdScratch(class, a)()
 		case staging.Held(err): // pctx ended the wait
 			res = preStopped("waiting for scratch space")
 		default:
@@ -713,15 +709,12 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		defer os.RemoveAll(base + ".in")
 		if staged != nil {
 			defer staged.Release()
-			a.unhold = w.holdScratch(class)
+			defer w.holdScratch(class, a)()
 			v.Inputs = staged.Paths
 		}
 		res = sres
 	}
 	stopPre()
-	if a.unhold != nil {
-		defer a.unhold()
-	}
 	if res.outcome == "" {
 		res = w.prepareAndRun(ctx, stop, a, l, cls, v, logDir, at.Log)
 		if chargedFailure(res.outcome) {
@@ -735,12 +728,6 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		select {
 		case w.concluding <- struct{}{}:
 			defer func() { <-w.concluding }()
-			if a.unhold != nil {
-				// First: for a moment the shard counts both as in flight
-				// without a reservation and by its reservation, never
-				// as room it does not have.
-				a.unhold()
-			}
 			a.free()
 		default:
 		}
