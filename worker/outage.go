@@ -94,6 +94,9 @@ func (w *Worker) noteStart(ctx context.Context, class, outcome, reason string) {
 	w.mu.Unlock()
 	w.log.Warn("start failures: holding", "why", w.outageWhy)
 	w.wakeAll()
+	// The fetch loops look again when the hold ends, not up to a
+	// recheck later: other wakes move their rechecks off its end.
+	time.AfterFunc(wait, w.wakeAll)
 }
 
 // startingPeer names a live worker serving class that has started a
@@ -113,14 +116,6 @@ func (w *Worker) startingPeer(class string) (peer, stale string) {
 		}
 	}
 	return "", stale
-}
-
-// outageLeft is how long the hold for start failures lasts yet; 0 when
-// there is none.
-func (w *Worker) outageLeft() time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return max(time.Until(w.outageUntil), 0)
 }
 
 // outageHeld is why the worker holds its fetches for start failures that

@@ -967,12 +967,6 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			if w.sharing.Load() && !w.ledgerWatched.Load() {
 				every = min(every, sharedRecheck)
 			}
-			if d := w.outageLeft(); d > 0 {
-				// A hold for start failures ends at a known time: fetch
-				// then, not up to a recheck later (a wake meanwhile
-				// moved the rechecks off its end).
-				every = min(every, d)
-			}
 			recheck.Reset(every)
 			select {
 			case <-ctx.Done():
