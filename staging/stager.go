@@ -256,8 +256,9 @@ func (s *Stager) reserveLocked(need int64, keep map[string]bool, dirs []string) 
 
 // Room is what a new reservation could hold now, by Reserve's own
 // arithmetic: the free space of Dir's file system less what the
-// reservations hold still to be written, plus the idle staged inputs
-// that Reserve would remove to make room. free and unwritten are its
+// reservations hold still to be written, plus the idle verified staged
+// inputs that Reserve would remove to make room (it removes partial
+// copies too; they are not counted here). free and unwritten are its
 // parts, for a message.
 func (s *Stager) Room() (room, free, unwritten int64, err error) {
 	s.mu.Lock()
