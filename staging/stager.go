@@ -436,25 +436,29 @@ func key(f stream.InputFile) string {
 // until Release. A pack's unpacked copy (at most the pack's size) is
 // reserved too: the worker unpacks it into the same scratch.
 func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int64, dirs ...string) (*Staged, error) {
+	return s.StageHeld(ctx, files, extra, nil, dirs...)
+}
+
+// StageHeld is Stage where hold, when not nil, is called once the
+// shard's reservation is in the ledger (Room counts it) and before the
+// first byte is copied; the function it returns is called before the
+// reservation is released where Stage fails after that. A worker counts
+// its shards that hold reservations this way: counted from the copy's
+// end instead, a shard being copied counted twice in its admission, once
+// by its reservation and once as fetched without one.
+func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra int64, hold func() (unhold func()), dirs ...string) (*Staged, error) {
 	start := time.Now()
 	st := &Staged{s: s, Paths: make([]string, len(files))}
-	need, what := extra, "inputs not yet staged"
+	what := "inputs not yet staged"
 	if Packed(files) {
-		need += files[0].Size
 		what = "inputs not yet staged, the unpacked copy of their pack"
 	}
 	s.mu.Lock()
-	var copies int64 // inputs not yet staged
-	keep := map[string]bool{}
-	for _, f := range files {
-		k := key(f)
-		if e := s.entries[k]; e == nil || !e.ready {
-			copies += f.Size
-		} else {
-			keep[k] = true
-		}
+	copies, keep := s.inputNeedLocked(files)
+	need := extra + copies
+	if Packed(files) {
+		copies -= files[0].Size // the unpacked copy stays reserved
 	}
-	need += copies
 	c, free, err := s.reserveLocked(need, keep, dirs)
 	if err != nil {
 		s.mu.Unlock()
@@ -480,6 +484,10 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		st.Paths[len(st.keys)-1] = e.path
 	}
 	s.mu.Unlock()
+	unhold := func() {}
+	if hold != nil {
+		unhold = hold()
+	}
 
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -515,6 +523,7 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 		st.Stats.FilesPerSec = float64(st.Stats.Files) / st.Stats.Seconds
 	}
 	if firstErr != nil {
+		unhold()
 		st.Release()
 		return nil, firstErr
 	}
@@ -527,6 +536,36 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 	st.claim.n -= copies
 	s.mu.Unlock()
 	return st, nil
+}
+
+// InputNeed is what a Stage of files would reserve for them now, beside
+// the shard's declared scratch: the inputs not yet staged and verified
+// here, and a pack's unpacked copy. A worker learns its classes' staged
+// needs from it (admission counts them before it fetches).
+func (s *Stager) InputNeed(files []stream.InputFile) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, _ := s.inputNeedLocked(files)
+	return n
+}
+
+// inputNeedLocked is InputNeed under mu, with the keys of the inputs
+// already staged, which a reservation for them must not evict.
+func (s *Stager) inputNeedLocked(files []stream.InputFile) (int64, map[string]bool) {
+	var n int64
+	if Packed(files) {
+		n += files[0].Size
+	}
+	keep := map[string]bool{}
+	for _, f := range files {
+		k := key(f)
+		if e := s.entries[k]; e == nil || !e.ready {
+			n += f.Size
+		} else {
+			keep[k] = true
+		}
+	}
+	return n, keep
 }
 
 type oneResult struct {

@@ -692,3 +692,79 @@ func flipByte(t *testing.T, path string, off int64) {
 		t.Fatal(err)
 	}
 }
+
+// A worker counts a staged shard as holding its reservation from the
+// moment it has one (StageHeld's hold), and stops before the reservation
+// is released where staging fails: at no moment may the shard count
+// neither as fetched without room nor by its reservation. InputNeed is
+// what the reservation holds for the inputs: nothing for those staged.
+func TestStageHeldCountsFromItsReservation(t *testing.T) {
+	dir := t.TempDir()
+	s := newStager(t, staging.Config{Dir: dir})
+	in := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(in, make([]byte, 3<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files := describe(t, in)
+	if n := s.InputNeed(files); n != 3<<20 {
+		t.Fatalf("InputNeed %d before staging, want 3MiB", n)
+	}
+	held, unheld := 0, 0
+	hold := func() func() {
+		held++
+		_, _, unwritten, err := s.Room()
+		if err != nil || unwritten != 3<<20+1<<20 {
+			t.Errorf("at the hold the ledger holds %d unwritten (%v), want the inputs and the declared 1MiB", unwritten, err)
+		}
+		if ents, _ := filepath.Glob(filepath.Join(dir, "cache", "*", "*")); len(ents) > 0 {
+			t.Errorf("at the hold the copy has begun: %v", ents)
+		}
+		return func() {
+			unheld++
+			if _, _, unwritten, _ := s.Room(); unwritten == 0 {
+				t.Error("unhold came after the reservation was released")
+			}
+		}
+	}
+	st, err := s.StageHeld(context.Background(), files, 1<<20, hold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held != 1 || unheld != 0 {
+		t.Fatalf("held %d, unheld %d after a staging that worked; want 1, 0 (the caller ends the hold)", held, unheld)
+	}
+	if n := s.InputNeed(files); n != 0 {
+		t.Fatalf("InputNeed %d once staged, want 0", n)
+	}
+	st.Release()
+
+	// The source changes after its description: staging fails after the
+	// reservation, and the hold ends before the reservation does.
+	other := filepath.Join(t.TempDir(), "other")
+	if err := os.WriteFile(other, make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changed := describe(t, other)
+	if err := os.WriteFile(other, []byte(strings.Repeat("x", 2<<20)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	held, unheld = 0, 0
+	hold = func() func() {
+		held++
+		return func() {
+			unheld++
+			if _, _, unwritten, _ := s.Room(); unwritten != 2<<20 {
+				t.Errorf("at the unhold the ledger holds %d unwritten, want the 2MiB reservation still", unwritten)
+			}
+		}
+	}
+	if _, err := s.StageHeld(context.Background(), changed, 0, hold); !errors.Is(err, staging.ErrMismatch) {
+		t.Fatalf("staging a changed source: %v, want ErrMismatch", err)
+	}
+	if held != 1 || unheld != 1 {
+		t.Fatalf("held %d, unheld %d after a failed staging; want 1, 1", held, unheld)
+	}
+	if _, _, unwritten, _ := s.Room(); unwritten != 0 {
+		t.Fatalf("%d still reserved after a failed staging", unwritten)
+	}
+}
