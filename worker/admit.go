@@ -427,7 +427,7 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 	if err != nil {
 		return nil
 	}
-	peaks, gpu, scratch := map[string]plan.Peak{}, map[string]bool{}, map[string][]int64{}
+	peaks, gpu, scratch := map[string]plan.Peak{}, map[string]bool{}, map[string][]scratchDecl{}
 	for _, k := range keys {
 		e, err := w.b.Runs.Get(ctx, k)
 		if err != nil {
@@ -447,13 +447,14 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 			cur.Source = d.Source
 			peaks[c] = cur
 			gpu[c] = gpu[c] || d.GPUs > 0
-			if n := r.Spec.Classes[c].Scratch; n > 0 {
-				scratch[c] = append(scratch[c], n)
+			if d := declOf(r, c); d.declared > 0 || d.staged != "" {
+				scratch[c] = append(scratch[c], d)
 			}
 		}
 	}
 	w.mu.Lock()
 	w.peaks, w.gpuClass, w.scratchNeed = peaks, gpu, scratch
+	w.pruneStagedLocked()
 	w.mu.Unlock()
 	// Fetch loops held back for want of a run, or for scratch a run no
 	// longer declares, look again.

@@ -2213,6 +2213,53 @@ func TestAdmissionFetchesOnlyWhatScratchHasRoomFor(t *testing.T) {
 	}
 }
 
+// Staged inputs are part of admission: once a run's first shards are
+// staged, the median of what they needed is what the next ones are
+// fetched by. 5 shards each staging a 5 MiB input of its own on 12 MiB
+// of scratch, 3 slots: two fit. Before, every shard after the first two
+// was fetched into the third slot and waited there for room, its lease
+// renewed (3 of 5); now at most one of the first fetches, made before any
+// staging was seen, waits.
+func TestAdmissionCountsStagedInputs(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	testenv.SmallTmpfs(t, filepath.Join(env.Data, "scratch", "w1"), "12m")
+	env.StartWorker("w1", map[string]int{"cpu": 3})
+
+	dir := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 5, Retries: 0, InputSize: 5 << 20, Extra: "stage = true\n",
+		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 1.5 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
+	hostLog, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	runLog, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	if r.State != stream.RunComplete {
+		t.Fatalf("run %s: %s\n%s\n%s", r.State, r.Reason, hostLog, runLog)
+	}
+	if most := maxConcurrent(t, spec, 5); most != 2 {
+		t.Errorf("%d shards ran at once; want 2 (12 MiB of scratch, 5 MiB of inputs each, 3 slots)\n%s", most, runLog)
+	}
+	waited := map[string]bool{}
+	for _, m := range regexp.MustCompile(`shard=(\S+) .*decision=wait stage: not enough scratch space`).FindAllStringSubmatch(string(runLog), -1) {
+		waited[m[1]] = true
+	}
+	if len(waited) > 1 {
+		t.Errorf("%d shards were fetched and waited for scratch in their slots, want at most one (fetched before any staging was seen): %v\n%s", len(waited), waited, runLog)
+	}
+	if !regexp.MustCompile(`class=cpu decision=wait \d of 3 slots of class cpu in use; slots from configuration; scratch at \S+ has room for 0 more shard\(s\) needing 5\.0MiB \(0B declared, 5\.0MiB of inputs to stage: the median of the last \d+ staged\)`).Match(hostLog) {
+		t.Errorf("the worker's admission.log does not say staged inputs held the third slot back:\n%s", hostLog)
+	}
+	for i := range 5 {
+		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.Attempts) != 1 || rec.Interrupted != 0 {
+			t.Errorf("s%04d: %d attempt(s), %d handed back; want one", i, len(rec.Attempts), rec.Interrupted)
+		}
+	}
+}
+
 // What a running shard has written of its declared scratch is counted
 // once: gone from the free space, no longer reserved. Two shards of 5
 // MiB on 12 MiB each write 4 MiB; when the short one ends, the third

@@ -2,52 +2,130 @@ package worker
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
-// Scratch in admission. A class that declares scratch is fetched only as
-// many at a time as the scratch ledger (the stager's) has room for beside
-// what running shards hold. Before, every free slot fetched one, and a
-// shard without room waited in its slot, its lease renewed, for a running
-// one to end: on one host the same wait, but a shard that another host
-// could have run at once was held here.
+// Scratch in admission. A class that declares scratch, or stages its
+// inputs, is fetched only as many at a time as the scratch ledger (the
+// stager's) has room for beside what running shards hold. Before, every
+// free slot fetched one, and a shard without room waited in its slot,
+// its lease renewed, for a running one to end: on one host the same
+// wait, but a shard that another host could have run at once was held
+// here.
 //
-// Staged inputs are not in the count: their sizes are known only once a
-// shard is fetched. The ledger still makes a staged shard wait at run
-// time where its inputs do not fit.
+// A shard's staged inputs are known only once it is fetched: admission
+// counts, for each run and class, the median of what its latest staged
+// shards needed for their inputs (stagedWindow of them: inputs not yet
+// staged here, a pack's unpacked copy). Inputs already staged count for
+// nothing, so a model every shard reads is counted while it is copied
+// once, not for every shard. Before a run's first shard is staged, or
+// where a shard needs more than the median, the ledger still makes it
+// wait in its slot at run time.
+
+// stagedWindow is how many of a run's latest staged shards of a class
+// the estimate of the next one's inputs is taken from.
+const stagedWindow = 16
+
+// scratchDecl is what an active run needs of the scratch for each shard
+// of a class: its declared scratch and, where it stages its inputs, its
+// key in stagedSeen.
+type scratchDecl struct {
+	declared int64
+	staged   string
+}
+
+// declOf is run r's scratchDecl for class c.
+func declOf(r stream.RunRecord, c string) scratchDecl {
+	d := scratchDecl{declared: r.Spec.Classes[c].Scratch}
+	if r.Spec.StageFor(c) {
+		d.staged = stagedKey(r.Name, r.Fingerprint, c)
+	}
+	return d
+}
+
+func stagedKey(run, fingerprint, class string) string {
+	return run + "/" + fingerprint + "/" + class
+}
+
+// noteStaged records what a shard of run and class needs for its inputs
+// (Stager.InputNeed) before it reserves it.
+func (w *Worker) noteStaged(run, fingerprint, class string, need int64) {
+	k := stagedKey(run, fingerprint, class)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stagedSeen == nil {
+		w.stagedSeen = map[string][]int64{}
+	}
+	seen := append(w.stagedSeen[k], need)
+	if len(seen) > stagedWindow {
+		seen = seen[len(seen)-stagedWindow:]
+	}
+	w.stagedSeen[k] = seen
+}
+
+// pruneStagedLocked forgets what the shards of runs no longer active
+// staged, under mu.
+func (w *Worker) pruneStagedLocked() {
+	active := map[string]bool{}
+	for _, ds := range w.scratchNeed {
+		for _, d := range ds {
+			active[d.staged] = true
+		}
+	}
+	for k := range w.stagedSeen {
+		if !active[k] {
+			delete(w.stagedSeen, k)
+		}
+	}
+}
+
+// stagedEstimate is the median of the staged needs seen for key, and how
+// many were seen; 0, 0 where none was.
+func stagedEstimate(seen []int64) (int64, int) {
+	if len(seen) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(seen)
+	slices.Sort(s)
+	return s[len(s)/2], len(s)
+}
 
 // scratchFit caps k, the shards of class admission would fetch now, to
-// the room in the scratch ledger: whole shards of the class's declared
-// scratch, less those of its shards in flight that hold no reservation
-// yet (fetched or being fetched; holdScratch counts those that do). It
-// returns k unchanged and "" where scratch did not bind, otherwise the
-// cap and why.
+// the room in the scratch ledger: whole shards of what the class needs
+// (declared scratch and the estimate of staged inputs), less those of
+// its shards in flight that hold no reservation yet (fetched or being
+// fetched; holdScratch counts those that do). It returns k unchanged
+// and "" where scratch did not bind, otherwise the cap and why.
 func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
-	needs, holding := w.scratchState(class)
-	if len(needs) == 0 || k <= 0 {
+	decls, holding, seen := w.scratchState(class)
+	if len(decls) == 0 || k <= 0 {
 		return k, ""
-	}
-	room, free, unwritten, err := w.hostStager().Room()
-	if err != nil {
-		return 0, fmt.Sprintf("scratch free space unknown (%v): fetching none of class %s", err, class)
 	}
 	// The largest that can fit at all: a run whose class declares more
 	// than the whole file system holds is left out, as no wait makes
 	// room for it; its attempts fail at once with the numbers
 	// (reserveScratch), and submit blocks such a class where it knows
-	// the workers' scratch.
-	var need int64
+	// the workers' scratch. A shard whose inputs alone are larger fails
+	// its staging the same way.
+	var need, declared, staged int64
+	var stagedOf int
 	total, terr := w.scratchTotal()
-	for _, n := range needs {
-		if terr != nil || n <= total {
-			need = max(need, n)
+	for _, d := range decls {
+		est, n := stagedEstimate(seen[d.staged])
+		if sum := d.declared + est; sum > need && (terr != nil || sum <= total) {
+			need, declared, staged, stagedOf = sum, d.declared, est, n
 		}
 	}
 	if need == 0 {
 		return k, ""
+	}
+	room, free, unwritten, err := w.hostStager().Room()
+	if err != nil {
+		return 0, fmt.Sprintf("scratch free space unknown (%v): fetching none of class %s", err, class)
 	}
 	pending := max(inflight-holding, 0)
 	fits := int(max(room, 0)/need) - pending
@@ -55,8 +133,13 @@ func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
 		return k, ""
 	}
 	fits = max(fits, 0)
-	why := fmt.Sprintf("scratch at %s has room for %d more shard(s) declaring %s: %s free, %s reserved by running shards and not yet written",
-		w.cfg.Scratch, fits, stream.FormatSize(need), stream.FormatSize(free), stream.FormatSize(unwritten))
+	what := "declaring " + stream.FormatSize(need)
+	if staged > 0 {
+		what = fmt.Sprintf("needing %s (%s declared, %s of inputs to stage: the median of the last %d staged)",
+			stream.FormatSize(need), stream.FormatSize(declared), stream.FormatSize(staged), stagedOf)
+	}
+	why := fmt.Sprintf("scratch at %s has room for %d more shard(s) %s: %s free, %s reserved by running shards and not yet written",
+		w.cfg.Scratch, fits, what, stream.FormatSize(free), stream.FormatSize(unwritten))
 	if pending > 0 {
 		why += fmt.Sprintf(", %d fetched not yet reserved", pending)
 	}
@@ -69,13 +152,22 @@ func (w *Worker) scratchTotal() (int64, error) {
 	return st.Total(), err
 }
 
-// scratchState is class's declared scratch in each active run that
-// declares one, and how many of its shards in flight hold their
-// reservation now.
-func (w *Worker) scratchState(class string) (needs []int64, holding int) {
+// scratchState is what each active run with class needs of the
+// scratch, how many of the class's shards in flight hold their
+// reservation now, and the staged needs seen (a copy).
+func (w *Worker) scratchState(class string) (decls []scratchDecl, holding int, seen map[string][]int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.scratchNeed[class], w.scratchHeld[class]
+	decls = w.scratchNeed[class]
+	for _, d := range decls {
+		if s := w.stagedSeen[d.staged]; d.staged != "" && len(s) > 0 {
+			if seen == nil {
+				seen = map[string][]int64{}
+			}
+			seen[d.staged] = slices.Clone(s)
+		}
+	}
+	return decls, w.scratchHeld[class], seen
 }
 
 // holdScratch counts a's shard, in its slot, as holding its reservation

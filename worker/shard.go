@@ -591,7 +591,7 @@ func (w *Worker) finish(ctx context.Context, a *attemptState, state, reason stri
 func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, class string, pre <-chan error) {
 	m, spec := &a.m, &a.run.Spec
 	cls := spec.Classes[class]
-	if cls.Scratch > 0 {
+	if cls.Scratch > 0 || spec.StageFor(class) {
 		// Last, once this attempt's reservation is released and its
 		// scratch emptied: fetch loops that admission held back for
 		// scratch room look again (scratchFit).
@@ -702,16 +702,24 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		}
 	}
 	if res.outcome == "" && spec.StageFor(class) {
-		staged, sres := w.stage(pctx, a, cls, base+".in", v.Out, v.Scratch)
+		// Counted as holding its reservation from the moment it has one,
+		// not from the copy's end (holdScratch).
+		unhold := func() {}
+		hold := func() func() {
+			unhold = w.holdScratch(class, a)
+			return unhold
+		}
+		staged, sres := w.stage(pctx, a, cls, hold, base+".in", v.Out, v.Scratch)
 		if isClosed(preLost) || (sres.outcome != "" && pctx.Err() != nil && ctx.Err() == nil) {
 			sres = preStopped("staging the inputs")
 		}
 		defer os.RemoveAll(base + ".in")
 		if staged != nil {
 			defer staged.Release()
-			defer w.holdScratch(class, a)()
 			v.Inputs = staged.Paths
 		}
+		defer unhold() // before Release: never counted as room it has not
+
 		res = sres
 	}
 	stopPre()
@@ -992,7 +1000,7 @@ func (w *Worker) ensureDir(dir string) error {
 
 // stage copies the shard's inputs to local scratch. On failure the result
 // carries the reason and the attempt goes through the failure path.
-func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, unpackDir, out, scratch string) (*staging.Staged, result) {
+func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, hold func() func(), unpackDir, out, scratch string) (*staging.Staged, result) {
 	m := &a.m
 	st, err := w.stagerFor(ctx)
 	if err != nil {
@@ -1021,9 +1029,17 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 	// Room that running shards hold comes back when they end: the shard
 	// waits in its slot for it, as one that stages nothing does, rather
 	// than spend an attempt.
+	// What its inputs need is what the class's next shards are
+	// admitted by (scratchFit).
+	w.noteStaged(m.Run, m.Fingerprint, m.Class, st.InputNeed(files))
+	unhold := func() {}
+	held := func() func() {
+		unhold = hold()
+		return unhold
+	}
 	var staged *staging.Staged
 	err = w.waitForRoom(ctx, m, m.Class, func() (err error) {
-		staged, err = st.Stage(ctx, files, cls.Scratch, out, scratch, unpackDir)
+		staged, err = st.StageHeld(ctx, files, cls.Scratch, held, out, scratch, unpackDir)
 		return err
 	})
 	if err != nil {
@@ -1038,6 +1054,7 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, u
 		// run on no inputs (or some of them) and could exit 0.
 		paths, err := unpack(ctx, staged.Paths[0], unpackDir)
 		if err != nil {
+			unhold()
 			staged.Release()
 			if ctx.Err() == nil {
 				w.admission(m.Run, m.ID, m.Class, "stage-failed", "unpack: "+err.Error())

@@ -226,11 +226,14 @@ type Worker struct {
 	ledger   *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
 	sharing  atomic.Bool       // the last admission decision saw other active workers in the ledger
 
-	// scratchNeed is each class's declared scratch in the active runs
-	// that declare one; scratchHeld counts its shards in flight holding
-	// their reservation in the scratch ledger (scratchadmit.go).
-	scratchNeed map[string][]int64
+	// scratchNeed is, per class, what the active runs that declare
+	// scratch or stage their inputs need of it; scratchHeld counts its
+	// shards in flight holding their reservation in the scratch ledger;
+	// stagedSeen is the inputs the latest staged shards of each run and
+	// class needed (scratchadmit.go).
+	scratchNeed map[string][]scratchDecl
 	scratchHeld map[string]int
+	stagedSeen  map[string][]int64
 	// runsWatched: refreshPeaks keeps peaks and scratchNeed up to date.
 	runsWatched atomic.Bool
 
