@@ -3,6 +3,7 @@ package worker
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/shardpool/shardpool/stream"
@@ -34,13 +35,14 @@ const stagedWindow = 16
 // of a class: its declared scratch and, where it stages its inputs, its
 // key in stagedSeen.
 type scratchDecl struct {
+	run      string
 	declared int64
 	staged   string
 }
 
 // declOf is run r's scratchDecl for class c.
 func declOf(r stream.RunRecord, c string) scratchDecl {
-	d := scratchDecl{declared: r.Spec.Classes[c].Scratch}
+	d := scratchDecl{run: r.Name, declared: r.Spec.Classes[c].Scratch}
 	if r.Spec.StageFor(c) {
 		d.staged = stagedKey(r.Name, r.Fingerprint, c)
 	}
@@ -56,15 +58,20 @@ func stagedKey(run, fingerprint, class string) string {
 func (w *Worker) noteStaged(run, fingerprint, class string, need int64) {
 	k := stagedKey(run, fingerprint, class)
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.stagedSeen == nil {
 		w.stagedSeen = map[string][]int64{}
 	}
+	first := len(w.stagedSeen[k]) == 0
 	seen := append(w.stagedSeen[k], need)
 	if len(seen) > stagedWindow {
 		seen = seen[len(seen)-stagedWindow:]
 	}
 	w.stagedSeen[k] = seen
+	w.mu.Unlock()
+	if first {
+		// Fetched one at a time until now (scratchFit): look again.
+		w.wakeAll()
+	}
 }
 
 // pruneStagedLocked forgets what the shards of runs no longer active
@@ -98,13 +105,18 @@ func stagedEstimate(seen []int64) (int64, int) {
 // the room in the scratch ledger: whole shards of what the class needs
 // (declared scratch and the estimate of staged inputs), less those of
 // its shards in flight that hold no reservation yet (fetched or being
-// fetched; holdScratch counts those that do). It returns k unchanged
-// and "" where scratch did not bind, otherwise the cap and why.
+// fetched; holdScratch counts those that do). While an active run that
+// stages has had none of its shards staged here, there is no estimate:
+// one such shard is fetched at a time until one is. It returns k
+// unchanged and "" where scratch did not bind, otherwise the cap and
+// why.
 func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
 	decls, holding, seen := w.scratchState(class)
 	if len(decls) == 0 || k <= 0 {
 		return k, ""
 	}
+	pending := max(inflight-holding, 0)
+	var notes []string
 	// The largest that can fit at all: a run whose class declares more
 	// than the whole file system holds is left out, as no wait makes
 	// room for it; its attempts fail at once with the numbers
@@ -113,37 +125,42 @@ func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
 	// its staging the same way.
 	var need, declared, staged int64
 	var stagedOf int
+	var unseen string
 	total, terr := w.scratchTotal()
 	for _, d := range decls {
 		est, n := stagedEstimate(seen[d.staged])
+		if d.staged != "" && n == 0 && unseen == "" {
+			unseen = d.run
+		}
 		if sum := d.declared + est; sum > need && (terr != nil || sum <= total) {
 			need, declared, staged, stagedOf = sum, d.declared, est, n
 		}
 	}
-	if need == 0 {
-		return k, ""
+	if need > 0 {
+		room, free, unwritten, err := w.hostStager().Room()
+		if err != nil {
+			return 0, fmt.Sprintf("scratch free space unknown (%v): fetching none of class %s", err, class)
+		}
+		if fits := int(max(room, 0)/need) - pending; fits < k {
+			k = max(fits, 0)
+			what := "declaring " + stream.FormatSize(need)
+			if staged > 0 {
+				what = fmt.Sprintf("needing %s (%s declared, %s of inputs to stage: the median of the last %d staged)",
+					stream.FormatSize(need), stream.FormatSize(declared), stream.FormatSize(staged), stagedOf)
+			}
+			why := fmt.Sprintf("scratch at %s has room for %d more shard(s) %s: %s free, %s reserved by running shards and not yet written",
+				w.cfg.Scratch, k, what, stream.FormatSize(free), stream.FormatSize(unwritten))
+			if pending > 0 {
+				why += fmt.Sprintf(", %d fetched not yet reserved", pending)
+			}
+			notes = append(notes, why)
+		}
 	}
-	room, free, unwritten, err := w.hostStager().Room()
-	if err != nil {
-		return 0, fmt.Sprintf("scratch free space unknown (%v): fetching none of class %s", err, class)
+	if unseen != "" && k > 1-pending {
+		k = max(1-pending, 0)
+		notes = append(notes, fmt.Sprintf("run %s stages its inputs and none of its shards has been staged here yet: one fetched at a time until one is", unseen))
 	}
-	pending := max(inflight-holding, 0)
-	fits := int(max(room, 0)/need) - pending
-	if fits >= k {
-		return k, ""
-	}
-	fits = max(fits, 0)
-	what := "declaring " + stream.FormatSize(need)
-	if staged > 0 {
-		what = fmt.Sprintf("needing %s (%s declared, %s of inputs to stage: the median of the last %d staged)",
-			stream.FormatSize(need), stream.FormatSize(declared), stream.FormatSize(staged), stagedOf)
-	}
-	why := fmt.Sprintf("scratch at %s has room for %d more shard(s) %s: %s free, %s reserved by running shards and not yet written",
-		w.cfg.Scratch, fits, what, stream.FormatSize(free), stream.FormatSize(unwritten))
-	if pending > 0 {
-		why += fmt.Sprintf(", %d fetched not yet reserved", pending)
-	}
-	return fits, why
+	return k, strings.Join(notes, "; ")
 }
 
 // scratchTotal is the size of the scratch directory's file system.
@@ -178,11 +195,39 @@ func (w *Worker) scratchState(class string) (decls []scratchDecl, holding int, s
 // reservation and by its reservation, never as room it does not have.
 func (w *Worker) holdScratch(class string, a *attemptState) (unhold func()) {
 	w.mu.Lock()
+	w.countHeldLocked(class)
+	w.mu.Unlock()
+	// No longer among those fetched without a reservation: fetch loops
+	// that admission held back for them look again (scratchFit).
+	w.wakeAll()
+	return w.unholdWith(class, a)
+}
+
+// holdNoScratch counts a's shard, of a run whose class needs no scratch,
+// as holding what it needs of it until a.free: counted as fetched
+// without a reservation, it held back the shards of the class's runs
+// that do need scratch while it ran, and a run that stages and has not
+// been staged here yet (one fetch at a time) held the whole class to
+// one. Counted whether or not such a run is active yet: one may come
+// while the shard runs. Called on every such shard, so it wakes no
+// fetch loop.
+func (w *Worker) holdNoScratch(class string, a *attemptState) {
+	w.mu.Lock()
+	w.countHeldLocked(class)
+	w.mu.Unlock()
+	w.unholdWith(class, a)
+}
+
+func (w *Worker) countHeldLocked(class string) {
 	if w.scratchHeld == nil {
 		w.scratchHeld = map[string]int{}
 	}
 	w.scratchHeld[class]++
-	w.mu.Unlock()
+}
+
+// unholdWith returns the function that ends a count of class's held
+// shards, once, and makes a.free call it first.
+func (w *Worker) unholdWith(class string, a *attemptState) (unhold func()) {
 	var once sync.Once
 	unhold = func() {
 		once.Do(func() {

@@ -591,6 +591,9 @@ func (w *Worker) finish(ctx context.Context, a *attemptState, state, reason stri
 func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, class string, pre <-chan error) {
 	m, spec := &a.m, &a.run.Spec
 	cls := spec.Classes[class]
+	if cls.Scratch == 0 && !spec.StageFor(class) {
+		w.holdNoScratch(class, a)
+	}
 	if cls.Scratch > 0 || spec.StageFor(class) {
 		// Last, once this attempt's reservation is released and its
 		// scratch emptied: fetch loops that admission held back for
