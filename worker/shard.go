@@ -722,7 +722,6 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 			v.Inputs = staged.Paths
 		}
 		defer unhold() // before Release: never counted as room it has not
-
 		res = sres
 	}
 	stopPre()
@@ -1029,9 +1028,6 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, h
 			files = append(files, f)
 		}
 	}
-	// Room that running shards hold comes back when they end: the shard
-	// waits in its slot for it, as one that stages nothing does, rather
-	// than spend an attempt.
 	// What its inputs need is what the class's next shards are
 	// admitted by (scratchFit).
 	w.noteStaged(m.Run, m.Fingerprint, m.Class, st.InputNeed(files))
@@ -1040,6 +1036,9 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, h
 		unhold = hold()
 		return unhold
 	}
+	// Room that running shards hold comes back when they end: the shard
+	// waits in its slot for it, as one that stages nothing does, rather
+	// than spend an attempt.
 	var staged *staging.Staged
 	err = w.waitForRoom(ctx, m, m.Class, func() (err error) {
 		staged, err = st.StageHeld(ctx, files, cls.Scratch, held, out, scratch, unpackDir)
