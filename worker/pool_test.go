@@ -2186,13 +2186,7 @@ func TestAdmissionFetchesOnlyWhatScratchHasRoomFor(t *testing.T) {
 	env.StartWorker("w1", map[string]int{"cpu": 3})
 
 	spec := concurrencyJob(t, 4, "1", "[class.cpu]\nscratch = \"5MiB\"\n")
-	env.Submit(spec, coordinator.SubmitOptions{})
-	r := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
-	hostLog, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
-	runLog, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
-	if r.State != stream.RunComplete {
-		t.Fatalf("run %s: %s\n%s\n%s", r.State, r.Reason, hostLog, runLog)
-	}
+	hostLog, runLog := completeWithLogs(t, env, spec, "t", 60*time.Second)
 	if most := maxConcurrent(t, spec, 4); most != 2 {
 		t.Errorf("%d shards ran at once; want 2 (12 MiB of scratch, 5 MiB declared each, 3 slots)\n%s", most, runLog)
 	}
@@ -2202,15 +2196,7 @@ func TestAdmissionFetchesOnlyWhatScratchHasRoomFor(t *testing.T) {
 	if strings.Contains(string(runLog), "not enough scratch space") {
 		t.Errorf("a shard was fetched and waited for scratch in its slot:\n%s", runLog)
 	}
-	for i := range 4 {
-		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(rec.Attempts) != 1 || rec.Interrupted != 0 {
-			t.Errorf("s%04d: %d attempt(s), %d handed back; want one", i, len(rec.Attempts), rec.Interrupted)
-		}
-	}
+	oneAttemptEach(t, env, "t", 4)
 }
 
 // Staged inputs are part of admission: until a run's first shard is
@@ -2229,13 +2215,7 @@ func TestAdmissionCountsStagedInputs(t *testing.T) {
 	dir := t.TempDir()
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 5, Retries: 0, InputSize: 5 << 20, Extra: "stage = true\n",
 		Command: []string{"sh", "-c", `mkdir "$1/$2" && sleep 1.5 && ls "$1" | wc -l > "$3/n" && rmdir "$1/$2"`, "sh", dir, "{id}", "{out}"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
-	r := env.WaitState("t", 90*time.Second, stream.RunComplete, stream.RunBlocked)
-	hostLog, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
-	runLog, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
-	if r.State != stream.RunComplete {
-		t.Fatalf("run %s: %s\n%s\n%s", r.State, r.Reason, hostLog, runLog)
-	}
+	hostLog, runLog := completeWithLogs(t, env, spec, "t", 90*time.Second)
 	if most := maxConcurrent(t, spec, 5); most != 2 {
 		t.Errorf("%d shards ran at once; want 2 (12 MiB of scratch, 5 MiB of inputs each, 3 slots)\n%s", most, runLog)
 	}
@@ -2249,8 +2229,30 @@ func TestAdmissionCountsStagedInputs(t *testing.T) {
 	if !regexp.MustCompile(`class=cpu decision=wait \d of 3 slots of class cpu in use; slots from configuration; scratch at \S+ has room for 0 more shard\(s\) needing 5\.0MiB \(0B declared, 5\.0MiB of inputs to stage: the median of the last \d+ staged\)`).Match(hostLog) {
 		t.Errorf("the worker's admission.log does not say staged inputs held the third slot back:\n%s", hostLog)
 	}
-	for i := range 5 {
-		rec, err := env.Shard("t", fmt.Sprintf("s%04d", i))
+	oneAttemptEach(t, env, "t", 5)
+}
+
+// completeWithLogs submits spec, waits for its run to end, and returns
+// the worker's admission.log and the run's; it fails t unless the run is
+// COMPLETE.
+func completeWithLogs(t *testing.T, env *testenv.Env, spec, run string, timeout time.Duration) (hostLog, runLog []byte) {
+	t.Helper()
+	env.Submit(spec, coordinator.SubmitOptions{})
+	r := env.WaitState(run, timeout, stream.RunComplete, stream.RunBlocked)
+	hostLog, _ = os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	runLog, _ = os.ReadFile(filepath.Join(env.Data, "runs", run, "admission.log"))
+	if r.State != stream.RunComplete {
+		t.Fatalf("run %s: %s\n%s\n%s", r.State, r.Reason, hostLog, runLog)
+	}
+	return hostLog, runLog
+}
+
+// oneAttemptEach fails t unless each of run's first n shards (s0000...)
+// made one attempt and was never handed back.
+func oneAttemptEach(t *testing.T, env *testenv.Env, run string, n int) {
+	t.Helper()
+	for i := range n {
+		rec, err := env.Shard(run, fmt.Sprintf("s%04d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
