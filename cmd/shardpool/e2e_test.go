@@ -1255,6 +1255,49 @@ func (c *cluster) slowFirstShard(n int, extra ...string) {
 	})
 }
 
+// TestArchiveBuildNamesItsCommit: a build from `git archive` (a release
+// tarball: no .git for the go command to read) names its commit, with
+// the pseudo-version the go command gives the same commit in a checkout.
+// It said "dev".
+func TestArchiveBuildNamesItsCommit(t *testing.T) {
+	head, err := exec.Command("git", "-C", "../..", "log", "-1", "--format=%H").Output()
+	if err != nil {
+		t.Skipf("not a git checkout (%v): there is no archive to make", err)
+	}
+	rev := strings.TrimSpace(string(head))
+	dir := t.TempDir()
+	archive := exec.Command("sh", "-c", `git -C ../.. archive --format=tar HEAD | tar -x -C "$0"`, dir)
+	if out, err := archive.CombinedOutput(); err != nil {
+		t.Fatalf("git archive: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".git")); err == nil {
+		t.Fatal("the archive has a .git")
+	}
+	bin := filepath.Join(t.TempDir(), "shardpool")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/shardpool")
+	build.Dir = dir
+	build.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build in the archive: %v\n%s", err, out)
+	}
+	version := func(bin string) stream.Build {
+		t.Helper()
+		out, err := exec.Command(bin, "version", "--json").Output()
+		var b stream.Build
+		if err == nil {
+			err = json.Unmarshal(out, &b)
+		}
+		if err != nil {
+			t.Fatalf("%s version --json: %v\n%s", bin, err, out)
+		}
+		return b
+	}
+	got, checkout := version(bin), version(testenv.Binary(t))
+	if got.Revision != rev || got.Version != strings.TrimSuffix(checkout.Version, "+dirty") {
+		t.Errorf("built from an archive of %s: %+v; want that revision and the checkout's version %q", rev, got, checkout.Version)
+	}
+}
+
 // TestCoordinatorAndWorkerNameTheirBuild: `version --json`, the
 // coordinator's info and the worker's report (status --json) and the
 // run's final.json name the same build; built in a git checkout (as
