@@ -2303,6 +2303,23 @@ func TestAStagedRunIsNotHeldBackByAnotherRunsShards(t *testing.T) {
 	env.WaitState("long", 30*time.Second, stream.RunComplete)
 }
 
+// Every shard counted as holding its scratch is uncounted when it ends,
+// whichever way: a failed attempt keeps its slot to conclude and frees
+// it without the attempt's own free, and its count stayed, one more for
+// each failure, until admission saw room that no shard held.
+func TestScratchHoldsEndWithTheirShards(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	w := env.StartWorker("w1", map[string]int{"cpu": 2})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Retries: 0,
+		Command: []string{"sh", "-c", `case "$0" in s0000|s0002) exit 3;; esac`, "{id}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked, stream.RunComplete)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		n := w.W.ScratchHeld("cpu")
+		return n == 0, fmt.Sprintf("%d shard(s) of class cpu still counted as holding scratch after the run ended", n)
+	})
+}
+
 // What a running shard has written of its declared scratch is counted
 // once: gone from the free space, no longer reserved. Two shards of 5
 // MiB on 12 MiB each write 4 MiB; when the short one ends, the third

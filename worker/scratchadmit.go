@@ -204,18 +204,20 @@ func (w *Worker) holdScratch(class string, a *attemptState) (unhold func()) {
 }
 
 // holdNoScratch counts a's shard, of a run whose class needs no scratch,
-// as holding what it needs of it until a.free: counted as fetched
+// as holding what it needs of it until the returned function or a.free,
+// whichever comes first (a slot can also be freed without a.free, once
+// the attempt has ended): counted as fetched
 // without a reservation, it held back the shards of the class's runs
 // that do need scratch while it ran, and a run that stages and has not
 // been staged here yet (one fetch at a time) held the whole class to
 // one. Counted whether or not such a run is active yet: one may come
 // while the shard runs. Called on every such shard, so it wakes no
 // fetch loop.
-func (w *Worker) holdNoScratch(class string, a *attemptState) {
+func (w *Worker) holdNoScratch(class string, a *attemptState) (unhold func()) {
 	w.mu.Lock()
 	w.countHeldLocked(class)
 	w.mu.Unlock()
-	w.unholdWith(class, a)
+	return w.unholdWith(class, a)
 }
 
 func (w *Worker) countHeldLocked(class string) {

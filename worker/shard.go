@@ -592,7 +592,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	m, spec := &a.m, &a.run.Spec
 	cls := spec.Classes[class]
 	if cls.Scratch == 0 && !spec.StageFor(class) {
-		w.holdNoScratch(class, a)
+		defer w.holdNoScratch(class, a)()
 	}
 	if cls.Scratch > 0 || spec.StageFor(class) {
 		// Last, once this attempt's reservation is released and its

@@ -22,7 +22,7 @@ func TestDrillPasses(t *testing.T) {
 	start := time.Now()
 	p := testenv.Start(t, "drill", "--data", data)
 	if code := p.Wait(t, 2*time.Minute); code != 0 {
-		t.Fatalf("drill exit %d, want 0:\n%s", code, p.Output())
+		t.Fatalf("drill exit %d, want 0:\n%s%s", code, p.Output(), drillLogTails(data))
 	}
 	if d := time.Since(start); d > 2*time.Minute {
 		t.Errorf("drill took %s, want under 2 minutes", d)
@@ -126,4 +126,22 @@ func readDrillReport(t *testing.T, data string) (drill.Report, []byte) {
 		t.Fatal(err)
 	}
 	return rep, b
+}
+
+// drillLogTails is the end of each log the drill's checks wrote under
+// data (the power-cut run's, the coordinators' and workers'): a failed
+// check names its log, which the test's temporary directory takes with
+// it.
+func drillLogTails(data string) string {
+	logs, _ := filepath.Glob(filepath.Join(data, "drill", "*", "*.log"))
+	var b strings.Builder
+	for _, l := range logs {
+		body, err := os.ReadFile(l)
+		if err != nil || len(body) == 0 {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(body), "\n"), "\n")
+		fmt.Fprintf(&b, "\n--- last lines of %s:\n%s\n", l, strings.Join(lines[max(len(lines)-30, 0):], "\n"))
+	}
+	return b.String()
 }
