@@ -454,11 +454,8 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 		what = "inputs not yet staged, the unpacked copy of their pack"
 	}
 	s.mu.Lock()
-	copies, keep := s.inputNeedLocked(files)
-	need := extra + copies
-	if Packed(files) {
-		copies -= files[0].Size // the unpacked copy stays reserved
-	}
+	copies, keep := s.copiesLocked(files)
+	need := extra + copies + unpacked(files)
 	c, free, err := s.reserveLocked(need, keep, dirs)
 	if err != nil {
 		s.mu.Unlock()
@@ -545,17 +542,24 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 func (s *Stager) InputNeed(files []stream.InputFile) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n, _ := s.inputNeedLocked(files)
-	return n
+	n, _ := s.copiesLocked(files)
+	return n + unpacked(files)
 }
 
-// inputNeedLocked is InputNeed under mu, with the keys of the inputs
-// already staged, which a reservation for them must not evict.
-func (s *Stager) inputNeedLocked(files []stream.InputFile) (int64, map[string]bool) {
-	var n int64
+// unpacked is the room a pack's unpacked copy takes (at most the pack's
+// size); 0 for inputs staged one by one.
+func unpacked(files []stream.InputFile) int64 {
 	if Packed(files) {
-		n += files[0].Size
+		return files[0].Size
 	}
+	return 0
+}
+
+// copiesLocked is the size of files not yet staged and verified here,
+// under mu, with the keys of those that are, which a reservation for
+// them must not evict.
+func (s *Stager) copiesLocked(files []stream.InputFile) (int64, map[string]bool) {
+	var n int64
 	keep := map[string]bool{}
 	for _, f := range files {
 		k := key(f)

@@ -90,8 +90,8 @@ func (w *Worker) pruneStagedLocked() {
 	}
 }
 
-// stagedEstimate is the median of the staged needs seen for key, and how
-// many were seen; 0, 0 where none was.
+// stagedEstimate is the median of the staged needs seen, and how many
+// were seen; 0, 0 where none was.
 func stagedEstimate(seen []int64) (int64, int) {
 	if len(seen) == 0 {
 		return 0, 0
@@ -111,8 +111,8 @@ func stagedEstimate(seen []int64) (int64, int) {
 // unchanged and "" where scratch did not bind, otherwise the cap and
 // why.
 func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
-	decls, holding, seen := w.scratchState(class)
-	if len(decls) == 0 || k <= 0 {
+	needs, holding := w.scratchState(class)
+	if len(needs) == 0 || k <= 0 {
 		return k, ""
 	}
 	pending := max(inflight-holding, 0)
@@ -127,13 +127,12 @@ func (w *Worker) scratchFit(class string, inflight, k int) (int, string) {
 	var stagedOf int
 	var unseen string
 	total, terr := w.scratchTotal()
-	for _, d := range decls {
-		est, n := stagedEstimate(seen[d.staged])
-		if d.staged != "" && n == 0 && unseen == "" {
+	for _, d := range needs {
+		if d.staged != "" && d.seen == 0 && unseen == "" {
 			unseen = d.run
 		}
-		if sum := d.declared + est; sum > need && (terr != nil || sum <= total) {
-			need, declared, staged, stagedOf = sum, d.declared, est, n
+		if sum := d.declared + d.est; sum > need && (terr != nil || sum <= total) {
+			need, declared, staged, stagedOf = sum, d.declared, d.est, d.seen
 		}
 	}
 	if need > 0 {
@@ -169,22 +168,26 @@ func (w *Worker) scratchTotal() (int64, error) {
 	return st.Total(), err
 }
 
-// scratchState is what each active run with class needs of the
-// scratch, how many of the class's shards in flight hold their
-// reservation now, and the staged needs seen (a copy).
-func (w *Worker) scratchState(class string) (decls []scratchDecl, holding int, seen map[string][]int64) {
+// scratchNow is what an active run needs of the scratch for a shard of
+// a class now: its declaration, and the estimate of its staged inputs
+// from the seen shards staged here (0, 0 before the first).
+type scratchNow struct {
+	scratchDecl
+	est  int64
+	seen int
+}
+
+// scratchState is what each active run with class needs of the scratch
+// now, and how many of the class's shards in flight hold their
+// reservation.
+func (w *Worker) scratchState(class string) (needs []scratchNow, holding int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	decls = w.scratchNeed[class]
-	for _, d := range decls {
-		if s := w.stagedSeen[d.staged]; d.staged != "" && len(s) > 0 {
-			if seen == nil {
-				seen = map[string][]int64{}
-			}
-			seen[d.staged] = slices.Clone(s)
-		}
+	for _, d := range w.scratchNeed[class] {
+		est, n := stagedEstimate(w.stagedSeen[d.staged])
+		needs = append(needs, scratchNow{d, est, n})
 	}
-	return decls, w.scratchHeld[class], seen
+	return needs, w.scratchHeld[class]
 }
 
 // holdScratch counts a's shard, in its slot, as holding its reservation
@@ -206,13 +209,12 @@ func (w *Worker) holdScratch(class string, a *attemptState) (unhold func()) {
 // holdNoScratch counts a's shard, of a run whose class needs no scratch,
 // as holding what it needs of it until the returned function or a.free,
 // whichever comes first (a slot can also be freed without a.free, once
-// the attempt has ended): counted as fetched
-// without a reservation, it held back the shards of the class's runs
-// that do need scratch while it ran, and a run that stages and has not
-// been staged here yet (one fetch at a time) held the whole class to
-// one. Counted whether or not such a run is active yet: one may come
-// while the shard runs. Called on every such shard, so it wakes no
-// fetch loop.
+// the attempt has ended). Counted as fetched without a reservation, it
+// held back the shards of the class's runs that do need scratch while it
+// ran, and a run that stages and has not been staged here yet (one fetch
+// at a time) held the whole class to one. Counted whether or not such a
+// run is active yet: one may come while the shard runs. Called on every
+// such shard, so it wakes no fetch loop.
 func (w *Worker) holdNoScratch(class string, a *attemptState) (unhold func()) {
 	w.mu.Lock()
 	w.countHeldLocked(class)

@@ -591,14 +591,13 @@ func (w *Worker) finish(ctx context.Context, a *attemptState, state, reason stri
 func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, class string, pre <-chan error) {
 	m, spec := &a.m, &a.run.Spec
 	cls := spec.Classes[class]
-	if cls.Scratch == 0 && !spec.StageFor(class) {
-		defer w.holdNoScratch(class, a)()
-	}
 	if cls.Scratch > 0 || spec.StageFor(class) {
 		// Last, once this attempt's reservation is released and its
 		// scratch emptied: fetch loops that admission held back for
 		// scratch room look again (scratchFit).
 		defer w.wakeAll()
+	} else {
+		defer w.holdNoScratch(class, a)()
 	}
 	owner := l.rec.Owner
 	var err error
@@ -705,14 +704,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 		}
 	}
 	if res.outcome == "" && spec.StageFor(class) {
-		// Counted as holding its reservation from the moment it has one,
-		// not from the copy's end (holdScratch).
-		unhold := func() {}
-		hold := func() func() {
-			unhold = w.holdScratch(class, a)
-			return unhold
-		}
-		staged, sres := w.stage(pctx, a, cls, hold, base+".in", v.Out, v.Scratch)
+		staged, unhold, sres := w.stage(pctx, a, cls, base+".in", v.Out, v.Scratch)
 		if isClosed(preLost) || (sres.outcome != "" && pctx.Err() != nil && ctx.Err() == nil) {
 			sres = preStopped("staging the inputs")
 		}
@@ -1002,11 +994,15 @@ func (w *Worker) ensureDir(dir string) error {
 
 // stage copies the shard's inputs to local scratch. On failure the result
 // carries the reason and the attempt goes through the failure path.
-func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, hold func() func(), unpackDir, out, scratch string) (*staging.Staged, result) {
+// unhold ends the shard's count as holding its reservation (holdScratch),
+// which begins the moment it has one, not at the copy's end; the caller
+// calls it before it releases staged.
+func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, unpackDir, out, scratch string) (staged *staging.Staged, unhold func(), res result) {
+	unhold = func() {}
 	m := &a.m
 	st, err := w.stagerFor(ctx)
 	if err != nil {
-		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
+		return nil, unhold, result{outcome: stream.OutcomeStage, reason: err.Error()}
 	}
 	files := m.Files
 	if staging.Packed(files) {
@@ -1023,7 +1019,7 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, h
 		for _, in := range m.Inputs {
 			f, err := h.Describe(ctx, in)
 			if err != nil {
-				return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
+				return nil, unhold, result{outcome: stream.OutcomeStage, reason: err.Error()}
 			}
 			files = append(files, f)
 		}
@@ -1031,24 +1027,22 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, h
 	// What its inputs need is what the class's next shards are
 	// admitted by (scratchFit).
 	w.noteStaged(m.Run, m.Fingerprint, m.Class, st.InputNeed(files))
-	unhold := func() {}
-	held := func() func() {
-		unhold = hold()
+	hold := func() func() {
+		unhold = w.holdScratch(m.Class, a)
 		return unhold
 	}
 	// Room that running shards hold comes back when they end: the shard
 	// waits in its slot for it, as one that stages nothing does, rather
 	// than spend an attempt.
-	var staged *staging.Staged
 	err = w.waitForRoom(ctx, m, m.Class, func() (err error) {
-		staged, err = st.StageHeld(ctx, files, cls.Scratch, held, out, scratch, unpackDir)
+		staged, err = st.StageHeld(ctx, files, cls.Scratch, hold, out, scratch, unpackDir)
 		return err
 	})
 	if err != nil {
 		if ctx.Err() == nil { // else stopped: the caller says why
 			w.admission(m.Run, m.ID, m.Class, "stage-failed", err.Error())
 		}
-		return nil, result{outcome: stream.OutcomeStage, reason: err.Error()}
+		return nil, unhold, result{outcome: stream.OutcomeStage, reason: err.Error()}
 	}
 	if staging.Packed(files) {
 		// Many small inputs came as one pack: unpack a verified working copy.
@@ -1061,14 +1055,14 @@ func (w *Worker) stage(ctx context.Context, a *attemptState, cls stream.Class, h
 			if ctx.Err() == nil {
 				w.admission(m.Run, m.ID, m.Class, "stage-failed", "unpack: "+err.Error())
 			}
-			return nil, result{outcome: stream.OutcomeStage, reason: "unpack: " + err.Error()}
+			return nil, unhold, result{outcome: stream.OutcomeStage, reason: "unpack: " + err.Error()}
 		}
 		staged.Paths = paths
 	}
 	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.StageSeconds = staged.Stats.Seconds
 	w.stagingLog(m, a.attempt, staged.Stats)
-	return staged, result{}
+	return staged, unhold, result{}
 }
 
 // unpack extracts a staged pack into dir (made here, emptied first: an
