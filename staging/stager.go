@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -244,6 +245,12 @@ func (s *Stager) reserveLocked(need int64, keep map[string]bool, dirs []string) 
 	if err != nil {
 		return nil, 0, err
 	}
+	// The free space is measured now: what the claims have written is
+	// looked at now too, not up to usageEvery ago (a copy may have
+	// written megabytes since, and would count in both).
+	for c := range s.claims {
+		c.at = time.Time{}
+	}
 	held := s.unwrittenLocked()
 	if need > free-held {
 		free += s.freeUpLocked(need-(free-held), keep)
@@ -456,7 +463,16 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 	s.mu.Lock()
 	copies, keep := s.copiesLocked(files)
 	need := extra + copies + unpacked(files)
-	c, free, err := s.reserveLocked(need, keep, dirs)
+	// What the copies have written is gone from the free space as they
+	// write it: their cache directories are among the claim's until the
+	// copies are done, so that it is not counted in both meanwhile.
+	copying := slices.Clone(dirs)
+	for _, f := range files {
+		if k := key(f); !keep[k] {
+			copying = append(copying, filepath.Join(s.cfg.Dir, "cache", k))
+		}
+	}
+	c, free, err := s.reserveLocked(need, keep, copying)
 	if err != nil {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("stage: %w", err)
@@ -531,6 +547,7 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 	// beside it waited for room there was.
 	s.mu.Lock()
 	st.claim.n -= copies
+	st.claim.dirs, st.claim.at = st.claim.dirs[:len(dirs)], time.Time{}
 	s.mu.Unlock()
 	return st, nil
 }
