@@ -2,9 +2,12 @@ package stream
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path"
@@ -279,9 +282,14 @@ func LoadSpec(path string) (*Spec, error) {
 }
 
 func parseSpec(abs string, src []byte) (*Spec, error) {
-	bad := func(table, key, format string, args ...any) error {
-		loc := abs
-		if n := LineOf(src, table, key); n > 0 {
+	// Every field is checked, so one try shows all there is to fix, as
+	// the manifest's lines are; a field that does not decode at all (a
+	// string where an array goes) stops the check, as nothing after it is
+	// known.
+	var errs specErrors
+	bad := func(table, key, format string, args ...any) {
+		loc, n := abs, LineOf(src, table, key)
+		if n > 0 {
 			loc = fmt.Sprintf("%s:%d", abs, n)
 		}
 		field := key
@@ -291,116 +299,110 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 		case table != "":
 			field = table + "." + key
 		}
-		return fmt.Errorf("%s: field %q: %w: %s", loc, field, ErrInvalidSpec, fmt.Sprintf(format, args...))
+		errs.add(n, fmt.Errorf("%s: field %q: %w: %s", loc, field, ErrInvalidSpec, fmt.Sprintf(format, args...)))
 	}
 	var f specFile
 	dec := toml.NewDecoder(bytes.NewReader(src)).DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
 		var sm *toml.StrictMissingError
-		if errors.As(err, &sm) && len(sm.Errors) > 0 {
-			e := sm.Errors[0]
-			row, _ := e.Position()
-			return nil, fmt.Errorf("%s:%d: field %q: %w: unknown field%s", abs, row, strings.Join(e.Key(), "."), ErrInvalidSpec, knownHere(e.Key()))
-		}
 		var de *toml.DecodeError
-		if errors.As(err, &de) {
+		switch {
+		case errors.As(err, &sm) && len(sm.Errors) > 0:
+			// The known fields are decoded all the same: they are
+			// checked below with the unknown ones reported.
+			for _, e := range sm.Errors {
+				row, _ := e.Position()
+				errs.add(row, fmt.Errorf("%s:%d: field %q: %w: unknown field%s", abs, row, strings.Join(e.Key(), "."), ErrInvalidSpec, knownHere(e.Key())))
+			}
+		case errors.As(err, &de):
 			row, col := de.Position()
 			field := strings.Join(de.Key(), ".")
 			return nil, fmt.Errorf("%s:%d:%d: field %q: %w: %s", abs, row, col, field, ErrInvalidSpec, explainTOMLType(strings.TrimPrefix(de.Error(), "toml: "), field))
+		default:
+			return nil, fmt.Errorf("%s: %w: %v", abs, ErrInvalidSpec, err)
 		}
-		return nil, fmt.Errorf("%s: %w: %v", abs, ErrInvalidSpec, err)
 	}
 	dir := filepath.Dir(abs)
 	s := &Spec{SpecPath: abs, Dir: dir, Env: f.Env, Stage: f.Stage, Pack: f.Pack, Classes: map[string]Class{}}
 	if !ValidRunName(f.Name) {
-		return nil, bad("", "name", "%q must match [a-z0-9][a-z0-9-]* (at most 64 characters)", f.Name)
+		bad("", "name", "%q must match [a-z0-9][a-z0-9-]* (at most 64 characters)", f.Name)
 	}
 	s.Name = f.Name
 	if f.Manifest == "" {
-		return nil, bad("", "manifest", "missing: the path of the JSONL manifest")
-	}
-	if why := unexpanded(f.Manifest); why != "" {
-		return nil, bad("", "manifest", "%s", why)
+		bad("", "manifest", "missing: the path of the JSONL manifest")
+	} else if why := unexpanded(f.Manifest); why != "" {
+		bad("", "manifest", "%s", why)
 	}
 	s.Manifest = resolve(dir, f.Manifest)
+	s.Output = filepath.Clean(resolve(dir, f.Output))
 	if f.Output == "" {
-		return nil, bad("", "output", "missing: the durable output directory")
-	}
-	if why := unexpanded(f.Output); why != "" {
+		bad("", "output", "missing: the durable output directory")
+	} else if why := unexpanded(f.Output); why != "" {
 		// Taken as written, it would make a directory named "~" or
 		// "$HOME" beside the spec, and the outputs would land there.
-		return nil, bad("", "output", "%s", why)
-	}
-	s.Output = filepath.Clean(resolve(dir, f.Output))
-	if s.Output == "/" {
-		return nil, bad("", "output", "the output directory cannot be /")
+		bad("", "output", "%s", why)
+	} else if s.Output == "/" {
+		bad("", "output", "the output directory cannot be /")
 	}
 	if len(f.Command) == 0 || f.Command[0] == "" {
-		return nil, bad("", "command", "missing: an argv array such as [\"gzip\", \"-k\", \"{input}\"]")
-	}
-	if err := checkArgv(f.Command); err != nil {
-		return nil, bad("", "command", "%v", err)
+		bad("", "command", "missing: an argv array such as [\"gzip\", \"-k\", \"{input}\"]")
+	} else if err := checkArgv(f.Command); err != nil {
+		bad("", "command", "%v", err)
 	}
 	s.Command = f.Command
 	if len(f.Validator) > 0 {
 		if err := checkArgv(f.Validator); err != nil {
-			return nil, bad("", "validator", "%v", err)
+			bad("", "validator", "%v", err)
 		}
 		s.Validator = f.Validator
 	}
 	for i, o := range f.Outputs {
 		if err := checkOutput(o); err != nil {
-			return nil, bad("", "outputs", "entry %d (%q): %v", i, o, err)
+			bad("", "outputs", "entry %d (%q): %v", i, o, err)
 		}
 	}
 	s.Outputs = f.Outputs
 	for k := range f.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, bad("env", k, "not a valid environment variable name")
+			bad("env", k, "not a valid environment variable name")
 		}
 	}
 	s.Retries = DefaultRetries
 	if f.Retries != nil {
 		if *f.Retries < 0 || *f.Retries > 100 {
-			return nil, bad("", "retries", "%d is outside 0..100", *f.Retries)
+			bad("", "retries", "%d is outside 0..100", *f.Retries)
 		}
 		s.Retries = *f.Retries
 	}
 	if f.Timeout != "" {
 		d, err := time.ParseDuration(f.Timeout)
 		if err != nil || d <= 0 {
-			return nil, bad("", "timeout", "%q is not a positive Go duration such as \"90s\" or \"2h\"", f.Timeout)
+			bad("", "timeout", "%q is not a positive Go duration such as \"90s\" or \"2h\"", f.Timeout)
 		}
 		s.Timeout = Seconds(d)
 	}
 	if f.RetryDelay != "" {
 		d, err := time.ParseDuration(f.RetryDelay)
 		if err != nil || d <= 0 || d > MaxRetryDelay {
-			return nil, bad("", "retry_delay", "%q is not a Go duration from 1ns to %s such as \"30s\" or \"5m\"", f.RetryDelay, MaxRetryDelay)
+			bad("", "retry_delay", "%q is not a Go duration from 1ns to %s such as \"30s\" or \"5m\"", f.RetryDelay, MaxRetryDelay)
 		}
 		s.RetryDelay = Seconds(d)
 	}
-	if f.CodeRev != nil {
-		s.CodeRev = *f.CodeRev
-	} else {
-		s.CodeRev = gitRev(dir)
-	}
-	s.Files = localFiles(dir, s.Command, s.Validator)
-	for name, c := range f.Class {
-		tbl := "class." + name
+	for _, name := range slices.Sorted(maps.Keys(f.Class)) {
+		c, tbl := f.Class[name], "class."+name
 		if !ValidClass(name) {
-			return nil, bad(tbl, "", "class name must match [a-z0-9][a-z0-9_-]* (at most 32 characters)")
+			bad(tbl, "", "class name must match [a-z0-9][a-z0-9_-]* (at most 32 characters)")
 		}
 		var k Class
 		k.CPUs = 1
 		if c.CPUs != nil {
 			if *c.CPUs < 1 {
-				return nil, bad(tbl, "cpus", "%d: want at least 1", *c.CPUs)
+				bad(tbl, "cpus", "%d: want at least 1", *c.CPUs)
 			}
 			k.CPUs = *c.CPUs
 		}
 		if c.GPUs < 0 {
-			return nil, bad(tbl, "gpus", "%d: want 0 or more", c.GPUs)
+			bad(tbl, "gpus", "%d: want 0 or more", c.GPUs)
 		}
 		k.GPUs = c.GPUs
 		for _, sz := range []struct {
@@ -413,14 +415,14 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 			}
 			v, err := ParseSize(sz.val)
 			if err != nil {
-				return nil, bad(tbl, sz.key, "%v", err)
+				bad(tbl, sz.key, "%v", err)
 			}
 			*sz.dst = v
 		}
 		if c.Time != "" {
 			d, err := time.ParseDuration(c.Time)
 			if err != nil || d <= 0 {
-				return nil, bad(tbl, "time", "%q is not a positive Go duration", c.Time)
+				bad(tbl, "time", "%q is not a positive Go duration", c.Time)
 			}
 			k.Time = Seconds(d)
 		}
@@ -433,18 +435,66 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 	s.Profile.Sustained = 4
 	if f.Profile.Sustained != nil {
 		if *f.Profile.Sustained < 1 || *f.Profile.Sustained > 1000 {
-			return nil, bad("profile", "sustained", "%d is outside 1..1000", *f.Profile.Sustained)
+			bad("profile", "sustained", "%d is outside 1..1000", *f.Profile.Sustained)
 		}
 		s.Profile.Sustained = *f.Profile.Sustained
 	}
 	for i, m := range f.Profile.Malformed {
 		p := resolve(dir, m)
 		if _, err := os.Stat(p); err != nil {
-			return nil, bad("profile", "malformed", "input %d: %v%s", i, err, unexpandedHint(m))
+			bad("profile", "malformed", "input %d: %v%s", i, err, unexpandedHint(m))
 		}
 		s.Profile.Malformed = append(s.Profile.Malformed, p)
 	}
+	if err := errs.err(abs); err != nil {
+		return nil, err
+	}
+	// What the fingerprint takes from the spec's directory, once the spec
+	// is known to be valid.
+	if f.CodeRev != nil {
+		s.CodeRev = *f.CodeRev
+	} else {
+		s.CodeRev = gitRev(dir)
+	}
+	s.Files = localFiles(dir, s.Command, s.Validator)
 	return s, nil
+}
+
+// specErrors collects what is wrong with a spec, each with its line (0
+// where the line is not known).
+type specErrors struct {
+	list []lineError
+}
+
+type lineError struct {
+	line int
+	err  error
+}
+
+func (e *specErrors) add(line int, err error) { e.list = append(e.list, lineError{line, err}) }
+
+// err is nil, the one error, or every error in line order below a line
+// that counts them, as LoadManifest reports a manifest's.
+func (e *specErrors) err(path string) error {
+	switch len(e.list) {
+	case 0:
+		return nil
+	case 1:
+		return e.list[0].err
+	}
+	// Those whose line is not known go last.
+	at := func(le lineError) int {
+		if le.line <= 0 {
+			return math.MaxInt
+		}
+		return le.line
+	}
+	slices.SortStableFunc(e.list, func(a, b lineError) int { return cmp.Compare(at(a), at(b)) })
+	errs := []error{fmt.Errorf("%s: %w: %d problems, each below", path, ErrInvalidSpec, len(e.list))}
+	for _, le := range e.list {
+		errs = append(errs, le.err)
+	}
+	return errors.Join(errs...)
 }
 
 // ClassNames returns the spec's classes in a stable order.

@@ -346,6 +346,50 @@ func TestNoSuggestionForUnrelatedKeys(t *testing.T) {
 
 // A manifest with many bad lines reports them in one pass: a user with a
 // 10,000-line manifest should not fix one line per try.
+// TestSpecReportsEveryProblem: a spec with several mistakes names each of
+// them, in line order under a line that counts them, so that one try
+// shows all there is to fix (as a manifest's invalid lines are); the
+// unknown keys among them too, whose neighbours are still checked.
+func TestSpecReportsEveryProblem(t *testing.T) {
+	body := "name = \"x\"\n" + //                      1
+		"manifest = \"m\"\n" + //                     2
+		"output = \"o\"\n" + //                       3
+		"command = [\"cp\", \"{in}\", \"{out}\"]\n" + // 4: not a placeholder
+		"timeout = \"10 minutes\"\n" + //             5: not a duration
+		"retrys = 2\n" + //                           6: unknown
+		"[class.gpu]\n" + //                          7
+		"memroy = \"1G\"\n" + //                      8: unknown
+		"cpus = 0\n" //                               9: too few
+	path := writeSpec(t, body)
+	_, err := LoadSpec(path)
+	if !errors.Is(err, ErrInvalidSpec) {
+		t.Fatalf("got %v, want ErrInvalidSpec", err)
+	}
+	lines := strings.Split(err.Error(), "\n")
+	want := []string{
+		path + ": invalid run spec: 5 problems, each below",
+		path + `:4: field "command": invalid run spec: argument 1 ("{in}"): {in} is not a placeholder; did you mean {input}?`,
+		path + `:5: field "timeout": invalid run spec: "10 minutes" is not a positive Go duration`,
+		path + `:6: field "retrys": invalid run spec: unknown field: "retrys", did you mean "retries"?`,
+		path + `:8: field "class.gpu.memroy": invalid run spec: unknown field: "memroy", did you mean "memory"?`,
+		path + `:9: field "class.gpu.cpus": invalid run spec: 0: want at least 1`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("got %d lines, want %d:\n%s", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: got %q, want it to begin %q", i+1, lines[i], w)
+		}
+	}
+
+	// One mistake alone is its own line, with no count above it.
+	_, err = LoadSpec(writeSpec(t, "name = \"x\"\nmanifest = \"m\"\noutput = \"o\"\ncommand = [\"true\"]\nretries = -1\n"))
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), `:5: field "retries"`) {
+		t.Fatalf("got %v, want the retries on line 5 alone", err)
+	}
+}
+
 func TestManifestReportsEveryInvalidLine(t *testing.T) {
 	dir := t.TempDir()
 	specPath := filepath.Join(dir, "shardpool.toml")
