@@ -68,8 +68,9 @@ func TestRunExitCodes(t *testing.T) {
 		t.Fatalf("run after an output was deleted: exit %d, want 0 and the shard queued again\n%s", code, p.Output())
 	}
 	// Under --slots auto a class with no memory peak runs one shard at a
-	// time; the user is told so up front, with the ways out.
-	if !strings.Contains(p.Output(), "slots: class cpu runs one shard at a time") || !strings.Contains(p.Output(), "shardpool profile") {
+	// time; the user is told so up front, with the ways out: a profile
+	// into this run's state directory among them.
+	if !strings.Contains(p.Output(), "slots: class cpu runs one shard at a time") || !strings.Contains(p.Output(), "shardpool profile --data "+data+" ") {
 		t.Fatalf("auto run of a class without a memory peak does not say it runs one at a time:\n%s", p.Output())
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(ok), "out", "s0001", "COMPLETE")); err != nil {

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -39,5 +43,38 @@ func TestPlanShowsWhatAdmissionRuns(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "one shard at a time: no measured or declared memory peak") {
 		t.Errorf("the class without a peak does not say it runs one shard at a time:\n%s", out.String())
+	}
+}
+
+// TestProfileHintNamesTheRunsStateDirectory: a run whose class has no
+// memory peak points at the profile command that writes where the run
+// reads (with its --data), and at a profile made into the default state
+// directory instead, which it does not read.
+func TestProfileHintNamesTheRunsStateDirectory(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	def := worker.DefaultStateDir()
+	spec := &stream.Spec{Name: "job", SpecPath: "/jobs/job.toml"}
+	if got := profileCommand(spec, def); got != "shardpool profile /jobs/job.toml" {
+		t.Errorf("default state directory: got %q", got)
+	}
+	other := t.TempDir()
+	if got, want := profileCommand(spec, other), "shardpool profile --data "+other+" /jobs/job.toml"; got != want {
+		t.Errorf("another state directory: got %q, want %q", got, want)
+	}
+	if got := profileElsewhere(spec, other); got != "" {
+		t.Errorf("no profile anywhere: got %q, want nothing", got)
+	}
+	made := filepath.Join(def, "runs", "job", "profile.json")
+	if err := os.MkdirAll(filepath.Dir(made), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(made, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := profileElsewhere(spec, other); !strings.Contains(got, made) || !strings.Contains(got, filepath.Join(other, "runs", "job", "profile.json")) {
+		t.Errorf("a profile in the default state directory: got %q, want it named with the one the run reads", got)
+	}
+	if got := profileElsewhere(spec, def); got != "" {
+		t.Errorf("the run reads the default state directory: got %q, want nothing", got)
 	}
 }

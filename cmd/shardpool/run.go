@@ -156,8 +156,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if slots.auto {
 		for _, c := range pl.Classes {
 			if _, one := plan.Unmeasured(c.Slots, c.Peak); one {
-				fmt.Fprintf(stdout, "slots: class %s runs one shard at a time: its memory peak is neither measured nor declared (run `shardpool profile %s`, declare memory in [class.%s], or pass --slots)\n",
-					c.Class, shellQuote(spec.SpecPath), c.Class)
+				fmt.Fprintf(stdout, "slots: class %s runs one shard at a time: its memory peak is neither measured nor declared (run `%s`, declare memory in [class.%s], or pass --slots)%s\n",
+					c.Class, profileCommand(spec, absData), c.Class, profileElsewhere(spec, absData))
 			}
 		}
 	}
@@ -874,4 +874,28 @@ func measured(p *plan.Plan) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// profileCommand is the profile command that writes what a run with the
+// state directory data reads: with --data unless data is the default.
+func profileCommand(spec *stream.Spec, data string) string {
+	if data == worker.DefaultStateDir() {
+		return "shardpool profile " + shellQuote(spec.SpecPath)
+	}
+	return fmt.Sprintf("shardpool profile --data %s %s", shellQuote(data), shellQuote(spec.SpecPath))
+}
+
+// profileElsewhere names a profile of the run in the default state
+// directory where the run reads another one (a profile made without the
+// run's --data), or is "".
+func profileElsewhere(spec *stream.Spec, data string) string {
+	def := worker.DefaultStateDir()
+	if data == def {
+		return ""
+	}
+	p := filepath.Join(def, "runs", spec.Name, "profile.json")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return fmt.Sprintf("; %s is in the default state directory, which this run does not read: it reads %s", p, filepath.Join(data, "runs", spec.Name, "profile.json"))
 }
