@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -151,6 +152,7 @@ func StartCmdEnv(t testing.TB, env []string, name string, args ...string) *Proc 
 
 func startCmd(t testing.TB, env []string, attr *syscall.SysProcAttr, name string, args ...string) *Proc {
 	t.Helper()
+	defaultStopSignals()
 	cmd := exec.Command(name, args...)
 	// The processes of one test share a host ledger, as on a real host;
 	// those of tests running at the same time (other packages) do not.
@@ -168,6 +170,23 @@ func startCmd(t testing.TB, env []string, attr *syscall.SysProcAttr, name string
 	})
 	return p
 }
+
+// defaultStopSignals makes the processes that tests start begin with SIGHUP
+// and SIGINT at their defaults, as from a terminal, also where the tests
+// themselves run with them ignored (`nohup make test`, or a background
+// job of a script), which children would inherit: shardpool leaves a
+// signal it started with ignored alone, as nohup means, and a test that
+// stops a worker with SIGHUP would wait for it in vain. A signal caught
+// here is reset to its default in a child at exec; in this process it is
+// caught and dropped, as it was ignored. Tests of nohup start it
+// themselves (TestNohupRunIgnoresHangup).
+var defaultStopSignals = sync.OnceFunc(func() {
+	for _, s := range []os.Signal{syscall.SIGHUP, os.Interrupt} {
+		if signal.Ignored(s) {
+			signal.Notify(make(chan os.Signal, 1), s)
+		}
+	}
+})
 
 var ledgers sync.Map // testing.TB -> host ledger directory
 
