@@ -591,9 +591,14 @@ func TestStageCommandStagesWhatWorkersUse(t *testing.T) {
 	}
 
 	os.WriteFile(filepath.Join(src, "shardpool.toml"), []byte(strings.Replace(spec, "stage = true\n", "", 1)), 0o644)
-	p = testenv.Start(t, "stage", "--scratch", scratch, "--data", t.TempDir(), filepath.Join(src, "shardpool.toml"))
+	unmade := filepath.Join(t.TempDir(), "scratch")
+	p = testenv.Start(t, "stage", "--scratch", unmade, "--data", t.TempDir(), filepath.Join(src, "shardpool.toml"))
 	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "nothing to stage") || !strings.Contains(p.Output(), "set stage = true") {
 		t.Fatalf("a spec that stages nothing: exit %d\n%s\nwant 1, saying how to stage", code, p.Output())
+	}
+	// Refused before anything is made.
+	if _, err := os.Stat(unmade); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused stage left its scratch directory: %v", err)
 	}
 }
 

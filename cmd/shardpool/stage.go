@@ -72,6 +72,17 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	// Refused before anything is made: no scratch directory, no cache.
+	stages := 0
+	for _, sh := range man.Shards {
+		if spec.StageFor(sh.Class) {
+			stages++
+		}
+	}
+	if stages == 0 {
+		return fmt.Errorf("%s: %w: none of its %d shard(s) stages its inputs (stage is false for the spec and for their classes), so workers read them in place and would not use a copy: set stage = true in the spec, or in a [class.NAME] table, to have them copied to local scratch",
+			spec.SpecPath, errNothingToStage, len(man.Shards))
+	}
 	if *scratch == "" {
 		dir, err := worker.PolicyScratch("", worker.DefaultName())
 		if err != nil {
@@ -124,10 +135,6 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err := hashes.Save(); err != nil {
 		return err
-	}
-	if rep.Shards == 0 && rep.Skipped > 0 {
-		return fmt.Errorf("%s: %w: none of its %d shard(s) stages its inputs (stage is false for the spec and for their classes), so workers read them in place and would not use a copy: set stage = true in the spec, or in a [class.NAME] table, to have them copied to local scratch",
-			spec.SpecPath, errNothingToStage, rep.Skipped)
 	}
 	rep.Total.Seconds = time.Since(start).Seconds()
 	if rep.Total.Seconds > 0 {
