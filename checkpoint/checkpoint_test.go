@@ -173,8 +173,11 @@ func TestGenerationsLatestSkipsCorruptAndRetains(t *testing.T) {
 	if len(rej) != 1 || !strings.HasPrefix(rej[0].Name(), "gen-3-") {
 		t.Fatalf("rejected: got %v, want gen-3 quarantined", rej)
 	}
-	if _, _, err := Latest(t.TempDir()); !errors.Is(err, ErrNoGeneration) {
-		t.Fatalf("empty dir: got %v, want ErrNoGeneration", err)
+	if _, _, err := Latest(t.TempDir()); !errors.Is(err, ErrNoGeneration) || !strings.Contains(err.Error(), "holds no generation (gen-N) yet") {
+		t.Fatalf("empty dir: got %v, want ErrNoGeneration saying it holds none", err)
+	}
+	if _, _, err := Latest(filepath.Join(t.TempDir(), "typo")); !errors.Is(err, ErrNoGeneration) || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("no such dir: got %v, want ErrNoGeneration saying the directory does not exist", err)
 	}
 }
 

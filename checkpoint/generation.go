@@ -199,6 +199,15 @@ func Latest(dir string) (g Generation, rejected []Report, err error) {
 	if err != nil {
 		return Generation{}, nil, fmt.Errorf("latest in %s: %w", dir, err)
 	}
+	if len(ns) == 0 {
+		// Said apart, for the job's author: a path that names no
+		// directory (a typo, or {ckpt} of another run) or a first start.
+		why := "it holds no generation (" + genPrefix + "N) yet"
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			why = "the directory does not exist"
+		}
+		return Generation{}, nil, fmt.Errorf("latest in %s: %w: %s", dir, ErrNoGeneration, why)
+	}
 	for _, n := range ns {
 		p := genPath(dir, n)
 		mk, err := Verify(p)
