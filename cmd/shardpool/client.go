@@ -325,8 +325,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if len(pos) > 1 {
-		fs.Usage()
-		return errUsage
+		return wrongCount(fs, pos, "at most 1 argument")
 	}
 	run := ""
 	if len(pos) == 1 {

@@ -40,6 +40,7 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	if *data == "" {
+		fmt.Fprintln(fs.Output(), "shardpool coordinator: --data DIR is required: the directory of its store and evidence")
 		fs.Usage()
 		return errUsage
 	}

@@ -15,17 +15,38 @@ import (
 // newFlags makes a FlagSet whose --help prints synopsis and flags.
 func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The flag package prints a bad flag's error, then calls Usage; a
+	// --help calls Usage alone. After an error the usage is its synopsis
+	// and where the flags are listed, so that the error stays in sight
+	// rather than above forty lines of flags.
+	out := &wroteWriter{w: stderr}
+	fs.SetOutput(out)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: %s\n", synopsis)
 		n := 0
 		fs.VisitAll(func(*flag.Flag) { n++ })
-		if n > 0 {
+		switch {
+		case n == 0:
+		case out.wrote:
+			fmt.Fprintf(stderr, "shardpool %s --help lists its flags\n", name)
+		default:
 			fmt.Fprintf(stderr, "\nFlags:\n")
 			printFlags(stderr, fs)
 		}
 	}
 	return fs
+}
+
+// wroteWriter says whether the flag package has written to it: an error
+// about a flag, before it calls Usage.
+type wroteWriter struct {
+	w     io.Writer
+	wrote bool
+}
+
+func (w *wroteWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.w.Write(p)
 }
 
 // printFlags lists fs's flags as flag.PrintDefaults does (which decides
@@ -80,10 +101,32 @@ func parseArgs(fs *flag.FlagSet, args []string, n int) ([]string, error) {
 		return nil, err
 	}
 	if len(pos) != n {
-		fs.Usage()
-		return nil, errUsage
+		return nil, wrongCount(fs, pos, arguments(n))
 	}
 	return pos, nil
+}
+
+// arguments is n arguments in words: "no argument", "1 argument".
+func arguments(n int) string {
+	switch n {
+	case 0:
+		return "no argument"
+	case 1:
+		return "1 argument"
+	}
+	return fmt.Sprintf("%d arguments", n)
+}
+
+// wrongCount prints the usage for a command given the positional
+// arguments pos where it takes want ("1 argument"), and returns errUsage.
+// The bare command prints the whole usage, as --help; a wrong number is
+// said first (a flag's value left out can make its argument positional).
+func wrongCount(fs *flag.FlagSet, pos []string, want string) error {
+	if len(pos) > 0 {
+		fmt.Fprintf(fs.Output(), "shardpool %s: takes %s, got %d: %s\n", fs.Name(), want, len(pos), strings.Join(pos, " "))
+	}
+	fs.Usage()
+	return errUsage
 }
 
 // parseNone parses a command that takes flags only: a positional argument
@@ -196,8 +239,7 @@ func parseSpec(fs *flag.FlagSet, args []string) (*stream.Spec, *stream.Manifest,
 		return nil, nil, err
 	}
 	if len(pos) != 1 {
-		fs.Usage()
-		return nil, nil, errUsage
+		return nil, nil, wrongCount(fs, pos, arguments(1))
 	}
 	return loadRun(pos[0])
 }

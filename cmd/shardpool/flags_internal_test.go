@@ -44,6 +44,34 @@ func TestHelpNamesEveryFlagsArgument(t *testing.T) {
 	}
 }
 
+// TestBadFlagKeepsItsErrorInSight: a bad flag prints its error, the
+// command's synopsis and where the flags are listed, not the forty lines
+// of flags under which the error would scroll away; --help still lists
+// them.
+func TestBadFlagKeepsItsErrorInSight(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"worker", "--slots", "0"}, `invalid value "0" for flag -slots`},
+		{[]string{"run", "--colour", "x.toml"}, "flag provided but not defined: -colour"},
+		{[]string{"status", "--json=maybe"}, "invalid boolean value"},
+		{[]string{"run", "a.toml", "b.toml"}, "shardpool run: takes 1 argument, got 2: a.toml b.toml"},
+		{[]string{"preflight", "extra"}, "shardpool preflight: takes no argument, got 1: extra"},
+	} {
+		args := c.args
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), args, &stdout, &stderr); err != errUsage {
+			t.Fatalf("%v: %v, want a usage error", args, err)
+		}
+		out := stderr.String()
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 3 || !strings.Contains(lines[0], c.err) || !strings.HasPrefix(lines[1], "Usage: shardpool "+args[0]) || lines[2] != "shardpool "+args[0]+" --help lists its flags" || strings.Contains(out, "Flags:") {
+			t.Errorf("%v: got\n%s\nwant the error, the synopsis and where the flags are listed", args, out)
+		}
+	}
+}
+
 // TestCkptHelp: `shardpool ckpt --help` prints the subcommands and exits
 // 0, as every --help does; `ckpt` alone and an unknown subcommand are
 // usage errors (exit 2).
