@@ -141,7 +141,7 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 			// Same generation, other place: the outputs are where they were
 			// committed, and nothing would run to fill the new directory.
 			return res, fmt.Errorf("%s: field %q: %w: run %s (fingerprint %s) has its outputs in %s, and this spec names %s; "+
-				"put the output back, or give the run another name to start a separate run", spec.SpecPath, "output", ErrSpecConflict,
+				"put the output back, or give the run another name to start a separate run", spec.At("", "output"), "output", ErrSpecConflict,
 				spec.Name, fp, prev.Spec.Output, spec.Output)
 		}
 		changed, settings, err := updateSettings(ctx, b, prev, rev, spec, opt)
@@ -353,7 +353,7 @@ func checkSharedOutput(ctx context.Context, b *stream.Buckets, spec *stream.Spec
 		shared := slices.Sorted(maps.Keys(seen))
 		if len(shared) > 0 {
 			return fmt.Errorf("%s: field %q: %w: %s also holds run %s (fingerprint %s), which has %d shard(s) with ids of this manifest (%s); "+
-				"they would replace each other's outputs. Give this run its own output directory", spec.SpecPath, "output", ErrSpecConflict,
+				"they would replace each other's outputs. Give this run its own output directory", spec.At("", "output"), "output", ErrSpecConflict,
 				spec.Output, name, other.Fingerprint, len(shared), strings.Join(shared[:min(len(shared), 3)], ", "))
 		}
 	}

@@ -100,6 +100,10 @@ func LoadManifest(spec *Spec) (*Manifest, error) {
 		return nil, fmt.Errorf("%s: field \"manifest\": %w: %v", loc, ErrInvalidManifest, err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		// Opened all the same; named where it is set, as a missing one.
+		return nil, fmt.Errorf("%s: field \"manifest\": %w: %s is a directory; want the JSONL manifest, one shard a line", spec.At("", "manifest"), ErrInvalidManifest, spec.Manifest)
+	}
 	h := xxhash.New()
 	m := &Manifest{Path: spec.Manifest}
 	seen := map[string]int{}

@@ -438,6 +438,14 @@ func TestManifestReportsEveryInvalidLine(t *testing.T) {
 		t.Fatalf("missing manifest: got %v, want ErrInvalidManifest at %s:2, field \"manifest\"", err, specPath)
 	}
 
+	// A directory where the manifest goes: named at the spec's line too.
+	os.Mkdir(filepath.Join(dir, "m.jsonl"), 0o755)
+	_, err = LoadManifest(spec)
+	if !errors.Is(err, ErrInvalidManifest) || !strings.HasPrefix(err.Error(), specPath+`:2: field "manifest": `) || !strings.Contains(err.Error(), "is a directory") {
+		t.Fatalf("a directory as the manifest: got %v, want ErrInvalidManifest at %s:2, field \"manifest\"", err, specPath)
+	}
+	os.Remove(filepath.Join(dir, "m.jsonl"))
+
 	// One bad line: just its error, no summary.
 	write([]string{`{"id":"a","inputs":["ok"]}`, `{"id":"a","inputs":["ok"]}`})
 	_, err = LoadManifest(spec)

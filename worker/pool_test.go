@@ -450,8 +450,8 @@ func TestResubmittedSettingsReachRunningWorkers(t *testing.T) {
 
 	edit(`output = "out"`, `output = "elsewhere"`)
 	_, err := env.TrySubmit(spec, coordinator.SubmitOptions{})
-	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), `field "output"`) || !strings.Contains(err.Error(), filepath.Join(filepath.Dir(spec), "out")) {
-		t.Fatalf("resubmit with another output: got %v, want ErrSpecConflict naming the field and where the outputs are", err)
+	if !errors.Is(err, coordinator.ErrSpecConflict) || !regexp.MustCompile(regexp.QuoteMeta(spec)+`:\d+: field "output"`).MatchString(err.Error()) || !strings.Contains(err.Error(), filepath.Join(filepath.Dir(spec), "out")) {
+		t.Fatalf("resubmit with another output: got %v, want ErrSpecConflict naming the spec's line, the field and where the outputs are", err)
 	}
 	if r, _ := env.Run("t"); r.Spec.Output != filepath.Join(filepath.Dir(spec), "out") || r.State != stream.RunComplete {
 		t.Fatalf("after the refused resubmit: output %s, state %s; want unchanged", r.Spec.Output, r.State)

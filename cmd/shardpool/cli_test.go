@@ -148,8 +148,8 @@ func TestRunExitCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	p = testenv.Start(t, "run", "--data", data, blocked)
-	if code := p.Wait(t, 30*time.Second); code != 1 || !strings.Contains(p.Output(), blocked+`: field "output"`) || !strings.Contains(p.Output(), "not a directory") {
-		t.Fatalf("run with an output that cannot be made: exit %d, want 1 naming the spec and field\n%s", code, p.Output())
+	if code := p.Wait(t, 30*time.Second); code != 1 || !regexp.MustCompile(regexp.QuoteMeta(blocked)+`:\d+: field "output"`).MatchString(p.Output()) || !strings.Contains(p.Output(), "not a directory") {
+		t.Fatalf("run with an output that cannot be made: exit %d, want 1 naming the spec, its line and the field\n%s", code, p.Output())
 	}
 	if _, err := os.Stat(filepath.Join(data, "runs", "noout")); !os.IsNotExist(err) {
 		t.Fatalf("a refused run left evidence: %v", err)

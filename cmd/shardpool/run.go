@@ -419,7 +419,7 @@ func drainOnSignal(stderr io.Writer, wk *worker.Worker) (stop func(), drained fu
 // over outputs made read-only verifies them and writes nothing.)
 func checkOutputDir(spec *stream.Spec) error {
 	if err := os.MkdirAll(spec.Output, 0o755); err != nil {
-		return fmt.Errorf("%s: field %q: %w: %v", spec.SpecPath, "output", stream.ErrInvalidSpec, err)
+		return fmt.Errorf("%s: field %q: %w: %v", spec.At("", "output"), "output", stream.ErrInvalidSpec, err)
 	}
 	return nil
 }
