@@ -141,7 +141,7 @@ func drillLogTails(data string) string {
 			continue
 		}
 		lines := strings.Split(strings.TrimRight(string(body), "\n"), "\n")
-		fmt.Fprintf(&b, "\n--- last lines of %s:\n%s\n", l, strings.Join(lines[max(len(lines)-30, 0):], "\n"))
+		fmt.Fprintf(&b, "\n--- last lines of %s:\n%s\n", l, strings.Join(lines[max(len(lines)-60, 0):], "\n"))
 	}
 	return b.String()
 }

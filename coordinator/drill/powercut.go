@@ -100,7 +100,9 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 	}
 	syscall.Sync() // the job's files are on disk before the first cut
 	data := filepath.Join(state.Dir, "data")
-	args := []string{"run", "--quiet", "--data", data, "--scratch", filepath.Join(state.Dir, "scratch"), "--slots", "4", "--lease-ttl", "3s", spec}
+	// -v: the log has the time of each step and what nats-server found
+	// as it recovered the store after each cut, for a resume that fails.
+	args := []string{"run", "--quiet", "-v", "--data", data, "--scratch", filepath.Join(state.Dir, "scratch"), "--slots", "4", "--lease-ttl", "3s", spec}
 	log := d.logFile("powercut")
 	if log != nil {
 		defer log.Close()
@@ -136,11 +138,7 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 		cuts++
 		d.say("power cut %d: resuming the run", cuts)
 	}
-	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(rctx, d.cfg.Binary, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Run(); err != nil {
+	if err := d.resumeAfterCuts(ctx, args, data, log); err != nil {
 		return "", fmt.Errorf("the run resumed after %d power cuts did not complete: %v (see %s)", cuts, err, filepath.Join(d.dir, "powercut.log"))
 	}
 	bad, err := checkAfterPowerCuts(ctx, data, filepath.Join(filepath.Dir(spec), "out"))
@@ -154,6 +152,50 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 		"(simulated: %s on loop devices, state and outputs on two file systems; checks shardpool's order of writes and syncs, not this host's disks)",
 		cuts, powerCutShards, why), nil
 }
+
+// resumeAfterCuts runs the resume command to its end, for at most
+// resumeLimit. One that has not ended by then is asked first where it
+// stands (`shardpool status --data`: its counts, and why shards wait),
+// which the error gives, then killed.
+func (d *drill) resumeAfterCuts(ctx context.Context, args []string, data string, log *os.File) error {
+	cmd := exec.Command(d.cfg.Binary, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start shardpool run: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	timer := time.NewTimer(resumeLimit)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	st, serr := exec.CommandContext(sctx, d.cfg.Binary, "status", "--data", data, powerCutRun).CombinedOutput()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the run and its commands
+	<-done
+	where := strings.TrimSpace(string(st))
+	if serr != nil {
+		where = fmt.Sprintf("status: %v %s", serr, where)
+	}
+	if log != nil {
+		fmt.Fprintf(log, "--- not ended after %s; shardpool status --data %s %s:\n%s\n", resumeLimit, data, powerCutRun, where)
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("stopped: %w; it stood at: %s", ctx.Err(), where)
+	}
+	return fmt.Errorf("not ended after %s; it stood at: %s", resumeLimit, where)
+}
+
+// resumeLimit bounds the run resumed after the power cuts: 40 shards of
+// 0.2 s at 4 at a time, and the leases of the killed runs' shards (3 s)
+// to wait out, take seconds.
+const resumeLimit = 90 * time.Second
 
 // copyJob writes a job (inputs, manifest, spec) into dir and returns the
 // spec's path: run name, shards s00, s01... that each sleep for sleep
