@@ -485,8 +485,9 @@ func TestRunsSharingAnOutputDirectory(t *testing.T) {
 	}
 	copied := variant("copied", `code_rev = "test"`, `code_rev = "changed"`)
 	_, err = env.TrySubmit(copied, coordinator.SubmitOptions{})
-	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), "run first") || !strings.Contains(err.Error(), "s0000, s0001") {
-		t.Fatalf("a copied spec with the same output: got %v, want ErrSpecConflict naming run first and the shared ids", err)
+	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), "run first") || !strings.Contains(err.Error(), "s0000, s0001") ||
+		!regexp.MustCompile(regexp.QuoteMeta(copied)+`:\d+: field "output"`).MatchString(err.Error()) {
+		t.Fatalf("a copied spec with the same output: got %v, want ErrSpecConflict at the spec's output line, naming run first and the shared ids", err)
 	}
 	if _, err := env.Run("copied"); err == nil {
 		t.Fatal("the refused run was recorded")
