@@ -109,17 +109,13 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 	}
 	cuts := 0
 	for range powerCuts {
-		cmd := exec.Command(d.cfg.Binary, args...)
-		cmd.Stdout, cmd.Stderr = log, log
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			return "", fmt.Errorf("start shardpool run: %w", err)
+		r, err := d.startRun(args, log)
+		if err != nil {
+			return "", err
 		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
 		select {
 		case <-time.After(time.Duration(150+mrand.IntN(600)) * time.Millisecond):
-		case <-done:
+		case <-r.done:
 			// Done before the cut (a fast host): the cuts so far are
 			// the check, if there were any.
 			if cuts == 0 {
@@ -127,8 +123,7 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 			}
 			continue
 		}
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the run and its commands
-		<-done
+		r.kill()
 		if err := state.Cut(); err != nil {
 			return "", simulation(err)
 		}
@@ -158,18 +153,14 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 // stands (`shardpool status --data`: its counts, and why shards wait),
 // which the error gives, then killed.
 func (d *drill) resumeAfterCuts(ctx context.Context, args []string, data string, log *os.File) error {
-	cmd := exec.Command(d.cfg.Binary, args...)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start shardpool run: %w", err)
+	r, err := d.startRun(args, log)
+	if err != nil {
+		return err
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
 	timer := time.NewTimer(resumeLimit)
 	defer timer.Stop()
 	select {
-	case err := <-done:
+	case err := <-r.done:
 		return err
 	case <-ctx.Done():
 	case <-timer.C:
@@ -177,8 +168,7 @@ func (d *drill) resumeAfterCuts(ctx context.Context, args []string, data string,
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	st, serr := exec.CommandContext(sctx, d.cfg.Binary, "status", "--data", data, powerCutRun).CombinedOutput()
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the run and its commands
-	<-done
+	r.kill()
 	where := strings.TrimSpace(string(st))
 	if serr != nil {
 		where = fmt.Sprintf("status: %v %s", serr, where)
@@ -190,6 +180,32 @@ func (d *drill) resumeAfterCuts(ctx context.Context, args []string, data string,
 		return fmt.Errorf("stopped: %w; it stood at: %s", ctx.Err(), where)
 	}
 	return fmt.Errorf("not ended after %s; it stood at: %s", resumeLimit, where)
+}
+
+// groupRun is a `shardpool run` of the power-cut check, in a process
+// group of its own so that a kill reaches its commands too.
+type groupRun struct {
+	cmd  *exec.Cmd
+	done chan error // the run's Wait, once it has ended
+}
+
+// startRun starts `shardpool args...` with its output to log.
+func (d *drill) startRun(args []string, log *os.File) (*groupRun, error) {
+	cmd := exec.Command(d.cfg.Binary, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start shardpool run: %w", err)
+	}
+	r := &groupRun{cmd: cmd, done: make(chan error, 1)}
+	go func() { r.done <- cmd.Wait() }()
+	return r, nil
+}
+
+// kill SIGKILLs the run and its commands and waits for the run to end.
+func (r *groupRun) kill() {
+	_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+	<-r.done
 }
 
 // resumeLimit bounds the run resumed after the power cuts: 40 shards of
