@@ -103,13 +103,13 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	hashes := staging.LoadHashes(filepath.Join(*data, "inputs-cache.json"))
-	rep := StageReport{Run: spec.Name, Scratch: *scratch}
+	rep := StageReport{Run: spec.Name, Scratch: *scratch, Skipped: len(man.Shards) - stages}
 	start := time.Now()
 	packing := staging.NewPacking(spec.Pack)
 	for _, sh := range man.Shards {
 		if !spec.StageFor(sh.Class) {
-			// Its workers read the inputs in place: a copy would not be used.
-			rep.Skipped++
+			// Its workers read the inputs in place: a copy would not be
+			// used (counted in rep.Skipped above).
 			continue
 		}
 		// What the worker will look for: a shard of many small inputs is
