@@ -574,6 +574,9 @@ var (
 	placeholders  = []string{"id", "input", "inputs", "out", "ckpt", "scratch", "attempt"}
 	placeholderRE = regexp.MustCompile(`\{(` + strings.Join(placeholders, "|") + `)\}`)
 	braceRE       = regexp.MustCompile(`\{([a-z_]+)\}`)
+	// paramRefRE finds a manifest param named the way templates name
+	// them: {param.n}, {params.n}, {param:n}, {params[n]}, {params['n']}.
+	paramRefRE = regexp.MustCompile(`\{\s*params?\s*(?:[.:]\s*([A-Za-z0-9_-]+)|\[\s*["']?([^"'\]]+?)["']?\s*\])\s*\}`)
 )
 
 func checkArgv(argv []string) error {
@@ -600,9 +603,20 @@ func checkArgv(argv []string) error {
 		// letters or more a letter or two from a placeholder is a typo that
 		// would reach every shard as it is, and so is a shorter one that
 		// stands alone as an argument and begins a placeholder ("{in}").
+		// Params are no placeholders: written the way templates name them
+		// ({param.n}), a param reached every shard's command as that text,
+		// and a command that did not fail on it validated with nothing
+		// done.
+		if m := paramRefRE.FindStringSubmatch(a); m != nil {
+			env := ParamEnv(m[1] + m[2])
+			return fmt.Errorf("argument %d (%q): %s is not a placeholder: params reach the command as environment variables, this one as %s (in a shell: \"$%s\"); that text would reach every shard's command as it is", i, a, m[0], env, env)
+		}
 		for _, m := range braceRE.FindAllStringSubmatch(a, -1) {
 			if slices.Contains(placeholders, m[1]) {
 				continue
+			}
+			if m[1] == "param" || m[1] == "params" {
+				return fmt.Errorf("argument %d (%q): %s is not a placeholder: params reach the command as environment variables, SHARDPOOL_PARAM_ and the key upper-cased (in a shell: \"$SHARDPOOL_PARAM_N\" for param n); that text would reach every shard's command as it is", i, a, m[0])
 			}
 			if len(m[1]) < 3 {
 				if k := beginning(m[1], placeholders); k != "" && a == m[0] && len(m[1]) > 1 {

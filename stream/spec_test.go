@@ -336,6 +336,48 @@ func TestBracesThatAreNoPlaceholderTypo(t *testing.T) {
 	}
 }
 
+// TestParamNamedLikeATemplateIsRefused: {param.n} in a command reached
+// every shard as that text; `sh -c 'seq 1 $0 > $1/seq.txt' {param.n}
+// {out}` wrote an empty file, exited 0, and every shard validated. Params
+// reach the command as environment variables, and the refusal names the
+// variable. Other dotted words in braces pass as they are.
+func TestParamNamedLikeATemplateIsRefused(t *testing.T) {
+	for a, want := range map[string]string{
+		"{param.n}":                   "SHARDPOOL_PARAM_N",
+		"--lr={params.learning-rate}": "SHARDPOOL_PARAM_LEARNING_RATE",
+		"{param:seed}":                "SHARDPOOL_PARAM_SEED",
+		"{params['batch size']}":      "SHARDPOOL_PARAM_BATCH_SIZE",
+		"{params[\"k\"]}":             "SHARDPOOL_PARAM_K",
+		"{{ params.model }}":          "SHARDPOOL_PARAM_MODEL",
+		"{params}":                    "SHARDPOOL_PARAM_ and the key upper-cased",
+		"{param}":                     "SHARDPOOL_PARAM_ and the key upper-cased",
+	} {
+		err := checkArgv([]string{"tool", a})
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v, want it passed as it is", a, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), "is not a placeholder: params reach the command as environment variables") || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: got %v, want it refused naming %s", a, err, want)
+		}
+	}
+	for _, a := range []string{"{print $1}", "{a.b}", "{x:y}", "{parameters}", "{config.param}"} {
+		if err := checkArgv([]string{"sh", "-c", "echo " + a}); err != nil {
+			t.Errorf("%s: %v, want it passed as it is", a, err)
+		}
+	}
+	base := "name = \"a\"\nmanifest = \"m.jsonl\"\noutput = \"out\"\ncommand = [\"sh\", \"-c\", \"seq 1 $0 > $1/seq.txt\", \"{param.n}\", \"{out}\"]\n"
+	dir := t.TempDir()
+	path := filepath.Join(dir, "spec.toml")
+	if err := os.WriteFile(path, []byte(base), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadSpec(path)
+	want := path + `:4: field "command": invalid run spec: argument 3 ("{param.n}"): {param.n} is not a placeholder: params reach the command as environment variables, this one as SHARDPOOL_PARAM_N (in a shell: "$SHARDPOOL_PARAM_N")`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("LoadSpec: got %v, want %s", err, want)
+	}
+}
+
 func TestNoSuggestionForUnrelatedKeys(t *testing.T) {
 	for typo, want := range map[string]string{"retry": "retries", "classes": "class", "cpu": "cpus", "foo": "", "gpu_count": "", "env": "env", "tim": "time"} {
 		if got := likelyMeant(typo, []string{"class", "cpus", "env", "retries", "time", "timeout"}); got != want {
