@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -472,6 +473,7 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 	var mu sync.Mutex
 	failed := map[string]error{}
 	var wg sync.WaitGroup
+	var verified, empty atomic.Int64
 	// A few readers at once: each check is a few small reads, mostly from
 	// the page cache, and a run has thousands.
 	for range verifyReaders {
@@ -479,10 +481,16 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		go func() {
 			defer wg.Done()
 			for id := range ids {
-				if _, err := checkpoint.VerifyCommitted(filepath.Join(out, id), ri.rec.Fingerprint, false); err != nil {
+				mk, err := checkpoint.VerifyCommitted(filepath.Join(out, id), ri.rec.Fingerprint, false)
+				if err != nil {
 					mu.Lock()
 					failed[id] = err
 					mu.Unlock()
+					continue
+				}
+				verified.Add(1)
+				if mk.Files == 0 {
+					empty.Add(1)
 				}
 			}
 		}()
@@ -512,6 +520,12 @@ func (t *tracker) verifyOutputs(ctx context.Context, ri *runInfo) (string, bool)
 		t.c.log.Warn("sweep temporary directories", "run", ri.rec.Name, "output", out, "err", err)
 	} else if len(removed) > 0 {
 		t.c.log.Info("removed what interrupted commits left", "run", ri.rec.Name, "output", out, "dirs", removed)
+	}
+	if n := verified.Load(); n > 0 && empty.Load() == n && len(ri.rec.Spec.Outputs) == 0 {
+		// A command that wrote its results into its working directory, or
+		// got a placeholder wrong, completed with nothing committed.
+		return fmt.Sprintf("every output verified at the destination, and all %d are empty: the command wrote nothing into {out} ($SHARDPOOL_OUT); "+
+			"what it wrote elsewhere is neither committed nor checked (expected of a job that keeps its results elsewhere; `outputs` in the spec makes an empty output fail)", n), true
 	}
 	return "every output verified at the destination", true
 }

@@ -25,6 +25,36 @@ import (
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
+// TestEveryOutputEmptyIsSaid: a command that wrote its result into its
+// working directory (the spec's) instead of {out} completed, each shard
+// overwriting the last one's file, and nothing said that no output held
+// anything. COMPLETE's reason now says so where every output is empty,
+// and stays as it was where one shard wrote into {out}.
+func TestEveryOutputEmptyIsSaid(t *testing.T) {
+	for _, tc := range []struct {
+		name, script, want string
+	}{
+		{"elsewhere", "echo hi > result.txt", "every output verified at the destination, and all 3 are empty: the command wrote nothing into {out}"},
+		{"one", `if [ "$SHARDPOOL_SHARD_ID" = s0001 ]; then echo hi > "$SHARDPOOL_OUT/r.txt"; fi`, ""},
+	} {
+		data := t.TempDir()
+		spec := testenv.WriteJob(t, testenv.Job{Name: tc.name, Shards: 3, Command: []string{"sh", "-c", tc.script}})
+		p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+		if code := p.Wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("%s: exit %d, want 0\n%s", tc.name, code, p.Output())
+		}
+		reason := regexp.MustCompile(`(?m)^reason: (.*)$`).FindStringSubmatch(p.Output())
+		switch {
+		case reason == nil:
+			t.Errorf("%s: no reason printed:\n%s", tc.name, p.Output())
+		case tc.want != "" && !strings.Contains(reason[1], tc.want):
+			t.Errorf("%s: reason %q, want it to contain %q", tc.name, reason[1], tc.want)
+		case tc.want == "" && reason[1] != "every output verified at the destination":
+			t.Errorf("%s: reason %q, want no note with one output that holds a file", tc.name, reason[1])
+		}
+	}
+}
+
 func TestRunExitCodes(t *testing.T) {
 	data := t.TempDir()
 	ok := testenv.WriteJob(t, testenv.Job{Name: "good", Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})
