@@ -16,4 +16,8 @@ var (
 	// ErrOtherRunsOutput means a shard's destination holds the committed
 	// output of another run, which the shard's commit would replace.
 	ErrOtherRunsOutput = errors.New("the destination holds another run's output")
+	// ErrForeignDestination means a shard's destination holds something
+	// that is no shardpool output: a file, or a directory without a
+	// COMPLETE marker. It is left as it is.
+	ErrForeignDestination = errors.New("not a shardpool output")
 )

@@ -794,10 +794,17 @@ func TestExhaustedShardClosesItsOpenAttempt(t *testing.T) {
 // not a shardpool output (no COMPLETE marker: the user's own folder, with
 // the output directory shared with other files), or a file there, is not
 // moved aside to make room; the shard fails naming it, and the rest of the
-// run goes on. An empty directory there is taken.
+// run goes on. An empty directory there is taken. Such a destination stays
+// until someone moves it, so the shard fails before its command runs, and
+// one that appears while the command runs fails the shard at its commit,
+// not retried: before, each of `retries` ran the command again, its whole
+// length, to be refused the same.
 func TestForeignDestinationIsLeftAlone(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0, Command: []string{"cp", "{input}", "{out}/"}})
+	// s0003's command makes its own destination a folder of the user's
+	// while it runs; every command notes that it ran.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Retries: 2, Command: []string{"sh", "-c",
+		`echo "$SHARDPOOL_SHARD_ID" >> ran; if [ "$SHARDPOOL_SHARD_ID" = s0003 ]; then mkdir -p out/s0003 && echo mine > out/s0003/mine.txt; fi; cp "$0" "$1/"`, "{input}", "{out}"}})
 	out := filepath.Join(filepath.Dir(spec), "out")
 	mine := filepath.Join(out, "s0001", "notes.txt")
 	if err := os.MkdirAll(filepath.Dir(mine), 0o755); err != nil {
@@ -815,18 +822,34 @@ func TestForeignDestinationIsLeftAlone(t *testing.T) {
 	}
 	env.Submit(spec, coordinator.SubmitOptions{})
 	r := env.WaitState("t", 30*time.Second, stream.RunBlocked)
-	if r.Counts.Validated != 1 || r.Counts.Failed != 2 || !strings.Contains(r.Reason, "s0001 (after 1 attempt(s): not a shardpool output") ||
-		!strings.Contains(r.Reason, "s0000 (after 1 attempt(s): not a shardpool output") {
-		t.Fatalf("run: %+v, reason %q; want s0001 failed as not a shardpool output, the others validated", r.Counts, r.Reason)
+	if r.Counts.Validated != 1 || r.Counts.Failed != 3 {
+		t.Fatalf("run: %+v, reason %q; want s0000, s0001 and s0003 failed, s0002 validated", r.Counts, r.Reason)
 	}
-	if rec, err := env.Shard("t", "s0001"); err != nil || !strings.Contains(rec.Reason, filepath.Dir(mine)+" exists with 1 entries and no COMPLETE marker") {
-		t.Fatalf("record of s0001: %+v (%v), want the directory named", rec, err)
+	for id, want := range map[string]string{
+		"s0000": file + " exists and is not a directory",
+		"s0001": filepath.Dir(mine) + " exists with 1 entries and no COMPLETE marker",
+		"s0003": filepath.Join(out, "s0003") + " exists with 1 entries and no COMPLETE marker",
+	} {
+		rec, err := env.Shard("t", id)
+		if err != nil || !strings.Contains(rec.Reason, "not a shardpool output, left as it is: "+want) {
+			t.Errorf("record of %s: %+v (%v), want it failed naming what is there: %s", id, rec, err, want)
+		}
+	}
+	ran, err := os.ReadFile(filepath.Join(filepath.Dir(spec), "ran"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Fields(string(ran)); len(got) != 2 || !slices.Contains(got, "s0002") || !slices.Contains(got, "s0003") {
+		t.Errorf("commands that ran: %q; want s0002 and s0003 once each, none where the destination was refused before", got)
 	}
 	if b, err := os.ReadFile(mine); err != nil || string(b) != "the user's" {
 		t.Fatalf("the user's file: %q (%v), want it where it was", b, err)
 	}
 	if b, err := os.ReadFile(file); err != nil || string(b) != "a file of the user's" {
 		t.Fatalf("the user's file named like a shard: %q (%v), want it where it was", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "s0003", "mine.txt")); err != nil || string(b) != "mine\n" {
+		t.Fatalf("the folder made while s0003 ran: %q (%v), want it as it was made", b, err)
 	}
 	if entries, _ := os.ReadDir(filepath.Join(out, ".shardpool", "replaced")); len(entries) != 0 {
 		t.Fatalf("something was moved aside: %v", entries)

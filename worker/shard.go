@@ -377,16 +377,25 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 		w.settleDurably(ctx, a, func() error { return msg.DoubleAck(ctx) })
 		return true
 	}
+	// A destination that the commit would refuse (another run's output, or
+	// something of the user's) is refused before the command runs: it
+	// stays so until someone moves it, and each retry would cost the
+	// command's whole run to fail the same.
+	dst := filepath.Join(a.run.Spec.Output, m.ID)
+	var refused error
 	if a.found != nil {
-		if err := otherRunsOutput(filepath.Join(a.run.Spec.Output, m.ID), m.Run, a.found); err != nil {
-			if a.ownerMayLive() {
-				// An attempt still running meets the same output at its
-				// commit and fails the shard itself, with its own outcome.
-				return false
-			}
-			w.failAtOnce(ctx, a, class, err)
-			return true
+		refused = otherRunsOutput(dst, m.Run, a.found)
+	} else {
+		refused = foreignDestination(dst, m.Run, m.Fingerprint)
+	}
+	if refused != nil {
+		if a.ownerMayLive() {
+			// An attempt still running meets the same output at its
+			// commit and fails the shard itself, with its own outcome.
+			return false
 		}
+		w.failAtOnce(ctx, a, class, refused)
+		return true
 	}
 	if a.rec.State == stream.ShardFailed && a.rec.Fingerprint == m.Fingerprint && a.rec.Retry >= m.Retry && len(a.rec.Attempts) > 0 {
 		w.admission(m.Run, m.ID, class, "discard", "shard already recorded failed in this retry round")
@@ -1198,7 +1207,8 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			w.admission(m.Run, m.ID, class, "abandon", "lease lost before commit; output discarded")
 			return
 		}
-		if errors.Is(err, ErrOtherRunsOutput) {
+		if errors.Is(err, ErrOtherRunsOutput) || errors.Is(err, ErrForeignDestination) {
+			// Met at the commit: it came while the command ran.
 			at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
 			w.failAtOnce(ctx, a, class, err)
 			w.release(l)
@@ -1372,7 +1382,7 @@ func foreignDestination(dst, run, fp string) error {
 	if info, err := os.Lstat(dst); err != nil {
 		return nil // absent (or unreadable: the commit says why)
 	} else if !info.IsDir() {
-		return fmt.Errorf("not a shardpool output, left as it is: %s exists and is not a directory; %s", dst, fix)
+		return fmt.Errorf("%w, left as it is: %s exists and is not a directory; %s", ErrForeignDestination, dst, fix)
 	}
 	// A marker makes it an output, sound or damaged: the commit judges it.
 	// Only without one is the directory read, and then rarely in full.
@@ -1392,8 +1402,8 @@ func foreignDestination(dst, run, fp string) error {
 		_ = os.Remove(dst)
 		return nil
 	}
-	return fmt.Errorf("not a shardpool output, left as it is: %s exists with %d entries and no %s marker; %s",
-		dst, len(entries), checkpoint.MarkerName, fix)
+	return fmt.Errorf("%w, left as it is: %s exists with %d entries and no %s marker; %s",
+		ErrForeignDestination, dst, len(entries), checkpoint.MarkerName, fix)
 }
 
 var (
