@@ -118,11 +118,11 @@ type Coordinator struct {
 	hl    net.Listener
 	b     *stream.Buckets
 
-	// store is the open JetStream store directory; syncer makes the whole
-	// file system under it durable (syncfs) for barrier requests.
-	store  *os.File
-	syncer *stream.Group
-	sub    *nats.Subscription
+	// storeSync makes the whole file system under the JetStream store
+	// durable (syncfs) for barrier requests, shared with this process's
+	// other syncfs of that file system (stream.FSSync).
+	storeSync *stream.FSSync
+	sub       *nats.Subscription
 	// lock holds the store for this coordinator (see lockData).
 	lock *os.File
 	// opts are the server's options as first given, for a reload that
@@ -593,9 +593,9 @@ func (c *Coordinator) Close() {
 		c.srv.Shutdown()
 		c.srv.WaitForShutdown()
 	}
-	if c.store != nil {
-		c.store.Close()
-		c.store = nil
+	if c.storeSync != nil {
+		c.storeSync.Close()
+		c.storeSync = nil
 	}
 	if c.lock != nil {
 		c.lock.Close() // releases the flock
@@ -713,32 +713,35 @@ func holderBrief(path string) (brief, named bool) {
 // a syncfs that began after the request arrived, otherwise at once (the
 // server synced each write itself, or nothing is synced by choice).
 func (c *Coordinator) startSyncer(store string) error {
-	f, err := os.Open(c.srv.StoreDir())
+	s, err := stream.OpenFSSync(c.srv.StoreDir())
 	if err != nil {
 		return fmt.Errorf("open store for sync: %w", err)
 	}
-	c.store = f
-	c.syncer = &stream.Group{Fn: func() error {
-		if c.cfg.Sync != stream.SyncGroup {
-			return nil
-		}
-		if err := unix.Syncfs(int(f.Fd())); err != nil {
-			return fmt.Errorf("syncfs %s: %w", f.Name(), err)
-		}
-		return nil
-	}}
-	if err := c.syncer.Fn(); err != nil {
+	c.storeSync = s
+	if err := c.Barrier(context.Background()); err != nil {
 		return err
 	}
 	c.sub, err = c.nc.Subscribe(stream.SubjectSync, func(m *nats.Msg) {
-		c.syncer.Go(func(err error) {
+		reply := func(err error) {
 			reply := []byte("ok")
 			if err != nil {
 				c.log.Error("sync barrier", "err", err)
 				reply = []byte("error: " + err.Error())
 			}
 			_ = m.Respond(reply)
-		})
+		}
+		if c.cfg.Sync != stream.SyncGroup {
+			reply(nil)
+			return
+		}
+		// A barrier before a message is settled may wait for others
+		// (stream.SettleBarrier); any other at once: a worker on another
+		// host waits for it before it starts a command.
+		gather := time.Duration(0)
+		if stream.MayGather(m.Data) {
+			gather = settleGather
+		}
+		c.storeSync.Go(gather, reply)
 	})
 	if err != nil {
 		return fmt.Errorf("serve sync barrier: %w", err)
@@ -773,10 +776,22 @@ func (c *Coordinator) startSyncer(store string) error {
 	return nil
 }
 
+// settleGather is how long a barrier that may wait (stream.SettleBarrier)
+// lets its syncfs wait for others. Such barriers come after a command
+// ended and its slot was given back, so the wait costs a slot nothing,
+// and each syncfs saved is a flush of the whole disk, of other users'
+// writes too. With the outputs' own gather (the worker's outputGather),
+// 5,000 shards of /bin/true on this 2-core VM, 3 rounds: 7.1 s against
+// 7.4 s with none, and 10.5-11.6 s before the two shared one syncfs.
+const settleGather = 5 * time.Millisecond
+
 // Barrier makes every write acknowledged so far durable (see
 // stream.SyncGroup); it shares its syncfs with concurrent barriers.
 func (c *Coordinator) Barrier(ctx context.Context) error {
-	if err := c.syncer.Do(ctx); err != nil {
+	if c.cfg.Sync != stream.SyncGroup {
+		return nil
+	}
+	if err := c.storeSync.Do(ctx, 0); err != nil {
 		return fmt.Errorf("%w: %v", stream.ErrNotDurable, err)
 	}
 	return nil

@@ -209,15 +209,36 @@ func SamePIDSpace(hereBoot, herePIDNS, bootID, pidNS string) bool {
 // `coordinator`, got "no responders". Barrier asks again every
 // noResponderRetry for up to noResponderWait, or until ctx ends.
 func Barrier(ctx context.Context, nc *nats.Conn) error {
+	return barrier(ctx, nc, nil)
+}
+
+// SettleBarrier is Barrier for a write that may wait a few milliseconds
+// to be durable: the final record of a shard whose slot is free already.
+// The coordinator lets its syncfs wait for others, so that one serves
+// more writes (coordinator's settleGather). A coordinator built before
+// this takes it as a Barrier.
+func SettleBarrier(ctx context.Context, nc *nats.Conn) error {
+	return barrier(ctx, nc, mayGather)
+}
+
+// mayGather is the body of a SettleBarrier request.
+var mayGather = []byte("gather")
+
+// MayGather reports whether a barrier request's body lets it wait.
+func MayGather(body []byte) bool {
+	return string(body) == string(mayGather)
+}
+
+func barrier(ctx context.Context, nc *nats.Conn, body []byte) error {
 	deadline := time.Now().Add(noResponderWait)
-	m, err := nc.RequestWithContext(ctx, SubjectSync, nil)
+	m, err := nc.RequestWithContext(ctx, SubjectSync, body)
 	for errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w: sync barrier: %v (no coordinator answered before)", ErrNotDurable, ctx.Err())
 		case <-time.After(noResponderRetry):
 		}
-		m, err = nc.RequestWithContext(ctx, SubjectSync, nil)
+		m, err = nc.RequestWithContext(ctx, SubjectSync, body)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: sync barrier: %v", ErrNotDurable, err)
@@ -235,20 +256,45 @@ func Barrier(ctx context.Context, nc *nats.Conn) error {
 // (Do's ctx) does not stop a run already started.
 type Group struct {
 	Fn func() error
-	// Gather, when set, is how long a run waits after its first caller
-	// before it starts, so that callers arriving just after share it. It
-	// trades each caller's latency for fewer runs.
+	// Gather, when set, is how long Do and Go let a run wait: after their
+	// call, and after the previous run ended, so that callers arriving
+	// just after share it. It trades each caller's latency for fewer
+	// runs. DoWithin and GoWithin give their own; a run starts once the
+	// first of its callers is due.
 	Gather time.Duration
 
 	mu      sync.Mutex
 	running bool
-	waiting []func(error)
+	waiting []waiter
+	lastEnd time.Time     // when the last run ended
+	asleep  time.Time     // while the loop sleeps: when it wakes
+	wake    chan struct{} // a caller due before asleep
+}
+
+type waiter struct {
+	done   func(error)
+	at     time.Time
+	gather time.Duration
+}
+
+// due is when w lets a run start: gather after its call and after the
+// previous run ended.
+func (w *waiter) due(lastEnd time.Time) time.Time {
+	if w.at.After(lastEnd) {
+		return w.at.Add(w.gather)
+	}
+	return lastEnd.Add(w.gather)
 }
 
 // Do waits for a run of Fn that began after the call and returns its error.
 func (g *Group) Do(ctx context.Context) error {
+	return g.DoWithin(ctx, g.Gather)
+}
+
+// DoWithin is Do that lets the run wait at most gather for other callers.
+func (g *Group) DoWithin(ctx context.Context, gather time.Duration) error {
 	ch := make(chan error, 1)
-	g.Go(func(err error) { ch <- err })
+	g.GoWithin(gather, func(err error) { ch <- err })
 	select {
 	case err := <-ch:
 		return err
@@ -260,33 +306,74 @@ func (g *Group) Do(ctx context.Context) error {
 // Go is Do without waiting: done is called with the error of a run of Fn
 // that began after the call. done must not block.
 func (g *Group) Go(done func(error)) {
+	g.GoWithin(g.Gather, done)
+}
+
+// GoWithin is Go that lets the run wait at most gather for other callers.
+func (g *Group) GoWithin(gather time.Duration, done func(error)) {
+	w := waiter{done: done, at: time.Now(), gather: gather}
 	g.mu.Lock()
-	g.waiting = append(g.waiting, done)
+	g.waiting = append(g.waiting, w)
 	start := !g.running
 	g.running = true
+	// The loop sleeps until a caller is due; one due sooner wakes it.
+	sooner := !start && !g.asleep.IsZero() && w.due(g.lastEnd).Before(g.asleep)
+	if g.wake == nil {
+		g.wake = make(chan struct{}, 1)
+	}
 	g.mu.Unlock()
 	if start {
 		go g.loop()
+	} else if sooner {
+		select {
+		case g.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
 func (g *Group) loop() {
+	var timer *time.Timer
 	for {
-		if g.Gather > 0 {
-			time.Sleep(g.Gather)
-		}
 		g.mu.Lock()
-		batch := g.waiting
-		g.waiting = nil
-		if len(batch) == 0 {
+		if len(g.waiting) == 0 {
 			g.running = false
 			g.mu.Unlock()
 			return
 		}
+		due := g.waiting[0].due(g.lastEnd)
+		for i := 1; i < len(g.waiting); i++ {
+			if d := g.waiting[i].due(g.lastEnd); d.Before(due) {
+				due = d
+			}
+		}
+		if wait := time.Until(due); wait > 0 {
+			g.asleep = due
+			g.mu.Unlock()
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			select {
+			case <-timer.C:
+			case <-g.wake:
+				timer.Stop()
+			}
+			g.mu.Lock()
+			g.asleep = time.Time{}
+			g.mu.Unlock()
+			continue
+		}
+		batch := g.waiting
+		g.waiting = nil
 		g.mu.Unlock()
 		err := g.Fn()
-		for _, done := range batch {
-			done(err)
+		g.mu.Lock()
+		g.lastEnd = time.Now()
+		g.mu.Unlock()
+		for _, w := range batch {
+			w.done(err)
 		}
 	}
 }

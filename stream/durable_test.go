@@ -100,6 +100,115 @@ func TestGroupGatherJoinsLateCallers(t *testing.T) {
 	}
 }
 
+// TestGroupCallersGiveTheirOwnGather: a caller that may not wait starts
+// a run at once, and callers that would wait longer share it; where none
+// is in a hurry, a run waits its callers' gather after the previous run
+// ended, so that callers that queued behind a run gather too.
+func TestGroupCallersGiveTheirOwnGather(t *testing.T) {
+	var runs atomic.Int64
+	var mu sync.Mutex
+	var starts, ends []time.Time
+	g := &Group{Fn: func() error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		runs.Add(1)
+		time.Sleep(30 * time.Millisecond)
+		mu.Lock()
+		ends = append(ends, time.Now())
+		mu.Unlock()
+		return nil
+	}}
+	patient := make(chan error, 1)
+	go func() { patient <- g.DoWithin(context.Background(), time.Hour) }()
+	time.Sleep(20 * time.Millisecond)
+	if n := runs.Load(); n != 0 {
+		t.Fatalf("runs: %d before the only caller's gather ended, want 0", n)
+	}
+	if err := g.DoWithin(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-patient:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the caller gathering for an hour was not served by the run a caller in a hurry started")
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("runs: %d, want 1 shared by both callers", n)
+	}
+
+	// One caller, then another while its run runs, both gathering 50 ms:
+	// the second run starts no sooner than 50 ms after the first ended.
+	const gather = 50 * time.Millisecond
+	first := make(chan error, 1)
+	go func() { first <- g.DoWithin(context.Background(), gather) }()
+	for runs.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := g.DoWithin(context.Background(), gather); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(starts) != 3 {
+		t.Fatalf("runs: %d, want 3", len(starts))
+	}
+	if d := starts[2].Sub(ends[1]); d < gather {
+		t.Fatalf("the third run began %s after the second ended, want at least the callers' gather, %s", d, gather)
+	}
+}
+
+// TestFSSyncIsOnePerFileSystem: directories on one file system share one
+// FSSync (one syncfs serves them all), another file system has its own,
+// and the last Close closes its file.
+func TestFSSyncIsOnePerFileSystem(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	sa, err := OpenFSSync(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := OpenFSSync(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sa != sb {
+		t.Fatalf("two directories of one file system got two FSSyncs")
+	}
+	sp, err := OpenFSSync("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	if sp == sa {
+		t.Fatalf("/proc and %s share an FSSync", a)
+	}
+	if err := sa.Do(context.Background(), 0); err != nil {
+		t.Fatalf("syncfs: %v", err)
+	}
+	sa.Close()
+	if err := sb.Do(context.Background(), 0); err != nil {
+		t.Fatalf("syncfs after one of two users closed: %v", err)
+	}
+	sb.Close()
+	if err := sb.Do(context.Background(), 0); err == nil {
+		t.Fatalf("syncfs after the last user closed: no error, want its file closed")
+	}
+	again, err := OpenFSSync(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if again == sa {
+		t.Fatalf("an FSSync closed by all its users was handed out again")
+	}
+}
+
 // plainServer starts a NATS server without JetStream on loopback, stopped
 // at cleanup, and returns a connection to it.
 func plainServer(t *testing.T) *nats.Conn {

@@ -6,27 +6,29 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
-// syncGather is how long a group sync (output syncfs, coordinator barrier)
-// waits after its first caller for others to join. Commits run after the
-// slot was given back, so the wait costs throughput nothing while it cuts
-// the number of syncs: with none, concurrent commits rarely overlapped and
-// 5,000 shards of /bin/true made 12,273 syncfs calls (2.45 per shard).
-// Three runs each (bench/pool's job, 4 slots, this 2-core VM): no wait
-// 6.16-6.22 s, 1 ms 5.13-5.95 s, 2 ms 4.84-5.09 s, 5 ms 4.69-4.82 s.
+// syncGather is how long a worker's group of barrier requests waits after
+// its first caller for others to join. With none, concurrent commits
+// rarely overlapped and 5,000 shards of /bin/true made 12,273 syncfs calls
+// (2.45 per shard). Three runs each (bench/pool's job, 4 slots, this
+// 2-core VM): no wait 6.16-6.22 s, 1 ms 5.13-5.95 s, 2 ms 4.84-5.09 s,
+// 5 ms 4.69-4.82 s. A barrier before a command runs waits this long too.
 const syncGather = 2 * time.Millisecond
 
-// outSync is the group commit of one output directory's file system.
-type outSync struct {
-	f *os.File
-	g *stream.Group
-}
+// outputGather is how long a commit's syncfs of its output's file system
+// waits for other commits (and, where the coordinator's store is on the
+// same file system in this process, its barriers: stream.FSSync) to share
+// it. Commits run after the slot was given back, so the wait costs a slot
+// nothing, and each syncfs saved is a flush of the whole disk, other
+// users' writes included. 5,000 shards of /bin/true, 3 rounds on this VM
+// on a day its disk was slow (syncfs 2.8 ms at the median): 9.1-9.8 s
+// with 2 ms, 8.3-8.4 s with 5 ms, 7.4-7.9 s with 10 ms (and the
+// coordinator's settle barriers gathered too).
+const outputGather = 10 * time.Millisecond
 
 // outputSync returns the checkpoint.Options.Sync for commits under output:
 // one syncfs of its file system, shared by every commit that asks while
@@ -50,7 +52,7 @@ func (w *Worker) outputSync(ctx context.Context, output string) func(string) err
 		w.mu.Lock()
 		if prev, raced := w.outSyncs[output]; raced {
 			if s != nil {
-				s.f.Close()
+				s.Close()
 			}
 			s = prev
 		} else {
@@ -61,10 +63,10 @@ func (w *Worker) outputSync(ctx context.Context, output string) func(string) err
 	if s == nil {
 		return nil
 	}
-	return func(string) error { return s.g.Do(context.WithoutCancel(ctx)) }
+	return func(string) error { return s.Do(context.WithoutCancel(ctx), outputGather) }
 }
 
-func (w *Worker) openOutputSync(ctx context.Context, output string) *outSync {
+func (w *Worker) openOutputSync(ctx context.Context, output string) *stream.FSSync {
 	if err := os.MkdirAll(output, 0o755); err != nil {
 		return nil
 	}
@@ -73,12 +75,11 @@ func (w *Worker) openOutputSync(ctx context.Context, output string) *outSync {
 		w.log.Info("output commits fsync file by file", "output", output, "type", pi.Type, "locality", pi.Locality)
 		return nil
 	}
-	f, err := os.Open(filepath.Clean(output))
+	s, err := stream.OpenFSSync(filepath.Clean(output))
 	if err != nil {
 		return nil
 	}
-	fd := int(f.Fd())
-	return &outSync{f: f, g: &stream.Group{Fn: func() error { return unix.Syncfs(fd) }, Gather: syncGather}}
+	return s
 }
 
 // closeOutputSyncs closes the file systems' handles at exit.
@@ -87,7 +88,7 @@ func (w *Worker) closeOutputSyncs() {
 	defer w.mu.Unlock()
 	for k, s := range w.outSyncs {
 		if s != nil {
-			s.f.Close()
+			s.Close()
 		}
 		delete(w.outSyncs, k)
 	}

@@ -1532,8 +1532,10 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 }
 
 // barrier makes this worker's acknowledged writes durable at the
-// coordinator (stream.SyncGroup); concurrent callers share one request.
-// Under the other sync modes there is nothing to wait for.
+// coordinator (stream.SyncGroup) before a message is settled; concurrent
+// callers share one request, and the coordinator may let it wait a few
+// milliseconds for others. Under the other sync modes there is nothing to
+// wait for.
 func (w *Worker) barrier(ctx context.Context) error {
 	if w.view().sync != stream.SyncGroup {
 		return nil
@@ -1550,10 +1552,10 @@ func (w *Worker) barrier(ctx context.Context) error {
 // settling a message (barrier) is never skipped: the record and the ack
 // live in different files, and a crash may keep the ack alone.
 func (w *Worker) barrierRemote(ctx context.Context) error {
-	if w.view().local {
+	if v := w.view(); v.local || v.sync != stream.SyncGroup {
 		return nil
 	}
-	return w.barrier(ctx)
+	return w.durableNow.Do(ctx)
 }
 
 // view is the worker's view of its coordinator; before any, the safe one.

@@ -299,8 +299,12 @@ type Worker struct {
 	perHost string
 
 	scratch *scratchPool              // {out} and {scratch} directories of attempts
-	durable *stream.Group             // shared sync barriers at the coordinator
 	coord   atomic.Pointer[coordView] // see learnCoordinator
+	// durable and durableNow share sync barriers at the coordinator: those
+	// before a message is settled, which may wait there for others
+	// (stream.SettleBarrier), and those before a command starts or an
+	// output is published.
+	durable, durableNow *stream.Group
 	// infoMissed: the last ask for the coordinator's info had no responder
 	// (learnCoordinator).
 	infoMissed atomic.Bool
@@ -308,7 +312,7 @@ type Worker struct {
 	oomMu    sync.Mutex // guards the shared OOM-kill baseline (oomBaseline)
 	oomN     int64
 	oomAt    time.Time
-	outSyncs map[string]*outSync // per output directory; nil: fsync per file
+	outSyncs map[string]*stream.FSSync // per output directory; nil: fsync per file
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}
@@ -684,9 +688,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.durable = &stream.Group{Fn: func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
 		defer cancel()
+		return stream.SettleBarrier(ctx, nc)
+	}, Gather: syncGather}
+	w.durableNow = &stream.Group{Fn: func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
+		defer cancel()
 		return stream.Barrier(ctx, nc)
 	}, Gather: syncGather}
-	w.outSyncs = map[string]*outSync{}
+	w.outSyncs = map[string]*stream.FSSync{}
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
 	// The journals first: they say which attempt each orphan ran for and
