@@ -209,6 +209,37 @@ func TestFSSyncIsOnePerFileSystem(t *testing.T) {
 	}
 }
 
+// TestSettleBarrierMayWait: a SettleBarrier tells the coordinator it may
+// gather; a Barrier does not, as before, so that a coordinator takes an
+// older worker's barriers as ones in a hurry.
+func TestSettleBarrierMayWait(t *testing.T) {
+	nc := plainServer(t)
+	bodies := make(chan []byte, 2)
+	sub, err := nc.Subscribe(SubjectSync, func(m *nats.Msg) {
+		bodies <- m.Data
+		_ = m.Respond([]byte("ok"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := Barrier(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if err := SettleBarrier(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-bodies; MayGather(b) {
+		t.Errorf("Barrier sent %q, which lets the coordinator wait", b)
+	}
+	if b := <-bodies; !MayGather(b) {
+		t.Errorf("SettleBarrier sent %q, which does not let the coordinator wait", b)
+	}
+	if MayGather(nil) {
+		t.Error("an empty body (an older worker's barrier) lets the coordinator wait")
+	}
+}
+
 // plainServer starts a NATS server without JetStream on loopback, stopped
 // at cleanup, and returns a connection to it.
 func plainServer(t *testing.T) *nats.Conn {
