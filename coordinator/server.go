@@ -121,8 +121,9 @@ type Coordinator struct {
 	// storeSync makes the whole file system under the JetStream store
 	// durable (syncfs) for barrier requests, shared with this process's
 	// other syncfs of that file system (stream.FSSync).
-	storeSync *stream.FSSync
-	sub       *nats.Subscription
+	storeSync   *stream.FSSync
+	storeClosed bool // storeSync given up (Close)
+	sub         *nats.Subscription
 	// lock holds the store for this coordinator (see lockData).
 	lock *os.File
 	// opts are the server's options as first given, for a reload that
@@ -593,9 +594,11 @@ func (c *Coordinator) Close() {
 		c.srv.Shutdown()
 		c.srv.WaitForShutdown()
 	}
-	if c.storeSync != nil {
+	if c.storeSync != nil && !c.storeClosed {
+		// Kept set: a barrier asked after Close fails on the closed
+		// file, or is served by another user of the file system.
 		c.storeSync.Close()
-		c.storeSync = nil
+		c.storeClosed = true
 	}
 	if c.lock != nil {
 		c.lock.Close() // releases the flock
@@ -739,9 +742,9 @@ func (c *Coordinator) startSyncer(store string) error {
 		// host waits for it before it starts a command.
 		gather := time.Duration(0)
 		if stream.MayGather(m.Data) {
-			gather = settleGather
+			gather = s.Gather(settleGatherPer, 0, settleGather)
 		}
-		c.storeSync.Go(gather, reply)
+		s.Go(gather, reply)
 	})
 	if err != nil {
 		return fmt.Errorf("serve sync barrier: %w", err)
@@ -783,7 +786,12 @@ func (c *Coordinator) startSyncer(store string) error {
 // writes too. With the outputs' own gather (the worker's outputGather),
 // 5,000 shards of /bin/true on this 2-core VM, 3 rounds: 7.1 s against
 // 7.4 s with none, and 10.5-11.6 s before the two shared one syncfs.
-const settleGather = 5 * time.Millisecond
+// The wait is settleGatherPer times what a syncfs takes there, at most
+// settleGather: where a flush is cheap, waiting only adds latency.
+const (
+	settleGather    = 5 * time.Millisecond
+	settleGatherPer = 2
+)
 
 // Barrier makes every write acknowledged so far durable (see
 // stream.SyncGroup); it shares its syncfs with concurrent barriers.

@@ -191,6 +191,16 @@ func TestFSSyncIsOnePerFileSystem(t *testing.T) {
 	if err := sa.Do(context.Background(), 0); err != nil {
 		t.Fatalf("syncfs: %v", err)
 	}
+	// The wait for company follows what a syncfs took, within its bounds.
+	if g := sa.Gather(1, 0, time.Hour); g <= 0 {
+		t.Errorf("Gather after a syncfs: %s, want what it took", g)
+	}
+	if g := sa.Gather(1<<20, 0, 7*time.Millisecond); g != 7*time.Millisecond {
+		t.Errorf("Gather above its most: %s, want 7ms", g)
+	}
+	if g := sa.Gather(0, 3*time.Millisecond, 10*time.Millisecond); g != 3*time.Millisecond {
+		t.Errorf("Gather below its least: %s, want 3ms", g)
+	}
 	sa.Close()
 	if err := sb.Do(context.Background(), 0); err != nil {
 		t.Fatalf("syncfs after one of two users closed: %v", err)

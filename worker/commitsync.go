@@ -19,16 +19,23 @@ import (
 // 5 ms 4.69-4.82 s. A barrier before a command runs waits this long too.
 const syncGather = 2 * time.Millisecond
 
-// outputGather is how long a commit's syncfs of its output's file system
+// outputGather is the most a commit's syncfs of its output's file system
 // waits for other commits (and, where the coordinator's store is on the
 // same file system in this process, its barriers: stream.FSSync) to share
-// it. Commits run after the slot was given back, so the wait costs a slot
-// nothing, and each syncfs saved is a flush of the whole disk, other
-// users' writes included. 5,000 shards of /bin/true, 3 rounds on this VM
-// on a day its disk was slow (syncfs 2.8 ms at the median): 9.1-9.8 s
-// with 2 ms, 8.3-8.4 s with 5 ms, 7.4-7.9 s with 10 ms (and the
-// coordinator's settle barriers gathered too).
-const outputGather = 10 * time.Millisecond
+// it: outputGatherPer times what a syncfs takes there, at least
+// syncGather. Commits run after the slot was given back, so the wait
+// costs a slot nothing, and each syncfs saved is a flush of the whole
+// disk, other users' writes included. 5,000 shards of /bin/true, 3 rounds
+// on this VM on a day its disk was slow (syncfs 2.8 ms at the median):
+// 9.1-9.8 s with 2 ms, 8.3-8.4 s with 5 ms, 7.4-7.9 s with 10 ms (and the
+// coordinator's settle barriers gathered too). Where a flush is cheap the
+// wait stays short: waits of 20 and 40 ms filled maxConcluding and slowed
+// the run to 11 s, so on a fast host at thousands of shards a second long
+// waits would do the same.
+const (
+	outputGather    = 10 * time.Millisecond
+	outputGatherPer = 3
+)
 
 // outputSync returns the checkpoint.Options.Sync for commits under output:
 // one syncfs of its file system, shared by every commit that asks while
@@ -63,7 +70,9 @@ func (w *Worker) outputSync(ctx context.Context, output string) func(string) err
 	if s == nil {
 		return nil
 	}
-	return func(string) error { return s.Do(context.WithoutCancel(ctx), outputGather) }
+	return func(string) error {
+		return s.Do(context.WithoutCancel(ctx), s.Gather(outputGatherPer, syncGather, outputGather))
+	}
 }
 
 func (w *Worker) openOutputSync(ctx context.Context, output string) *stream.FSSync {
