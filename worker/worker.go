@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
@@ -685,16 +686,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.closeLogs()
 	nc := w.cfg.JetStream.Conn()
 	w.learnCoordinator(ctx, nc)
-	w.durable = &stream.Group{Fn: func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
-		defer cancel()
-		return stream.SettleBarrier(ctx, nc)
-	}, Gather: syncGather}
-	w.durableNow = &stream.Group{Fn: func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
-		defer cancel()
-		return stream.Barrier(ctx, nc)
-	}, Gather: syncGather}
+	barriers := func(ask func(context.Context, *nats.Conn) error) *stream.Group {
+		return &stream.Group{Fn: func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), barrierTimeout)
+			defer cancel()
+			return ask(ctx, nc)
+		}, Gather: syncGather}
+	}
+	w.durable, w.durableNow = barriers(stream.SettleBarrier), barriers(stream.Barrier)
 	w.outSyncs = map[string]*stream.FSSync{}
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
