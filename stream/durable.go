@@ -336,6 +336,7 @@ func (g *Group) loop() {
 	var timer *time.Timer
 	for {
 		g.mu.Lock()
+		g.asleep = time.Time{}
 		if len(g.waiting) == 0 {
 			g.running = false
 			g.mu.Unlock()
@@ -360,9 +361,6 @@ func (g *Group) loop() {
 			case <-g.wake:
 				timer.Stop()
 			}
-			g.mu.Lock()
-			g.asleep = time.Time{}
-			g.mu.Unlock()
 			continue
 		}
 		batch := g.waiting
