@@ -90,19 +90,22 @@ var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
 // ErrInvalidManifest and names the file, line and field; one load reports
 // the first 20 invalid lines (one per line) and counts the rest.
 func LoadManifest(spec *Spec) (*Manifest, error) {
+	// A manifest that cannot be read is named where it is set: the
+	// spec's line that gives the path.
+	unreadable := func(why string) error {
+		if spec.SpecPath == "" {
+			return fmt.Errorf("%w: %s", ErrInvalidManifest, why)
+		}
+		return fmt.Errorf("%s: field \"manifest\": %w: %s", spec.At("", "manifest"), ErrInvalidManifest, why)
+	}
 	f, err := os.Open(spec.Manifest)
 	if err != nil {
-		// Named where it is set: the spec's line that gives the path.
-		if spec.SpecPath == "" {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidManifest, err)
-		}
-		loc := spec.At("", "manifest")
-		return nil, fmt.Errorf("%s: field \"manifest\": %w: %v", loc, ErrInvalidManifest, err)
+		return nil, unreadable(err.Error())
 	}
 	defer f.Close()
 	if st, err := f.Stat(); err == nil && st.IsDir() {
-		// Opened all the same; named where it is set, as a missing one.
-		return nil, fmt.Errorf("%s: field \"manifest\": %w: %s is a directory; want the JSONL manifest, one shard a line", spec.At("", "manifest"), ErrInvalidManifest, spec.Manifest)
+		// Opened all the same.
+		return nil, unreadable(spec.Manifest + " is a directory; want the JSONL manifest, one shard a line")
 	}
 	h := xxhash.New()
 	m := &Manifest{Path: spec.Manifest}
