@@ -154,9 +154,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.Go(func() error { return coord.Run(coordCtx) })
 	fmt.Fprintf(stdout, "run %s fingerprint %s: %d shard(s), %d published, state %s\n", res.Run, res.Fingerprint, len(man.Shards), res.Published, res.State)
 	if slots.auto {
-		profile, elsewhere := profileCommand(spec, absData), profileElsewhere(spec, absData)
+		var profile, elsewhere string // the hint, made once, where needed
 		for _, c := range pl.Classes {
 			if _, one := plan.Unmeasured(c.Slots, c.Peak); one {
+				if profile == "" {
+					profile, elsewhere = profileCommand(spec, absData), profileElsewhere(spec, absData)
+				}
 				fmt.Fprintf(stdout, "slots: class %s runs one shard at a time: its memory peak is neither measured nor declared (run `%s`, declare memory in [class.%s], or pass --slots)%s\n",
 					c.Class, profile, c.Class, elsewhere)
 			}
