@@ -119,11 +119,16 @@ func TestLedgerCountsOnlyLiveWorkersOfTheSameBudget(t *testing.T) {
 		t.Errorf("new worker in slot %d, want the earlier boot's %d", e.slot, rebooted.slot)
 	}
 
+	bSlot := b.slot
 	b.close()
 	if o, _ := a.begin(share); o.CPU != 0 || len(o.Workers) != 1 || !strings.HasPrefix(o.Workers[0], "c (pid ") {
 		t.Fatalf("after b closed: a sees %+v, want only c, holding nothing (d and e never began)", o)
 	} else {
 		a.abort()
+	}
+	// The slot b emptied (all spaces, skipped unread) is the next one's.
+	if f := open("f", self); f.slot != bSlot {
+		t.Errorf("new worker in slot %d, want %d, emptied by b", f.slot, bSlot)
 	}
 }
 
