@@ -372,7 +372,15 @@ func (w *Worker) retryLease(ctx context.Context, stop <-chan struct{}, a *attemp
 // back: see repeated). It reports whether it settled the message.
 func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool {
 	m, msg := &a.m, a.msg
-	if w.alreadyDone(ctx, a) {
+	// Most shards have nothing at their destination yet: one lstat says
+	// so, where the marker's open and the look for a foreign destination
+	// each walked the output directory's path (two lookups in a directory
+	// of thousands).
+	dst := filepath.Join(a.run.Spec.Output, m.ID)
+	_, err := os.Lstat(dst)
+	absent := errors.Is(err, fs.ErrNotExist)
+	a.found = nil
+	if !absent && w.alreadyDone(ctx, a) {
 		w.admission(m.Run, m.ID, class, "skip", "already committed with this fingerprint and its output verifies")
 		w.settleDurably(ctx, a, func() error { return msg.DoubleAck(ctx) })
 		return true
@@ -381,11 +389,12 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 	// something of the user's) is refused before the command runs: it
 	// stays so until someone moves it, and each retry would cost the
 	// command's whole run to fail the same.
-	dst := filepath.Join(a.run.Spec.Output, m.ID)
 	var refused error
-	if a.found != nil {
+	switch {
+	case absent:
+	case a.found != nil:
 		refused = otherRunsOutput(dst, m.Run, a.found)
-	} else {
+	default:
 		refused = foreignDestination(dst, m.Run, m.Fingerprint)
 	}
 	if refused != nil {
