@@ -31,10 +31,16 @@ const syncGather = 2 * time.Millisecond
 // coordinator's settle barriers gathered too). Where a flush is cheap the
 // wait stays short: waits of 20 and 40 ms filled maxConcluding and slowed
 // the run to 11 s, so on a fast host at thousands of shards a second long
-// waits would do the same.
+// waits would do the same. With 256 attempts allowed to conclude
+// (maxConcluding), 12 times at most 60 ms (and the coordinator's
+// settleGather raised likewise) cut the syncfs calls from 2,953 to 762
+// for 5,000 shards (1.5 and 2.5 ms each, wall) and took 4.5-6.1 s against
+// 4.9-6.9 s, five rounds alternating. A
+// commit of the only shard in the worker's hands waits for no one
+// (company): a run of one shard ends no later for the wait.
 const (
-	outputGather    = 10 * time.Millisecond
-	outputGatherPer = 3
+	outputGather    = 60 * time.Millisecond
+	outputGatherPer = 12
 )
 
 // outputSync returns the checkpoint.Options.Sync for commits under output:
@@ -71,7 +77,11 @@ func (w *Worker) outputSync(ctx context.Context, output string) func(string) err
 		return nil
 	}
 	return func(string) error {
-		return s.Do(context.WithoutCancel(ctx), s.Gather(outputGatherPer, syncGather, outputGather))
+		var gather time.Duration
+		if w.company() {
+			gather = s.Gather(outputGatherPer, syncGather, outputGather)
+		}
+		return s.Do(context.WithoutCancel(ctx), gather)
 	}
 }
 

@@ -317,7 +317,10 @@ type Worker struct {
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}
-	stageOnce  sync.Once
+	// handling counts the deliveries in handle, from decode to settling:
+	// a sync barrier of the only one waits for no company (company).
+	handling  atomic.Int64
+	stageOnce sync.Once
 	// preflighted holds the runs whose preflight snapshot this worker
 	// wrote (or is writing) to their evidence; bg waits for the writes.
 	preflighted map[string]bool
