@@ -34,10 +34,10 @@ const syncGather = 2 * time.Millisecond
 // waits would do the same. With 256 attempts allowed to conclude
 // (maxConcluding), 12 times at most 60 ms (and the coordinator's
 // settleGather raised likewise) cut the syncfs calls from 2,953 to 762
-// for 5,000 shards (1.5 and 2.5 ms each, wall) and took 4.5-6.1 s against
-// 4.9-6.9 s, five rounds alternating. A
-// commit of the only shard in the worker's hands waits for no one
-// (company): a run of one shard ends no later for the wait.
+// for 5,000 shards (1.5 and 2.5 ms each, wall) and took 4.5-6.1 s
+// against 4.9-6.9 s, five rounds alternating. A commit of the only shard
+// in the worker's hands waits for no one (company): a run of one shard
+// ends no later for the wait.
 const (
 	outputGather    = 60 * time.Millisecond
 	outputGatherPer = 12
