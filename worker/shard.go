@@ -385,8 +385,8 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 	dst := filepath.Join(a.run.Spec.Output, m.ID)
 	_, err := os.Lstat(dst)
 	absent := errors.Is(err, fs.ErrNotExist)
-	a.found = nil
-	if !absent && w.alreadyDone(ctx, a) {
+	a.found = nil // of this look only: settle may look again
+	if !absent && w.alreadyDone(ctx, a, dst) {
 		w.admission(m.Run, m.ID, class, "skip", "already committed with this fingerprint and its output verifies")
 		w.settleDurably(ctx, a, func() error { return msg.DoubleAck(ctx) })
 		return true
@@ -530,14 +530,14 @@ func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 // alreadyDone reports whether the shard is committed for this fingerprint,
 // its output verifies, and its inputs have not changed since. A record
 // without a verifying output, or an output without a record, is checked
-// against the other.
-func (w *Worker) alreadyDone(ctx context.Context, a *attemptState) bool {
-	dst := filepath.Join(a.run.Spec.Output, a.m.ID)
+// against the other. dst is the shard's destination; a marker of another
+// fingerprint found there is left in a.found, which the caller empties
+// before each look.
+func (w *Worker) alreadyDone(ctx context.Context, a *attemptState, dst string) bool {
 	// A validated record's output was read back by its committer: a quick
 	// look suffices. An output without one is read in full.
 	validated := a.rec.State == stream.ShardValidated
 	mk, err := checkpoint.VerifyCommitted(dst, a.m.Fingerprint, !validated)
-	a.found = nil // of this look only: settle may look again
 	if err != nil && mk.Fingerprint != "" && mk.Fingerprint != a.m.Fingerprint {
 		a.found = &mk
 	}
