@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -299,5 +300,77 @@ func TestStatusSaysARemoteWorkerIsDisconnected(t *testing.T) {
 	}
 	if v, ok := value(t, fams, "shardpool_worker_connected", "worker", "old"); ok {
 		t.Errorf("a report that names no connection has shardpool_worker_connected %v, want no sample", v)
+	}
+}
+
+// TestCompleteWaitsForTheLastAcknowledgements: a run whose every shard is
+// recorded validated is COMPLETE only once the work queue holds none of
+// its messages; until then it is RUNNING and says how many wait for their
+// acknowledgement, and the last one makes it COMPLETE with no record
+// written after it. A worker records a shard validated before it
+// acknowledges the message (a sync barrier between): before this, the
+// stock nats CLI could count the run's messages in SHARDS beside a
+// `shardpool status` that said COMPLETE.
+func TestCompleteWaitsForTheLastAcknowledgements(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"true"}})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	// No output directory: the coordinator leaves the outputs to the
+	// workers that committed them (verifyOutputs), as for a remote one.
+	if err := os.RemoveAll(filepath.Join(filepath.Dir(spec), "out")); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.FetchNoWait(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 2 {
+		t.Fatalf("fetched %d message(s), want 2", len(msgs))
+	}
+	b := env.Buckets()
+	for _, id := range []string{"s0000", "s0001"} {
+		data, _ := stream.Encode(&stream.ShardRecord{V: 1, Run: "t", ID: id, Fingerprint: res.Fingerprint, Class: "cpu", State: stream.ShardValidated})
+		if _, err := b.Shards.Put(ctx, stream.ShardKey("t", id), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReason := func(want string) {
+		t.Helper()
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			r, err := env.Run("t")
+			if err != nil {
+				return false, err.Error()
+			}
+			if r.State == stream.RunComplete {
+				t.Fatalf("run COMPLETE with messages still queued (%s)", r.Reason)
+			}
+			return r.State == stream.RunRunning && r.Counts.Validated == 2 && strings.Contains(r.Reason, want),
+				fmt.Sprintf("state %s, counts %+v, reason %q; want RUNNING, 2 validated, %q", r.State, r.Counts, r.Reason, want)
+		})
+	}
+	waitReason("every shard validated; 2 message(s) of the run still in the work queue")
+	if err := msgs[0].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitReason("every shard validated; 1 message(s) of the run still in the work queue")
+	if err := msgs[1].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r := env.WaitState("t", 10*time.Second, stream.RunComplete)
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("COMPLETE %s after the last acknowledgement; the tracker looks again every %s", waited.Round(time.Millisecond), "5ms")
+	}
+	if r.Counts.Validated != 2 || strings.Contains(r.Reason, "work queue") {
+		t.Fatalf("COMPLETE run: counts %+v, reason %q", r.Counts, r.Reason)
 	}
 }

@@ -44,6 +44,12 @@ type runInfo struct {
 	// than the request (see cmd/shardpool waitRun).
 	retried    bool
 	verifiedFP string
+	// acking is set while every shard is validated but the work queue
+	// still holds messages of the run (since ackingSince): their workers
+	// acknowledge each one after its record (worker.settleDurably), and
+	// the run is COMPLETE only once none is left (see queuedOf).
+	acking      bool
+	ackingSince time.Time
 	evidence   string // state the evidence was last written for
 	// progress is what progress.json last said (zero before the first
 	// look), written at progressAt; progressFailed is set while writing
@@ -114,9 +120,14 @@ func (t *tracker) run(ctx context.Context) error {
 	runsReplayed, shardsReplayed := false, false
 	replayed := time.After(replayWait)
 	var swept time.Time // the first tick sweeps: advisories sent before the subscription are lost
+	// again brings the next flush early while a run's last
+	// acknowledgements are on their way (runInfo.acking).
+	var again <-chan time.Time
 	flush := func(ctx context.Context) {
 		if runsReplayed && shardsReplayed {
-			t.flush(ctx, false)
+			if t.flush(ctx, false) && again == nil {
+				again = time.After(ackPoll)
+			}
 		}
 	}
 	for {
@@ -160,6 +171,9 @@ func (t *tracker) run(ctx context.Context) error {
 			}
 		case m := <-t.adv:
 			t.onMaxDeliveries(ctx, m)
+		case <-again:
+			again = nil
+			flush(ctx)
 		case <-replayed:
 			if !runsReplayed || !shardsReplayed {
 				t.c.log.Warn("tracker: no end-of-replay marker from the KV watches; judging runs from what arrived", "after", replayWait)
@@ -390,10 +404,15 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 	total := ri.rec.Counts.Total
 	c := stream.Counts{Total: total, Running: ri.n[stream.ShardRunning], Validated: ri.n[stream.ShardValidated], Failed: ri.n[stream.ShardFailed]}
 	c.Pending = total - c.Running - c.Validated - c.Failed
+	was := ri.acking
+	ri.acking = false // drained sets it again
 	switch {
 	case !ri.rec.Queued:
 		return stream.RunPrepared, c, ""
 	case c.Validated >= total:
+		if reason, ok := t.drained(ctx, ri, was); !ok {
+			return stream.RunRunning, c, reason
+		}
 		if ri.verifiedFP == ri.rec.Fingerprint {
 			return stream.RunComplete, c, ri.rec.Reason
 		}
@@ -412,6 +431,40 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 	}
 	return stream.RunQueued, c, ""
 }
+
+// drained reports whether the work queue holds no message of ri's run,
+// with the reason the run is not COMPLETE yet where it does. A worker
+// records a shard validated and then, once a sync barrier has made the
+// record durable, acknowledges its message (worker.settleDurably): for a
+// few milliseconds after the last record the last messages are still
+// queued, and `nats stream info SHARDS` would count them beside a run
+// said COMPLETE. A message whose worker died before its acknowledgement
+// is delivered again after the ack wait; the worker that takes it finds
+// the output committed and acknowledges it. was says whether the last
+// look found messages left.
+func (t *tracker) drained(ctx context.Context, ri *runInfo, was bool) (string, bool) {
+	n, err := t.c.b.Queued(ctx, ri.rec.Name)
+	if err == nil && n == 0 {
+		ri.acking = false
+		return "", true
+	}
+	if !was {
+		ri.ackingSince = time.Now()
+	}
+	ri.acking = true
+	if err != nil {
+		return fmt.Sprintf("every shard validated; the work queue could not be read to see that none is left there: %v", err), false
+	}
+	return fmt.Sprintf("every shard validated; %d message(s) of the run still in the work queue, each until a worker acknowledges it (a lost worker's: after the ack wait, by the next worker that takes it)", n), false
+}
+
+// ackPoll is how soon the tracker looks again at a run waiting for its
+// last acknowledgements (runInfo.acking), for ackPollFor; past that the
+// flush tick looks (a lost worker's message waits for the ack wait).
+const (
+	ackPoll    = 5 * time.Millisecond
+	ackPollFor = 2 * time.Second
+)
 
 // failedIDs names up to max failed shards with their reasons.
 func (ri *runInfo) failedIDs(max int) string {
@@ -730,8 +783,11 @@ func (t *tracker) sweepExhausted(ctx context.Context) {
 }
 
 // flush writes the run records whose shards changed, and progress.json
-// where due (at once, with final: the coordinator stops).
-func (t *tracker) flush(ctx context.Context, final bool) {
+// where due (at once, with final: the coordinator stops). It reports
+// whether a run waits for its last acknowledgements and should be looked
+// at again soon (ackPoll).
+func (t *tracker) flush(ctx context.Context, final bool) bool {
+	soon := false
 	for name, ri := range t.runs {
 		if !ri.known {
 			continue
@@ -739,9 +795,14 @@ func (t *tracker) flush(ctx context.Context, final bool) {
 		if ri.dirty {
 			t.flushRun(ctx, name, ri)
 		}
+		if ri.acking {
+			ri.dirty = true // nothing in the shard records will say when the queue empties
+			soon = soon || time.Since(ri.ackingSince) < ackPollFor
+		}
 		t.purgeHalted(ctx, ri)
 		t.maybeProgress(ri, final)
 	}
+	return soon
 }
 
 // flushRun writes the run record of a run whose shards changed, when its

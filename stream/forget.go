@@ -40,16 +40,9 @@ func (b *Buckets) runBuckets(f *Footprint) []struct {
 // RunFootprint counts what the store holds of run.
 func (b *Buckets) RunFootprint(ctx context.Context, run string) (Footprint, error) {
 	var f Footprint
-	s, err := b.js.Stream(ctx, StreamShards)
-	if err != nil {
+	var err error
+	if f.Queued, err = b.Queued(ctx, run); err != nil {
 		return f, err
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(RunSubjects(run)))
-	if err != nil {
-		return f, fmt.Errorf("%s: %w", StreamShards, err)
-	}
-	for _, n := range info.State.Subjects {
-		f.Queued += n
 	}
 	for _, rb := range b.runBuckets(&f) {
 		keys, err := b.KeysMatching(ctx, rb.kv, ShardKey(run, "*"))
@@ -59,6 +52,23 @@ func (b *Buckets) RunFootprint(ctx context.Context, run string) (Footprint, erro
 		*rb.n = len(keys)
 	}
 	return f, nil
+}
+
+// Queued counts the messages of run in the work queue (SHARDS).
+func (b *Buckets) Queued(ctx context.Context, run string) (uint64, error) {
+	s, err := b.js.Stream(ctx, StreamShards)
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(RunSubjects(run)))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", StreamShards, err)
+	}
+	var n uint64
+	for _, k := range info.State.Subjects {
+		n += k
+	}
+	return n, nil
 }
 
 // PurgeRun removes everything the store holds of run: its queued
