@@ -220,19 +220,8 @@ func unqueued(ctx context.Context, js jetstream.JetStream, r RunStatus) string {
 	if (r.State != stream.RunQueued && r.State != stream.RunRunning) || r.Counts.Running > 0 || r.Counts.Pending <= 0 {
 		return ""
 	}
-	s, err := js.Stream(ctx, stream.StreamShards)
-	if err != nil {
-		return ""
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(stream.RunSubjects(r.Name)))
-	if err != nil {
-		return ""
-	}
-	var queued uint64
-	for _, n := range info.State.Subjects {
-		queued += n
-	}
-	if queued >= uint64(r.Counts.Pending) {
+	queued, err := stream.QueuedOf(ctx, js, r.Name)
+	if err != nil || queued >= uint64(r.Counts.Pending) {
 		return ""
 	}
 	again := r.Resume

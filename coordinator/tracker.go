@@ -443,7 +443,7 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 // the output committed and acknowledges it. was says whether the last
 // look found messages left.
 func (t *tracker) drained(ctx context.Context, ri *runInfo, was bool) (string, bool) {
-	n, err := t.c.b.Queued(ctx, ri.rec.Name)
+	n, err := stream.QueuedOf(ctx, t.c.js, ri.rec.Name)
 	if err == nil && n == 0 {
 		ri.acking = false
 		return "", true

@@ -41,7 +41,7 @@ func (b *Buckets) runBuckets(f *Footprint) []struct {
 func (b *Buckets) RunFootprint(ctx context.Context, run string) (Footprint, error) {
 	var f Footprint
 	var err error
-	if f.Queued, err = b.Queued(ctx, run); err != nil {
+	if f.Queued, err = QueuedOf(ctx, b.js, run); err != nil {
 		return f, err
 	}
 	for _, rb := range b.runBuckets(&f) {
@@ -54,9 +54,9 @@ func (b *Buckets) RunFootprint(ctx context.Context, run string) (Footprint, erro
 	return f, nil
 }
 
-// Queued counts the messages of run in the work queue (SHARDS).
-func (b *Buckets) Queued(ctx context.Context, run string) (uint64, error) {
-	s, err := b.js.Stream(ctx, StreamShards)
+// QueuedOf counts the messages of run in the work queue (SHARDS).
+func QueuedOf(ctx context.Context, js jetstream.JetStream, run string) (uint64, error) {
+	s, err := js.Stream(ctx, StreamShards)
 	if err != nil {
 		return 0, err
 	}
