@@ -47,10 +47,10 @@ type runInfo struct {
 	// acking is set while every shard is validated but the work queue
 	// still holds messages of the run (since ackingSince): their workers
 	// acknowledge each one after its record (worker.settleDurably), and
-	// the run is COMPLETE only once none is left (see queuedOf).
+	// the run is COMPLETE only once none is left (see drained).
 	acking      bool
 	ackingSince time.Time
-	evidence   string // state the evidence was last written for
+	evidence    string // state the evidence was last written for
 	// progress is what progress.json last said (zero before the first
 	// look), written at progressAt; progressFailed is set while writing
 	// it fails.
