@@ -445,7 +445,6 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 func (t *tracker) drained(ctx context.Context, ri *runInfo, was bool) (string, bool) {
 	n, err := stream.QueuedOf(ctx, t.c.js, ri.rec.Name)
 	if err == nil && n == 0 {
-		ri.acking = false
 		return "", true
 	}
 	if !was {
