@@ -44,13 +44,13 @@ type runInfo struct {
 	// than the request (see cmd/shardpool waitRun).
 	retried    bool
 	verifiedFP string
-	// acking is set while every shard is validated but the work queue
-	// still holds messages of the run (since ackingSince): their workers
-	// acknowledge each one after its record (worker.settleDurably), and
-	// the run is COMPLETE only once none is left (see drained).
-	acking      bool
-	ackingSince time.Time
-	evidence    string // state the evidence was last written for
+	// acking is when the tracker first found every shard validated and
+	// messages of the run still in the work queue, zero while it does
+	// not: their workers acknowledge each one after its record
+	// (worker.settleDurably), and the run is COMPLETE only once none is
+	// left (see drained).
+	acking   time.Time
+	evidence string // state the evidence was last written for
 	// progress is what progress.json last said (zero before the first
 	// look), written at progressAt; progressFailed is set while writing
 	// it fails.
@@ -404,13 +404,13 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 	total := ri.rec.Counts.Total
 	c := stream.Counts{Total: total, Running: ri.n[stream.ShardRunning], Validated: ri.n[stream.ShardValidated], Failed: ri.n[stream.ShardFailed]}
 	c.Pending = total - c.Running - c.Validated - c.Failed
-	was := ri.acking
-	ri.acking = false // drained sets it again
+	since := ri.acking
+	ri.acking = time.Time{} // drained sets it again
 	switch {
 	case !ri.rec.Queued:
 		return stream.RunPrepared, c, ""
 	case c.Validated >= total:
-		if reason, ok := t.drained(ctx, ri, was); !ok {
+		if reason, ok := t.drained(ctx, ri, since); !ok {
 			return stream.RunRunning, c, reason
 		}
 		if ri.verifiedFP == ri.rec.Fingerprint {
@@ -440,17 +440,17 @@ func (t *tracker) derive(ctx context.Context, ri *runInfo) (string, stream.Count
 // queued, and `nats stream info SHARDS` would count them beside a run
 // said COMPLETE. A message whose worker died before its acknowledgement
 // is delivered again after the ack wait; the worker that takes it finds
-// the output committed and acknowledges it. was says whether the last
-// look found messages left.
-func (t *tracker) drained(ctx context.Context, ri *runInfo, was bool) (string, bool) {
+// the output committed and acknowledges it. since is when the looks
+// began to find messages left (zero: the last one found none).
+func (t *tracker) drained(ctx context.Context, ri *runInfo, since time.Time) (string, bool) {
 	n, err := stream.QueuedOf(ctx, t.c.js, ri.rec.Name)
 	if err == nil && n == 0 {
 		return "", true
 	}
-	if !was {
-		ri.ackingSince = time.Now()
+	if since.IsZero() {
+		since = time.Now()
 	}
-	ri.acking = true
+	ri.acking = since
 	if err != nil {
 		return fmt.Sprintf("every shard validated; the work queue could not be read to see that none is left there: %v", err), false
 	}
@@ -794,9 +794,9 @@ func (t *tracker) flush(ctx context.Context, final bool) bool {
 		if ri.dirty {
 			t.flushRun(ctx, name, ri)
 		}
-		if ri.acking {
+		if !ri.acking.IsZero() {
 			ri.dirty = true // nothing in the shard records will say when the queue empties
-			soon = soon || time.Since(ri.ackingSince) < ackPollFor
+			soon = soon || time.Since(ri.acking) < ackPollFor
 		}
 		t.purgeHalted(ctx, ri)
 		t.maybeProgress(ri, final)
