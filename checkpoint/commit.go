@@ -33,10 +33,7 @@ type entry struct {
 func collect(root, prefix string) ([]entry, []string, error) {
 	var files []entry
 	var dirs []string
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
+	err := walkDir(root, func(p string, d fs.DirEntry) error {
 		rel, _ := filepath.Rel(root, p)
 		if prefix != "" {
 			rel = filepath.Join(prefix, rel)
@@ -209,12 +206,12 @@ func place(e entry, dst string, move, sync bool) (File, error) {
 			return File{}, err
 		}
 	}
-	in, err := os.Open(e.src)
+	in, err := Open(e.src)
 	if err != nil {
 		return File{}, err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, e.mode|0o200)
+	out, err := OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, e.mode|0o200)
 	if err != nil {
 		return File{}, err
 	}
@@ -233,7 +230,7 @@ func place(e entry, dst string, move, sync bool) (File, error) {
 }
 
 func hashSync(path, rel string, mode fs.FileMode, sync bool) (File, error) {
-	f, err := os.Open(path)
+	f, err := Open(path)
 	if err != nil {
 		return File{}, err
 	}
@@ -317,7 +314,7 @@ func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error
 // and a rename per file, cut the commit of 20,000 small files by 40%
 // (and with copyFrom's pooled buffer by 60%: bench/commit).
 func moveInto(src, tmp string, files []entry, dirs []string) ([]entry, []string, error) {
-	tops, err := os.ReadDir(src)
+	tops, err := ReadDir(src)
 	if err != nil {
 		return nil, nil, err
 	}

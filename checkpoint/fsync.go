@@ -11,7 +11,7 @@ import (
 
 // syncDir fsyncs a directory so that renames and creations inside it are durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
+	d, err := Open(dir)
 	if err != nil {
 		return fmt.Errorf("sync dir %s: %w", dir, err)
 	}
@@ -33,7 +33,7 @@ func writeFileNoSync(path string, b []byte) error { return writeNew(path, b, fal
 func writeFileSync(path string, b []byte) error { return writeNew(path, b, true, 0o644) }
 
 func writeNew(path string, b []byte, sync bool, perm os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	f, err := OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,7 @@ const TempPrefix = ".tmp-"
 // file (which holds the lock) once the directory is renamed or removed.
 func newTemp(parent, name string) (string, *os.File, error) {
 	tmp := filepath.Join(parent, name)
-	p, err := os.Open(parent)
+	p, err := Open(parent)
 	if err != nil {
 		return "", nil, err
 	}
@@ -37,7 +37,7 @@ func newTemp(parent, name string) (string, *os.File, error) {
 	if !shared {
 		return tmp, nil, nil
 	}
-	lock, err := os.Open(tmp)
+	lock, err := Open(tmp)
 	if err != nil {
 		os.Remove(tmp)
 		return "", nil, err

@@ -18,7 +18,7 @@ func jsonIndent(v any) ([]byte, error) {
 
 // ReadMarker reads dir's COMPLETE marker without checking files.
 func ReadMarker(dir string) (Marker, error) {
-	b, err := os.ReadFile(filepath.Join(dir, MarkerName))
+	b, err := ReadFile(filepath.Join(dir, MarkerName))
 	if errors.Is(err, fs.ErrNotExist) {
 		return Marker{}, fmt.Errorf("verify %s: %w", dir, ErrIncomplete)
 	}
@@ -104,10 +104,8 @@ func verifyMarker(dir string, mk Marker, full bool) (Marker, error) {
 	for _, f := range list {
 		want[f.Path] = f
 	}
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
+	// ReadMarker found dir a directory: what is below it is walked.
+	err = walkBelow(dir, func(p string, d fs.DirEntry) error {
 		rel, _ := filepath.Rel(dir, p)
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() || rel == MarkerName || (rel == ManifestName && mk.V == 1) {
@@ -152,7 +150,7 @@ func verifyMarker(dir string, mk Marker, full bool) (Marker, error) {
 }
 
 func hashFile(p string) (int64, string, error) {
-	f, err := os.Open(p)
+	f, err := Open(p)
 	if err != nil {
 		return 0, "", err
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -199,7 +200,7 @@ func removeDeadPairs(root string, pid int) {
 // emptyDir removes everything inside dir, keeping dir. An empty directory
 // costs one open and one read.
 func emptyDir(dir string) error {
-	f, err := os.Open(dir)
+	f, err := checkpoint.Open(dir)
 	if err != nil {
 		return err
 	}

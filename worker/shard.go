@@ -44,7 +44,7 @@ func CkptDir(output, run, fp, id string) string {
 // of a training job can be large. Only the run's own are touched.
 func (w *Worker) dropOlderCkpts(output, run, fp, id string) {
 	runDir := filepath.Join(output, MetaDir, "ckpt", run)
-	gens, err := os.ReadDir(runDir)
+	gens, err := checkpoint.ReadDir(runDir)
 	if err != nil {
 		return
 	}
