@@ -330,7 +330,7 @@ func (c *shardCgroup) startInto(cmd *exec.Cmd) error {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
-	err = cmd.Start()
+	err = startCmd(cmd)
 	for _, no := range []syscall.Errno{syscall.ENOSYS, syscall.EBADF, syscall.EINVAL, syscall.EOPNOTSUPP} {
 		if errors.Is(err, no) {
 			c.from.noCloneInto.Store(true)
@@ -390,7 +390,7 @@ func (c *shardCgroup) startLocked(cmd *exec.Cmd, done chan<- error) {
 		homes = append(homes, p[1])
 	}
 	if err == nil {
-		err = cmd.Start()
+		err = startCmd(cmd)
 	}
 	for _, home := range homes {
 		if e := c.from.home.write(filepath.Join(home, "tasks"), tid); e != nil {
@@ -398,7 +398,7 @@ func (c *shardCgroup) startLocked(cmd *exec.Cmd, done chan<- error) {
 			if cmd.Process != nil {
 				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // its group, when it has one
 				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
+				_ = waitCmd(cmd)
 			}
 			done <- fmt.Errorf("return the starting thread to %s: %w", home, e)
 			return

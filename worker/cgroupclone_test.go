@@ -71,18 +71,13 @@ func TestChildStartsInsideItsV2Cgroup(t *testing.T) {
 
 	// The grandchild reports its cgroup: it was forked by the command,
 	// which nobody placed after it started.
-	var b strings.Builder
-	cmd := exec.Command("sh", "-c", "cat /proc/self/cgroup | cat")
-	cmd.Stdout = &b
-	if err := sc.startInto(cmd); err != nil {
+	got, err := outputOf(exec.Command("sh", "-c", "cat /proc/self/cgroup | cat"), sc.startInto)
+	if err != nil {
 		t.Fatalf("start inside %s: %v", sc.mem, err)
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatal(err)
-	}
 	want := "0::" + filepath.Join(path, filepath.Base(sc.mem))
-	if !strings.Contains(b.String(), want+"\n") {
-		t.Errorf("the command's child reports:\n%s\nwant the line %q", b.String(), want)
+	if !strings.Contains(got, want+"\n") {
+		t.Errorf("the command's child reports:\n%s\nwant the line %q", got, want)
 	}
 	if c.noCloneInto.Load() {
 		t.Errorf("a start that worked turned the prologue on")
@@ -92,8 +87,8 @@ func TestChildStartsInsideItsV2Cgroup(t *testing.T) {
 	// not try again.
 	plain := &shardCgroup{v2: true, mem: t.TempDir(), from: c}
 	marker := filepath.Join(t.TempDir(), "ran")
-	cmd = exec.Command("touch", marker)
-	err := plain.startInto(cmd)
+	cmd := exec.Command("touch", marker)
+	err = plain.startInto(cmd)
 	if !errors.Is(err, errNoCloneInto) || err == errNoCloneInto {
 		t.Fatalf("start inside a plain directory: got %v, want errNoCloneInto with the kernel's reason", err)
 	}

@@ -116,13 +116,28 @@ func TestChildStartsInItsV1CgroupsWithoutAPrologue(t *testing.T) {
 
 // outputIn runs cmd started in sc and returns its stdout.
 func outputIn(sc *shardCgroup, cmd *exec.Cmd) (string, error) {
-	var b strings.Builder
-	cmd.Stdout = &b
-	if err := sc.startIn(cmd); err != nil {
+	return outputOf(cmd, sc.startIn)
+}
+
+// outputOf starts cmd with start (a startCmd: its stdout must be a file),
+// waits for it and returns what it wrote to stdout. Safe to call from
+// any goroutine.
+func outputOf(cmd *exec.Cmd, start func(*exec.Cmd) error) (string, error) {
+	f, err := os.CreateTemp("", "shardpool-stdout-")
+	if err != nil {
 		return "", err
 	}
-	err := cmd.Wait()
-	return b.String(), err
+	defer os.Remove(f.Name())
+	defer f.Close()
+	cmd.Stdout = f
+	if err := start(cmd); err != nil {
+		return "", err
+	}
+	if err := waitCmd(cmd); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(f.Name())
+	return string(b), err
 }
 
 // threadsHome checks that every thread of this process (or, with
@@ -204,8 +219,9 @@ func TestReusedCgroupMeasuresOnlyItsShard(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd := exec.Command("sh", "-c", script)
-		_ = sc.startIn(cmd)
-		_ = cmd.Wait()
+		if sc.startIn(cmd) == nil {
+			_ = waitCmd(cmd)
+		}
 		peak, ooms := sc.peak(), sc.oomKills()
 		c.release(sc)
 		return sc, peak, ooms
@@ -239,7 +255,7 @@ func TestReusedCgroupMeasuresOnlyItsShard(t *testing.T) {
 	if err := sc.startIn(stray); err != nil {
 		t.Fatal(err)
 	}
-	defer stray.Wait()
+	defer waitCmd(stray)
 	defer stray.Process.Kill()
 	go func() {
 		time.Sleep(1500 * time.Millisecond)
