@@ -2,8 +2,13 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -138,5 +143,57 @@ func TestFailedInARowStartsOverOnAValidatedShard(t *testing.T) {
 	w.count(true)
 	if n, last := report(); n != 0 || last != "" || len(w.streakKeys) != 0 || w.chargedHere != 5 {
 		t.Fatalf("after a validated shard: %d in a row, last %q, streak %q, %d charged; want 0, none, none and 5", n, last, w.streakKeys, w.chargedHere)
+	}
+}
+
+// TestStartCmdAsExecCmd: startCmd and waitCmd do what exec.Cmd's Start
+// and Wait did for a worker's commands: the exit status in an
+// *exec.ExitError, the environment and directory as given, stdin from
+// /dev/null when none is set, and a clear error, before anything runs,
+// for a stream that is not a file.
+func TestStartCmdAsExecCmd(t *testing.T) {
+	dir := t.TempDir()
+	out, err := os.Create(filepath.Join(dir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd := exec.Command("/bin/sh", "-c", `echo "$PWD $SHARD_VAR"; read x || echo stdin-empty; exit 3`)
+	cmd.Env, cmd.Dir, cmd.Stdout = []string{"SHARD_VAR=v1"}, dir, out
+	if err := startCmd(cmd); err != nil {
+		t.Fatal(err)
+	}
+	err = waitCmd(cmd)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 || cmd.ProcessState.ExitCode() != 3 {
+		t.Fatalf("wait: %v (state %v), want exit status 3", err, cmd.ProcessState)
+	}
+	b, _ := os.ReadFile(out.Name())
+	if got, want := string(b), dir+" v1\nstdin-empty\n"; got != want {
+		t.Errorf("the command wrote %q, want %q", got, want)
+	}
+
+	ok := exec.Command("true")
+	if err := startCmd(ok); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitCmd(ok); err != nil || !ok.ProcessState.Success() {
+		t.Errorf("true: %v, state %v", err, ok.ProcessState)
+	}
+
+	if err := startCmd(exec.Command(filepath.Join(dir, "missing"))); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing program: %v, want not exist", err)
+	}
+	if err := startCmd(exec.Command("no-such-program-shardpool")); !errors.Is(err, exec.ErrNotFound) {
+		t.Errorf("a program not on PATH: %v, want exec.ErrNotFound", err)
+	}
+	marker := filepath.Join(dir, "ran")
+	bad := exec.Command("touch", marker)
+	bad.Stdout = new(strings.Builder)
+	if err := startCmd(bad); err == nil || !strings.Contains(err.Error(), "not a file") {
+		t.Errorf("stdout not a file: %v, want an error saying so", err)
+	}
+	if _, err := os.Stat(marker); err == nil || bad.Process != nil {
+		t.Errorf("the command ran")
 	}
 }
