@@ -68,9 +68,6 @@ func (w *Worker) publishFixed(class string, k int) {
 	if w.ledger == nil {
 		return
 	}
-	if _, err := w.ledger.begin(w.fixedShare); err != nil {
-		return
-	}
 	peak, _, _ := w.peakFor(class)
 	h := w.holding(class, k, peak, 0)
 	// Memory: the whole peak of each shard not started yet. What running
@@ -83,7 +80,7 @@ func (w *Worker) publishFixed(class string, k int) {
 	}
 	w.mu.Unlock()
 	h.Memory = max(w.inflightMemory()-running, 0) + int64(k)*peak.Memory
-	if err := w.ledger.commit(h); err != nil {
+	if err := w.ledger.publish(w.fixedShare, h); err != nil {
 		w.log.Warn("host ledger", "err", err)
 	}
 }
