@@ -463,3 +463,59 @@ func TestEmptyOutputCommitsAndVerifies(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishIfAbsent: a prepared commit lands where nothing is, and
+// changes nothing where something is (an output, or an empty directory
+// that a plain rename would have replaced without a word), so that
+// Publish can decide what to keep of it.
+func TestPublishIfAbsent(t *testing.T) {
+	ctx := context.Background()
+	parent := t.TempDir()
+	dst := filepath.Join(parent, "s")
+	p, err := Prepare(ctx, dst, writeTree(t, map[string]string{"v": "1"}), Options{Fingerprint: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := p.PublishIfAbsent(); !ok || err != nil {
+		t.Fatalf("publish where nothing is: %v %v, want true", ok, err)
+	}
+	if mk, err := Verify(dst); err != nil || mk.Fingerprint != "a" {
+		t.Fatalf("after publish: %v fingerprint %s, want a", err, mk.Fingerprint)
+	}
+
+	for _, existing := range []string{"output", "empty directory"} {
+		if existing == "empty directory" {
+			os.RemoveAll(dst)
+			if err := os.Mkdir(dst, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := Prepare(ctx, dst, writeTree(t, map[string]string{"v": "2"}), Options{Fingerprint: "b"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := p.PublishIfAbsent(); ok || err != nil {
+			t.Fatalf("%s at dst: %v %v, want false and nothing changed", existing, ok, err)
+		}
+		if _, err := os.Stat(p.tmp); err != nil {
+			t.Fatalf("%s at dst: the prepared directory is gone: %v", existing, err)
+		}
+		if existing == "output" {
+			if mk, err := Verify(dst); err != nil || mk.Fingerprint != "a" {
+				t.Fatalf("%s at dst: it became %v fingerprint %s, want a", existing, err, mk.Fingerprint)
+			}
+		}
+		if err := p.Publish(""); err != nil {
+			t.Fatal(err)
+		}
+		if mk, err := Verify(dst); err != nil || mk.Fingerprint != "b" {
+			t.Fatalf("%s at dst, then Publish: %v fingerprint %s, want b", existing, err, mk.Fingerprint)
+		}
+	}
+	ents, _ := os.ReadDir(parent)
+	for _, e := range ents {
+		if e.Name() != "s" {
+			t.Errorf("left in the output directory: %s", e.Name())
+		}
+	}
+}

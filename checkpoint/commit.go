@@ -364,9 +364,35 @@ func (p *Pending) Discard() {
 	closeLock(p.lock)
 }
 
+// PublishIfAbsent makes the prepared directory visible as dst where
+// nothing is there yet, in one system call (renameat2 RENAME_NOREPLACE)
+// where a look for dst and a rename were two, and reports whether it did.
+// Where it did not (dst exists, the file system cannot rename without
+// replacing, or the rename failed), nothing changed: Publish follows, and
+// says what went wrong.
+func (p *Pending) PublishIfAbsent() (bool, error) {
+	if unix.Renameat2(unix.AT_FDCWD, p.tmp, unix.AT_FDCWD, p.dst, unix.RENAME_NOREPLACE) != nil {
+		return false, nil
+	}
+	closeLock(p.lock)
+	return true, p.syncParent()
+}
+
+// syncParent makes the rename into dst's directory durable.
+func (p *Pending) syncParent() error {
+	sync := syncDir
+	if p.sync != nil {
+		sync = p.sync
+	}
+	if err := sync(filepath.Dir(p.dst)); err != nil {
+		return fmt.Errorf("commit %s: %w", p.dst, err)
+	}
+	return nil
+}
+
 // Publish makes the prepared directory visible as dst (see CommitDir).
 func (p *Pending) Publish(keepReplaced string) error {
-	dst, parent := p.dst, filepath.Dir(p.dst)
+	dst := p.dst
 	replaced, err := swapIn(p.tmp, dst)
 	if err != nil {
 		os.RemoveAll(p.tmp)
@@ -375,12 +401,8 @@ func (p *Pending) Publish(keepReplaced string) error {
 	if err != nil {
 		return fmt.Errorf("commit %s: %w", dst, err)
 	}
-	sync := syncDir
-	if p.sync != nil {
-		sync = p.sync
-	}
-	if err := sync(parent); err != nil {
-		return fmt.Errorf("commit %s: %w", dst, err)
+	if err := p.syncParent(); err != nil {
+		return err
 	}
 	if replaced != "" {
 		if keepReplaced != "" {

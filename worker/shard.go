@@ -1348,14 +1348,18 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 		}
 		return fmt.Errorf("%w: %v", errCoordinator, err)
 	}
-	keep := ""
-	if _, err := os.Stat(dst); err == nil {
-		if _, verr := checkpoint.VerifyQuick(dst); verr != nil {
-			keep = filepath.Join(spec.Output, MetaDir, "replaced")
-		}
-	}
-	if err := p.Publish(keep); err != nil {
+	if published, err := p.PublishIfAbsent(); err != nil {
 		return err
+	} else if !published {
+		keep := ""
+		if _, err := os.Stat(dst); err == nil {
+			if _, verr := checkpoint.VerifyQuick(dst); verr != nil {
+				keep = filepath.Join(spec.Output, MetaDir, "replaced")
+			}
+		}
+		if err := p.Publish(keep); err != nil {
+			return err
+		}
 	}
 	mk := p.Marker
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
