@@ -223,10 +223,7 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 	}
 	command := func(argv []string) *exec.Cmd {
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, out.w, out.w
-		if null, err := devNull(); err == nil {
-			cmd.Stdin = null
-		}
+		cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = env, dir, out.w, out.w // stdin: /dev/null (startCmd)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		return cmd
 	}
@@ -449,8 +446,8 @@ func signalled(ws syscall.WaitStatus) string {
 	return fmt.Sprintf("exit status %d", ws.ExitStatus())
 }
 
-// devNull is the children's stdin, opened once: left nil, os/exec opens
-// and closes /dev/null for every command.
+// devNull is /dev/null, opened once for every command's standard stream
+// that startCmd finds unset, rather than once per command.
 var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.DevNull, os.O_RDWR, 0) })
 
 // startCmd starts cmd as cmd.Start would, with os.StartProcess: Start

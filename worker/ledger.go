@@ -317,9 +317,7 @@ func (l *hostLedger) reusable(r *ledgerRec) bool {
 // begin locks the ledger and returns what the other live workers of
 // share hold. The caller must end with commit or abort.
 func (l *hostLedger) begin(share string) (others, error) {
-	l.mu.Lock()
-	if err := l.lock(); err != nil {
-		l.mu.Unlock()
+	if err := l.acquire(); err != nil {
 		return others{}, err
 	}
 	recs, err := l.read()
@@ -379,13 +377,22 @@ func (l *hostLedger) publish(share string, h Hold) error {
 		}
 		return l.commit(h)
 	}
+	if err := l.acquire(); err != nil {
+		return err
+	}
+	l.me.Share = share
+	return l.commit(h)
+}
+
+// acquire takes the handle's mutex and the file's lock, both held until
+// commit, recommit or abort.
+func (l *hostLedger) acquire() error {
 	l.mu.Lock()
 	if err := l.lock(); err != nil {
 		l.mu.Unlock()
 		return err
 	}
-	l.me.Share = share
-	return l.commit(h)
+	return nil
 }
 
 // commit writes what this worker holds now, as an admission decision
