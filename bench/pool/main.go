@@ -102,11 +102,25 @@ func run(bin string, n, j, rounds int) error {
 			rows[row].add(d, now-mark, err)
 			mark = now
 		}
+		// Every row starts with nothing left for the kernel to write back.
+		// A syncfs, which shardpool's durable state makes, flushes every
+		// writer's dirty data on the file system: without this, the run's
+		// first one wrote out the floor row's 5,000 directories and markers
+		// (150-200 ms of a 4.6 s run, the CPUs idle), while the rows that
+		// never sync left theirs to whoever came next.
+		settled := func() {
+			syscall.Sync()
+			mark = cpuUsed()
+		}
+		settled()
 		took(rowBare, bareExec(n, j, ""), nil)
+		settled()
 		took(rowFloor, bareExec(n, j, filepath.Join(dir, fmt.Sprintf("floor%d", r))), nil)
+		settled()
 		par, err := gnuParallel(dir, n, j)
 		took(rowParallel, par, err)
 		name := fmt.Sprintf("emb%d", r)
+		settled()
 		emb, rss, err := timed(exec.Command(bin, "run", "--quiet", "--data", filepath.Join(dir, name), "--slots", fmt.Sprint(j), writeSpec(dir, name)))
 		if err != nil {
 			return fmt.Errorf("shardpool run: %w", err)
@@ -114,8 +128,10 @@ func run(bin string, n, j, rounds int) error {
 		took(rowRun, emb, nil)
 		embRSS = max(embRSS, rss)
 		name = fmt.Sprintf("always%d", r)
+		settled()
 		always, _, err := timed(exec.Command(bin, "run", "--quiet", "--sync", "always", "--data", filepath.Join(dir, name), "--slots", fmt.Sprint(j), writeSpec(dir, name)))
 		took(rowAlways, always, err)
+		settled()
 		dist, crss, wrss, err := distributed(bin, dir, writeSpec(dir, fmt.Sprintf("dist%d", r)), fmt.Sprintf("dist%d", r), j)
 		took(rowDist, dist, err)
 		coordRSS, workerRSS = max(coordRSS, crss), max(workerRSS, wrss)
@@ -123,6 +139,7 @@ func run(bin string, n, j, rounds int) error {
 		// so every fetch is a measured decision (and, as root, every shard
 		// gets its own memory and cpu cgroup).
 		name = fmt.Sprintf("auto%d", r)
+		settled()
 		auto, _, err := timed(exec.Command(bin, "run", "--quiet", "--data", filepath.Join(dir, name), writeSpec(dir, name, "[class.cpu]\ncpus = 1\nmemory = \"16MiB\"\n")))
 		took(rowAuto, auto, err)
 		// Ratios pair measurements of the same round.
