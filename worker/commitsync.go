@@ -36,8 +36,8 @@ const syncGather = 2 * time.Millisecond
 // settleGather raised likewise) cut the syncfs calls from 2,953 to 762
 // for 5,000 shards (1.5 and 2.5 ms each, wall) and took 4.5-6.1 s
 // against 4.9-6.9 s, five rounds alternating. A commit of the only shard
-// in the worker's hands waits for no one (company): a run of one shard
-// ends no later for the wait.
+// in the worker's hands waits for no one, nor does the last of those in
+// hand to wait for a flush (joinFlush): nobody else could come.
 const (
 	outputGather    = 60 * time.Millisecond
 	outputGatherPer = 12
@@ -78,7 +78,9 @@ func (w *Worker) outputSync(ctx context.Context, output string) func(string) err
 	}
 	return func(string) error {
 		var gather time.Duration
-		if w.company() {
+		last, done := w.joinFlush()
+		defer done()
+		if !last {
 			gather = s.Gather(outputGatherPer, syncGather, outputGather)
 		}
 		return s.Do(context.WithoutCancel(ctx), gather)

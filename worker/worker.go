@@ -317,9 +317,12 @@ type Worker struct {
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}
-	// handling counts the deliveries in handle, from decode to settling:
-	// a sync barrier of the only one waits for no company (company).
-	handling  atomic.Int64
+	// handling counts the deliveries in handle, from decode to settling;
+	// flushing those of them waiting for a flush (an output's syncfs, a
+	// barrier before settling). A flush waits for others only while
+	// someone could still join it (nobodyElse).
+	handling atomic.Int64
+	flushing atomic.Int64
 	stageOnce sync.Once
 	// preflighted holds the runs whose preflight snapshot this worker
 	// wrote (or is writing) to their evidence; bg waits for the writes.
@@ -696,7 +699,15 @@ func (w *Worker) Run(ctx context.Context) error {
 			return ask(ctx, nc)
 		}, Gather: syncGather}
 	}
-	w.durable, w.durableNow = barriers(stream.SettleBarrier), barriers(stream.Barrier)
+	// A settling barrier lets the coordinator wait for others only while
+	// someone in this worker's hands could still join; asked when all of
+	// them wait already, it runs at once.
+	w.durable, w.durableNow = barriers(func(ctx context.Context, nc *nats.Conn) error {
+		if w.nobodyElse(w.flushing.Load()) {
+			return stream.Barrier(ctx, nc)
+		}
+		return stream.SettleBarrier(ctx, nc)
+	}), barriers(stream.Barrier)
 	w.outSyncs = map[string]*stream.FSSync{}
 	defer w.closeOutputSyncs()
 	w.scratch = newScratchPool(w.cfg.Scratch, w.pid)
@@ -1049,6 +1060,9 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			}
 			g.setBacklog(got == n) // a short batch: the queue ran dry
 			g.unasked(n - got)
+			if got < n {
+				w.hurryFlushes()
+			}
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				w.log.Debug("fetch ended", "class", class, "err", err)
 			}
