@@ -197,3 +197,52 @@ func TestIdleRunsPairsAreDropped(t *testing.T) {
 		t.Fatalf("after close: %d entries left in the scratch root", len(ents))
 	}
 }
+
+// TestUnusedPairsDropWhenIdle: with nothing in hand, a worker's pairs go
+// at once, in the background, except a run's whose pair is taken; close
+// waits for that removal and, once it has begun, starts none.
+func TestUnusedPairsDropWhenIdle(t *testing.T) {
+	root := t.TempDir()
+	p := newScratchPool(root, 42)
+	ended, err := p.take("ended")
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := p.take("busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spare, err := p.take("busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.put("ended", ended)
+	p.put("busy", spare)
+	p.dropUnused()
+	p.bg.Wait()
+	if _, err := os.Stat(filepath.Join(root, "ended")); !os.IsNotExist(err) {
+		t.Fatalf("the run with no pair taken: %v, want its directory removed", err)
+	}
+	if ents, err := os.ReadDir(filepath.Join(root, "busy")); err != nil || len(ents) != 4 {
+		t.Fatalf("the run with a pair taken: %d entries (%v), want both pairs kept", len(ents), err)
+	}
+	// The ended run's next shard gets a new pair.
+	again, err := p.take("ended")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again == ended {
+		t.Fatalf("got the removed pair %s back", again)
+	}
+	if _, err := os.Stat(again + ".tmp"); err != nil {
+		t.Fatalf("a new pair for the run: %v", err)
+	}
+	p.put("ended", again)
+	p.put("busy", busy)
+	p.close()
+	p.dropUnused() // after close: nothing starts
+	p.bg.Wait()
+	if ents, _ := os.ReadDir(root); len(ents) != 0 {
+		t.Fatalf("after close: %d entries left in the scratch root", len(ents))
+	}
+}

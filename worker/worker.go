@@ -1063,6 +1063,9 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			if got < n {
 				w.hurryFlushes()
 			}
+			if got == 0 && w.handling.Load() == 0 {
+				w.scratch.dropUnused() // nothing queued, nothing in hand
+			}
 			if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				w.log.Debug("fetch ended", "class", class, "err", err)
 			}
