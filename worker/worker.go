@@ -321,8 +321,8 @@ type Worker struct {
 	// flushing those of them waiting for a flush (an output's syncfs, a
 	// barrier before settling). A flush waits for others only while
 	// someone could still join it (nobodyElse).
-	handling atomic.Int64
-	flushing atomic.Int64
+	handling  atomic.Int64
+	flushing  atomic.Int64
 	stageOnce sync.Once
 	// preflighted holds the runs whose preflight snapshot this worker
 	// wrote (or is writing) to their evidence; bg waits for the writes.
