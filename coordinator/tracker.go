@@ -354,7 +354,7 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 		ri.dirty = true
 		return false
 	}
-	var r stream.ShardRecord
+	var r stream.ShardBrief
 	if err := stream.Decode(e.Value(), &r); err != nil {
 		t.c.log.Warn("skip undecodable shard record", "key", e.Key(), "err", err)
 		delete(ri.shards, id)

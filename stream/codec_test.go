@@ -2,6 +2,7 @@ package stream
 
 import (
 	stdjson "encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"testing"
@@ -99,5 +100,43 @@ func fill(v reflect.Value, depth int) {
 				fill(v.Field(i), depth+1)
 			}
 		}
+	}
+}
+
+// TestShardBriefReadsARecord: the tracker's ShardBrief reads from a full
+// record what the record holds (a renamed field of either type fails
+// here), counts its attempts, and refuses a schema version it does not
+// know, as Decode does for the record.
+func TestShardBriefReadsARecord(t *testing.T) {
+	var r ShardRecord
+	fill(reflect.ValueOf(&r).Elem(), 0)
+	r.Attempts = append(r.Attempts, r.Attempts[0], r.Attempts[0])
+	data, err := Encode(&r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the record reads back as (fill's text is not all valid UTF-8).
+	r = ShardRecord{}
+	if err := Decode(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	var b ShardBrief
+	if err := Decode(data, &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Fingerprint != r.Fingerprint || b.Class != r.Class || b.State != r.State || b.Retry != r.Retry || b.Reason != r.Reason ||
+		len(b.Attempts) != len(r.Attempts) || b.Output == nil || *b.Output != *r.Output || b.V != SchemaVersion {
+		t.Fatalf("brief %+v (output %+v), want the record's %+v", b, b.Output, r)
+	}
+	for _, f := range []string{"Fingerprint", "Class", "State", "Retry", "Reason", "Output"} {
+		if r, _ := reflect.TypeOf(r).FieldByName(f); r.Tag == "" {
+			t.Fatalf("ShardRecord.%s has no tag", f)
+		} else if bf, _ := reflect.TypeOf(b).FieldByName(f); bf.Tag != r.Tag {
+			t.Errorf("%s: brief's tag %q, record's %q", f, bf.Tag, r.Tag)
+		}
+	}
+	var newer ShardBrief
+	if err := Decode([]byte(`{"v":99,"state":"validated"}`), &newer); !errors.Is(err, ErrSchemaVersion) {
+		t.Fatalf("a record of schema 99: %v, want ErrSchemaVersion", err)
 	}
 }

@@ -19,3 +19,18 @@ func BenchmarkDecodeShardRecord(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkDecodeShardBrief(b *testing.B) {
+	code := 0
+	r := ShardRecord{Run: "bench", ID: "s00001", Fingerprint: "72022dc3a8c9a2bc", Class: "cpu", State: ShardValidated,
+		Attempts: []Attempt{{N: 1, Worker: "vm", Host: "vm", Start: time.Now(), ExitCode: &code, Outcome: OutcomeOK, Log: ""}},
+		Output:   &Output{Path: "/tmp/out/s00001", Checksum: "6c6904d5c41ede51", Files: 0}, Updated: time.Now()}
+	data, _ := Encode(&r)
+	b.ReportAllocs()
+	for b.Loop() {
+		var x ShardBrief
+		if err := Decode(data, &x); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -158,6 +158,23 @@ type ShardRecord struct {
 	Updated     time.Time `json:"updated"`
 }
 
+// ShardBrief is the part of a ShardRecord that a reader of every record's
+// update needs (the coordinator's tracker): its attempts are counted, not
+// decoded, and its owner and payload are skipped. A record of one attempt
+// decodes in 60% of the time with a tenth of the allocations, and the
+// tracker decodes two records a shard. The fields keep ShardRecord's
+// names (TestShardBriefReadsARecord).
+type ShardBrief struct {
+	V           int        `json:"v"`
+	Fingerprint string     `json:"fingerprint"`
+	Class       string     `json:"class"`
+	State       string     `json:"state"`
+	Retry       int        `json:"retry"`
+	Attempts    []struct{} `json:"attempts,omitempty"`
+	Output      *Output    `json:"output,omitempty"`
+	Reason      string     `json:"reason,omitempty"`
+}
+
 // OpenAttempt reports whether the record is running an attempt whose
 // end it does not hold.
 func (r *ShardRecord) OpenAttempt() bool {
@@ -380,6 +397,7 @@ type versioned interface{ schemaV() *int }
 
 func (r *ShardMsg) schemaV() *int     { return &r.V }
 func (r *ShardRecord) schemaV() *int  { return &r.V }
+func (r *ShardBrief) schemaV() *int   { return &r.V }
 func (r *RunRecord) schemaV() *int    { return &r.V }
 func (r *Lease) schemaV() *int        { return &r.V }
 func (r *WorkerReport) schemaV() *int { return &r.V }
