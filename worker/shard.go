@@ -1678,17 +1678,18 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
-		case errors.Is(err, nats.ErrNoResponders) && !w.infoMissed.Swap(true):
-			// A coordinator restarting: its server takes connections a
-			// moment before the coordinator answers there. One miss is
-			// that moment; the next, a report period later, is not.
+		case errors.Is(err, nats.ErrNoResponders) && w.infoMissRecent():
+			// A coordinator restarting: its server takes connections
+			// before the coordinator answers there, once it has recovered
+			// its store and made it durable (a syncfs, seconds on a busy
+			// disk). Misses within infoMissGrace are that moment.
 			w.log.Debug("coordinator info unavailable", "err", err)
 		default:
 			w.warnOnline("coordinator info unavailable", "err", err)
 		}
 		return
 	}
-	w.infoMissed.Store(false)
+	w.infoMissedAt.Store(0)
 	v := &coordView{sync: stream.SyncGroup}
 	if stream.ValidSync(ci.Sync) {
 		v.sync = ci.Sync
@@ -1699,6 +1700,22 @@ func (w *Worker) learnCoordinator(ctx context.Context, nc *nats.Conn) {
 		v.proc = &probe.ProcID{PID: ci.PID, Start: ci.Start}
 	}
 	w.coord.Store(v)
+}
+
+// infoMissGrace is how long the coordinator's info may find no responder
+// before a worker warns: a coordinator restarting answers only once its
+// store is recovered and durable. With a miss a report period (5 s) apart
+// warned, a restart under a CI run's load was warned of.
+const infoMissGrace = 30 * time.Second
+
+// infoMissRecent notes a miss of the coordinator's info and reports
+// whether the misses in a row began less than infoMissGrace ago.
+func (w *Worker) infoMissRecent() bool {
+	now := time.Now().UnixNano()
+	if w.infoMissedAt.CompareAndSwap(0, now) {
+		return true
+	}
+	return time.Duration(now-w.infoMissedAt.Load()) < infoMissGrace
 }
 
 // settleDurably makes the shard's final record durable, then runs the

@@ -306,9 +306,10 @@ type Worker struct {
 	// (stream.SettleBarrier), and those before a command starts or an
 	// output is published.
 	durable, durableNow *stream.Group
-	// infoMissed: the last ask for the coordinator's info had no responder
+	// infoMissedAt is when the asks for the coordinator's info began to
+	// find no responder, in Unix nanoseconds; 0 while one answers
 	// (learnCoordinator).
-	infoMissed atomic.Bool
+	infoMissedAt atomic.Int64
 
 	oomMu    sync.Mutex // guards the shared OOM-kill baseline (oomBaseline)
 	oomN     int64

@@ -1,0 +1,24 @@
+package worker
+
+import (
+	"testing"
+	"time"
+)
+
+// TestInfoMissesWarnOnlyPastTheGrace: asks for the coordinator's info that
+// find no responder are a restart's moment (logged at debug) until they
+// have gone on for infoMissGrace; an answer starts the count afresh.
+func TestInfoMissesWarnOnlyPastTheGrace(t *testing.T) {
+	w := &Worker{}
+	if !w.infoMissRecent() || !w.infoMissRecent() {
+		t.Fatal("misses just begun are not recent")
+	}
+	w.infoMissedAt.Store(time.Now().Add(-infoMissGrace - time.Second).UnixNano())
+	if w.infoMissRecent() {
+		t.Fatalf("misses for longer than %s are still recent", infoMissGrace)
+	}
+	w.infoMissedAt.Store(0) // an answer (learnCoordinator)
+	if !w.infoMissRecent() {
+		t.Fatal("a miss after an answer is not recent")
+	}
+}
