@@ -36,8 +36,9 @@ const syncGather = 2 * time.Millisecond
 // settleGather raised likewise) cut the syncfs calls from 2,953 to 762
 // for 5,000 shards (1.5 and 2.5 ms each, wall) and took 4.5-6.1 s
 // against 4.9-6.9 s, five rounds alternating. A commit of the only shard
-// in the worker's hands waits for no one, nor does the last of those in
-// hand to wait for a flush (joinFlush): nobody else could come.
+// in the worker's hands waits for no one, nor, once the queue is dry,
+// does the last of those in hand to wait for a flush (nobodyElse):
+// nobody else could come.
 const (
 	outputGather    = 60 * time.Millisecond
 	outputGatherPer = 12
