@@ -277,17 +277,9 @@ func (a *adopter) end(ident uint64, pgid int) []string {
 // slot's fork and exec, its slot held. A command starting meanwhile may
 // show as a stranger; its sweep then waits, as before.
 func (a *adopter) strangers() bool {
-	buf := make([]byte, 512)
-	for {
-		n, err := unix.Pread(a.children, buf, 0)
-		if err != nil {
-			return true
-		}
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
+	buf, err := preadAll(a.children, make([]byte, 512))
+	if err != nil {
+		return true
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -387,15 +379,25 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 // readChildren reads the children list afresh; under starting's write
 // lock.
 func (a *adopter) readChildren() ([]byte, error) {
+	b, err := preadAll(a.children, a.list)
+	if err == nil {
+		a.list = b[:cap(b)]
+	}
+	return b, err
+}
+
+// preadAll reads fd whole from offset 0 into buf, or into a buffer twice
+// as large, and so on, until the content fits.
+func preadAll(fd int, buf []byte) ([]byte, error) {
 	for {
-		n, err := unix.Pread(a.children, a.list, 0)
+		n, err := unix.Pread(fd, buf, 0)
 		if err != nil {
 			return nil, err
 		}
-		if n < len(a.list) {
-			return a.list[:n], nil
+		if n < len(buf) {
+			return buf[:n], nil
 		}
-		a.list = make([]byte, 2*len(a.list))
+		buf = make([]byte, 2*len(buf))
 	}
 }
 

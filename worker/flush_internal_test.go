@@ -16,13 +16,9 @@ func TestFlushWaitsOnlyForWhoCanCome(t *testing.T) {
 	w := &Worker{gates: map[string]*gate{}, outSyncs: map[string]*stream.FSSync{}}
 	var barriers atomic.Int32
 	w.durableNow = &stream.Group{Fn: func() error { barriers.Add(1); return nil }}
-	join := func() (bool, func()) {
-		t.Helper()
-		return w.joinFlush()
-	}
 
 	w.handling.Store(1)
-	last, done := join()
+	last, done := w.joinFlush()
 	if !last {
 		t.Fatal("a lone shard's flush waits for company")
 	}
@@ -34,7 +30,7 @@ func TestFlushWaitsOnlyForWhoCanCome(t *testing.T) {
 	// No fetch has ended yet: more may be queued.
 	var dones []func()
 	for i := range 3 {
-		last, done := join()
+		last, done := w.joinFlush()
 		if last {
 			t.Fatalf("flush %d of 3 starts at once with the queue not known dry", i+1)
 		}
@@ -48,9 +44,9 @@ func TestFlushWaitsOnlyForWhoCanCome(t *testing.T) {
 	}
 
 	g.setBacklog(false) // the last fetch came back short
-	first, done1 := join()
-	second, done2 := join()
-	third, done3 := join()
+	first, done1 := w.joinFlush()
+	second, done2 := w.joinFlush()
+	third, done3 := w.joinFlush()
 	if first || second || !third {
 		t.Fatalf("queue dry, 3 in hand: last = %v, %v, %v; want only the third", first, second, third)
 	}
@@ -69,7 +65,7 @@ func TestFlushWaitsOnlyForWhoCanCome(t *testing.T) {
 	w.handling.Store(2)
 	flushed := make(chan error, 2)
 	for range 2 {
-		_, done := join()
+		_, done := w.joinFlush()
 		defer done()
 		s.Go(time.Hour, func(err error) { flushed <- err })
 	}

@@ -9,9 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -40,11 +41,10 @@ type scratchPool struct {
 	used  map[string]time.Time
 	n     int
 
-	// dropping is set while dropUnused's removal runs; bg waits for it.
-	// closed (under mu) keeps dropUnused from starting once close has.
-	dropping atomic.Bool
-	bg       sync.WaitGroup
-	closed   bool
+	// dropping is set while dropUnused's removal runs, which bg waits
+	// for; closed keeps it from starting once close has. Both under mu.
+	dropping, closed bool
+	bg               sync.WaitGroup
 }
 
 func newScratchPool(root string, pid int) *scratchPool {
@@ -144,18 +144,17 @@ func (p *scratchPool) dropIdle(idle time.Duration) {
 // the disk (close), with the coordinator's check of the outputs. A later
 // shard makes new pairs.
 func (p *scratchPool) dropUnused() {
-	if !p.dropping.CompareAndSwap(false, true) {
-		return
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		p.dropping.Store(false)
+	if p.dropping || p.closed {
 		return
 	}
+	p.dropping = true
 	p.bg.Go(func() {
-		defer p.dropping.Store(false)
 		p.dropIdle(0)
+		p.mu.Lock()
+		p.dropping = false
+		p.mu.Unlock()
 	})
 }
 
@@ -195,17 +194,16 @@ func (p *scratchPool) close() {
 	// pairs of a run of 5,000 short shards took 80 ms of its end, the
 	// CPUs idle.
 	dirs := map[string]bool{}
-	var wg sync.WaitGroup
-	limit := make(chan struct{}, removers)
+	var g errgroup.Group
+	g.SetLimit(removers)
 	for _, b := range bases {
 		dirs[filepath.Dir(b)] = true
-		limit <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-limit }()
+		g.Go(func() error {
 			removePair(b)
+			return nil
 		})
 	}
-	wg.Wait()
+	g.Wait()
 	for d := range dirs {
 		os.Remove(d) // only if empty
 	}
