@@ -272,7 +272,7 @@ func OpenBuckets(ctx context.Context, js jetstream.JetStream) (*Buckets, error) 
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", x.name, err)
 		}
-		*x.dst = kv
+		*x.dst = fastWrites(js, kv)
 	}
 	return &b, nil
 }
