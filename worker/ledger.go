@@ -260,7 +260,7 @@ func (l *hostLedger) read() ([]*ledgerRec, error) {
 // slot already says so.
 func (l *hostLedger) write(h Hold) error {
 	now := time.Now()
-	if !l.writtenAt.IsZero() && l.writtenShare == l.me.Share && sameHold(l.last, h) && (!h.Wants || now.Sub(l.writtenAt) < wantsRewrite) {
+	if l.written(l.me.Share, h, now) {
 		return nil
 	}
 	r := l.me
@@ -285,6 +285,13 @@ func (l *hostLedger) write(h Hold) error {
 	}
 	l.last, l.writtenShare, l.writtenAt = h, l.me.Share, now
 	return nil
+}
+
+// written reports whether this worker's slot already says that it holds
+// h under share (a record that wants is rewritten now and then, so that
+// it does not read as stale).
+func (l *hostLedger) written(share string, h Hold, now time.Time) bool {
+	return !l.writtenAt.IsZero() && l.writtenShare == share && sameHold(l.last, h) && (!h.Wants || now.Sub(l.writtenAt) < wantsRewrite)
 }
 
 func sameHold(a, b Hold) bool {
@@ -377,6 +384,15 @@ func (l *hostLedger) publish(share string, h Hold) error {
 		}
 		return l.commit(h)
 	}
+	// Most fetches of a busy worker leave its hold as it was: nothing to
+	// write, and no lock to take for it (two flock calls a fetch).
+	l.mu.Lock()
+	if hs, ok := l.starving(h); ok && l.written(share, hs, time.Now()) {
+		l.decidedAt = time.Now()
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.Unlock()
 	if err := l.acquire(); err != nil {
 		return err
 	}
@@ -415,15 +431,26 @@ func (l *hostLedger) recommit(h Hold) error {
 func (l *hostLedger) put(h Hold) error {
 	defer l.mu.Unlock()
 	defer l.unlock()
+	h, ok := l.starving(h)
+	if !ok {
+		h.StarvedSince = time.Now().UnixNano()
+	}
+	return l.write(h)
+}
+
+// starving sets h's StarvedSince from the last record: none while it
+// gets CPU or wants nothing, the last one's while it goes on starving. ok
+// is false when h begins to starve: the caller sets the time.
+func (l *hostLedger) starving(h Hold) (Hold, bool) {
 	switch {
 	case !h.Wants || h.CPU > 0:
 		h.StarvedSince = 0
 	case l.last.StarvedSince != 0:
 		h.StarvedSince = l.last.StarvedSince
 	default:
-		h.StarvedSince = time.Now().UnixNano()
+		return h, false
 	}
-	return l.write(h)
+	return h, true
 }
 
 // starvedSince is when this worker last began to starve (0: it is not

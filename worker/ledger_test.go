@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -220,5 +222,61 @@ func TestStarvedSinceIsKeptWhileStarving(t *testing.T) {
 	}
 	if got := write(Hold{}); got != 0 {
 		t.Fatalf("wanting nothing: starved since %d, want 0", got)
+	}
+}
+
+// TestPublishTakesNoLockForAnUnchangedHold: a fixed-slots worker publishes
+// at every fetch; where its hold is what its slot already says, nothing is
+// written and the file's lock is not taken (another worker holding it
+// delays nothing). A changed hold waits for the lock and is written.
+func TestPublishTakesNoLockForAnUnchangedHold(t *testing.T) {
+	dir := t.TempDir()
+	me := ledgerRec{Name: "fixed", Host: "h1", Boot: "b1", PID: os.Getpid(), Start: processStart("/proc", os.Getpid())}
+	l, err := openLedger(dir, "/proc", me)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	const share = "memory host; cpu host; cpuset host"
+	h := Hold{CPU: 4000, Memory: 1 << 30}
+	if err := l.publish(share, h); err != nil {
+		t.Fatal(err)
+	}
+	other, err := os.Open(l.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := unix.Flock(int(other.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.publish(share, h) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("publish of an unchanged hold waited for the ledger's lock")
+	}
+	changed := Hold{CPU: 3000, Memory: 1 << 30}
+	go func() { done <- l.publish(share, changed) }()
+	select {
+	case err := <-done:
+		t.Fatalf("publish of a changed hold returned (%v) while another held the lock", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	unix.Flock(int(other.Fd()), unix.LOCK_UN)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(l.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got ledgerRec
+	if err := json.Unmarshal(bytes.TrimSpace(b[l.slot*ledgerRecSize:(l.slot+1)*ledgerRecSize]), &got); err != nil || got.CPU != 3000 {
+		t.Fatalf("slot after the change: %+v (%v), want 3000 millicores", got.Hold, err)
 	}
 }
