@@ -17,4 +17,9 @@
 //   - Under group sync (SyncGroup) an acknowledged write is in the kernel, and
 //     on disk once a Barrier that began after the ack has returned; callers of
 //     Barrier act on their writes only after it.
+//   - The buckets OpenBuckets returns write Create and Update themselves
+//     (kvwrite.go) with the library's message and its compare-and-set
+//     header; what the server refuses is written again through nats.go,
+//     whose errors callers test for, and a write that may have been stored
+//     is never written twice.
 package stream
