@@ -101,10 +101,11 @@ func (kv *casKV) write(ctx context.Context, key string, value []byte, last uint6
 }
 
 // readPubAck reads a publish acknowledgement: the sequence it was stored
-// at, or that the server refused it (an "error" member). Anything else is
-// not an acknowledgement (ok false).
+// at, or that the server refused it (an "error" member: the name followed
+// by a colon, which a string value, such as a stream or domain named
+// error, never is). Anything else is not an acknowledgement (ok false).
 func readPubAck(b []byte) (seq uint64, refused, ok bool) {
-	if bytes.Contains(b, []byte(`"error"`)) {
+	if bytes.Contains(b, []byte(`"error":`)) {
 		return 0, true, true
 	}
 	if !bytes.Contains(b, []byte(`"stream":"`)) || bytes.Contains(b, []byte(`"stream":""`)) {

@@ -111,6 +111,7 @@ func TestReadPubAck(t *testing.T) {
 	}{
 		{`{"stream":"KV_shardpool-leases","seq":42}`, 42, false, true},
 		{`{"stream":"KV_x","domain":"hub","seq":7,"duplicate":true}`, 7, false, true},
+		{`{"stream":"error","domain":"error","seq":9}`, 9, false, true},
 		{`{"stream":"KV_x","seq":18446744073709551615}`, 18446744073709551615, false, true},
 		{`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"}}`, 0, true, true},
 		{`{"error":{"code":503,"description":"resource limits exceeded"},"stream":"KV_x","seq":0}`, 0, true, true},

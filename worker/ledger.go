@@ -388,7 +388,7 @@ func (l *hostLedger) publish(share string, h Hold) error {
 	// write, and no lock to take for it (two flock calls a fetch).
 	l.mu.Lock()
 	if hs, ok := l.starving(h); ok && l.written(share, hs, time.Now()) {
-		l.decidedAt = time.Now()
+		l.me.Share, l.decidedAt = share, time.Now()
 		l.mu.Unlock()
 		return nil
 	}
