@@ -24,13 +24,22 @@ import (
 // poller. Pipes, sockets and terminals need os.OpenFile: reads and writes
 // on the returned file block their thread.
 func OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
+	fd, err := openFD(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// openFD opens name close-on-exec, again where a signal interrupted it.
+func openFD(name string, flag int, perm fs.FileMode) (int, error) {
 	for {
 		fd, err := unix.Open(name, flag|unix.O_CLOEXEC, uint32(perm.Perm()))
 		if err == nil {
-			return os.NewFile(uintptr(fd), name), nil
+			return fd, nil
 		}
 		if !errors.Is(err, unix.EINTR) {
-			return nil, &fs.PathError{Op: "open", Path: name, Err: err}
+			return -1, &fs.PathError{Op: "open", Path: name, Err: err}
 		}
 	}
 }
@@ -98,12 +107,9 @@ func walkBelow(dir string, fn func(path string, d fs.DirEntry) error) error {
 // *os.File (whose setup costs a fcntl and a finalizer): the scratch pool
 // checks two directories a shard, nearly always empty.
 func Empty(dir string) (bool, error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	for errors.Is(err, unix.EINTR) {
-		fd, err = unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	}
+	fd, err := openFD(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return false, &fs.PathError{Op: "open", Path: dir, Err: err}
+		return false, err
 	}
 	defer unix.Close(fd)
 	var buf [1024]byte

@@ -43,7 +43,7 @@ func fastWrites(js jetstream.JetStream, kv jetstream.KeyValue) jetstream.KeyValu
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
-	return &casKV{KeyValue: kv, nc: js.Conn(), prefix: "$KV." + kv.Bucket() + ".", timeout: timeout}
+	return &casKV{KeyValue: kv, nc: js.Conn(), prefix: kvSubject(kv, ""), timeout: timeout}
 }
 
 // Create writes key when it has no value.
@@ -73,17 +73,12 @@ func (kv *casKV) write(ctx context.Context, key string, value []byte, last uint6
 	}
 	m := &nats.Msg{Subject: kv.prefix + key, Data: value,
 		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(last, 10)}}}
-	var resp *nats.Msg
-	switch _, dl := ctx.Deadline(); {
-	case dl:
-		resp, err = kv.nc.RequestMsgWithContext(ctx, m)
-	case ctx.Done() == nil:
-		resp, err = kv.nc.RequestMsg(m, kv.timeout)
-	default:
-		tctx, cancel := context.WithTimeout(ctx, kv.timeout)
-		resp, err = kv.nc.RequestMsgWithContext(tctx, m)
-		cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, kv.timeout)
+		defer cancel()
 	}
+	resp, err := kv.nc.RequestMsgWithContext(ctx, m)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return 0, false, nil
 	}
