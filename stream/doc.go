@@ -22,4 +22,8 @@
 //     header; what the server refuses is written again through nats.go,
 //     whose errors callers test for, and a write that may have been stored
 //     is never written twice.
+//   - A Puller (pull.go) asks for exactly the messages its caller asked for,
+//     with nats.go's pull request, and reuses an inbox only once the server
+//     is done with the request it served; a request the server never ended
+//     takes its inbox with it.
 package stream

@@ -19,3 +19,17 @@ func WritesFast(kv jetstream.KeyValue) bool {
 func FastWrite(kv jetstream.KeyValue, ctx context.Context, key string, value []byte, last uint64) (uint64, bool, error) {
 	return kv.(*casKV).write(ctx, key, value, last)
 }
+
+// PullsFast reports whether p fetches on its own lanes.
+func PullsFast(p *Puller) bool { return p.lib == nil }
+
+// IdleLanes are the inboxes of p's lanes waiting for a request.
+func IdleLanes(p *Puller) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var s []string
+	for _, l := range p.idle {
+		s = append(s, l.sub.Subject)
+	}
+	return s
+}

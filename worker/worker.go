@@ -952,6 +952,8 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+	puller := stream.NewPuller(w.cfg.JetStream, cons, stream.StreamShards, cons.CachedInfo().Name)
+	defer puller.Close()
 	g := &gate{wake: make(chan struct{}, 1)}
 	w.mu.Lock()
 	w.gates[class] = g
@@ -1008,7 +1010,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			return nil
 		}
 		g.add(n)
-		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(w.cfg.FetchWait))
+		batch, err := puller.Fetch(n, w.cfg.FetchWait)
 		if err != nil {
 			g.unasked(n)
 			if ctx.Err() != nil {
@@ -1030,7 +1032,11 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 		go func() {
 			defer shards.Done()
 			got := 0
-			for msg := range batch.Messages() {
+			for {
+				msg, ok := batch.Next()
+				if !ok {
+					break
+				}
 				got++
 				g.arrived()
 				w.busyTill(time.Now())
