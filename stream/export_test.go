@@ -33,3 +33,10 @@ func IdleLanes(p *Puller) []string {
 	}
 	return s
 }
+
+// Lanes is how many inbox subscriptions p holds, idle or serving.
+func Lanes(p *Puller) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lanes
+}

@@ -38,8 +38,10 @@ type Puller struct {
 	timeout time.Duration // a DoubleAck's bound when its context has none, as the library's
 	lib     jetstream.Consumer
 
-	mu   sync.Mutex
-	idle []*lane
+	mu     sync.Mutex
+	idle   []*lane
+	lanes  int  // lanes subscribed, idle or serving a request
+	closed bool // Close was called: a lane coming back is dropped
 }
 
 // lane is one long-lived inbox subscription.
@@ -117,19 +119,30 @@ func (p *Puller) take(n int) (*lane, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.mu.Lock()
+	p.lanes++
+	p.mu.Unlock()
 	return &lane{sub: sub, ch: ch}, nil
 }
 
 // give puts a lane the server is done with back for the next request.
 func (p *Puller) give(l *lane) {
 	p.mu.Lock()
-	p.idle = append(p.idle, l)
+	if !p.closed {
+		p.idle = append(p.idle, l)
+		p.mu.Unlock()
+		return
+	}
 	p.mu.Unlock()
+	p.drop(l)
 }
 
 // drop removes a lane: whatever it still holds goes back to the stream at
 // once (Nak) rather than after the ack wait.
 func (p *Puller) drop(l *lane) {
+	p.mu.Lock()
+	p.lanes--
+	p.mu.Unlock()
 	_ = l.sub.Unsubscribe()
 	for {
 		select {
@@ -148,7 +161,7 @@ func (p *Puller) drop(l *lane) {
 func (p *Puller) Close() {
 	p.mu.Lock()
 	idle := p.idle
-	p.idle = nil
+	p.idle, p.closed = nil, true
 	p.mu.Unlock()
 	for _, l := range idle {
 		p.drop(l)

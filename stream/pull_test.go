@@ -198,8 +198,8 @@ func TestPullerDeliversAsTheLibraryDoes(t *testing.T) {
 	if d := datas(got); !slices.Equal(d, []string{"m5"}) {
 		t.Fatalf("after a stray message on the idle lane: got %v (%v), want m5", d, b.Error())
 	}
-	if l := stream.IdleLanes(p); len(l) != 1 || l[0] == lanes[0] {
-		t.Errorf("after a stray message: idle lanes %v, want one other than %s", l, lanes[0])
+	if l := stream.IdleLanes(p); len(l) != 1 || l[0] == lanes[0] || stream.Lanes(p) != 1 {
+		t.Errorf("after a stray message: idle lanes %v of %d, want one other than %s and no other", l, stream.Lanes(p), lanes[0])
 	}
 	if err := got[0].Ack(); err != nil {
 		t.Fatal(err)
@@ -264,8 +264,35 @@ func TestPullerGivesUpALaneTheServerNeverAnswered(t *testing.T) {
 	if d := time.Since(start); d < 900*time.Millisecond || d > 3*time.Second {
 		t.Errorf("unanswered request ended after %v, want its expiry and a second", d)
 	}
-	if l := stream.IdleLanes(p); len(l) != 0 {
-		t.Errorf("after an unanswered request: idle lanes %v, want none", l)
+	if l := stream.IdleLanes(p); len(l) != 0 || stream.Lanes(p) != 0 {
+		t.Errorf("after an unanswered request: idle lanes %v of %d, want none", l, stream.Lanes(p))
+	}
+}
+
+// TestPullerClosedDropsLanesAsTheyComeBack: a request still open when its
+// Puller closes ends as it would, and its lane is then dropped, not kept
+// idle for requests that will not come.
+func TestPullerClosedDropsLanesAsTheyComeBack(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	cons := pullStream(t, env.JS, "PULLC", 0)
+	p := stream.NewPuller(env.JS, cons, "PULLC", "c")
+	idle, _ := p.Fetch(1, 100*time.Millisecond)
+	if got := drain(t, idle); len(got) != 0 || idle.Error() != nil || len(stream.IdleLanes(p)) != 1 {
+		t.Fatalf("empty queue: got %v (%v), idle lanes %v, want nothing and one idle lane", datas(got), idle.Error(), stream.IdleLanes(p))
+	}
+	b, err := p.Fetch(1, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	if n := stream.Lanes(p); n != 1 {
+		t.Fatalf("closed with a request open: %d lanes, want that request's alone", n)
+	}
+	if got := drain(t, b); len(got) != 0 || b.Error() != nil {
+		t.Errorf("request open at Close: got %v (%v), want its usual end", datas(got), b.Error())
+	}
+	if n, l := stream.Lanes(p), stream.IdleLanes(p); n != 0 || len(l) != 0 {
+		t.Errorf("after the last request of a closed puller: %d lanes, idle %v, want none", n, l)
 	}
 }
 
