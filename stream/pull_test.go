@@ -150,7 +150,7 @@ func TestPullerDeliversAsTheLibraryDoes(t *testing.T) {
 
 	// A Nak with a delay is not delivered before it; Term is never
 	// delivered again; TermWithReason neither.
-	if err := byData["m2"].NakWithDelay(400 * time.Millisecond); err != nil {
+	if err := byData["m2"].NakWithDelay(time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if err := byData["m3"].Term(); err != nil {
@@ -162,11 +162,11 @@ func TestPullerDeliversAsTheLibraryDoes(t *testing.T) {
 	if err := byData["m4"].Nak(); !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		t.Errorf("Nak after Term: got %v, want ErrMsgAlreadyAckd", err)
 	}
-	b, _ = p.Fetch(1, 200*time.Millisecond)
+	b, _ = p.Fetch(1, 300*time.Millisecond)
 	if got := drain(t, b); len(got) != 0 || b.Error() != nil {
 		t.Fatalf("within the Nak's delay: got %v (%v), want nothing", datas(got), b.Error())
 	}
-	b, _ = p.Fetch(2, time.Second)
+	b, _ = p.Fetch(2, 2*time.Second)
 	got = drain(t, b)
 	if d := datas(got); !slices.Equal(d, []string{"m2"}) || b.Error() != nil {
 		t.Fatalf("after the Nak's delay: got %v (%v), want m2 alone (m3 and m4 terminated)", d, b.Error())
