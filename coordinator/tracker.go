@@ -49,8 +49,9 @@ type runInfo struct {
 	// not: their workers acknowledge each one after its record
 	// (worker.settleDurably), and the run is COMPLETE only once none is
 	// left (see drained).
-	acking   time.Time
-	evidence string // state the evidence was last written for
+	acking    time.Time
+	orphansAt time.Time // when drained last looked for messages no consumer will deliver
+	evidence  string    // state the evidence was last written for
 	// progress is what progress.json last said (zero before the first
 	// look), written at progressAt; progressFailed is set while writing
 	// it fails.
@@ -451,6 +452,25 @@ func (t *tracker) drained(ctx context.Context, ri *runInfo, since time.Time) (st
 		since = time.Now()
 	}
 	ri.acking = since
+	if err == nil && time.Since(since) >= orphanAfter && time.Since(ri.orphansAt) >= orphanAfter {
+		// Acknowledgements come milliseconds after the last record, and a
+		// lost worker's message waits in its consumer for the ack wait;
+		// one at or below its consumer's acknowledged floor waits for
+		// nothing (stream.RemoveOrphans: a store back from a power cut).
+		ri.orphansAt = time.Now()
+		removed, rerr := stream.RemoveOrphans(ctx, t.c.js, ri.rec.Name)
+		if len(removed) > 0 {
+			t.c.log.Warn("removed messages of a run that no consumer would deliver again: at or below their consumer's acknowledged floor, left in the work queue by a store that lost their removal in a crash",
+				"run", ri.rec.Name, "sequences", removed)
+			n, err = stream.QueuedOf(ctx, t.c.js, ri.rec.Name)
+			if err == nil && n == 0 {
+				return "", true
+			}
+		}
+		if rerr != nil {
+			t.c.log.Warn("look for messages no consumer would deliver", "run", ri.rec.Name, "err", rerr)
+		}
+	}
 	if err != nil {
 		return fmt.Sprintf("every shard validated; the work queue could not be read to see that none is left there: %v", err), false
 	}
@@ -464,6 +484,11 @@ const (
 	ackPoll    = 5 * time.Millisecond
 	ackPollFor = 2 * time.Second
 )
+
+// orphanAfter is how long a run with every shard validated waits for its
+// last messages to leave the work queue before it looks for messages no
+// consumer will deliver again, and how often it looks after that.
+const orphanAfter = time.Second
 
 // failedIDs names up to max failed shards with their reasons.
 func (ri *runInfo) failedIDs(max int) string {

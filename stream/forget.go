@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -116,3 +117,57 @@ func (b *Buckets) PurgeRun(ctx context.Context, run string, rev uint64) (Footpri
 // ErrRunChanged: the run record was written while the run was being
 // purged (a submission of it at the same moment).
 var ErrRunChanged = errors.New("the run record was written meanwhile")
+
+// RemoveOrphans deletes the messages of run that no consumer will ever
+// deliver again. After a power cut the store can come back with a
+// consumer's state newer than the stream's: acknowledgements kept, the
+// removal of the acknowledged messages from the work queue lost. Such a
+// message is neither pending nor awaiting an acknowledgement, nothing
+// would ever take it, and a run whose shards are all validated would wait
+// for it to leave the queue forever (CI saw this twice; the forty-seventh
+// session found the cause). A message of the run is such an orphan when
+// its class's consumer has acknowledged every message up to it (its
+// acknowledged floor), or has delivered past it and awaits no
+// acknowledgement at all (acknowledged out of order, above the floor). It
+// returns the stream sequences it removed.
+func RemoveOrphans(ctx context.Context, js jetstream.JetStream, run string) ([]uint64, error) {
+	s, err := js.Stream(ctx, StreamShards)
+	if err != nil {
+		return nil, err
+	}
+	// Each consumer, by its filter subject: up to which stream sequence
+	// nothing of its is left to deliver.
+	done := map[string]uint64{}
+	lister := s.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		if f := ci.Config.FilterSubject; f != "" {
+			done[f] = ci.AckFloor.Stream
+			if ci.NumAckPending == 0 {
+				done[f] = max(ci.AckFloor.Stream, ci.Delivered.Stream)
+			}
+		}
+	}
+	if err := lister.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return nil, fmt.Errorf("%s consumers: %w", StreamShards, err)
+	}
+	var removed []uint64
+	for seq := uint64(1); ; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(RunSubjects(run)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return removed, nil
+		}
+		if err != nil {
+			return removed, fmt.Errorf("%s: %w", StreamShards, err)
+		}
+		seq = m.Sequence + 1
+		class := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		upTo, ok := done[ClassFilter(class)]
+		if !ok || m.Sequence > upTo {
+			continue // its consumer will deliver it (or one created later will)
+		}
+		if err := s.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return removed, fmt.Errorf("%s: remove message %d: %w", StreamShards, m.Sequence, err)
+		}
+		removed = append(removed, m.Sequence)
+	}
+}

@@ -16,10 +16,11 @@ import (
 
 // A worker fetches once per freed slot. nats.go's Fetch makes a new inbox
 // subscription for every request and removes it at the end (a SUB and an
-// UNSUB through the server, whose subject cache both clear), starts a
-// goroutine that copies each message to a second channel, and arms a new
-// timer for every message it waits for: together about 3% of a run of
-// short shards (perf, forty-sixth and forty-seventh sessions). A Puller
+// UNSUB through the server), starts a goroutine that copies each message
+// to a second channel, and arms a new timer for every message it waits
+// for. A fetch of one message and its DoubleAck take 87 µs through it and
+// 55 µs through a Puller on the in-process connection (BenchmarkFetchOne,
+// forty-seventh session): about 2% of a short shard's CPU. A Puller
 // sends the same pull request (the consumer's next-message subject, the
 // same JSON) but keeps its inbox subscriptions ("lanes") from one request
 // to the next, and the caller reads the deliveries from the lane itself.

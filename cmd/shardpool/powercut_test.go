@@ -75,8 +75,14 @@ func runSurvivesPowerCuts(t *testing.T, kind string) {
 	if cuts < 2 {
 		t.Fatalf("only %d power cut(s) came before the run completed; the test proves little", cuts)
 	}
-	p := run()
-	if code := p.Wait(t, 3*time.Minute); code != 0 || !strings.Contains(p.Output(), "COMPLETE") {
+	// The last run logs what it does (-v): a run that does not end is
+	// asked where it stands before the test gives up on it (CI saw such a
+	// hang twice, in the thirty-ninth and forty-seventh sessions).
+	p := testenv.Start(t, "run", "-v", "--data", data, "--scratch", scratch, "--slots", "4", "--lease-ttl", "3s", spec)
+	if !waitOrStatus(t, p, 3*time.Minute, data, "t") {
+		return
+	}
+	if code := p.Wait(t, time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE") {
 		t.Fatalf("after the cuts the run exited %d:\n%s", code, p.Output())
 	}
 
@@ -104,6 +110,29 @@ func runSurvivesPowerCuts(t *testing.T, kind string) {
 	}
 	runs, _ := os.ReadFile(ran)
 	t.Logf("%d commands ran for %d shards over %d power cuts", strings.Count(string(runs), "\n"), n, cuts)
+	if strings.Contains(p.Output(), "no consumer would deliver again") {
+		t.Logf("the resumed run removed messages its store had kept past their acknowledgement (stream.RemoveOrphans)")
+	}
+}
+
+// waitOrStatus waits up to limit for p to end. A run still going then is
+// asked where it stands (`shardpool status`, its JSON too), killed, and
+// the test fails with that and the run's output.
+func waitOrStatus(t *testing.T, p *testenv.Proc, limit time.Duration, data, run string) bool {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !p.Exited() {
+		if time.Now().After(deadline) {
+			st, _ := exec.Command(testenv.Binary(t), "status", "--data", data, run).CombinedOutput()
+			js, _ := exec.Command(testenv.Binary(t), "status", "--json", "--data", data, run).CombinedOutput()
+			p.Signal(syscall.SIGKILL)
+			p.Wait(t, 10*time.Second)
+			t.Fatalf("run still going after %s; shardpool status:\n%s\n%s\nits output:\n%s", limit, st, js, p.Output())
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return true
 }
 
 // TestInterruptedCommitsLeaveNothingBehind: a commit killed between its
