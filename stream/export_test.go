@@ -20,6 +20,10 @@ func FastWrite(kv jetstream.KeyValue, ctx context.Context, key string, value []b
 	return kv.(*casKV).write(ctx, key, value, last)
 }
 
+// NewPullerFor is a Puller asking the consumer named consumer on stream,
+// whatever cons is.
+var NewPullerFor = newPuller
+
 // PullsFast reports whether p fetches on its own lanes.
 func PullsFast(p *Puller) bool { return p.lib == nil }
 

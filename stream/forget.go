@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -160,7 +159,7 @@ func RemoveOrphans(ctx context.Context, js jetstream.JetStream, run string) ([]u
 			return removed, fmt.Errorf("%s: %w", StreamShards, err)
 		}
 		seq = m.Sequence + 1
-		class := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		class := last(m.Subject)
 		upTo, ok := done[ClassFilter(class)]
 		if !ok || m.Sequence > upTo {
 			continue // its consumer will deliver it (or one created later will)

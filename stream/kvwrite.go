@@ -32,18 +32,38 @@ type casKV struct {
 	timeout time.Duration // for a context without a deadline, as the library's
 }
 
-// fastWrites wraps kv for the plain layout: no JetStream domain or API
-// prefix (the subject would carry it), which shardpool never sets.
+// fastWrites wraps kv for the plain layout (plainLayout).
 func fastWrites(js jetstream.JetStream, kv jetstream.KeyValue) jetstream.KeyValue {
-	o := js.Options()
-	if o.Domain != "" || (o.APIPrefix != "" && o.APIPrefix != jetstream.DefaultAPIPrefix) || js.Conn() == nil {
+	nc, timeout, ok := plainLayout(js)
+	if !ok {
 		return kv
 	}
-	timeout := o.DefaultTimeout
+	return &casKV{KeyValue: kv, nc: nc, prefix: kvSubject(kv, ""), timeout: timeout}
+}
+
+// plainLayout is js's connection and its requests' timeout where the
+// subjects are the plain ones: no JetStream domain or API prefix (a
+// subject would carry it), which shardpool never sets. Where they are
+// not, ok is false and callers leave the work to nats.go.
+func plainLayout(js jetstream.JetStream) (nc *nats.Conn, timeout time.Duration, ok bool) {
+	o := js.Options()
+	if o.Domain != "" || (o.APIPrefix != "" && o.APIPrefix != jetstream.DefaultAPIPrefix) || js.Conn() == nil {
+		return nil, 0, false
+	}
+	timeout = o.DefaultTimeout
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
-	return &casKV{KeyValue: kv, nc: js.Conn(), prefix: kvSubject(kv, ""), timeout: timeout}
+	return js.Conn(), timeout, true
+}
+
+// bounded gives a context without a deadline the library's default one,
+// as nats.go does for its requests; cancel must be called.
+func bounded(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, timeout)
 }
 
 // Create writes key when it has no value.
@@ -73,11 +93,8 @@ func (kv *casKV) write(ctx context.Context, key string, value []byte, last uint6
 	}
 	m := &nats.Msg{Subject: kv.prefix + key, Data: value,
 		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(last, 10)}}}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, kv.timeout)
-		defer cancel()
-	}
+	ctx, cancel := bounded(ctx, kv.timeout)
+	defer cancel()
 	resp, err := kv.nc.RequestMsgWithContext(ctx, m)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return 0, false, nil

@@ -41,7 +41,7 @@ func TestRemoveOrphansTakesOnlyWhatNoConsumerDelivers(t *testing.T) {
 	orphan := pub("r", "zz")
 	other := pub("o", "zz")
 	pub("r", "ww")
-	b, err := stream.NewPuller(env.JS, cons, stream.StreamShards, "zz").Fetch(1, time.Second)
+	b, err := stream.NewPuller(env.JS, cons).Fetch(1, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestRemoveOrphansTakesOnlyWhatNoConsumerDelivers(t *testing.T) {
 	delivered := pub("r", "zz")
 	above := pub("r", "zz")
 	noConsumer := pub("r", "yy")
-	b, err = stream.NewPuller(env.JS, cons, stream.StreamShards, "zz").Fetch(1, time.Second)
+	b, err = stream.NewPuller(env.JS, cons).Fetch(1, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestRemoveOrphansTakesOnlyWhatNoConsumerDelivers(t *testing.T) {
 		t.Errorf("a second look removed %v (%v), want nothing", removed, err)
 	}
 	// What stayed is still delivered.
-	b, _ = stream.NewPuller(env.JS, cons, stream.StreamShards, "zz").Fetch(1, time.Second)
+	b, _ = stream.NewPuller(env.JS, cons).Fetch(1, time.Second)
 	if m, ok := b.Next(); !ok {
 		t.Errorf("the message above the floor is no longer delivered (%v)", b.Error())
 	} else if md, _ := m.Metadata(); md == nil || md.Sequence.Stream != above {

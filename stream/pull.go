@@ -51,19 +51,21 @@ type lane struct {
 	ch  chan *nats.Msg
 }
 
-// NewPuller fetches from cons, the consumer named consumer on stream. Where
-// the layout is not the plain one (a JetStream domain or API prefix, which
-// shardpool never sets) it fetches through nats.go.
-func NewPuller(js jetstream.JetStream, cons jetstream.Consumer, stream, consumer string) *Puller {
-	o := js.Options()
-	if o.Domain != "" || (o.APIPrefix != "" && o.APIPrefix != jetstream.DefaultAPIPrefix) || js.Conn() == nil {
+// NewPuller fetches from cons (its stream and name as cons last read
+// them). Where the layout is not the plain one (plainLayout) it fetches
+// through nats.go.
+func NewPuller(js jetstream.JetStream, cons jetstream.Consumer) *Puller {
+	info := cons.CachedInfo()
+	return newPuller(js, cons, info.Stream, info.Name)
+}
+
+// newPuller is NewPuller asking the consumer named consumer on stream.
+func newPuller(js jetstream.JetStream, cons jetstream.Consumer, stream, consumer string) *Puller {
+	nc, timeout, ok := plainLayout(js)
+	if !ok {
 		return &Puller{lib: cons}
 	}
-	timeout := o.DefaultTimeout
-	if timeout <= 0 {
-		timeout = 5 * time.Second
-	}
-	return &Puller{nc: js.Conn(), subject: jetstream.DefaultAPIPrefix + "CONSUMER.MSG.NEXT." + stream + "." + consumer, timeout: timeout}
+	return &Puller{nc: nc, subject: jetstream.DefaultAPIPrefix + "CONSUMER.MSG.NEXT." + stream + "." + consumer, timeout: timeout}
 }
 
 // pullGrace is how long past its expiry a request waits for the server's
@@ -364,11 +366,8 @@ func (m *pulledMsg) ackReply(ctx context.Context, body []byte, sync bool) error 
 	}
 	var err error
 	if sync {
-		if _, ok := ctx.Deadline(); !ok {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, m.timeout)
-			defer cancel()
-		}
+		ctx, cancel := bounded(ctx, m.timeout)
+		defer cancel()
 		_, err = m.nc.RequestWithContext(ctx, m.msg.Reply, body)
 	} else {
 		err = m.nc.Publish(m.msg.Reply, body)

@@ -68,7 +68,7 @@ func TestPullerDeliversAsTheLibraryDoes(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	ctx := context.Background()
 	cons := pullStream(t, env.JS, "PULLT", 5)
-	p := stream.NewPuller(env.JS, cons, "PULLT", "c")
+	p := stream.NewPuller(env.JS, cons)
 	defer p.Close()
 	if !stream.PullsFast(p) {
 		t.Fatal("the puller fetches through the library: nothing to compare")
@@ -238,7 +238,7 @@ func TestPullerDeliversAsTheLibraryDoes(t *testing.T) {
 func TestPullerGivesUpALaneTheServerNeverAnswered(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	cons := pullStream(t, env.JS, "PULLU", 0)
-	p := stream.NewPuller(env.JS, cons, "PULLU", "nobody") // no such consumer: no answer
+	p := stream.NewPullerFor(env.JS, cons, "PULLU", "nobody") // no such consumer: no answer
 	defer p.Close()
 	// This subscription stands in for the consumer, and never answers.
 	sub, err := env.JS.Conn().SubscribeSync("$JS.API.CONSUMER.MSG.NEXT.PULLU.nobody")
@@ -275,7 +275,7 @@ func TestPullerGivesUpALaneTheServerNeverAnswered(t *testing.T) {
 func TestPullerClosedDropsLanesAsTheyComeBack(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	cons := pullStream(t, env.JS, "PULLC", 0)
-	p := stream.NewPuller(env.JS, cons, "PULLC", "c")
+	p := stream.NewPuller(env.JS, cons)
 	idle, _ := p.Fetch(1, 100*time.Millisecond)
 	if got := drain(t, idle); len(got) != 0 || idle.Error() != nil || len(stream.IdleLanes(p)) != 1 {
 		t.Fatalf("empty queue: got %v (%v), idle lanes %v, want nothing and one idle lane", datas(got), idle.Error(), stream.IdleLanes(p))
@@ -305,7 +305,7 @@ func TestPullerWithADomainUsesTheLibrary(t *testing.T) {
 		t.Fatal(err)
 	}
 	cons := pullStream(t, env.JS, "PULLD", 0)
-	if p := stream.NewPuller(js, cons, "PULLD", "c"); stream.PullsFast(p) {
+	if p := stream.NewPuller(js, cons); stream.PullsFast(p) {
 		t.Error("a JetStream with a domain: the puller builds its own subject")
 	}
 }
@@ -346,7 +346,7 @@ func BenchmarkFetchOne(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			name := "BENCH" + strings.ToUpper(c.name)
 			cons := pullStream(b, env.JS, name, 0)
-			p := stream.NewPuller(env.JS, cons, name, "c")
+			p := stream.NewPuller(env.JS, cons)
 			defer p.Close()
 			b.StopTimer()
 			for i := range b.N {

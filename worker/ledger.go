@@ -387,8 +387,9 @@ func (l *hostLedger) publish(share string, h Hold) error {
 	// Most fetches of a busy worker leave its hold as it was: nothing to
 	// write, and no lock to take for it (two flock calls a fetch).
 	l.mu.Lock()
-	if hs, ok := l.starving(h); ok && l.written(share, hs, time.Now()) {
-		l.me.Share, l.decidedAt = share, time.Now()
+	now := time.Now()
+	if hs, ok := l.starving(h); ok && l.written(share, hs, now) {
+		l.me.Share, l.decidedAt = share, now
 		l.mu.Unlock()
 		return nil
 	}

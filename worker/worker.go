@@ -952,7 +952,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	puller := stream.NewPuller(w.cfg.JetStream, cons, stream.StreamShards, cons.CachedInfo().Name)
+	puller := stream.NewPuller(w.cfg.JetStream, cons)
 	defer puller.Close()
 	g := &gate{wake: make(chan struct{}, 1)}
 	w.mu.Lock()
