@@ -1874,6 +1874,92 @@ func TestRedeliveryOverAnotherRunsOutputWaitsForTheRunningAttempt(t *testing.T) 
 	}
 }
 
+// TestRedeliveryOverTheRunningAttemptsOutputWaitsForItsRecord: a delivery
+// that finds the shard's output committed, with this fingerprint, while
+// the record still holds the attempt open (the attempt published it and
+// its record is on the way: here the output is put there in the
+// attempt's name while its command waits) leaves the record to that
+// attempt: the shard ends validated with attempt 1 ok, written by its own
+// worker. Before, the second delivery recorded the shard validated over
+// the open attempt, which kept no outcome, and the attempt's own record
+// write was refused (a CI failure of the drill's coordinator outage).
+func TestRedeliveryOverTheRunningAttemptsOutputWaitsForItsRecord(t *testing.T) {
+	env, runs, gate := gatedAttempt(t)
+	r, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := env.Shard("t", "s0000")
+	if err != nil || !rec.OpenAttempt() {
+		t.Fatalf("record %+v (%v); want attempt 1 open", rec, err)
+	}
+	at := rec.Attempts[0]
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "published.txt"), []byte("attempt 1's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(r.Spec.Output, "s0000")
+	owner := fmt.Sprintf("%s/%s/%d/attempt-%d", at.Worker, at.Host, os.Getpid(), at.N)
+	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "t", Fingerprint: r.Fingerprint, Owner: owner}, ""); err != nil {
+		t.Fatal(err)
+	}
+	log := secondDelivery(t, env)
+	if b, _ := os.ReadFile(log); !bytes.Contains(b, []byte("worker=b run=t shard=s0000 class=cpu decision=defer")) {
+		t.Fatalf("b did not wait for a's lease; admission log:\n%s", b)
+	}
+	openGate(t, env, runs, gate)
+}
+
+// TestOutputOfAnOpenAttemptClosesIt: the record holds attempt 1 open by a
+// worker that left no lease, and the shard's output is committed with
+// this fingerprint. The delivery that takes the lease records the shard
+// validated from that output without running the command, and closes the
+// open attempt: ok when the output's marker names it as its committer (it
+// died between publishing and recording), lost when not.
+func TestOutputOfAnOpenAttemptClosesIt(t *testing.T) {
+	for _, tc := range []struct {
+		owner, outcome, reason string
+	}{
+		{"gone/elsewhere/1/attempt-1", stream.OutcomeOK, "committed by attempt 1, which did not record it"},
+		{"gone/elsewhere/1/attempt-2", stream.OutcomeLost, "already committed by an earlier run"},
+		{"other/elsewhere/1/attempt-1", stream.OutcomeLost, "already committed by an earlier run"},
+	} {
+		t.Run(tc.owner, func(t *testing.T) {
+			env, seen := openAttemptRun(t, 2)
+			r, err := env.Run("t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := t.TempDir()
+			if err := os.WriteFile(filepath.Join(src, "out.txt"), []byte("made before"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			dst := filepath.Join(r.Spec.Output, "s0000")
+			if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "t", Fingerprint: r.Fingerprint, Owner: tc.owner}, ""); err != nil {
+				t.Fatal(err)
+			}
+			env.StartWorker("w1", map[string]int{"cpu": 1})
+			rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
+			rec, err := env.Shard("t", "s0000")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rr.State != stream.RunComplete || rec.State != stream.ShardValidated || !strings.Contains(rec.Reason, tc.reason) {
+				t.Fatalf("run %s (%s), shard %s (%s); want COMPLETE, the shard validated: %q", rr.State, rr.Reason, rec.State, rec.Reason, tc.reason)
+			}
+			if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != tc.outcome {
+				t.Fatalf("attempts %+v; want attempt 1 closed %s", rec.Attempts, tc.outcome)
+			}
+			if b, _ := os.ReadFile(seen); len(b) != 0 {
+				t.Fatalf("the command ran (attempts %q); want not at all", b)
+			}
+			if mk, err := checkpoint.Verify(dst); err != nil || mk.Owner != tc.owner {
+				t.Fatalf("the output: marker of %q, %v; want the one committed before, verifying", mk.Owner, err)
+			}
+		})
+	}
+}
+
 // TestOtherRunsOutputRemovedWhileWaitingIsNotHeldAgainstTheShard: a
 // delivery that found another run's output at the destination and waited
 // for the running attempt's lease judges the destination afresh once it

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -532,7 +533,9 @@ func (w *Worker) loadRecord(ctx context.Context, a *attemptState) error {
 // without a verifying output, or an output without a record, is checked
 // against the other. dst is the shard's destination; a marker of another
 // fingerprint found there is left in a.found, which the caller empties
-// before each look.
+// before each look. An output found while the record holds an attempt
+// open is recorded only by a delivery that holds the lease; it closes that
+// attempt too.
 func (w *Worker) alreadyDone(ctx context.Context, a *attemptState, dst string) bool {
 	// A validated record's output was read back by its committer: a quick
 	// look suffices. An output without one is read in full.
@@ -544,6 +547,15 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState, dst string) b
 	if err != nil || validated {
 		return err == nil
 	}
+	if !a.leased && a.rev != 0 && a.rec.OpenAttempt() {
+		// The open attempt may have published this output a moment ago,
+		// its record on the way (or waiting for a coordinator that came
+		// back). Recorded validated here, the record would keep that
+		// attempt with no outcome, and refuse the attempt's own write:
+		// wait for its lease instead, and look again (awaitOwner).
+		a.awaitOwner = true
+		return false
+	}
 	if mk.InputsChanged(a.m.Inputs) {
 		w.admission(a.m.Run, a.m.ID, a.m.Class, "redo", "the output at "+dst+" was made from inputs that have changed since (size or modification time): made again")
 		return false
@@ -551,7 +563,32 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState, dst string) b
 	// Committed earlier (for example under another coordinator data dir):
 	// record it as validated so the run's counts see it.
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
-	return w.finish(ctx, a, stream.ShardValidated, "output already committed by an earlier run of this fingerprint", nil) == nil
+	why := "output already committed by an earlier run of this fingerprint"
+	if a.rec.OpenAttempt() {
+		// This delivery holds the lease: the open attempt is over.
+		if last := &a.rec.Attempts[len(a.rec.Attempts)-1]; committedBy(mk.Owner, *last) {
+			last.Outcome = stream.OutcomeOK
+			last.Reason = "committed its output; its worker did not record it (stopped or cut off in between)"
+			why = "output committed by attempt " + strconv.Itoa(last.N) + ", which did not record it"
+		} else {
+			a.rec.CloseLost()
+		}
+	}
+	return w.finish(ctx, a, stream.ShardValidated, why, nil) == nil
+}
+
+// commitOwner is the owner an attempt writes in the marker of the output it
+// commits.
+func commitOwner(worker, host string, pid, attempt int) string {
+	return fmt.Sprintf("%s/%s/%d/attempt-%d", worker, host, pid, attempt)
+}
+
+// committedBy reports whether a marker's owner (commitOwner) is the
+// attempt at, whose record does not hold the worker's pid.
+func committedBy(owner string, at stream.Attempt) bool {
+	rest, ok := strings.CutPrefix(owner, at.Worker+"/"+at.Host+"/")
+	pid, ok2 := strings.CutSuffix(rest, "/attempt-"+strconv.Itoa(at.N))
+	return ok && ok2 && pid != "" && !strings.Contains(pid, "/")
 }
 
 // charged counts the attempts of retry round `round` that spend one of the
@@ -1318,7 +1355,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 		return err
 	}
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
-		Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Inputs: a.inputs, Move: true,
+		Owner: commitOwner(w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Inputs: a.inputs, Move: true,
 		Sync: w.outputSync(ctx, spec.Output)})
 	if err != nil {
 		return err
