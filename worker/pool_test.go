@@ -2077,8 +2077,66 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 		!strings.Contains(rec.Reason, "committed by another attempt") {
 		t.Fatalf("record: %+v (%v); want validated with the published output", rec, err)
 	}
+	// The attempt that lost, once, closed as discarded: not also left open
+	// (which would charge it).
+	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeDiscarded {
+		t.Fatalf("attempts %+v; want the one attempt, discarded", rec.Attempts)
+	}
 	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "theirs\n" {
 		t.Fatalf("destination holds %q, want the published output kept", b)
+	}
+}
+
+// TestPendingCommitOfAnotherAttemptSpendsNoAttempt: an attempt whose
+// commit meets another attempt's claim, just written and not published
+// (its owner on another host, not known gone), discards its output
+// without spending one of the shard's attempts, and the shard goes back
+// to pending; once the claim is older than a lease TTL, the next delivery
+// runs the shard and takes the claim over. Before, the record kept the
+// attempt open beside its discarded copy: the open one was charged, and a
+// shard with no retries failed as out of attempts.
+func TestPendingCommitOfAnotherAttemptSpendsNoAttempt(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	gate := filepath.Join(t.TempDir(), "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; echo mine > "$2/r.txt"`, "sh", gate, "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.StartWorker("", map[string]int{"cpu": 1})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := env.Run("t")
+		return r.Counts.Running == 1, "the shard is not running yet"
+	})
+	run, err := env.Run("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(filepath.Dir(spec), "out", "s0000")
+	claim, _ := stream.Encode(&stream.CommitRecord{Run: "t", ID: "s0000", Fingerprint: run.Fingerprint, State: stream.CommitCommitted,
+		Owner: stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1}, Checksum: "theirs", Path: dst, Time: time.Now().UTC()})
+	kv, err := env.JS.KeyValue(ctx, stream.BucketCheckpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, stream.ShardKey("t", "s0000"), claim); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.State != stream.RunComplete || rec.State != stream.ShardValidated {
+		t.Fatalf("run %s (%s), shard %s (%s), attempts %+v; want COMPLETE from a second attempt", rr.State, rr.Reason, rec.State, rec.Reason, rec.Attempts)
+	}
+	if len(rec.Attempts) != 2 || rec.Attempts[0].Outcome != stream.OutcomeDiscarded || rec.Attempts[1].Outcome != stream.OutcomeOK {
+		t.Fatalf("attempts %+v; want attempt 1 discarded, then one ok", rec.Attempts)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "mine\n" {
+		t.Fatalf("destination holds %q, want the second attempt's output", b)
 	}
 }
 

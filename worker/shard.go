@@ -1555,12 +1555,16 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 	return fmt.Errorf("claim commit %s: contended", a.key)
 }
 
-// recordDiscarded appends this attempt, marked discarded, to the shard's
-// record. The winner's output is at the destination, verified against its
-// claim; when the record does not say validated yet (the winner died, or
-// lost its record write, between publishing and recording), it is recorded
-// validated here from that output, read back in full: otherwise nobody
-// would, the message being settled, and the run would wait for good.
+// recordDiscarded closes this attempt in the shard's record, marked
+// discarded: where the record read afresh still holds it open, in place
+// (appended again, the open copy stayed under it, and was charged), else
+// appended. The winner's output is at the destination, verified against
+// its claim; when the record does not say validated yet (the winner died,
+// or lost its record write, between publishing and recording), it is
+// recorded validated here from that output, read back in full: otherwise
+// nobody would, the message being settled, and the run would wait for
+// good. With nothing published yet (errCommitPending), a record this
+// attempt held running goes back to pending.
 func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error) {
 	at := a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.Outcome, at.Reason = stream.OutcomeDiscarded, why.Error()
@@ -1573,18 +1577,32 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 		if err := w.loadRecord(ctx, a); err != nil {
 			return
 		}
-		a.rec.Attempts = append(a.rec.Attempts, at)
+		n := len(a.rec.Attempts)
+		mine := a.rec.OpenAttempt() && sameAttempt(a.rec.Attempts[n-1], at)
+		if mine {
+			a.rec.Attempts[n-1] = at
+		} else {
+			a.rec.Attempts = append(a.rec.Attempts, at)
+		}
 		if a.rec.State != stream.ShardValidated {
 			if mk, err := published(); err == nil {
 				a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
 				a.rec.State, a.rec.Owner, a.rec.Retry = stream.ShardValidated, nil, a.m.Retry
 				a.rec.Reason = "output committed by another attempt (" + mk.Owner + "), which did not record it"
+			} else if mine {
+				a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, at.Reason
 			}
 		}
 		if w.putRecord(ctx, a) == nil {
 			return
 		}
 	}
+}
+
+// sameAttempt reports whether x and y are one attempt (x as a record
+// holds it, y as its worker does).
+func sameAttempt(x, y stream.Attempt) bool {
+	return x.N == y.N && x.Round == y.Round && x.Worker == y.Worker && x.Host == y.Host && x.Start.Equal(y.Start)
 }
 
 // barrier makes this worker's acknowledged writes durable at the
