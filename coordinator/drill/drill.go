@@ -720,6 +720,27 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 	}
 	d.checkIf("KV history holds exactly one live commit per shard", err == nil && len(dup) == 0, strings.Join(dup, "; "))
 
+	// Every attempt closed: a record that ended with an attempt left
+	// open no longer says which attempt made its output, or charges one
+	// that was not its failure.
+	var open []string
+	attempts := 0
+	for _, sh := range d.man.Shards {
+		r, err := d.shard(ctx, sh.ID)
+		if err != nil {
+			open = append(open, fmt.Sprintf("%s: %v", sh.ID, err))
+			continue
+		}
+		attempts += len(r.Attempts)
+		for _, at := range r.Attempts {
+			if at.Outcome == "" {
+				open = append(open, fmt.Sprintf("%s: attempt %d of %s, under %s", sh.ID, at.N, at.Worker, r.State))
+			}
+		}
+	}
+	d.checkIf("every attempt in the shard records has its outcome", attempts >= len(d.man.Shards) && len(open) == 0,
+		fmt.Sprintf("%d attempts in %d records; open: %s", attempts, len(d.man.Shards), strings.Join(open, "; ")))
+
 	// Resource-full pending state.
 	big, _ := d.shard(ctx, "big")
 	d.checkIf("a shard no worker can take waits with its reason, then runs when one joins", pendingOK && big.State == stream.ShardValidated,
