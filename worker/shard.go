@@ -1556,9 +1556,8 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 }
 
 // recordDiscarded closes this attempt in the shard's record, marked
-// discarded: where the record read afresh still holds it open, in place
-// (appended again, the open copy stayed under it, and was charged), else
-// appended. The winner's output is at the destination, verified against
+// discarded: in place where the record read afresh holds it (appended
+// again, its open copy stayed under it, and was charged), else appended. The winner's output is at the destination, verified against
 // its claim; when the record does not say validated yet (the winner died,
 // or lost its record write, between publishing and recording), it is
 // recorded validated here from that output, read back in full: otherwise
@@ -1577,11 +1576,12 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 		if err := w.loadRecord(ctx, a); err != nil {
 			return
 		}
-		n := len(a.rec.Attempts)
-		mine := a.rec.OpenAttempt() && sameAttempt(a.rec.Attempts[n-1], at)
-		if mine {
-			a.rec.Attempts[n-1] = at
+		mine := a.rec.OpenAttempt() // and this attempt the open one
+		if i := slices.IndexFunc(a.rec.Attempts, func(x stream.Attempt) bool { return sameAttempt(x, at) }); i >= 0 {
+			mine = mine && i == len(a.rec.Attempts)-1
+			a.rec.Attempts[i] = at
 		} else {
+			mine = false
 			a.rec.Attempts = append(a.rec.Attempts, at)
 		}
 		if a.rec.State != stream.ShardValidated {
