@@ -1724,16 +1724,27 @@ func secondDelivery(t *testing.T, env *testenv.Env) (log string) {
 // run t's output directory, and returns where.
 func commitOtherRunsOutput(t *testing.T, env *testenv.Env) (dst string) {
 	t.Helper()
+	return commitOutput(t, env, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"})
+}
+
+// commitOutput commits an output of one file as run t's s0000, with the
+// marker's run, fingerprint and owner from opt, and returns where. An
+// empty opt.Fingerprint is run t's.
+func commitOutput(t *testing.T, env *testenv.Env, opt checkpoint.Options) (dst string) {
+	t.Helper()
 	r, err := env.Run("t")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if opt.Fingerprint == "" {
+		opt.Fingerprint = r.Fingerprint
+	}
 	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "theirs.txt"), []byte("other's"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(src, "made.txt"), []byte("made by "+opt.Owner), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	dst = filepath.Join(r.Spec.Output, "s0000")
-	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"}, ""); err != nil {
+	if _, err := checkpoint.CommitDir(context.Background(), dst, src, opt, ""); err != nil {
 		t.Fatal(err)
 	}
 	return dst
@@ -1885,24 +1896,12 @@ func TestRedeliveryOverAnotherRunsOutputWaitsForTheRunningAttempt(t *testing.T) 
 // write was refused (a CI failure of the drill's coordinator outage).
 func TestRedeliveryOverTheRunningAttemptsOutputWaitsForItsRecord(t *testing.T) {
 	env, runs, gate := gatedAttempt(t)
-	r, err := env.Run("t")
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec, err := env.Shard("t", "s0000")
 	if err != nil || !rec.OpenAttempt() {
 		t.Fatalf("record %+v (%v); want attempt 1 open", rec, err)
 	}
 	at := rec.Attempts[0]
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "published.txt"), []byte("attempt 1's"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(r.Spec.Output, "s0000")
-	owner := fmt.Sprintf("%s/%s/%d/attempt-%d", at.Worker, at.Host, os.Getpid(), at.N)
-	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "t", Fingerprint: r.Fingerprint, Owner: owner}, ""); err != nil {
-		t.Fatal(err)
-	}
+	commitOutput(t, env, checkpoint.Options{Run: "t", Owner: fmt.Sprintf("%s/%s/%d/attempt-%d", at.Worker, at.Host, os.Getpid(), at.N)})
 	log := secondDelivery(t, env)
 	if b, _ := os.ReadFile(log); !bytes.Contains(b, []byte("worker=b run=t shard=s0000 class=cpu decision=defer")) {
 		t.Fatalf("b did not wait for a's lease; admission log:\n%s", b)
@@ -1926,18 +1925,7 @@ func TestOutputOfAnOpenAttemptClosesIt(t *testing.T) {
 	} {
 		t.Run(tc.owner, func(t *testing.T) {
 			env, seen := openAttemptRun(t, 2)
-			r, err := env.Run("t")
-			if err != nil {
-				t.Fatal(err)
-			}
-			src := t.TempDir()
-			if err := os.WriteFile(filepath.Join(src, "out.txt"), []byte("made before"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			dst := filepath.Join(r.Spec.Output, "s0000")
-			if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Run: "t", Fingerprint: r.Fingerprint, Owner: tc.owner}, ""); err != nil {
-				t.Fatal(err)
-			}
+			dst := commitOutput(t, env, checkpoint.Options{Run: "t", Owner: tc.owner})
 			env.StartWorker("w1", map[string]int{"cpu": 1})
 			rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
 			rec, err := env.Shard("t", "s0000")
@@ -2024,16 +2012,13 @@ func TestOpenAttemptOverAnotherRunsOutputFailsOnceItsLeaseIsGone(t *testing.T) {
 	}
 }
 
-// TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
-// another attempt's claim already published (that attempt died, or lost its
-// record write, between publishing and recording) discards its own output
-// and records the shard validated from the published one, read back in
-// full; before, it left the record running and settled the message, and
-// the run waited for good.
-func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	ctx := context.Background()
-	gate := filepath.Join(t.TempDir(), "go")
+// gatedCommit submits run t of one shard with no retries, whose command
+// waits for the file gate and then writes "mine", and starts a worker: the
+// shard is running when it returns, with its destination dst.
+func gatedCommit(t *testing.T) (env *testenv.Env, run stream.RunRecord, dst, gate string) {
+	t.Helper()
+	env = testenv.New(t, testenv.Options{NoWorkers: true})
+	gate = filepath.Join(t.TempDir(), "go")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
 		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; echo mine > "$2/r.txt"`, "sh", gate, "{out}"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
@@ -2046,21 +2031,17 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Another attempt's output, published at the destination with its claim.
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(filepath.Dir(spec), "out", "s0000")
-	p, err := checkpoint.Prepare(ctx, dst, src, checkpoint.Options{Owner: "gone/vm/1/attempt-1", Fingerprint: run.Fingerprint})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Publish(""); err != nil {
-		t.Fatal(err)
-	}
+	return env, run, filepath.Join(filepath.Dir(spec), "out", "s0000"), gate
+}
+
+// claimAndGo puts another attempt's commit claim of gatedCommit's shard,
+// with checksum, just written, by an owner on another host, then lets the
+// command end.
+func claimAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, checksum, gate string) {
+	t.Helper()
+	ctx := context.Background()
 	claim, _ := stream.Encode(&stream.CommitRecord{Run: "t", ID: "s0000", Fingerprint: run.Fingerprint, State: stream.CommitCommitted,
-		Owner: stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1}, Checksum: p.Marker.Manifest, Path: dst, Time: time.Now().UTC()})
+		Owner: stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1}, Checksum: checksum, Path: dst, Time: time.Now().UTC()})
 	kv, err := env.JS.KeyValue(ctx, stream.BucketCheckpoint)
 	if err != nil {
 		t.Fatal(err)
@@ -2071,6 +2052,29 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
+// another attempt's claim already published (that attempt died, or lost its
+// record write, between publishing and recording) discards its own output
+// and records the shard validated from the published one, read back in
+// full; before, it left the record running and settled the message, and
+// the run waited for good.
+func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
+	env, run, dst, gate := gatedCommit(t)
+	// Another attempt's output, published at the destination with its claim.
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := checkpoint.Prepare(context.Background(), dst, src, checkpoint.Options{Owner: "gone/vm/1/attempt-1", Fingerprint: run.Fingerprint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(""); err != nil {
+		t.Fatal(err)
+	}
+	claimAndGo(t, env, run, dst, p.Marker.Manifest, gate)
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	rec, err := env.Shard("t", "s0000")
 	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != p.Marker.Manifest ||
@@ -2096,34 +2100,8 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 // attempt open beside its discarded copy: the open one was charged, and a
 // shard with no retries failed as out of attempts.
 func TestPendingCommitOfAnotherAttemptSpendsNoAttempt(t *testing.T) {
-	env := testenv.New(t, testenv.Options{NoWorkers: true})
-	ctx := context.Background()
-	gate := filepath.Join(t.TempDir(), "go")
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
-		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; echo mine > "$2/r.txt"`, "sh", gate, "{out}"}})
-	env.Submit(spec, coordinator.SubmitOptions{})
-	env.StartWorker("", map[string]int{"cpu": 1})
-	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		r, _ := env.Run("t")
-		return r.Counts.Running == 1, "the shard is not running yet"
-	})
-	run, err := env.Run("t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(filepath.Dir(spec), "out", "s0000")
-	claim, _ := stream.Encode(&stream.CommitRecord{Run: "t", ID: "s0000", Fingerprint: run.Fingerprint, State: stream.CommitCommitted,
-		Owner: stream.Owner{Worker: "gone", Host: "elsewhere", PID: 1}, Checksum: "theirs", Path: dst, Time: time.Now().UTC()})
-	kv, err := env.JS.KeyValue(ctx, stream.BucketCheckpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, stream.ShardKey("t", "s0000"), claim); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	env, run, dst, gate := gatedCommit(t)
+	claimAndGo(t, env, run, dst, "theirs", gate)
 	rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
 	rec, err := env.Shard("t", "s0000")
 	if err != nil {
