@@ -1914,7 +1914,8 @@ func TestRedeliveryOverTheRunningAttemptsOutputWaitsForItsRecord(t *testing.T) {
 // this fingerprint. The delivery that takes the lease records the shard
 // validated from that output without running the command, and closes the
 // open attempt: ok when the output's marker names it as its committer (it
-// died between publishing and recording), lost when not.
+// died between publishing and recording), lost when not: another attempt
+// number, worker or pid.
 func TestOutputOfAnOpenAttemptClosesIt(t *testing.T) {
 	for _, tc := range []struct {
 		owner, outcome, reason string
@@ -1922,6 +1923,7 @@ func TestOutputOfAnOpenAttemptClosesIt(t *testing.T) {
 		{"gone/elsewhere/1/attempt-1", stream.OutcomeOK, "committed by attempt 1, which did not record it"},
 		{"gone/elsewhere/1/attempt-2", stream.OutcomeLost, "already committed by an earlier run"},
 		{"other/elsewhere/1/attempt-1", stream.OutcomeLost, "already committed by an earlier run"},
+		{"gone/elsewhere/2/attempt-1", stream.OutcomeLost, "already committed by an earlier run"},
 	} {
 		t.Run(tc.owner, func(t *testing.T) {
 			env, seen := openAttemptRun(t, 2)

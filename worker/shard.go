@@ -566,7 +566,7 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState, dst string) b
 	why := "output already committed by an earlier run of this fingerprint"
 	if a.rec.OpenAttempt() {
 		// This delivery holds the lease: the open attempt is over.
-		if last := &a.rec.Attempts[len(a.rec.Attempts)-1]; committedBy(mk.Owner, *last) {
+		if last := &a.rec.Attempts[len(a.rec.Attempts)-1]; a.rec.Owner != nil && mk.Owner == commitOwner(*a.rec.Owner) {
 			last.Outcome = stream.OutcomeOK
 			last.Reason = "committed its output; its worker did not record it (stopped or cut off in between)"
 			why = "output committed by attempt " + strconv.Itoa(last.N) + ", which did not record it"
@@ -577,18 +577,11 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState, dst string) b
 	return w.finish(ctx, a, stream.ShardValidated, why, nil) == nil
 }
 
-// commitOwner is the owner an attempt writes in the marker of the output it
-// commits.
-func commitOwner(worker, host string, pid, attempt int) string {
-	return fmt.Sprintf("%s/%s/%d/attempt-%d", worker, host, pid, attempt)
-}
-
-// committedBy reports whether a marker's owner (commitOwner) is the
-// attempt at, whose record does not hold the worker's pid.
-func committedBy(owner string, at stream.Attempt) bool {
-	rest, ok := strings.CutPrefix(owner, at.Worker+"/"+at.Host+"/")
-	pid, ok2 := strings.CutSuffix(rest, "/attempt-"+strconv.Itoa(at.N))
-	return ok && ok2 && pid != "" && !strings.Contains(pid, "/")
+// commitOwner is what an attempt of owner o writes as the owner in the
+// marker of the output it commits. The record's running owner is that
+// attempt's: alreadyDone compares the two.
+func commitOwner(o stream.Owner) string {
+	return fmt.Sprintf("%s/%s/%d/attempt-%d", o.Worker, o.Host, o.PID, o.Attempt)
 }
 
 // charged counts the attempts of retry round `round` that spend one of the
@@ -1355,7 +1348,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 		return err
 	}
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
-		Owner: commitOwner(w.cfg.Name, w.host, w.pid, a.attempt), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Inputs: a.inputs, Move: true,
+		Owner: commitOwner(w.owner(a.attempt)), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Inputs: a.inputs, Move: true,
 		Sync: w.outputSync(ctx, spec.Output)})
 	if err != nil {
 		return err
@@ -1557,13 +1550,14 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 
 // recordDiscarded closes this attempt in the shard's record, marked
 // discarded: in place where the record read afresh holds it (appended
-// again, its open copy stayed under it, and was charged), else appended. The winner's output is at the destination, verified against
-// its claim; when the record does not say validated yet (the winner died,
-// or lost its record write, between publishing and recording), it is
-// recorded validated here from that output, read back in full: otherwise
-// nobody would, the message being settled, and the run would wait for
-// good. With nothing published yet (errCommitPending), a record this
-// attempt held running goes back to pending.
+// again, its open copy stayed under it, and was charged), else appended.
+// The winner's output is at the destination, verified against its claim;
+// when the record does not say validated yet (the winner died, or lost its
+// record write, between publishing and recording), it is recorded
+// validated here from that output, read back in full: otherwise nobody
+// would, the message being settled, and the run would wait for good. With
+// nothing published yet (errCommitPending), a record this attempt held
+// running goes back to pending.
 func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error) {
 	at := a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.Outcome, at.Reason = stream.OutcomeDiscarded, why.Error()
