@@ -79,9 +79,7 @@ func runSurvivesPowerCuts(t *testing.T, kind string) {
 	// asked where it stands before the test gives up on it (CI saw such a
 	// hang twice, in the thirty-ninth and forty-seventh sessions).
 	p := testenv.Start(t, "run", "-v", "--data", data, "--scratch", scratch, "--slots", "4", "--lease-ttl", "3s", spec)
-	if !waitOrStatus(t, p, 3*time.Minute, data, "t") {
-		return
-	}
+	waitOrStatus(t, p, 3*time.Minute, data, "t")
 	if code := p.Wait(t, time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE") {
 		t.Fatalf("after the cuts the run exited %d:\n%s", code, p.Output())
 	}
@@ -118,7 +116,7 @@ func runSurvivesPowerCuts(t *testing.T, kind string) {
 // waitOrStatus waits up to limit for p to end. A run still going then is
 // asked where it stands (`shardpool status`, its JSON too), killed, and
 // the test fails with that and the run's output.
-func waitOrStatus(t *testing.T, p *testenv.Proc, limit time.Duration, data, run string) bool {
+func waitOrStatus(t *testing.T, p *testenv.Proc, limit time.Duration, data, run string) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for !p.Exited() {
@@ -128,11 +126,9 @@ func waitOrStatus(t *testing.T, p *testenv.Proc, limit time.Duration, data, run 
 			p.Signal(syscall.SIGKILL)
 			p.Wait(t, 10*time.Second)
 			t.Fatalf("run still going after %s; shardpool status:\n%s\n%s\nits output:\n%s", limit, st, js, p.Output())
-			return false
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return true
 }
 
 // TestInterruptedCommitsLeaveNothingBehind: a commit killed between its
