@@ -2093,6 +2093,68 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 	}
 }
 
+// TestLostCommitRaceClosesTheWinnersOpenAttempt: attempt 1's lease was
+// given up for lost while it committed, and attempt 2, on another host,
+// began, published its output and has not recorded it yet (here the
+// record and the output are put there so while attempt 1's command
+// waits). Attempt 1 loses the commit race and records the shard validated
+// from attempt 2's output: attempt 1 discarded, attempt 2 ok, since its
+// own record write is refused from then on. Before, attempt 2 kept no
+// outcome under the validated record.
+func TestLostCommitRaceClosesTheWinnersOpenAttempt(t *testing.T) {
+	env, run, dst, gate := gatedCommit(t)
+	ctx := context.Background()
+	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := stream.ShardKey("t", "s0000")
+	e, err := kv.Get(ctx, key)
+	var rec stream.ShardRecord
+	if err == nil {
+		err = stream.Decode(e.Value(), &rec)
+	}
+	if err != nil || !rec.OpenAttempt() || len(rec.Attempts) != 1 {
+		t.Fatalf("record %+v (%v); want attempt 1 open", rec, err)
+	}
+	// What attempt 2's start writes (beginAttempt).
+	owner := stream.Owner{Worker: "b", Host: "elsewhere", PID: 7, Attempt: 2}
+	rec.CloseLost()
+	rec.Owner = &owner
+	rec.Attempts = append(rec.Attempts, stream.Attempt{N: 2, Worker: owner.Worker, Host: owner.Host, Start: time.Now().UTC()})
+	data, err := stream.Encode(&rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, key, data, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := checkpoint.Prepare(ctx, dst, src, checkpoint.Options{Owner: "b/elsewhere/7/attempt-2", Fingerprint: run.Fingerprint, Run: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(""); err != nil {
+		t.Fatal(err)
+	}
+	claimAndGo(t, env, run, dst, p.Marker.Manifest, gate)
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	rec, err = env.Shard("t", "s0000")
+	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != p.Marker.Manifest {
+		t.Fatalf("record: %+v (%v); want validated with attempt 2's output", rec, err)
+	}
+	if len(rec.Attempts) != 2 || rec.Attempts[0].Outcome != stream.OutcomeDiscarded || rec.Attempts[1].Outcome != stream.OutcomeOK ||
+		!strings.Contains(rec.Attempts[1].Reason, "recorded by attempt 1 of ") {
+		t.Fatalf("attempts %+v; want attempt 1 discarded, attempt 2 ok, recorded by attempt 1", rec.Attempts)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "theirs\n" {
+		t.Fatalf("destination holds %q, want attempt 2's output kept", b)
+	}
+}
+
 // TestPendingCommitOfAnotherAttemptSpendsNoAttempt: an attempt whose
 // commit meets another attempt's claim, just written and not published
 // (its owner on another host, not known gone), discards its output

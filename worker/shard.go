@@ -564,17 +564,30 @@ func (w *Worker) alreadyDone(ctx context.Context, a *attemptState, dst string) b
 	// record it as validated so the run's counts see it.
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
 	why := "output already committed by an earlier run of this fingerprint"
-	if a.rec.OpenAttempt() {
-		// This delivery holds the lease: the open attempt is over.
-		if last := &a.rec.Attempts[len(a.rec.Attempts)-1]; a.rec.Owner != nil && mk.Owner == commitOwner(*a.rec.Owner) {
-			last.Outcome = stream.OutcomeOK
-			last.Reason = "committed its output; its worker did not record it (stopped or cut off in between)"
-			why = "output committed by attempt " + strconv.Itoa(last.N) + ", which did not record it"
-		} else {
-			a.rec.CloseLost()
-		}
+	// This delivery holds the lease: an open attempt is over.
+	if n := closeOpenAttempt(&a.rec, mk.Owner, "its worker did not record it (stopped or cut off in between)"); n > 0 {
+		why = "output committed by attempt " + strconv.Itoa(n) + ", which did not record it"
 	}
 	return w.finish(ctx, a, stream.ShardValidated, why, nil) == nil
+}
+
+// closeOpenAttempt closes the attempt rec holds open, if any, once the
+// shard's output is found committed with committer (the owner its marker
+// names) and the record is about to say validated: ok, with "committed
+// its output; " and why as its reason, where committer is that attempt
+// (commitOwner of the record's running owner), else lost. It returns the
+// number of an attempt closed ok, or 0.
+func closeOpenAttempt(rec *stream.ShardRecord, committer, why string) int {
+	if !rec.OpenAttempt() {
+		return 0
+	}
+	if rec.Owner == nil || committer != commitOwner(*rec.Owner) {
+		rec.CloseLost()
+		return 0
+	}
+	last := &rec.Attempts[len(rec.Attempts)-1]
+	last.Outcome, last.Reason = stream.OutcomeOK, "committed its output; "+why
+	return last.N
 }
 
 // commitOwner is what an attempt of owner o writes as the owner in the
@@ -1555,9 +1568,10 @@ func (w *Worker) claimCommit(ctx context.Context, a *attemptState, owner stream.
 // when the record does not say validated yet (the winner died, or lost its
 // record write, between publishing and recording), it is recorded
 // validated here from that output, read back in full: otherwise nobody
-// would, the message being settled, and the run would wait for good. With
-// nothing published yet (errCommitPending), a record this attempt held
-// running goes back to pending.
+// would, the message being settled, and the run would wait for good; an
+// attempt it holds open is closed then (closeOpenAttempt). With nothing
+// published yet (errCommitPending), a record this attempt held running
+// goes back to pending.
 func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error) {
 	at := a.rec.Attempts[len(a.rec.Attempts)-1]
 	at.Outcome, at.Reason = stream.OutcomeDiscarded, why.Error()
@@ -1581,8 +1595,13 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 		if a.rec.State != stream.ShardValidated {
 			if mk, err := published(); err == nil {
 				a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
-				a.rec.State, a.rec.Owner, a.rec.Retry = stream.ShardValidated, nil, a.m.Retry
 				a.rec.Reason = "output committed by another attempt (" + mk.Owner + "), which did not record it"
+				// Another attempt open (a later one, begun when this
+				// one's lease was given up for lost while it committed)
+				// has published and not recorded yet: its own record
+				// write is refused from now on.
+				closeOpenAttempt(&a.rec, mk.Owner, fmt.Sprintf("recorded by attempt %d of %s, which lost the commit race to it", at.N, at.Worker))
+				a.rec.State, a.rec.Owner, a.rec.Retry = stream.ShardValidated, nil, a.m.Retry
 			} else if mine {
 				a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, at.Reason
 			}
