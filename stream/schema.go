@@ -181,6 +181,20 @@ func (r *ShardRecord) OpenAttempt() bool {
 	return r.State == ShardRunning && len(r.Attempts) > 0 && r.Attempts[len(r.Attempts)-1].Outcome == ""
 }
 
+// OpenAttempts names the attempts r holds with no outcome ("attempt N of
+// WORKER"). A record that says validated or failed should hold none:
+// whoever ended the shard closed every attempt, so each says how it ended
+// and which were charged. The drill and the crash soak check it.
+func (r *ShardRecord) OpenAttempts() []string {
+	var open []string
+	for _, at := range r.Attempts {
+		if at.Outcome == "" {
+			open = append(open, fmt.Sprintf("attempt %d of %s", at.N, at.Worker))
+		}
+	}
+	return open
+}
+
 // CloseLost marks the open attempt, if any, lost: called once its
 // worker is over (its lease expired, released, or handed back).
 func (r *ShardRecord) CloseLost() {

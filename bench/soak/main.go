@@ -5,8 +5,9 @@
 // worker, SIGUSR1 of a worker and its commands as Slurm's --signal sends
 // it (each restarted under its name). When the run ends it checks
 // what shardpool promises: the run is COMPLETE, every shard was recorded
-// validated exactly once (KV history), and every output verifies against
-// its marker with the run's fingerprint. It exits 1 on any violation.
+// validated exactly once (KV history) with every attempt in its record
+// closed, and every output verifies against its marker with the run's
+// fingerprint. It exits 1 on any violation.
 // With -cluster three coordinators form a cluster (--cluster), and each
 // coordinator kill picks one of them.
 // With -powercut (root, loop devices) a sixth event cuts the host's power:
@@ -419,8 +420,9 @@ func waitVerdict(js jetstream.JetStream, timeout time.Duration) (*stream.RunReco
 }
 
 // check reads every shard's KV history and output: validated exactly once
-// for the run's fingerprint, an output that verifies with it, and nothing
-// of an interrupted commit left beside the outputs.
+// for the run's fingerprint, every attempt in its record closed, an output
+// that verifies with it, and nothing of an interrupted commit left beside
+// the outputs.
 func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 	ctx := context.Background()
 	kv, err := js.KeyValue(ctx, stream.BucketShards)
@@ -452,6 +454,14 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 		}
 		if len(validated) > 0 && len(validated[len(validated)-1].Attempts) > 1 {
 			reran++
+		}
+		var last stream.ShardRecord
+		if err := stream.Decode(hist[len(hist)-1].Value(), &last); err != nil {
+			s.logf("VIOLATION: record of %s: %v", id, err)
+			bad++
+		} else if open := last.OpenAttempts(); len(open) > 0 {
+			s.logf("VIOLATION: %s: %s left with no outcome, under %s", id, strings.Join(open, ", "), last.State)
+			bad++
 		}
 		if len(validated) > 0 {
 			// A command killed by the drain's SIGUSR1 is handed back, not

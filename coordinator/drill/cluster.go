@@ -214,7 +214,7 @@ func (d *drill) loseClusterLeader(ctx context.Context) (detail string, err error
 		return "", fmt.Errorf("coordinator %s restarted on its data: %w", victim.name, err)
 	}
 	return fmt.Sprintf("%d coordinators, each stream in %d copies; %s, which tracked the runs, SIGKILLed at %d of %d shards validated: %s took over, "+
-		"the run is COMPLETE, each shard validated once, every output verifies; %s restarted on its data rejoined and answers for the run",
+		"the run is COMPLETE, each shard validated once with every attempt closed, every output verifies; %s restarted on its data rejoined and answers for the run",
 		clusterSize, clusterSize, victim.name, before.Counts.Validated, clusterShards, newLeader, victim.name), nil
 }
 
@@ -237,7 +237,8 @@ func clusterJob(dir string) (*stream.Spec, *stream.Manifest, error) {
 // validatedOnce returns what is wrong with the shards s00, s01... of a
 // run of n shards whose ids are numbered so (the power-cut and cluster
 // jobs): one not recorded validated exactly once by the generation fp (KV
-// history), or an output that does not verify at the destination.
+// history), one whose record holds an attempt with no outcome, or an
+// output that does not verify at the destination.
 func validatedOnce(ctx context.Context, js jetstream.JetStream, run, fp, out string, n int) []string {
 	shards, err := js.KeyValue(ctx, stream.BucketShards)
 	if err != nil {
@@ -253,6 +254,12 @@ func validatedOnce(ctx context.Context, js jetstream.JetStream, run, fp, out str
 		}
 		if v := len(stream.Validations(hist, fp)); v != 1 {
 			bad = append(bad, fmt.Sprintf("%s recorded validated %d times", id, v))
+		}
+		var last stream.ShardRecord
+		if err := stream.Decode(hist[len(hist)-1].Value(), &last); err != nil {
+			bad = append(bad, fmt.Sprintf("%s: record: %v", id, err))
+		} else if open := last.OpenAttempts(); len(open) > 0 {
+			bad = append(bad, fmt.Sprintf("%s: %s left with no outcome, under %s", id, strings.Join(open, ", "), last.State))
 		}
 		if _, err := checkpoint.VerifyCommitted(filepath.Join(out, id), fp, true); err != nil {
 			bad = append(bad, fmt.Sprintf("output %s: %v", id, err))

@@ -732,10 +732,8 @@ func (d *drill) verify(ctx context.Context, before map[string]string, killed []s
 			continue
 		}
 		attempts += len(r.Attempts)
-		for _, at := range r.Attempts {
-			if at.Outcome == "" {
-				open = append(open, fmt.Sprintf("%s: attempt %d of %s, under %s", sh.ID, at.N, at.Worker, r.State))
-			}
+		for _, o := range r.OpenAttempts() {
+			open = append(open, fmt.Sprintf("%s: %s, under %s", sh.ID, o, r.State))
 		}
 	}
 	d.checkIf("every attempt in the shard records has its outcome", attempts >= len(d.man.Shards) && len(open) == 0,

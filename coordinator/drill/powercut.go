@@ -143,7 +143,7 @@ func (d *drill) cutPower(ctx context.Context, kind, why string) (string, error) 
 	if len(bad) > 0 {
 		return "", fmt.Errorf("after %d power cuts: %s", cuts, strings.Join(bad, "; "))
 	}
-	return fmt.Sprintf("%d cuts at random moments of a %d-shard run, resumed each time: COMPLETE, every output verifies, each shard validated once "+
+	return fmt.Sprintf("%d cuts at random moments of a %d-shard run, resumed each time: COMPLETE, every output verifies, each shard validated once with every attempt closed "+
 		"(simulated: %s on loop devices, state and outputs on two file systems; checks shardpool's order of writes and syncs, not this host's disks)",
 		cuts, powerCutShards, why), nil
 }
