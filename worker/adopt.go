@@ -163,18 +163,41 @@ func attemptVarsOf(env []string) attemptVars {
 }
 
 // environIdentity is attemptIdentity of a process's environment as it
-// was exec'd; 0 when unreadable.
-func environIdentity(pid int) uint64 {
-	return attemptIdentity(shardVars("/proc", pid))
+// was exec'd (shardEnviron); 0 when unreadable or naming no attempt.
+func environIdentity(procRoot string, pid int) (ident uint64, midExec bool) {
+	vars, midExec := shardEnviron(procRoot, pid)
+	return attemptIdentity(vars), midExec
 }
 
-// shardVars are the SHARDPOOL_ entries of a process's environment as it
-// was exec'd; none when unreadable (another user's process, or gone).
-func shardVars(procRoot string, pid int) []string {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "environ"))
-	if err != nil {
-		return nil
+// shardEnviron is the SHARDPOOL_ entries of a process's environment as
+// it was exec'd (none when unreadable: another user's process, or gone),
+// and whether the process is in the middle of an exec: its environment
+// and its command line both read empty, between its new memory map and
+// the argument and environment tables the kernel then writes into it,
+// and a look a moment later finds them (a daemon's `exec sleep` just as
+// its command ends: CI saw one such daemon go unnoticed). A process that
+// cleared its environment keeps a command line.
+func shardEnviron(procRoot string, pid int) (vars []string, midExec bool) {
+	dir := filepath.Join(procRoot, strconv.Itoa(pid))
+	for range 2 {
+		b, err := os.ReadFile(filepath.Join(dir, "environ"))
+		if err != nil {
+			return nil, false
+		}
+		if len(b) > 0 {
+			return shardVarsOf(b), false
+		}
+		if cl, err := os.ReadFile(filepath.Join(dir, "cmdline")); err == nil && len(cl) == 0 {
+			return nil, true
+		}
+		// A command line and no environment: cleared (env -i), or the
+		// exec ended between the two reads; read it once more.
 	}
+	return nil, false
+}
+
+// shardVarsOf are the SHARDPOOL_ entries of an environ file's content.
+func shardVarsOf(b []byte) []string {
 	var env []string
 	for _, kv := range bytes.Split(b, []byte{0}) {
 		if bytes.HasPrefix(kv, []byte("SHARDPOOL_")) {
@@ -304,8 +327,9 @@ func (a *adopter) reportLate(f func(msg string)) {
 // sweep reaps the adopted children that have exited and kills the live
 // ones of attempts that have ended (not members of a group in dying). It
 // repeats while what it killed is dying, since what a killed process had
-// started becomes the worker's child in turn (killRounds at most), and
-// returns what it killed of the attempt mine.
+// started becomes the worker's child in turn, or while a child is in the
+// middle of an exec (killRounds at most), and returns what it killed of
+// the attempt mine.
 func (a *adopter) sweep(mine uint64) []string {
 	var left, late []string
 	for round := range killRounds {
@@ -324,8 +348,9 @@ func (a *adopter) sweep(mine uint64) []string {
 	return left
 }
 
-// sweepOnce is one round of sweep; it reports whether a process it
-// killed may still be dying.
+// sweepOnce is one round of sweep; it reports whether to look again: a
+// process it killed may still be dying, or a child was in the middle of
+// an exec.
 func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 	a.starting.Lock()
 	defer a.starting.Unlock()
@@ -336,7 +361,7 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.forgetLocked(time.Now())
-	dying := false
+	again := false
 	for _, pid := range procList(b, 0) {
 		if a.commands[pid] {
 			continue
@@ -354,16 +379,20 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 		}
 		if a.killed[pid] || a.dying[st.PGrp] {
 			// Dying: killed here, or with its command's group just now.
-			dying = true
+			again = true
 			continue
 		}
-		ident := environIdentity(pid)
+		ident, midExec := environIdentity("/proc", pid)
+		if midExec {
+			again = true // its environment is readable in a moment
+			continue
+		}
 		if ident == 0 || a.active[ident] > 0 || !a.ended[ident] {
 			continue
 		}
 		name := killWithGroup(pid, st.PGrp)
 		a.killed[pid] = true
-		dying = true
+		again = true
 		switch {
 		case ident == mine:
 			*left = append(*left, name)
@@ -373,7 +402,7 @@ func (a *adopter) sweepOnce(mine uint64, left, late *[]string) bool {
 			*late = append(*late, name)
 		}
 	}
-	return dying
+	return again
 }
 
 // readChildren reads the children list afresh; under starting's write

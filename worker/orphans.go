@@ -642,7 +642,11 @@ func killStrays(procRoot string, procs []procStat, held []heldShard, groups []in
 		if p.zombie || p.start < workerStart || p.pid == self || slices.Contains(groups, p.pgrp) {
 			continue
 		}
-		vars := shardVars(procRoot, p.pid)
+		vars, midExec := shardEnviron(procRoot, p.pid)
+		for i := 0; midExec && i < killRounds; i++ {
+			time.Sleep(killPause)
+			vars, midExec = shardEnviron(procRoot, p.pid)
+		}
 		if !slices.Contains(vars, by) || !want[heldIdentity(vars)] {
 			continue
 		}

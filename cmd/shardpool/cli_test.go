@@ -1898,6 +1898,57 @@ func TestNohupRunIgnoresHangup(t *testing.T) {
 	}
 }
 
+// TestDaemonInTheMiddleOfAnExecIsFound: a command leaves a daemon outside
+// its process group that does nothing but exec itself again, so that a
+// worker looking at it as the command ends (no cgroup: no memory
+// declared) often finds it between an exec's new memory map and its
+// environment, which then reads empty. Each is killed with its attempt,
+// and counted so. Before, such a daemon went unnoticed at its command's
+// end (CI saw `exec sleep` do that once in TestRunSaysWhatItsCommandsLeftRunning),
+// and was killed only by a later sweep, not charged to its attempt.
+func TestDaemonInTheMiddleOfAnExecIsFound(t *testing.T) {
+	const shards = 8
+	pidDir, dir := t.TempDir(), t.TempDir()
+	loop := filepath.Join(dir, "loop.sh")
+	if err := os.WriteFile(loop, []byte("exec /bin/sh \"$0\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Name: "execs", Shards: shards, Command: []string{"sh", "-c", `f="$0/$SHARDPOOL_SHARD_ID"
+setsid sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0" && exec /bin/sh "$1"' "$f" "$1" </dev/null >/dev/null 2>&1 &
+while [ ! -s "$f" ]; do sleep 0.01; done`, pidDir, loop}})
+	pids := func() []int {
+		var pids []int
+		for i := range shards {
+			if b, err := os.ReadFile(filepath.Join(pidDir, fmt.Sprintf("s%04d", i))); err == nil {
+				if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+					pids = append(pids, pid)
+				}
+			}
+		}
+		return pids
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	p := testenv.Start(t, "run", "--data", t.TempDir(), "--slots", "1", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, p.Output())
+	}
+	if want := fmt.Sprintf("left running: %d attempt(s) left processes running", shards); !strings.Contains(p.Output(), want) {
+		t.Errorf("run's summary does not say %q:\n%s", want, p.Output())
+	}
+	if got := pids(); len(got) != shards {
+		t.Fatalf("%d daemons wrote their pid, want %d", len(got), shards)
+	}
+	for _, pid := range pids() {
+		if probe.PIDAlive("/proc", pid) {
+			t.Errorf("daemon %d still runs after the run ended", pid)
+		}
+	}
+}
+
 // TestRunSaysWhatItsCommandsLeftRunning: `run` ends with a line counting
 // the attempts whose command left processes running (killed then), naming
 // the first, and warns once when the first happens: a job that starts a
