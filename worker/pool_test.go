@@ -2056,6 +2056,28 @@ func claimAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, check
 	}
 }
 
+// publishAndGo publishes another attempt's output of gatedCommit's shard
+// at dst (a file r.txt saying "theirs"), with the marker's owner and run
+// from opt, puts its claim (claimAndGo), lets the command end, and
+// returns the output's checksum.
+func publishAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, gate string, opt checkpoint.Options) string {
+	t.Helper()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opt.Fingerprint = run.Fingerprint
+	p, err := checkpoint.Prepare(context.Background(), dst, src, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(""); err != nil {
+		t.Fatal(err)
+	}
+	claimAndGo(t, env, run, dst, p.Marker.Manifest, gate)
+	return p.Marker.Manifest
+}
+
 // TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
 // another attempt's claim already published (that attempt died, or lost its
 // record write, between publishing and recording) discards its own output
@@ -2065,21 +2087,10 @@ func claimAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, check
 func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 	env, run, dst, gate := gatedCommit(t)
 	// Another attempt's output, published at the destination with its claim.
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p, err := checkpoint.Prepare(context.Background(), dst, src, checkpoint.Options{Owner: "gone/vm/1/attempt-1", Fingerprint: run.Fingerprint})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Publish(""); err != nil {
-		t.Fatal(err)
-	}
-	claimAndGo(t, env, run, dst, p.Marker.Manifest, gate)
+	theirs := publishAndGo(t, env, run, dst, gate, checkpoint.Options{Owner: "gone/vm/1/attempt-1"})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	rec, err := env.Shard("t", "s0000")
-	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != p.Marker.Manifest ||
+	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != theirs ||
 		!strings.Contains(rec.Reason, "committed by another attempt") {
 		t.Fatalf("record: %+v (%v); want validated with the published output", rec, err)
 	}
@@ -2129,21 +2140,10 @@ func TestLostCommitRaceClosesTheWinnersOpenAttempt(t *testing.T) {
 	if _, err := kv.Update(ctx, key, data, e.Revision()); err != nil {
 		t.Fatal(err)
 	}
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p, err := checkpoint.Prepare(ctx, dst, src, checkpoint.Options{Owner: "b/elsewhere/7/attempt-2", Fingerprint: run.Fingerprint, Run: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Publish(""); err != nil {
-		t.Fatal(err)
-	}
-	claimAndGo(t, env, run, dst, p.Marker.Manifest, gate)
+	theirs := publishAndGo(t, env, run, dst, gate, checkpoint.Options{Owner: "b/elsewhere/7/attempt-2", Run: "t"})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	rec, err = env.Shard("t", "s0000")
-	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != p.Marker.Manifest {
+	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != theirs {
 		t.Fatalf("record: %+v (%v); want validated with attempt 2's output", rec, err)
 	}
 	if len(rec.Attempts) != 2 || rec.Attempts[0].Outcome != stream.OutcomeDiscarded || rec.Attempts[1].Outcome != stream.OutcomeOK ||
