@@ -30,17 +30,17 @@ func TestEnvironIdentityTellsAnExecUnderWay(t *testing.T) {
 		}
 	}
 	want := attemptIdentity([]string{"SHARDPOOL_RUN=r", "SHARDPOOL_SHARD_ID=s1", "SHARDPOOL_FINGERPRINT=f", "SHARDPOOL_ATTEMPT=2"})
+	if want == 0 {
+		t.Fatal("the attempt's identity is 0")
+	}
 	for _, c := range []struct {
 		pid     int
 		ident   uint64
 		midExec bool
-	}{{10, 0, true}, {11, 0, false}, {12, want, false}, {13, 0, false}, {14, 0, false}} {
+	}{{10, 0, true}, {11, 0, false}, {12, want, false}, {13, 0, false}, {14, 0, false}} { // 14: gone
 		ident, mid := environIdentity(root, c.pid)
 		if ident != c.ident || mid != c.midExec {
 			t.Errorf("pid %d: identity %x, mid-exec %v; want %x, %v", c.pid, ident, mid, c.ident, c.midExec)
 		}
-	}
-	if want == 0 {
-		t.Fatal("the attempt's identity is 0")
 	}
 }
