@@ -180,20 +180,37 @@ func environIdentity(procRoot string, pid int) (ident uint64, midExec bool) {
 func shardEnviron(procRoot string, pid int) (vars []string, midExec bool) {
 	dir := filepath.Join(procRoot, strconv.Itoa(pid))
 	for range 2 {
-		b, err := os.ReadFile(filepath.Join(dir, "environ"))
+		b, err := readAtOnce(filepath.Join(dir, "environ"))
 		if err != nil {
 			return nil, false
 		}
 		if len(b) > 0 {
 			return shardVarsOf(b), false
 		}
-		if cl, err := os.ReadFile(filepath.Join(dir, "cmdline")); err == nil && len(cl) == 0 {
+		if cl, err := readAtOnce(filepath.Join(dir, "cmdline")); err == nil && len(cl) == 0 {
 			return nil, true
 		}
 		// A command line and no environment: cleared (env -i), or the
 		// exec ended between the two reads; read it once more.
 	}
 	return nil, false
+}
+
+// readAtOnce reads a file of /proc/PID whole in one read from its start
+// (again with a larger buffer while it fills the buffer). environ and
+// cmdline read the memory the process had when the file was opened: of
+// several reads, the later ones find nothing once it has exec'd
+// meanwhile, and what the first read returned looks whole. os.ReadFile
+// reads 512 bytes first, so an environment read across an exec came back
+// cut short, its SHARDPOOL_ entries (set last) missing: a daemon that
+// exec'd in a loop went unnoticed once in 40.
+func readAtOnce(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return preadAll(fd, make([]byte, 16<<10))
 }
 
 // shardVarsOf are the SHARDPOOL_ entries of an environ file's content.
