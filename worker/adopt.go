@@ -203,7 +203,7 @@ func shardEnviron(procRoot string, pid int) (vars []string, midExec bool) {
 // meanwhile, and what the first read returned looks whole. os.ReadFile
 // reads 512 bytes first, so an environment read across an exec came back
 // cut short, its SHARDPOOL_ entries (set last) missing: a daemon that
-// exec'd in a loop went unnoticed once in 40.
+// exec'd in a loop went unnoticed about once in 60.
 func readAtOnce(path string) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
