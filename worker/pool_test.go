@@ -1724,13 +1724,15 @@ func secondDelivery(t *testing.T, env *testenv.Env) (log string) {
 // run t's output directory, and returns where.
 func commitOtherRunsOutput(t *testing.T, env *testenv.Env) (dst string) {
 	t.Helper()
-	return commitOutput(t, env, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"})
+	dst, _ = commitOutput(t, env, checkpoint.Options{Run: "other", Fingerprint: "0123456789abcdef"})
+	return dst
 }
 
-// commitOutput commits an output of one file as run t's s0000, with the
-// marker's run, fingerprint and owner from opt, and returns where. An
-// empty opt.Fingerprint is run t's.
-func commitOutput(t *testing.T, env *testenv.Env, opt checkpoint.Options) (dst string) {
+// commitOutput commits an output of one file, r.txt saying "made by
+// OWNER", as run t's s0000, with the marker's run, fingerprint and owner
+// from opt, and returns where and its marker. An empty opt.Fingerprint is
+// run t's.
+func commitOutput(t *testing.T, env *testenv.Env, opt checkpoint.Options) (dst string, mk checkpoint.Marker) {
 	t.Helper()
 	r, err := env.Run("t")
 	if err != nil {
@@ -1740,14 +1742,15 @@ func commitOutput(t *testing.T, env *testenv.Env, opt checkpoint.Options) (dst s
 		opt.Fingerprint = r.Fingerprint
 	}
 	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "made.txt"), []byte("made by "+opt.Owner), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("made by "+opt.Owner+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	dst = filepath.Join(r.Spec.Output, "s0000")
-	if _, err := checkpoint.CommitDir(context.Background(), dst, src, opt, ""); err != nil {
+	mk, err = checkpoint.CommitDir(context.Background(), dst, src, opt, "")
+	if err != nil {
 		t.Fatal(err)
 	}
-	return dst
+	return dst, mk
 }
 
 // TestRedeliveryAtTheAttemptLimitWaitsForTheRunningAttempt: a shard
@@ -1927,7 +1930,7 @@ func TestOutputOfAnOpenAttemptClosesIt(t *testing.T) {
 	} {
 		t.Run(tc.owner, func(t *testing.T) {
 			env, seen := openAttemptRun(t, 2)
-			dst := commitOutput(t, env, checkpoint.Options{Run: "t", Owner: tc.owner})
+			dst, _ := commitOutput(t, env, checkpoint.Options{Run: "t", Owner: tc.owner})
 			env.StartWorker("w1", map[string]int{"cpu": 1})
 			rr := env.WaitState("t", 30*time.Second, stream.RunComplete, stream.RunBlocked)
 			rec, err := env.Shard("t", "s0000")
@@ -2057,25 +2060,14 @@ func claimAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, check
 }
 
 // publishAndGo publishes another attempt's output of gatedCommit's shard
-// at dst (a file r.txt saying "theirs"), with the marker's owner and run
-// from opt, puts its claim (claimAndGo), lets the command end, and
-// returns the output's checksum.
-func publishAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, gate string, opt checkpoint.Options) string {
+// at its destination (commitOutput, with the marker's owner and run from
+// opt), puts its claim (claimAndGo), lets the command end, and returns
+// the output's checksum.
+func publishAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, gate string, opt checkpoint.Options) string {
 	t.Helper()
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("theirs\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	opt.Fingerprint = run.Fingerprint
-	p, err := checkpoint.Prepare(context.Background(), dst, src, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Publish(""); err != nil {
-		t.Fatal(err)
-	}
-	claimAndGo(t, env, run, dst, p.Marker.Manifest, gate)
-	return p.Marker.Manifest
+	dst, mk := commitOutput(t, env, opt)
+	claimAndGo(t, env, run, dst, mk.Manifest, gate)
+	return mk.Manifest
 }
 
 // TestLostCommitRaceStillRecordsValidated: an attempt whose commit finds
@@ -2087,7 +2079,7 @@ func publishAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, gat
 func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 	env, run, dst, gate := gatedCommit(t)
 	// Another attempt's output, published at the destination with its claim.
-	theirs := publishAndGo(t, env, run, dst, gate, checkpoint.Options{Owner: "gone/vm/1/attempt-1"})
+	theirs := publishAndGo(t, env, run, gate, checkpoint.Options{Owner: "gone/vm/1/attempt-1"})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	rec, err := env.Shard("t", "s0000")
 	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != theirs ||
@@ -2099,7 +2091,7 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 	if len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeDiscarded {
 		t.Fatalf("attempts %+v; want the one attempt, discarded", rec.Attempts)
 	}
-	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "theirs\n" {
+	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "made by gone/vm/1/attempt-1\n" {
 		t.Fatalf("destination holds %q, want the published output kept", b)
 	}
 }
@@ -2107,8 +2099,7 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 // TestLostCommitRaceClosesTheWinnersOpenAttempt: attempt 1's lease was
 // given up for lost while it committed, and attempt 2, on another host,
 // began, published its output and has not recorded it yet (here the
-// record and the output are put there so while attempt 1's command
-// waits). Attempt 1 loses the commit race and records the shard validated
+// test writes that record and output while attempt 1's command waits). Attempt 1 loses the commit race and records the shard validated
 // from attempt 2's output: attempt 1 discarded, attempt 2 ok, since its
 // own record write is refused from then on. Before, attempt 2 kept no
 // outcome under the validated record.
@@ -2140,7 +2131,7 @@ func TestLostCommitRaceClosesTheWinnersOpenAttempt(t *testing.T) {
 	if _, err := kv.Update(ctx, key, data, e.Revision()); err != nil {
 		t.Fatal(err)
 	}
-	theirs := publishAndGo(t, env, run, dst, gate, checkpoint.Options{Owner: "b/elsewhere/7/attempt-2", Run: "t"})
+	theirs := publishAndGo(t, env, run, gate, checkpoint.Options{Owner: "b/elsewhere/7/attempt-2", Run: "t"})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	rec, err = env.Shard("t", "s0000")
 	if err != nil || rec.State != stream.ShardValidated || rec.Output == nil || rec.Output.Checksum != theirs {
@@ -2150,7 +2141,7 @@ func TestLostCommitRaceClosesTheWinnersOpenAttempt(t *testing.T) {
 		!strings.Contains(rec.Attempts[1].Reason, "recorded by attempt 1 of ") {
 		t.Fatalf("attempts %+v; want attempt 1 discarded, attempt 2 ok, recorded by attempt 1", rec.Attempts)
 	}
-	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "theirs\n" {
+	if b, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(b) != "made by b/elsewhere/7/attempt-2\n" {
 		t.Fatalf("destination holds %q, want attempt 2's output kept", b)
 	}
 }
