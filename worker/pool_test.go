@@ -2146,6 +2146,86 @@ func TestLostCommitRaceClosesTheWinnersOpenAttempt(t *testing.T) {
 	}
 }
 
+// TestCommitRaceWinnerTakesTheRecordWrittenForIt: the attempt that wins
+// the commit race finds its record write refused when the loser has
+// recorded the shard validated from the winner's output and closed the
+// winner's attempt ok (recordDiscarded). That record is what the winner
+// would write: it settles the message at once. Before, it took the
+// refusal for a store that did not answer, logged "defer" and handed the
+// message back, to be settled by the next delivery half a lease later.
+// Here the test writes the loser's record while the command waits, from
+// the output the command is about to make (same file, same checksum).
+func TestCommitRaceWinnerTakesTheRecordWrittenForIt(t *testing.T) {
+	env, run, dst, gate := gatedCommit(t)
+	ctx := context.Background()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "r.txt"), []byte("mine\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	same, err := checkpoint.CommitDir(ctx, filepath.Join(t.TempDir(), "s0000"), src, checkpoint.Options{Fingerprint: run.Fingerprint, Run: "t"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := stream.ShardKey("t", "s0000")
+	e, err := kv.Get(ctx, key)
+	var rec stream.ShardRecord
+	if err == nil {
+		err = stream.Decode(e.Value(), &rec)
+	}
+	if err != nil || !rec.OpenAttempt() || rec.Owner == nil {
+		t.Fatalf("record %+v (%v); want attempt 1 open", rec, err)
+	}
+	// The record as the loser, an attempt of worker b, leaves it.
+	rec.Attempts[0].Outcome, rec.Attempts[0].Reason = stream.OutcomeOK, "committed its output; recorded by attempt 2 of b, which lost the commit race to it"
+	rec.Attempts = append(rec.Attempts, stream.Attempt{N: 2, Worker: "b", Host: "elsewhere", Start: time.Now().UTC(),
+		Outcome: stream.OutcomeDiscarded, Reason: "another attempt committed the shard's output first"})
+	rec.State, rec.Owner, rec.Reason = stream.ShardValidated, nil, "output committed by another attempt, which did not record it"
+	rec.Output = &stream.Output{Path: dst, Checksum: same.Manifest, Files: same.Files, Bytes: same.Bytes}
+	data, err := stream.Encode(&rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Update(ctx, key, data, e.Revision())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(env.Data, "runs", "t", "admission.log")
+	var b []byte
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		b, _ = os.ReadFile(log)
+		return bytes.Contains(b, []byte("shard=s0000 class=cpu decision=validated")) || bytes.Contains(b, []byte("decision=defer")),
+			"admission log:\n" + string(b)
+	})
+	if !bytes.Contains(b, []byte("decision=validated attempt 1 ")) || bytes.Contains(b, []byte("decision=defer")) {
+		t.Fatalf("admission log:\n%s\nwant attempt 1 validated, nothing deferred", b)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(got) != "mine\n" {
+		t.Fatalf("destination holds %q, want the command's output", got)
+	}
+	// The message is settled: nothing pending or waiting for an ack.
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		ci, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
+		if err != nil {
+			return false, err.Error()
+		}
+		info, err := ci.Info(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return info.NumPending == 0 && info.NumAckPending == 0, fmt.Sprintf("consumer: %d pending, %d waiting for an ack", info.NumPending, info.NumAckPending)
+	})
+	if e, err := kv.Get(ctx, key); err != nil || e.Revision() != rev {
+		t.Fatalf("record written again (%v): the loser's record should stand", err)
+	}
+}
+
 // TestPendingCommitOfAnotherAttemptSpendsNoAttempt: an attempt whose
 // commit meets another attempt's claim, just written and not published
 // (its owner on another host, not known gone), discards its output

@@ -1410,7 +1410,8 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	// Published: the record waits for a coordinator that does not answer
 	// too (were it given up, the next delivery would find the output and
 	// record it, a lease TTL later).
-	if err := w.untilStore(ctx, a, func() error { return w.finish(ctx, a, stream.ShardValidated, "", nil) }); err != nil {
+	if err := w.untilStore(ctx, a, func() error { return w.finish(ctx, a, stream.ShardValidated, "", nil) }); err != nil &&
+		!w.recordedForIt(ctx, a, mk.Manifest) {
 		return fmt.Errorf("%w: output committed, record not written: %v", errCoordinator, err)
 	}
 	// Not only where the command names {ckpt}: a job may use
@@ -1610,6 +1611,28 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 			return
 		}
 	}
+}
+
+// recordedForIt reports whether the shard's record, which refused this
+// attempt's validated record, says it already: an attempt that lost the
+// commit race to this one recorded the shard validated from this
+// attempt's output (checksum) and closed this attempt ok
+// (recordDiscarded). The record read is then this attempt's, and the
+// message is settled as after its own write; any other record (none
+// read, or one that says something else) leaves the refusal standing.
+func (w *Worker) recordedForIt(ctx context.Context, a *attemptState, checksum string) bool {
+	rec, rev, err := w.readShard(ctx, a.key)
+	if err != nil || rec.Fingerprint != a.m.Fingerprint || rec.State != stream.ShardValidated ||
+		rec.Output == nil || rec.Output.Checksum != checksum {
+		return false
+	}
+	mine := a.rec.Attempts[len(a.rec.Attempts)-1]
+	if !slices.ContainsFunc(rec.Attempts, func(x stream.Attempt) bool { return sameAttempt(x, mine) && x.Outcome == stream.OutcomeOK }) {
+		return false
+	}
+	a.rec, a.rev = rec, rev
+	w.countEnded(a.m.Run, stream.ShardValidated)
+	return true
 }
 
 // sameAttempt reports whether x and y are one attempt (x as a record
