@@ -2,6 +2,7 @@ package stream
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -28,5 +29,28 @@ func TestOpenAttemptsNamesEveryAttemptWithoutOutcome(t *testing.T) {
 	}
 	if got := (&ShardRecord{State: ShardValidated}).OpenAttempts(); got != nil {
 		t.Fatalf("a record of no attempts: %q open, want none", got)
+	}
+}
+
+// TestCheckClosedNamesWhatIsLeftOpen: the check the drill and the soak
+// make of each shard's last record once a run is over.
+func TestCheckClosedNamesWhatIsLeftOpen(t *testing.T) {
+	enc := func(r ShardRecord) []byte {
+		b, err := Encode(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	closed := enc(ShardRecord{State: ShardValidated, Attempts: []Attempt{{N: 1, Worker: "a", Outcome: OutcomeLost}, {N: 2, Worker: "b", Outcome: OutcomeOK}}})
+	if err := CheckClosed(closed); err != nil {
+		t.Fatalf("every attempt closed: %v, want nil", err)
+	}
+	open := enc(ShardRecord{State: ShardValidated, Attempts: []Attempt{{N: 1, Worker: "a", Outcome: OutcomeDiscarded}, {N: 2, Worker: "b"}}})
+	if err := CheckClosed(open); err == nil || err.Error() != "attempt 2 of b left with no outcome, under validated" {
+		t.Fatalf("attempt 2 open: %v", err)
+	}
+	if err := CheckClosed([]byte("{")); err == nil || !strings.HasPrefix(err.Error(), "record: ") {
+		t.Fatalf("a record that does not decode: %v", err)
 	}
 }

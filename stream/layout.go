@@ -289,3 +289,19 @@ func Validations(hist []jetstream.KeyValueEntry, fp string) []ShardRecord {
 	}
 	return out
 }
+
+// CheckClosed reports what is wrong with a shard record, as stored
+// (value), that the run's end should have left with every attempt closed:
+// it does not decode, or it holds attempts with no outcome
+// (OpenAttempts). The drill's power-cut and cluster runs and the crash
+// soak check the last entry of each shard's history with it.
+func CheckClosed(value []byte) error {
+	var rec ShardRecord
+	if err := Decode(value, &rec); err != nil {
+		return fmt.Errorf("record: %w", err)
+	}
+	if open := rec.OpenAttempts(); len(open) > 0 {
+		return fmt.Errorf("%s left with no outcome, under %s", strings.Join(open, ", "), rec.State)
+	}
+	return nil
+}

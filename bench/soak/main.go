@@ -455,12 +455,8 @@ func (s *soak) check(js jetstream.JetStream, run *stream.RunRecord, n int) int {
 		if len(validated) > 0 && len(validated[len(validated)-1].Attempts) > 1 {
 			reran++
 		}
-		var last stream.ShardRecord
-		if err := stream.Decode(hist[len(hist)-1].Value(), &last); err != nil {
-			s.logf("VIOLATION: record of %s: %v", id, err)
-			bad++
-		} else if open := last.OpenAttempts(); len(open) > 0 {
-			s.logf("VIOLATION: %s: %s left with no outcome, under %s", id, strings.Join(open, ", "), last.State)
+		if err := stream.CheckClosed(hist[len(hist)-1].Value()); err != nil {
+			s.logf("VIOLATION: %s: %v", id, err)
 			bad++
 		}
 		if len(validated) > 0 {

@@ -255,11 +255,8 @@ func validatedOnce(ctx context.Context, js jetstream.JetStream, run, fp, out str
 		if v := len(stream.Validations(hist, fp)); v != 1 {
 			bad = append(bad, fmt.Sprintf("%s recorded validated %d times", id, v))
 		}
-		var last stream.ShardRecord
-		if err := stream.Decode(hist[len(hist)-1].Value(), &last); err != nil {
-			bad = append(bad, fmt.Sprintf("%s: record: %v", id, err))
-		} else if open := last.OpenAttempts(); len(open) > 0 {
-			bad = append(bad, fmt.Sprintf("%s: %s left with no outcome, under %s", id, strings.Join(open, ", "), last.State))
+		if err := stream.CheckClosed(hist[len(hist)-1].Value()); err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", id, err))
 		}
 		if _, err := checkpoint.VerifyCommitted(filepath.Join(out, id), fp, true); err != nil {
 			bad = append(bad, fmt.Sprintf("output %s: %v", id, err))
