@@ -188,7 +188,11 @@ func shardEnviron(procRoot string, pid int) (vars []string, midExec bool) {
 			return shardVarsOf(b), false
 		}
 		if cl, err := readAtOnce(filepath.Join(dir, "cmdline")); err == nil && len(cl) == 0 {
-			return nil, true
+			// So do a process that has exited (a zombie) and a kernel
+			// thread, on kernels that open their environ at all (this
+			// one refuses, ESRCH): neither is an exec under way.
+			st, err := probe.ReadStat(procRoot, pid)
+			return nil, err == nil && st.State != 'Z' && st.State != 'X' && !st.Kernel
 		}
 		// A command line and no environment: cleared (env -i), or the
 		// exec ended between the two reads; read it once more.

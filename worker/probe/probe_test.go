@@ -393,8 +393,12 @@ func TestValueJSONIsThreeState(t *testing.T) {
 func TestParseStat(t *testing.T) {
 	// A command name with spaces and a parenthesis must not shift the fields.
 	st, ok := ParseStat([]byte("4242 (my (odd) job) S 17 4200 4200 0 -1 4194560 0 0 0 0 500 250 30 12 20 0 1 0 100 123456789 51200 18446744073709551615\n"))
-	if !ok || st.PPid != 17 || st.PGrp != 4200 || st.Ticks != 750 || st.Reaped != 42 || st.RSSPages != 51200 {
-		t.Fatalf("got %+v %v, want ppid 17, pgrp 4200, 750 ticks, 42 reaped, 51200 pages", st, ok)
+	if !ok || st.PPid != 17 || st.PGrp != 4200 || st.Ticks != 750 || st.Reaped != 42 || st.RSSPages != 51200 || st.Kernel {
+		t.Fatalf("got %+v %v, want ppid 17, pgrp 4200, 750 ticks, 42 reaped, 51200 pages, not a kernel thread", st, ok)
+	}
+	// A kworker's line from this VM (its first 24 fields).
+	if st, ok := ParseStat([]byte("30696 (kworker/u8:5-writeback) I 2 0 0 0 -1 69238880 0 0 0 0 0 165 0 0 20 0 1 0 3113941 0 0\n")); !ok || !st.Kernel || st.PPid != 2 {
+		t.Fatalf("a kernel thread: got %+v %v, want Kernel", st, ok)
 	}
 	if _, ok := ParseStat([]byte("4242 (short) S 1")); ok {
 		t.Fatal("a truncated line parsed")

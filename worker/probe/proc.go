@@ -293,12 +293,17 @@ type Stat struct {
 	RSSPages int64 // resident set, in pages
 	Start    int64 // start time, in clock ticks since boot
 	State    byte  // R, S, D, Z (zombie: dead, not yet reaped), ...
+	Kernel   bool  // a kernel thread (PF_KTHREAD in its flags)
 }
+
+// pfKthread is the kernel's PF_KTHREAD task flag.
+const pfKthread = 0x00200000
 
 // ParseStat reads a /proc/<pid>/stat line. The fields are counted after
 // the parenthesised command name, which may itself hold spaces and
-// parentheses: state, ppid, pgrp, utime, stime, cutime, cstime, starttime
-// and rss are the 3rd to 5th, 14th to 17th, 22nd and 24th fields overall.
+// parentheses: state, ppid, pgrp, flags, utime, stime, cutime, cstime,
+// starttime and rss are the 3rd to 5th, 9th, 14th to 17th, 22nd and 24th
+// fields overall.
 func ParseStat(b []byte) (Stat, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
@@ -316,10 +321,12 @@ func ParseStat(b []byte) (Stat, bool) {
 	start, err5 := strconv.ParseInt(f[19], 10, 64)
 	cu, err6 := strconv.ParseInt(f[13], 10, 64)
 	cs, err7 := strconv.ParseInt(f[14], 10, 64)
-	if err0 != nil || err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil {
+	flags, err8 := strconv.ParseUint(f[6], 10, 64)
+	if err0 != nil || err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil || err6 != nil || err7 != nil || err8 != nil {
 		return Stat{}, false
 	}
-	return Stat{PPid: ppid, PGrp: pgrp, Ticks: u + k, Reaped: cu + cs, RSSPages: rss, Start: start, State: f[0][0]}, true
+	return Stat{PPid: ppid, PGrp: pgrp, Ticks: u + k, Reaped: cu + cs, RSSPages: rss, Start: start, State: f[0][0],
+		Kernel: flags&pfKthread != 0}, true
 }
 
 // clockTicks is USER_HZ, 100 on every Linux shardpool supports.
