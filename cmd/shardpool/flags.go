@@ -33,6 +33,13 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 			fmt.Fprintf(stderr, "\nFlags:\n")
 			printFlags(stderr, fs)
 		}
+		if exits := commandExits[name]; len(exits) > 0 && !out.wrote {
+			fmt.Fprintf(stderr, "\nExit codes:\n")
+			for _, e := range exits {
+				code, what, _ := strings.Cut(e, " ")
+				fmt.Fprintf(stderr, "  %-4s %s\n", code, what)
+			}
+		}
 	}
 	return fs
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -152,5 +154,63 @@ func TestPathsFlag(t *testing.T) {
 	}
 	if err := p.Set("nopath"); err == nil {
 		t.Fatal("--path nopath: accepted, want NAME=PATH")
+	}
+}
+
+// TestHelpListsExitCodes: every command's --help ends with its exit codes
+// (commandExits), each line a code and what it means, 0 first; a command
+// added without an entry fails here (the names come from the newFlags
+// calls in this package's sources).
+func TestHelpListsExitCodes(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := regexp.MustCompile(`newFlags\("([a-z ]+)"`)
+	names := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllSubmatch(b, -1) {
+			names[string(m[1])] = true
+		}
+	}
+	if len(names) < 15 {
+		t.Fatalf("found %d commands in newFlags calls, want every one: %v", len(names), names)
+	}
+	line := regexp.MustCompile(`^  (\d+) +\S`)
+	for name := range names {
+		if len(commandExits[name]) == 0 {
+			t.Errorf("%s: no exit codes in commandExits", name)
+			continue
+		}
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), append(strings.Fields(name), "--help"), &stdout, &stderr); exitCode(err, &stderr) != 0 {
+			t.Errorf("%s --help: %v", name, err)
+			continue
+		}
+		_, exits, ok := strings.Cut(stderr.String(), "\nExit codes:\n")
+		if !ok {
+			t.Errorf("%s --help lists no exit codes:\n%s", name, stderr.String())
+			continue
+		}
+		lines := strings.Split(strings.TrimSuffix(exits, "\n"), "\n")
+		if len(lines) != len(commandExits[name]) {
+			t.Errorf("%s --help: %d exit code lines, want %d:\n%s", name, len(lines), len(commandExits[name]), exits)
+		}
+		for i, l := range lines {
+			m := line.FindStringSubmatch(l)
+			switch {
+			case m == nil:
+				t.Errorf("%s --help: exit code line %q, want a code and what it means", name, l)
+			case i == 0 && m[1] != "0":
+				t.Errorf("%s --help: the first exit code is %s, want 0", name, m[1])
+			}
+		}
 	}
 }
