@@ -610,6 +610,11 @@ func (w *Worker) Running() int {
 	return n
 }
 
+// Concluding is the number of shards whose command has exited and that
+// conclude outside a slot now (commit, records, ack): their records still
+// say running while the slot has another shard.
+func (w *Worker) Concluding() int { return len(w.concluding) }
+
 // DefaultStateDir is $XDG_STATE_HOME/shardpool, or ~/.local/state/shardpool.
 func DefaultStateDir() string {
 	if d := os.Getenv("XDG_STATE_HOME"); d != "" {

@@ -50,3 +50,28 @@ func TestProgressSaysThePaceAndTimeLeft(t *testing.T) {
 		t.Fatalf("1 an hour: %q", got)
 	}
 }
+
+// TestProgressSaysWhatIsCommitting: the running count of a worker that
+// commits aside can exceed its slots; the line says how many of them the
+// local worker is committing, never more than the count it qualifies.
+func TestProgressSaysWhatIsCommitting(t *testing.T) {
+	r := &stream.RunRecord{State: stream.RunRunning, Counts: stream.Counts{Total: 10, Validated: 2, Running: 4, Pending: 4}}
+	now := 0
+	p := &progress{committing: func() int { return now }}
+	for _, c := range []struct {
+		committing int
+		want       string
+	}{
+		{3, "RUNNING 2/10 validated, 4 running (3 committing), 0 failed, 4 pending"},
+		{7, "RUNNING 2/10 validated, 4 running (4 committing), 0 failed, 4 pending"}, // read after the record
+		{0, "RUNNING 2/10 validated, 4 running, 0 failed, 4 pending"},
+	} {
+		now = c.committing
+		if got := p.counts(r); got != c.want {
+			t.Errorf("%d committing: %q, want %q", c.committing, got, c.want)
+		}
+	}
+	if got := (&progress{}).counts(r); got != "RUNNING 2/10 validated, 4 running, 0 failed, 4 pending" {
+		t.Errorf("no local worker: %q", got)
+	}
+}

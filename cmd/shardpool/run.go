@@ -238,7 +238,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		since = submitted
 	}
 	wo := waitOpts{follow: follow, since: since, progress: progressOut(stderr, *quiet), full: coord.StoreFull, cpuLimit: wk.OthersLimit,
-		ended: func() (int64, int64) { return wk.Ended(spec.Name) }, haltAt: *halt}
+		ended: func() (int64, int64) { return wk.Ended(spec.Name) }, haltAt: *halt, committing: wk.Concluding}
 	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, wo)
 	var halted errHalted
 	var haltedWhy []string
@@ -533,6 +533,9 @@ type waitOpts struct {
 	// short of haltAt is warned about.
 	ended  func() (validated, failed int64)
 	haltAt int64
+	// committing is how many shards the local worker concludes now
+	// (worker.Concluding), for the progress line.
+	committing func() int
 }
 
 // failedReasons lists up to most failed shards of run with their reasons
@@ -597,6 +600,7 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 	}
 	defer stream.StopWatch(w)
 	p := newProgress(o.progress)
+	p.committing = o.committing
 	defer p.done()
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
@@ -736,6 +740,9 @@ type progress struct {
 	// seen is shards ended (validated or failed) over the last
 	// rateWindow, for the rate and the time left.
 	seen []progressSample
+	// committing is how many shards the local worker concludes now, their
+	// command ended (worker.Concluding); nil where there is none.
+	committing func() int
 }
 
 // progressSample is how many shards had ended at a moment.
@@ -815,7 +822,7 @@ func (p *progress) show(r *stream.RunRecord) {
 		return
 	}
 	c := r.Counts
-	text := fmt.Sprintf("%s %d/%d validated, %d running, %d failed, %d pending", r.State, c.Validated, c.Total, c.Running, c.Failed, c.Pending)
+	text := p.counts(r)
 	pace := p.pace(c, time.Now())
 	if p.tty {
 		const width = 30
@@ -834,6 +841,24 @@ func (p *progress) show(r *stream.RunRecord) {
 	}
 	p.line, p.last = text, time.Now()
 	fmt.Fprintln(p.w, text+pace)
+}
+
+// counts is the progress line's text without its pace. A shard counts
+// as running from its start until its record concludes it, so the
+// shards of a worker that commits aside, their slots free again, can
+// outnumber its slots: those the local worker is committing now are said
+// ("9 running (6 committing)"), lest "runs one shard at a time" above
+// read as broken. Read at another moment than the record's count, the
+// number is capped at it.
+func (p *progress) counts(r *stream.RunRecord) string {
+	c := r.Counts
+	running := fmt.Sprintf("%d running", c.Running)
+	if p.committing != nil {
+		if k := min(p.committing(), c.Running); k > 0 {
+			running += fmt.Sprintf(" (%d committing)", k)
+		}
+	}
+	return fmt.Sprintf("%s %d/%d validated, %s, %d failed, %d pending", r.State, c.Validated, c.Total, running, c.Failed, c.Pending)
 }
 
 func stateOf(line string) string { s, _, _ := strings.Cut(line, " "); return s }
