@@ -1613,13 +1613,14 @@ func (w *Worker) recordDiscarded(ctx context.Context, a *attemptState, why error
 	}
 }
 
-// recordedForIt reports whether the shard's record, which refused this
-// attempt's validated record, says it already: an attempt that lost the
-// commit race to this one recorded the shard validated from this
+// recordedForIt reports whether the shard's record, which this attempt's
+// validated record did not reach, says it already: an attempt that lost
+// the commit race to this one recorded the shard validated from this
 // attempt's output (checksum) and closed this attempt ok
-// (recordDiscarded). The record read is then this attempt's, and the
-// message is settled as after its own write; any other record (none
-// read, or one that says something else) leaves the refusal standing.
+// (recordDiscarded), or this attempt's own write landed and its answer
+// was lost. The record read is then this attempt's, and the message is
+// settled as after its own write; any other record (none read, or one
+// that says something else) leaves the failure standing.
 func (w *Worker) recordedForIt(ctx context.Context, a *attemptState, checksum string) bool {
 	rec, rev, err := w.readShard(ctx, a.key)
 	if err != nil || rec.Fingerprint != a.m.Fingerprint || rec.State != stream.ShardValidated ||
