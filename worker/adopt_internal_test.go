@@ -3,12 +3,8 @@ package worker
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
-
-	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // TestEnvironIdentityTellsAnExecUnderWay: /proc/PID/environ reads empty
@@ -66,26 +62,7 @@ func TestEnvironIdentityTellsAnExecUnderWay(t *testing.T) {
 // each such process. Read from the live /proc: a child of this test that
 // exited and is not waited for yet.
 func TestZombieIsNotTakenForAnExecUnderWay(t *testing.T) {
-	cmd := exec.Command("true")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	pid := cmd.Process.Pid
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st, err := probe.ReadStat("/proc", pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.State == 'Z' {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d still in state %c after 10s", pid, st.State)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	pid := zombieChild(t)
 	if vars, mid := shardEnviron("/proc", pid); mid || vars != nil {
 		t.Fatalf("a zombie: vars %q, mid-exec %v; want none, not mid-exec", vars, mid)
 	}

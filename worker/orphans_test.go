@@ -369,25 +369,32 @@ func ackResponder(t *testing.T, nc *nats.Conn) *nats.Subscription {
 // SIGKILLed under a parent that does not wait for it) is dead for every
 // proof of an owner gone: leases, worker names, kept cgroups.
 func TestZombieIsNotAlive(t *testing.T) {
-	cmd := exec.Command("true")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	pid := cmd.Process.Pid
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if strings.Contains(string(b), ") Z ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d did not become a zombie: %s", pid, b)
-		}
-	}
+	pid := zombieChild(t)
 	if pidAlive(pid) {
 		t.Errorf("zombie pid %d counts as alive", pid)
 	}
 	if !pidAlive(os.Getpid()) {
 		t.Errorf("this process counts as dead")
+	}
+}
+
+// zombieChild starts `true` and waits until it has exited and is a zombie
+// (this test has not waited for it yet); it is reaped at cleanup.
+func zombieChild(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if strings.Contains(string(b), ") Z ") {
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d did not become a zombie: %s", pid, b)
+		}
 	}
 }

@@ -2059,6 +2059,28 @@ func claimAndGo(t *testing.T, env *testenv.Env, run stream.RunRecord, dst, check
 	}
 }
 
+// openAttemptRecord reads gatedCommit's shard record, with the bucket,
+// key and entry to update it from, and checks that it holds attempt 1
+// open (its command waits at the gate).
+func openAttemptRecord(t *testing.T, env *testenv.Env) (jetstream.KeyValue, string, jetstream.KeyValueEntry, stream.ShardRecord) {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := stream.ShardKey("t", "s0000")
+	e, err := kv.Get(ctx, key)
+	var rec stream.ShardRecord
+	if err == nil {
+		err = stream.Decode(e.Value(), &rec)
+	}
+	if err != nil || !rec.OpenAttempt() || len(rec.Attempts) != 1 || rec.Owner == nil {
+		t.Fatalf("record %+v (%v); want attempt 1 open", rec, err)
+	}
+	return kv, key, e, rec
+}
+
 // publishAndGo publishes another attempt's output of gatedCommit's shard
 // at its destination (commitOutput, with the marker's owner and run from
 // opt), puts its claim (claimAndGo), lets the command end, and returns
@@ -2106,19 +2128,7 @@ func TestLostCommitRaceStillRecordsValidated(t *testing.T) {
 func TestLostCommitRaceClosesTheWinnersOpenAttempt(t *testing.T) {
 	env, run, dst, gate := gatedCommit(t)
 	ctx := context.Background()
-	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := stream.ShardKey("t", "s0000")
-	e, err := kv.Get(ctx, key)
-	var rec stream.ShardRecord
-	if err == nil {
-		err = stream.Decode(e.Value(), &rec)
-	}
-	if err != nil || !rec.OpenAttempt() || len(rec.Attempts) != 1 {
-		t.Fatalf("record %+v (%v); want attempt 1 open", rec, err)
-	}
+	kv, key, e, rec := openAttemptRecord(t, env)
 	// What attempt 2's start writes (beginAttempt).
 	owner := stream.Owner{Worker: "b", Host: "elsewhere", PID: 7, Attempt: 2}
 	rec.CloseLost()
@@ -2166,19 +2176,7 @@ func TestCommitRaceWinnerTakesTheRecordWrittenForIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := env.JS.KeyValue(ctx, stream.BucketShards)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := stream.ShardKey("t", "s0000")
-	e, err := kv.Get(ctx, key)
-	var rec stream.ShardRecord
-	if err == nil {
-		err = stream.Decode(e.Value(), &rec)
-	}
-	if err != nil || !rec.OpenAttempt() || rec.Owner == nil {
-		t.Fatalf("record %+v (%v); want attempt 1 open", rec, err)
-	}
+	kv, key, e, rec := openAttemptRecord(t, env)
 	// The record as the loser, an attempt of worker b, leaves it.
 	rec.Attempts[0].Outcome, rec.Attempts[0].Reason = stream.OutcomeOK, "committed its output; recorded by attempt 2 of b, which lost the commit race to it"
 	rec.Attempts = append(rec.Attempts, stream.Attempt{N: 2, Worker: "b", Host: "elsewhere", Start: time.Now().UTC(),
