@@ -2161,11 +2161,52 @@ func TestLostCommitRaceClosesTheWinnersOpenAttempt(t *testing.T) {
 // recorded the shard validated from the winner's output and closed the
 // winner's attempt ok (recordDiscarded). That record is what the winner
 // would write: it settles the message at once. Before, it took the
-// refusal for a store that did not answer, logged "defer" and handed the
-// message back, to be settled by the next delivery half a lease later.
-// Here the test writes the loser's record while the command waits, from
-// the output the command is about to make (same file, same checksum).
+// refusal for a store that did not answer, logged "defer ... coordinator
+// store unavailable" and handed the message back, to be settled by the
+// next delivery half a lease later.
 func TestCommitRaceWinnerTakesTheRecordWrittenForIt(t *testing.T) {
+	env, kv, key, rev, dst := losersRecord(t, stream.OutcomeOK)
+	b := waitForVerdict(t, env)
+	if !bytes.Contains(b, []byte("decision=validated attempt 1 ")) || bytes.Contains(b, []byte("decision=defer")) {
+		t.Fatalf("admission log:\n%s\nwant attempt 1 validated, nothing deferred", b)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(got) != "mine\n" {
+		t.Fatalf("destination holds %q, want the command's output", got)
+	}
+	waitSettled(t, env, 5*time.Second)
+	if e, err := kv.Get(context.Background(), key); err != nil || e.Revision() != rev {
+		t.Fatalf("record written again (%v): the loser's record should stand", err)
+	}
+}
+
+// TestCommitRaceWinnerDefersOnAnotherRecord: where the record that
+// refused the winner's write does not say what it would (here the loser
+// closed the winner's attempt lost), the winner hands the message back
+// and the next delivery settles it from the record and the output, as
+// before; its admission log says the record changed, not that the store
+// was unavailable.
+func TestCommitRaceWinnerDefersOnAnotherRecord(t *testing.T) {
+	env, _, _, _, _ := losersRecord(t, stream.OutcomeLost)
+	b := waitForVerdict(t, env)
+	if !bytes.Contains(b, []byte("decision=defer the shard's record changed meanwhile (another attempt, or the coordinator, wrote it)")) ||
+		bytes.Contains(b, []byte("unavailable")) {
+		t.Fatalf("admission log:\n%s\nwant a deferral that says the record changed", b)
+	}
+	waitSettled(t, env, 20*time.Second)
+	rec, err := env.Shard("t", "s0000")
+	if err != nil || rec.State != stream.ShardValidated || len(rec.Attempts) != 2 || rec.Attempts[0].Outcome != stream.OutcomeLost {
+		t.Fatalf("record %+v (%v); want validated as the loser wrote it", rec, err)
+	}
+}
+
+// losersRecord runs gatedCommit's shard and, while its command waits,
+// writes its record as an attempt that lost the commit race to it leaves
+// it: validated from the output the command is about to make (same file,
+// same checksum), its own attempt discarded, and the waiting attempt
+// closed with outcome. Then it lets the command end. It returns the
+// shards bucket, the key, the record's revision and the destination.
+func losersRecord(t *testing.T, outcome string) (*testenv.Env, jetstream.KeyValue, string, uint64, string) {
+	t.Helper()
 	env, run, dst, gate := gatedCommit(t)
 	ctx := context.Background()
 	src := t.TempDir()
@@ -2177,8 +2218,7 @@ func TestCommitRaceWinnerTakesTheRecordWrittenForIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	kv, key, e, rec := openAttemptRecord(t, env)
-	// The record as the loser, an attempt of worker b, leaves it.
-	rec.Attempts[0].Outcome, rec.Attempts[0].Reason = stream.OutcomeOK, "committed its output; recorded by attempt 2 of b, which lost the commit race to it"
+	rec.Attempts[0].Outcome, rec.Attempts[0].Reason = outcome, "committed its output; recorded by attempt 2 of b, which lost the commit race to it"
 	rec.Attempts = append(rec.Attempts, stream.Attempt{N: 2, Worker: "b", Host: "elsewhere", Start: time.Now().UTC(),
 		Outcome: stream.OutcomeDiscarded, Reason: "another attempt committed the shard's output first"})
 	rec.State, rec.Owner, rec.Reason = stream.ShardValidated, nil, "output committed by another attempt, which did not record it"
@@ -2194,6 +2234,13 @@ func TestCommitRaceWinnerTakesTheRecordWrittenForIt(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return env, kv, key, rev, dst
+}
+
+// waitForVerdict waits until the run's admission log says how the
+// attempt of s0000 concluded (validated or deferred) and returns it.
+func waitForVerdict(t *testing.T, env *testenv.Env) []byte {
+	t.Helper()
 	log := filepath.Join(env.Data, "runs", "t", "admission.log")
 	var b []byte
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
@@ -2201,14 +2248,15 @@ func TestCommitRaceWinnerTakesTheRecordWrittenForIt(t *testing.T) {
 		return bytes.Contains(b, []byte("shard=s0000 class=cpu decision=validated")) || bytes.Contains(b, []byte("decision=defer")),
 			"admission log:\n" + string(b)
 	})
-	if !bytes.Contains(b, []byte("decision=validated attempt 1 ")) || bytes.Contains(b, []byte("decision=defer")) {
-		t.Fatalf("admission log:\n%s\nwant attempt 1 validated, nothing deferred", b)
-	}
-	if got, _ := os.ReadFile(filepath.Join(dst, "r.txt")); string(got) != "mine\n" {
-		t.Fatalf("destination holds %q, want the command's output", got)
-	}
-	// The message is settled: nothing pending or waiting for an ack.
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+	return b
+}
+
+// waitSettled waits until the cpu consumer has nothing pending or
+// waiting for an ack.
+func waitSettled(t *testing.T, env *testenv.Env, within time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	testenv.Eventually(t, within, func() (bool, string) {
 		ci, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
 		if err != nil {
 			return false, err.Error()
@@ -2219,9 +2267,6 @@ func TestCommitRaceWinnerTakesTheRecordWrittenForIt(t *testing.T) {
 		}
 		return info.NumPending == 0 && info.NumAckPending == 0, fmt.Sprintf("consumer: %d pending, %d waiting for an ack", info.NumPending, info.NumAckPending)
 	})
-	if e, err := kv.Get(ctx, key); err != nil || e.Revision() != rev {
-		t.Fatalf("record written again (%v): the loser's record should stand", err)
-	}
 }
 
 // TestPendingCommitOfAnotherAttemptSpendsNoAttempt: an attempt whose

@@ -1287,11 +1287,12 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			_ = a.msg.DoubleAck(ctx)
 			return
 		}
-		if errors.Is(err, errCoordinator) {
+		if errors.Is(err, errCoordinator) || errors.Is(err, errRecordChanged) {
 			// Not the shard's failure: the coordinator's store did not take
-			// a write (full, or gone). The message comes back, without
-			// spending an attempt where the record can still say so; a
-			// published output is then found verified and recorded.
+			// a write (full, or gone), or the record changed under the
+			// validated one. The message comes back, without spending an
+			// attempt where the record can still say so; a published
+			// output is then found verified and recorded.
 			at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
 			a.rec.Output = nil
 			w.handBackUncharged(ctx, a, l, "commit deferred: "+err.Error(), "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2),
@@ -1412,6 +1413,9 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	// record it, a lease TTL later).
 	if err := w.untilStore(ctx, a, func() error { return w.finish(ctx, a, stream.ShardValidated, "", nil) }); err != nil &&
 		!w.recordedForIt(ctx, a, mk.Manifest) {
+		if stream.IsConflict(err) {
+			return fmt.Errorf("%w (another attempt, or the coordinator, wrote it): output committed, this attempt's record not written: %v", errRecordChanged, err)
+		}
 		return fmt.Errorf("%w: output committed, record not written: %v", errCoordinator, err)
 	}
 	// Not only where the command names {ckpt}: a job may use
@@ -1475,6 +1479,10 @@ var (
 	// errCoordinator: the coordinator's store did not take a write the
 	// commit needs (its claim, barrier or the validated record).
 	errCoordinator = errors.New("coordinator store unavailable")
+	// errRecordChanged: the shard's record changed between this attempt's
+	// running record and its validated one, and does not say what this
+	// attempt would (recordedForIt).
+	errRecordChanged = errors.New("the shard's record changed meanwhile")
 )
 
 // handBackUncharged ends an attempt that was not the shard's failure (a
