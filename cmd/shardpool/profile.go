@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/shardpool/shardpool/checkpoint"
@@ -68,7 +69,7 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SAMPLE\tSHARD\tCOST\tSECONDS\tITEMS/S\tPEAK MEMORY\tCPU DUTY\tOUTPUT\tOUTCOME")
 	for _, s := range r.Samples {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f\t%s\t%s %s\n", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty, stream.FormatSize(s.OutputBytes), s.Outcome, s.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f\t%s\t%s\n", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty, stream.FormatSize(s.OutputBytes), outcomeText(s.Outcome, s.Reason))
 	}
 	tw.Flush()
 	for _, s := range r.Samples {
@@ -101,6 +102,19 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 	if r.Error != "" {
 		fmt.Fprintf(w, "STOPPED: %s\n", r.Error)
 	}
+}
+
+// outcomeText is a sample's outcome and its reason, the outcome's word
+// said once: "exit status 5; last output: ..." for outcome exit, not
+// "exit exit status 5".
+func outcomeText(outcome, reason string) string {
+	switch {
+	case reason == "":
+		return outcome
+	case strings.HasPrefix(reason, outcome):
+		return reason
+	}
+	return outcome + ": " + reason
 }
 
 // peakText is a sample's peak memory; 0 means none was caught (a command

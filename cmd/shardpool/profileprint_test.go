@@ -31,3 +31,24 @@ func TestProfileSaysWhenNoPeakWasCaught(t *testing.T) {
 		t.Fatalf("profile class line:\n%s\nwant the class's measured peak unknown", out)
 	}
 }
+
+// TestProfileSaysEachOutcomeOnce: the OUTCOME column printed "exit exit
+// status 5; ..." for a command that exited 5; the outcome's word is said
+// once, and an outcome whose reason does not start with it keeps both.
+func TestProfileSaysEachOutcomeOnce(t *testing.T) {
+	var b strings.Builder
+	printProfile(&b, &worker.ProfileReport{Samples: []worker.Sample{
+		{Kind: "smallest", ID: "a", Outcome: "exit", Reason: `exit status 5; last output: "refusing bad input"`},
+		{Kind: "typical", ID: "b", Outcome: "timeout", Reason: "exceeded the time limit of 1s"},
+		{Kind: "largest", ID: "c", Outcome: "ok"},
+	}})
+	out := b.String()
+	for _, want := range []string{`  exit status 5; last output: "refusing bad input"` + "\n", "  timeout: exceeded the time limit of 1s\n", "  ok\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("profile table:\n%s\nwant a line ending %q", out, want)
+		}
+	}
+	if strings.Contains(out, "exit exit") {
+		t.Errorf("profile table:\n%s\nsays exit twice", out)
+	}
+}
