@@ -1,0 +1,48 @@
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// FuseDir mounts a FUSE file system at a new directory and returns it:
+// bindfs (Debian package bindfs, which .ci/run installs) passing through
+// to a directory of its own. Such a mount is what an output directory on
+// sshfs, s3fs or gcsfuse is to a worker: another file system kind
+// ("fuse"), with what FUSE leaves out; bindfs, like sshfs, refuses
+// renameat2's RENAME_EXCHANGE (EINVAL) while it takes RENAME_NOREPLACE.
+// It is unmounted at cleanup. The test needs root (RequireRoot).
+func FuseDir(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	if _, err := exec.LookPath("bindfs"); err != nil {
+		t.Fatalf("bindfs is not installed (apt-get install bindfs; .ci/run installs it): %v", err)
+	}
+	if !kernelHas("fuse") {
+		t.Fatalf("this kernel has no FUSE (no fuse in /proc/filesystems)")
+	}
+	base := t.TempDir()
+	back, mnt := filepath.Join(base, "back"), filepath.Join(base, "fuse")
+	for _, d := range []string{back, mnt} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command("bindfs", back, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("bindfs %s %s: %v %s", back, mnt, err, out)
+	}
+	// Registered after t.TempDir's removal, so it runs first.
+	t.Cleanup(func() {
+		for range 50 {
+			if exec.Command("umount", mnt).Run() == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = exec.Command("umount", "-l", mnt).Run()
+	})
+	return mnt
+}
