@@ -70,6 +70,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		visible = true
 		checkOutput(ctx, spec.Output, stderr)
 	}
+	checkInputs(ctx, spec, man, stderr)
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd, Halt: *halt,
 		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible})
 	if err != nil {

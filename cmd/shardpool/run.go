@@ -63,6 +63,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	warnUnwritableOutput(spec, stderr)
 	checkOutput(ctx, spec.Output, stderr)
+	checkInputs(ctx, spec, man, stderr)
 	// A scratch directory the worker cannot use would fail the run only
 	// once it is queued: say so now.
 	scratchDir, err := checkScratch(*scratch, worker.DefaultName())

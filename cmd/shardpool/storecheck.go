@@ -4,7 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
 
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -24,6 +30,83 @@ func checkOutput(ctx context.Context, output string, w io.Writer) {
 	if pr, err := probe.New(probe.Config{}); err == nil {
 		warnVolatile(ctx, pr, "the output directory "+output, output, "set output in the spec to a directory on a disk", w)
 	}
+}
+
+// checkInputs says so (warnNetworkInputs) when shards read inputs on
+// network storage in place.
+func checkInputs(ctx context.Context, spec *stream.Spec, man *stream.Manifest, w io.Writer) {
+	if pr, err := probe.New(probe.Config{}); err == nil {
+		warnNetworkInputs(ctx, pr, spec, man, w)
+	}
+}
+
+// Bounds of warnNetworkInputs: input directories probed, and the time
+// all of them may take (a hung mount answers no statfs).
+const (
+	inputDirsProbed = 256
+	inputProbeTime  = 2 * time.Second
+)
+
+// warnNetworkInputs says so when shards whose class does not stage read
+// inputs on network storage, as this host's probe sees their
+// directories: each attempt reads them from the server, on every host
+// at once, which is what staging is for (copied to local scratch first,
+// checksummed, kept for later attempts). Staging is off by default, and
+// a user with inputs on NFS would otherwise learn of it only from a slow
+// run. At most inputDirsProbed directories are looked at, within
+// inputProbeTime; storage of unknown locality says nothing.
+func warnNetworkInputs(ctx context.Context, pr *probe.Prober, spec *stream.Spec, man *stream.Manifest, w io.Writer) {
+	ctx, cancel := context.WithTimeout(ctx, inputProbeTime)
+	defer cancel()
+	probed := map[string]*probe.PathInfo{} // input directory: its storage where network, else nil
+	var first *probe.PathInfo
+	n, of, cut := 0, 0, false
+	classes := map[string]bool{}
+	for _, sh := range man.Shards {
+		if spec.StageFor(sh.Class) || len(sh.Inputs) == 0 {
+			continue
+		}
+		of++
+		for _, in := range sh.Inputs {
+			dir := filepath.Dir(in)
+			pi, ok := probed[dir]
+			if !ok {
+				if len(probed) >= inputDirsProbed || ctx.Err() != nil {
+					cut = true
+					continue
+				}
+				if got := pr.Where(ctx, dir); got.Locality == probe.Network {
+					pi = &got
+				}
+				probed[dir] = pi
+			}
+			if pi != nil {
+				n++
+				classes[sh.Class] = true
+				if first == nil {
+					first = pi
+				}
+				break
+			}
+		}
+	}
+	if n == 0 {
+		return
+	}
+	typ := first.Type
+	if first.Subtype != "" {
+		typ += "." + first.Subtype
+	}
+	count := fmt.Sprintf("%d of %d", n, of)
+	if cut {
+		count = fmt.Sprintf("at least %d of %d", n, of)
+	}
+	tables := make([]string, 0, len(classes))
+	for _, c := range slices.Sorted(maps.Keys(classes)) {
+		tables = append(tables, "[class."+c+"]")
+	}
+	fmt.Fprintf(w, "note: %s shard(s) that do not stage read inputs on network storage (%s, %s mounted at %s): each attempt reads them from the server, every host at once; set stage = true in the spec, or in %s, to copy them to local scratch first (checksummed, kept for later attempts)\n",
+		count, typ, first.Source, first.MountPoint, strings.Join(tables, " or "))
 }
 
 // warnVolatile says so when path is on a filesystem held in memory

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -86,6 +87,55 @@ func TestVolatileStoreAndOutputAreWarnedAbout(t *testing.T) {
 			if !strings.Contains(b.String(), want) {
 				t.Errorf("%s: warning %q lacks %q", c.path, b.String(), want)
 			}
+		}
+	}
+}
+
+// TestNetworkInputsAreNoted: shards that read inputs on NFS in place (the
+// fixture's /home, a real machine's mountinfo) get a note that names the
+// mount and the setting that stages them; shards that stage, and inputs
+// on local disk, get none. Only the shards with inputs that do not stage
+// are counted (e has none, d's class stages), and the tables named are
+// their classes'.
+func TestNetworkInputsAreNoted(t *testing.T) {
+	root, err := filepath.Abs("../../worker/probe/testdata/v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(probe.Config{Root: root, StatFS: magicStatFS{"/home": 0x6969, "/scratch": 0x58465342}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes := true
+	man := &stream.Manifest{Shards: []stream.Shard{
+		{ID: "a", Class: "cpu", Inputs: []string{"/scratch/alice/in/a.txt", "/home/alice/in/a.txt"}},
+		{ID: "b", Class: "cpu", Inputs: []string{"/scratch/alice/in/b.txt"}},
+		{ID: "c", Class: "gpu", Inputs: []string{"/home/alice/in/c.txt"}},
+		{ID: "d", Class: "big", Inputs: []string{"/home/alice/in/d.txt"}},
+		{ID: "e", Class: "cpu"},
+	}}
+	spec := &stream.Spec{Classes: map[string]stream.Class{"big": {Stage: &yes}}}
+	ctx := context.Background()
+	var b strings.Builder
+	warnNetworkInputs(ctx, pr, spec, man, &b)
+	for _, want := range []string{"note: 2 of 3 shard(s) that do not stage read inputs on network storage", "nfs4", "fs1:/export/home", "mounted at /home",
+		"set stage = true in the spec, or in [class.cpu] or [class.gpu],"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("note %q lacks %q", b.String(), want)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		spec *stream.Spec
+		man  *stream.Manifest
+	}{
+		{"every class stages", &stream.Spec{Stage: true}, man},
+		{"inputs on local disk", &stream.Spec{}, &stream.Manifest{Shards: []stream.Shard{{ID: "b", Class: "cpu", Inputs: []string{"/scratch/alice/in/b.txt"}}}}},
+	} {
+		b.Reset()
+		warnNetworkInputs(ctx, pr, c.spec, c.man, &b)
+		if b.Len() != 0 {
+			t.Errorf("%s: got %q, want no note", c.what, b.String())
 		}
 	}
 }
