@@ -202,6 +202,9 @@ func TestWriteFileIsAtomic(t *testing.T) {
 func TestGroupSyncCommit(t *testing.T) {
 	src := writeTree(t, map[string]string{"a.txt": "alpha", "sub/b.txt": "beta"})
 	dst := filepath.Join(t.TempDir(), "out", "s1")
+	if err := os.Mkdir(filepath.Dir(dst), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	var calls []string
 	opt := Options{Fingerprint: "fp", Move: true, Sync: func(p string) error {
 		// At the first call the marker is written but dst does not exist.
@@ -517,5 +520,22 @@ func TestPublishIfAbsent(t *testing.T) {
 		if e.Name() != "s" {
 			t.Errorf("left in the output directory: %s", e.Name())
 		}
+	}
+}
+
+// TestPrepareMakesNoParent: a commit whose destination's directory is
+// gone fails and makes nothing. A file system unmounted under a worker
+// leaves its mount point behind: a commit that made the output directory
+// again there would publish on the disk beneath, hidden once the file
+// system is back.
+func TestPrepareMakesNoParent(t *testing.T) {
+	mnt := t.TempDir()
+	dst := filepath.Join(mnt, "out", "s1")
+	_, err := Prepare(context.Background(), dst, writeTree(t, map[string]string{"v": "1"}), Options{Fingerprint: "a"})
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("prepare under a missing directory: %v, want not exist", err)
+	}
+	if ents, _ := os.ReadDir(mnt); len(ents) != 0 {
+		t.Fatalf("prepare under a missing directory made %s", ents[0].Name())
 	}
 }

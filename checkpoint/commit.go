@@ -275,16 +275,16 @@ type Pending struct {
 
 // Prepare writes src into a temporary directory beside dst with its
 // COMPLETE marker, all fsynced, without touching dst. The caller can then win
-// a compare-and-set elsewhere before publishing.
+// a compare-and-set elsewhere before publishing. dst's parent must exist.
 func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error) {
 	files, dirs, err := collect(src, "")
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", dst, err)
 	}
+	// The parent is not made: it is the caller's. Where it has gone (a
+	// file system unmounted under a worker), making it again would
+	// publish on the disk beneath, hidden once that is mounted back.
 	parent := filepath.Dir(dst)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return nil, fmt.Errorf("commit %s: %w", dst, err)
-	}
 	tmp, lock, err := newTemp(parent, TempPrefix+filepath.Base(dst)+"-"+randSuffix())
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", dst, err)
