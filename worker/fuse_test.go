@@ -3,6 +3,7 @@ package worker_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -87,5 +88,85 @@ func TestOutputsOnFuse(t *testing.T) {
 		if strings.HasPrefix(e.Name(), checkpoint.TempPrefix) {
 			t.Errorf("left in the output directory: %s", e.Name())
 		}
+	}
+}
+
+// TestOutputDirectoryUnmountedIsNotMadeAgain: an output directory on a
+// file system unmounted while the worker runs (an NFS or sshfs mount
+// gone) leaves the empty mount point on the local disk. The worker makes
+// nothing there: the attempt whose command ends after the unmount hands
+// its shard back uncharged without committing, the next attempt does not
+// start its command, and the shard fails naming the directory gone,
+// instead of committing outputs to the disk beneath the mount point,
+// hidden once the file system is back.
+func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	env := testenv.New(t, testenv.Options{})
+	gate := filepath.Join(t.TempDir(), "gate")
+	spec, _ := copyJob(t, 2, 0, "")
+	out := filepath.Join(fuse, "out")
+	b, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(b), "output = \"out\"\n", fmt.Sprintf("output = %q\n", out), 1)
+	if err := os.WriteFile(spec, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+
+	// The next generation waits for the gate: its command is running
+	// when the file system goes.
+	gated := strings.Replace(text, `["sh","-c","`, fmt.Sprintf(`["sh","-c","while [ ! -e %s ]; do sleep 0.05; done; `, gate), 1)
+	if gated == text {
+		t.Fatalf("the spec's command is not the sh -c this test gates:\n%s", text)
+	}
+	text = gated
+	if err := os.WriteFile(spec, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changed := env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := env.Shard("t", "s0000")
+		return err == nil && r.Fingerprint == changed.Fingerprint && r.State == stream.ShardRunning, fmt.Sprintf("s0000: %s (%v)", r.State, err)
+	})
+	if out, err := exec.Command("umount", fuse).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v %s", fuse, err, out)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := env.Run("t")
+		return err == nil && r.Fingerprint == changed.Fingerprint && r.State == stream.RunBlocked, fmt.Sprintf("run %s %+v (%v)", r.State, r.Counts, err)
+	})
+	if ents, _ := os.ReadDir(fuse); len(ents) != 0 {
+		t.Fatalf("the mount point got %s: outputs were committed beneath the unmounted file system", ents[0].Name())
+	}
+	for _, id := range []string{"s0000", "s0001"} {
+		r, err := env.Shard("t", id)
+		if err != nil || r.State != stream.ShardFailed {
+			t.Fatalf("%s: %+v (%v), want failed", id, r, err)
+		}
+		last := r.Attempts[len(r.Attempts)-1]
+		if last.Outcome != stream.OutcomeStart || !strings.Contains(last.Reason, "the output directory "+out+" is gone on host") ||
+			!strings.Contains(last.Reason, "not made again") || !strings.Contains(last.Reason, "the command was not run") {
+			t.Errorf("%s: last attempt %s %q, want a start error naming the output directory gone", id, last.Outcome, last.Reason)
+		}
+	}
+	// The attempts whose command ran when the file system went committed
+	// nothing and were not charged.
+	deferred := 0
+	for _, id := range []string{"s0000", "s0001"} {
+		r, _ := env.Shard("t", id)
+		for _, a := range r.Attempts {
+			if a.Outcome == stream.OutcomeInterrupted && strings.Contains(a.Reason, "is gone on host") {
+				deferred++
+			}
+		}
+	}
+	if deferred == 0 {
+		t.Errorf("no attempt was handed back at its commit for the output directory gone")
 	}
 }

@@ -880,6 +880,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		infos, _ = checkInputs(a.m.Inputs, inputCheckWait)
 	}
 	a.inputs = checkpoint.StampOf(infos)
+	if why := w.outputMoved(ctx, spec.Output); why != "" {
+		return result{outcome: stream.OutcomeStart, reason: why + "; the command was not run"}
+	}
 	// An output directory this host cannot write (a read-only mount,
 	// as after ext4's errors=remount-ro, or another owner's) would fail
 	// the commit only after the command's whole run: say so before it.
@@ -1299,6 +1302,17 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 				func() { w.nakWithDelay(a.msg, w.ttl/2) })
 			return
 		}
+		if errors.Is(err, errOutputMoved) {
+			// Not the shard's failure either: its output had nowhere to
+			// go. The next delivery finds the directory back, or fails
+			// to start as any attempt on a host without it
+			// (StopAfterStartFailures).
+			at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
+			a.rec.Output = nil
+			w.handBackUncharged(ctx, a, l, "commit deferred: "+err.Error(), "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2),
+				func() { w.nakWithDelay(a.msg, w.ttl/2) })
+			return
+		}
 		if errors.Is(err, errCommitPending) {
 			// The other attempt may still fail to publish: keep the shard
 			// queued and look again after a lease TTL.
@@ -1360,6 +1374,9 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	dst := filepath.Join(spec.Output, a.m.ID)
 	if err := foreignDestination(dst, a.m.Run, a.m.Fingerprint); err != nil {
 		return err
+	}
+	if why := w.outputMoved(ctx, spec.Output); why != "" {
+		return fmt.Errorf("%w: %s", errOutputMoved, why)
 	}
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
 		Owner: commitOwner(w.owner(a.attempt)), Fingerprint: a.m.Fingerprint, Run: a.m.Run, Inputs: a.inputs, Move: true,

@@ -315,6 +315,7 @@ type Worker struct {
 	oomN     int64
 	oomAt    time.Time
 	outSyncs map[string]*stream.FSSync // per output directory; nil: fsync per file
+	outRoots map[string]*outputRoot    // per output directory: where it was at the first commit (outroot.go)
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}

@@ -93,10 +93,6 @@ func warnNetworkInputs(ctx context.Context, pr *probe.Prober, spec *stream.Spec,
 	if n == 0 {
 		return
 	}
-	typ := first.Type
-	if first.Subtype != "" {
-		typ += "." + first.Subtype
-	}
 	count := fmt.Sprintf("%d of %d", n, of)
 	if cut {
 		count = fmt.Sprintf("at least %d of %d", n, of)
@@ -106,7 +102,7 @@ func warnNetworkInputs(ctx context.Context, pr *probe.Prober, spec *stream.Spec,
 		tables = append(tables, "[class."+c+"]")
 	}
 	fmt.Fprintf(w, "note: %s shard(s) that do not stage read inputs on network storage (%s, %s mounted at %s): each attempt reads them from the server, every host at once; set stage = true in the spec, or in %s, to copy them to local scratch first (checksummed, kept for later attempts)\n",
-		count, typ, first.Source, first.MountPoint, strings.Join(tables, " or "))
+		count, first.FSType(), first.Source, first.MountPoint, strings.Join(tables, " or "))
 }
 
 // warnVolatile says so when path is on a filesystem held in memory
@@ -135,10 +131,6 @@ func warnNetworkStore(ctx context.Context, pr *probe.Prober, store string, w io.
 	if pi.Locality != probe.Network {
 		return
 	}
-	typ := pi.Type
-	if pi.Subtype != "" {
-		typ += "." + pi.Subtype
-	}
 	fmt.Fprintf(w, "warning: the store %s is on network storage (%s, %s mounted at %s): every sync waits for the server, and the lock that keeps a second coordinator off the store may not hold between hosts; give --data a local disk\n",
-		store, typ, pi.Source, pi.MountPoint)
+		store, pi.FSType(), pi.Source, pi.MountPoint)
 }

@@ -102,6 +102,26 @@ type PathInfo struct {
 	Missing bool `json:"missing,omitempty"`
 }
 
+// FSType is the file system's type with its FUSE subtype
+// ("fuse.sshfs").
+func (pi PathInfo) FSType() string {
+	if pi.Subtype != "" {
+		return pi.Type + "." + pi.Subtype
+	}
+	return pi.Type
+}
+
+// Mount describes the mount that holds the path ("nfs4 fs1:/export/home
+// mounted at /home"), or its type alone where no mount was found: what
+// tells one file system from another at the same place, a remount of
+// the same one from a mount gone.
+func (pi PathInfo) Mount() string {
+	if pi.MountPoint == "" {
+		return pi.FSType()
+	}
+	return fmt.Sprintf("%s %s mounted at %s", pi.FSType(), pi.Source, pi.MountPoint)
+}
+
 // Where probes only the storage that holds path (mountinfo, symlinks,
 // statfs under the deadline), without the rest of a Snapshot. A path that
 // does not exist yet is judged by the nearest directory above it that
