@@ -1981,3 +1981,58 @@ while [ ! -s "$f" ]; do sleep 0.01; done`, pidDir}})
 		t.Errorf("%d warnings that a command left processes running, want 1 (the first of the run):\n%s", n, out)
 	}
 }
+
+// TestRunDoesNotRemakeAnUnmountedOutputDirectory: a run whose output
+// directory was on a file system that is no longer mounted (a FUSE
+// mount, as sshfs or NFS would be) is refused before anything runs,
+// naming both file systems, and nothing is made in the mount point; an
+// output directory removed from the file system it was on is made again
+// and its outputs redone.
+func TestRunDoesNotRemakeAnUnmountedOutputDirectory(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	data := t.TempDir()
+	spec := testenv.WriteJob(t, testenv.Job{Name: "mnt", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	out := filepath.Join(fuse, "out")
+	b, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spec, []byte(strings.Replace(string(b), "output = \"out\"\n", fmt.Sprintf("output = %q\n", out), 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run into the FUSE mount: exit %d\n%s", code, p.Output())
+	}
+	if o, err := exec.Command("umount", fuse).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v %s", fuse, err, o)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	if code := p.Wait(t, 60*time.Second); code != 1 {
+		t.Fatalf("run with its output's file system unmounted: exit %d, want 1\n%s", code, p.Output())
+	}
+	for _, want := range []string{"the output directory " + out + " does not exist, though this run committed 2 shard output(s) there, on fuse ",
+		"mounted at " + fuse + "; made now, it would be on ", "mkdir -p " + out} {
+		if !strings.Contains(p.Output(), want) {
+			t.Errorf("refusal lacks %q:\n%s", want, p.Output())
+		}
+	}
+	if ents, _ := os.ReadDir(fuse); len(ents) != 0 {
+		t.Fatalf("the mount point got %s", ents[0].Name())
+	}
+
+	// Removed from the file system it was on: made again, outputs redone.
+	local := testenv.WriteJob(t, testenv.Job{Name: "gone", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	for round := range 2 {
+		p = testenv.Start(t, "run", "--data", data, "--slots", "2", local)
+		if code := p.Wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("round %d of a run whose output directory was removed: exit %d\n%s", round, code, p.Output())
+		}
+		if _, err := checkpoint.Verify(filepath.Join(filepath.Dir(local), "out", "s0001")); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if err := os.RemoveAll(filepath.Join(filepath.Dir(local), "out")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

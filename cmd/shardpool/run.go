@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -21,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
+	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/staging"
@@ -56,6 +58,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	plan.SplitOutliers(spec, man)
 	if err := checkCommands(spec); err != nil {
+		return err
+	}
+	if err := checkOutputGone(ctx, spec, *data); err != nil {
 		return err
 	}
 	if err := checkOutputDir(spec); err != nil {
@@ -124,6 +129,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), coordinator.StoppedName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.Warn("remove "+coordinator.StoppedName, "err", err)
 	}
+	recordOutputFS(ctx, spec, coord.EvidenceDir(spec.Name))
 	// The settings of this host's worker and coordinator that the user
 	// chose go with the commands; display flags (--quiet, -v) do not.
 	host := carriedFlags(fs, "slots", "scratch", "sync", "lease-ttl", "grace", "halt", "listen", "http", "tls",
@@ -416,6 +422,68 @@ func drainOnSignal(stderr io.Writer, wk *worker.Worker) (stop func(), drained fu
 		signal.Stop(sig)
 		close(done)
 	}, got.Load
+}
+
+// outputFSName, in a run's evidence, names the file system that held
+// its output directory when it last ran (probe.PathInfo.Mount).
+const outputFSName = "output-fs"
+
+// checkOutputGone refuses to make again an output directory this run
+// committed outputs to before (its progress.json says so) where the
+// directory would now be made on another file system than the one that
+// held it (outputFSName): the file system is likely not mounted (an NFS
+// or sshfs mount point left empty), and outputs committed into the mount
+// point would be hidden once it is mounted back. Removed from the same
+// file system, the directory is made again and the outputs redone.
+func checkOutputGone(ctx context.Context, spec *stream.Spec, data string) error {
+	if _, err := os.Lstat(spec.Output); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	abs, err := filepath.Abs(data)
+	if err != nil {
+		return nil
+	}
+	dir := filepath.Join(abs, "runs", spec.Name)
+	p, err := coordinator.ReadProgress(dir)
+	if err != nil || p == nil || p.Output != spec.Output || p.Counts.Validated == 0 {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, outputFSName))
+	was := strings.TrimSpace(string(b))
+	if err != nil || was == "" {
+		return nil // recorded by no run before this check was
+	}
+	pr, err := probe.New(probe.Config{})
+	if err != nil {
+		return nil
+	}
+	now := pr.Where(ctx, spec.Output).Mount() // of the nearest directory above it
+	if now == was {
+		return nil
+	}
+	return exitErr{code: exitFailure, msg: fmt.Sprintf("run %s: the output directory %s does not exist, though this run committed %d shard output(s) there, on %s; made now, it would be on %s. "+
+		"If that file system is not mounted here, mount it and run again; to have the outputs made again where the directory would be now, make it (mkdir -p %s) and run again",
+		spec.Name, spec.Output, p.Counts.Validated, was, now, shellQuote(spec.Output))}
+}
+
+// recordOutputFS notes in the run's evidence which file system holds its
+// output directory (outputFSName), for checkOutputGone.
+func recordOutputFS(ctx context.Context, spec *stream.Spec, evidence string) {
+	pr, err := probe.New(probe.Config{})
+	if err != nil {
+		return
+	}
+	pi := pr.Where(ctx, spec.Output)
+	if pi.Unknown != "" || pi.Missing {
+		return
+	}
+	path := filepath.Join(evidence, outputFSName)
+	if b, err := os.ReadFile(path); err == nil && string(b) == pi.Mount()+"\n" {
+		return
+	}
+	if os.MkdirAll(evidence, 0o755) == nil {
+		_ = checkpoint.WriteFile(path, []byte(pi.Mount()+"\n"))
+	}
 }
 
 // checkOutputDir makes the output directory: a `run` commits every shard
