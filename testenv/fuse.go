@@ -1,11 +1,15 @@
 package testenv
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // FuseDir mounts a FUSE file system at a new directory and returns it:
@@ -23,6 +27,12 @@ func FuseDir(t testing.TB) string {
 	}
 	if !kernelHas("fuse") {
 		t.Fatalf("this kernel has no FUSE (no fuse in /proc/filesystems)")
+	}
+	if _, err := os.Stat("/dev/fuse"); errors.Is(err, fs.ErrNotExist) {
+		// A container's /dev may lack it where the kernel has it.
+		if err := unix.Mknod("/dev/fuse", unix.S_IFCHR|0o666, int(unix.Mkdev(10, 229))); err != nil {
+			t.Fatalf("no /dev/fuse, and making it failed: %v", err)
+		}
 	}
 	base := t.TempDir()
 	back, mnt := filepath.Join(base, "back"), filepath.Join(base, "fuse")
