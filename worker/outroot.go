@@ -30,7 +30,7 @@ type outputRoot struct {
 
 // errOutputMoved: the output directory is gone, or on another file
 // system than at the worker's first commit there (outputMoved).
-var errOutputMoved = errors.New("the output directory moved")
+var errOutputMoved = errors.New("output not committed")
 
 // learnOutputRoot notes where output is, at the first commit there.
 func (w *Worker) learnOutputRoot(output string, pi probe.PathInfo) {
@@ -66,7 +66,7 @@ func (w *Worker) outputMoved(ctx context.Context, output string) string {
 	var st unix.Stat_t
 	if err := unix.Stat(output, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return fmt.Sprintf("the output directory %s is gone on host %s, though this worker committed there before, on %s (no longer mounted?); it is not made again here, where what is committed would be hidden once that file system is back", output, w.host, was.mount)
+			return fmt.Sprintf("the output directory %s is gone on host %s, though this worker committed there before, on %s (no longer mounted?); it is not made again here, where what is committed would be hidden once that file system is back (if it was removed on purpose, make it: mkdir -p %s)", output, w.host, was.mount, output)
 		}
 		return ""
 	}
