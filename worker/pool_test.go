@@ -1746,6 +1746,10 @@ func commitOutput(t *testing.T, env *testenv.Env, opt checkpoint.Options) (dst s
 		t.Fatal(err)
 	}
 	dst = filepath.Join(r.Spec.Output, "s0000")
+	// The output directory, as `run` or a worker's first commit makes it.
+	if err := os.MkdirAll(r.Spec.Output, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	mk, err = checkpoint.CommitDir(context.Background(), dst, src, opt, "")
 	if err != nil {
 		t.Fatal(err)
