@@ -72,6 +72,24 @@ func WriteJob(t testing.TB, j Job) string {
 	return path
 }
 
+// SetOutput rewrites a spec written by WriteJob to commit into out (an
+// absolute path) and returns its text.
+func SetOutput(t testing.TB, spec, out string) string {
+	t.Helper()
+	b, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(b), "output = \"out\"\n", fmt.Sprintf("output = %q\n", out), 1)
+	if text == string(b) {
+		t.Fatalf("the spec names no output = \"out\" to replace:\n%s", b)
+	}
+	if err := os.WriteFile(spec, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
 // RandomFile writes size random bytes to dir/name and returns its path.
 func RandomFile(t testing.TB, dir, name string, size int) string {
 	t.Helper()

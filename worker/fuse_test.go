@@ -27,17 +27,7 @@ func TestOutputsOnFuse(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	spec, runs := copyJob(t, 4, 0, "")
 	out := filepath.Join(fuse, "out")
-	b, err := os.ReadFile(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Replace(string(b), "output = \"out\"\n", fmt.Sprintf("output = %q\n", out), 1)
-	if text == string(b) {
-		t.Fatalf("the spec names no output = \"out\" to replace:\n%s", b)
-	}
-	if err := os.WriteFile(spec, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	text := testenv.SetOutput(t, spec, out)
 	ids := []string{"s0000", "s0001", "s0002", "s0003"}
 	verifyAll := func(fp string) {
 		t.Helper()
@@ -105,14 +95,7 @@ func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
 	gate := filepath.Join(t.TempDir(), "gate")
 	spec, _ := copyJob(t, 2, 0, "")
 	out := filepath.Join(fuse, "out")
-	b, err := os.ReadFile(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Replace(string(b), "output = \"out\"\n", fmt.Sprintf("output = %q\n", out), 1)
-	if err := os.WriteFile(spec, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	text := testenv.SetOutput(t, spec, out)
 	env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 

@@ -1993,13 +1993,7 @@ func TestRunDoesNotRemakeAnUnmountedOutputDirectory(t *testing.T) {
 	data := t.TempDir()
 	spec := testenv.WriteJob(t, testenv.Job{Name: "mnt", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
 	out := filepath.Join(fuse, "out")
-	b, err := os.ReadFile(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(spec, []byte(strings.Replace(string(b), "output = \"out\"\n", fmt.Sprintf("output = %q\n", out), 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testenv.SetOutput(t, spec, out)
 	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
 	if code := p.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("run into the FUSE mount: exit %d\n%s", code, p.Output())

@@ -25,19 +25,32 @@ func (m magicStatFS) Statfs(p string) (probe.Statfs, error) {
 
 var _ probe.StatFS = magicStatFS(nil)
 
+// fixtureProber probes the fixture host of worker/probe/testdata/v2 (a
+// real machine's mountinfo, /home on NFSv4 and /scratch on XFS), with
+// more mounts' types in more.
+func fixtureProber(t *testing.T, more magicStatFS) *probe.Prober {
+	t.Helper()
+	root, err := filepath.Abs("../../worker/probe/testdata/v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	magic := magicStatFS{"/home": 0x6969, "/scratch": 0x58465342}
+	for k, v := range more {
+		magic[k] = v
+	}
+	pr, err := probe.New(probe.Config{Root: root, StatFS: magic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pr
+}
+
 // TestNetworkStoreIsWarnedAbout: a store under an NFS home directory (the
 // default state directory of a cluster user) gets a warning that names the
 // mount and says what to do; one on local disk gets none. The host is a
 // fixture whose mountinfo comes from a real machine with /home on NFSv4.
 func TestNetworkStoreIsWarnedAbout(t *testing.T) {
-	root, err := filepath.Abs("../../worker/probe/testdata/v2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr, err := probe.New(probe.Config{Root: root, StatFS: magicStatFS{"/home": 0x6969, "/scratch": 0x58465342}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := fixtureProber(t, nil)
 	ctx := context.Background()
 	var b strings.Builder
 	warnNetworkStore(ctx, pr, "/home/alice/.local/state/shardpool/stores/r", &b)
@@ -58,14 +71,7 @@ func TestNetworkStoreIsWarnedAbout(t *testing.T) {
 // warning that it is lost at a reboot, naming the mount and what to
 // change; one on local disk or on NFS (an output's usual place) gets none.
 func TestVolatileStoreAndOutputAreWarnedAbout(t *testing.T) {
-	root, err := filepath.Abs("../../worker/probe/testdata/v2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr, err := probe.New(probe.Config{Root: root, StatFS: magicStatFS{"/home": 0x6969, "/scratch": 0x58465342, "/dev/shm": 0x01021994}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := fixtureProber(t, magicStatFS{"/dev/shm": 0x01021994})
 	ctx := context.Background()
 	for _, c := range []struct {
 		what, path, fix string
@@ -98,14 +104,7 @@ func TestVolatileStoreAndOutputAreWarnedAbout(t *testing.T) {
 // are counted (e has none, d's class stages), and the tables named are
 // their classes'.
 func TestNetworkInputsAreNoted(t *testing.T) {
-	root, err := filepath.Abs("../../worker/probe/testdata/v2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr, err := probe.New(probe.Config{Root: root, StatFS: magicStatFS{"/home": 0x6969, "/scratch": 0x58465342}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := fixtureProber(t, nil)
 	yes := true
 	man := &stream.Manifest{Shards: []stream.Shard{
 		{ID: "a", Class: "cpu", Inputs: []string{"/scratch/alice/in/a.txt", "/home/alice/in/a.txt"}},
