@@ -93,7 +93,6 @@ func (w *Worker) openOutputSync(ctx context.Context, output string) *stream.FSSy
 		return nil
 	}
 	pi := w.cfg.Probe.Where(ctx, output)
-	w.learnOutputRoot(output, pi)
 	if pi.Unknown != "" || pi.Locality != probe.Local {
 		w.log.Info("output commits fsync file by file", "output", output, "type", pi.Type, "locality", pi.Locality)
 		return nil

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // An output directory on a network file system (NFS, sshfs) that is
@@ -32,18 +31,35 @@ type outputRoot struct {
 // system than at the worker's first commit there (outputMoved).
 var errOutputMoved = errors.New("output not committed")
 
-// learnOutputRoot notes where output is, at the first commit there.
-func (w *Worker) learnOutputRoot(output string, pi probe.PathInfo) {
-	var st unix.Stat_t
-	if unix.Stat(output, &st) != nil {
-		return
+// outputRootFor is what a commit needs of its output directory: at the
+// worker's first commit there, the directory made where it is missing
+// and where it is noted; at the later ones, outputMoved's look. It
+// returns why nothing may be committed there, or "". A directory that
+// could not be made is tried again by the next commit.
+func (w *Worker) outputRootFor(ctx context.Context, output string) (string, error) {
+	w.mu.Lock()
+	known := w.outRoots[output] != nil
+	w.mu.Unlock()
+	if known {
+		return w.outputMoved(ctx, output), nil
 	}
+	if err := os.MkdirAll(output, 0o755); err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(output, &st); err != nil {
+		return "", err
+	}
+	mount := w.cfg.Probe.Where(ctx, output).Mount()
 	w.mu.Lock()
 	if w.outRoots == nil {
 		w.outRoots = map[string]*outputRoot{}
 	}
-	w.outRoots[output] = &outputRoot{dev: st.Dev, mount: pi.Mount()}
+	if w.outRoots[output] == nil {
+		w.outRoots[output] = &outputRoot{dev: st.Dev, mount: mount}
+	}
 	w.mu.Unlock()
+	return "", nil
 }
 
 // outputMoved says why nothing may be committed to output when it is

@@ -1375,7 +1375,9 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	if err := foreignDestination(dst, a.m.Run, a.m.Fingerprint); err != nil {
 		return err
 	}
-	if why := w.outputMoved(ctx, spec.Output); why != "" {
+	if why, err := w.outputRootFor(ctx, spec.Output); err != nil {
+		return fmt.Errorf("commit %s: %w", dst, err)
+	} else if why != "" {
 		return fmt.Errorf("%w: %s", errOutputMoved, why)
 	}
 	p, err := checkpoint.Prepare(ctx, dst, v.Out, checkpoint.Options{
