@@ -2015,6 +2015,35 @@ func TestRunDoesNotRemakeAnUnmountedOutputDirectory(t *testing.T) {
 		t.Fatalf("the mount point got %s", ents[0].Name())
 	}
 
+	// The output directory the mount point itself: left empty by the
+	// unmount, and refused; taken once its record is removed.
+	fuse2 := testenv.FuseDir(t)
+	spec2 := testenv.WriteJob(t, testenv.Job{Name: "mnt2", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
+	testenv.SetOutput(t, spec2, fuse2)
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec2)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run into the second FUSE mount: exit %d\n%s", code, p.Output())
+	}
+	if o, err := exec.Command("umount", fuse2).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v %s", fuse2, err, o)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec2)
+	record := filepath.Join(data, "runs", "mnt2", "output-fs")
+	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "the output directory "+fuse2+" is empty and on ") ||
+		!strings.Contains(p.Output(), "remove "+record) {
+		t.Fatalf("run with its output's mount point left empty: exit %d, want 1 naming the record to remove\n%s", code, p.Output())
+	}
+	if ents, _ := os.ReadDir(fuse2); len(ents) != 0 {
+		t.Fatalf("the mount point got %s", ents[0].Name())
+	}
+	if err := os.Remove(record); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", spec2)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run with its output-fs removed: exit %d, want 0 (outputs made again here)\n%s", code, p.Output())
+	}
+
 	// Removed from the file system it was on: made again, outputs redone.
 	local := testenv.WriteJob(t, testenv.Job{Name: "gone", Shards: 2, Command: []string{"cp", "{input}", "{out}/"}})
 	for round := range 2 {

@@ -428,16 +428,29 @@ func drainOnSignal(stderr io.Writer, wk *worker.Worker) (stop func(), drained fu
 // its output directory when it last ran (probe.PathInfo.Mount).
 const outputFSName = "output-fs"
 
-// checkOutputGone refuses to make again an output directory this run
-// committed outputs to before (its progress.json says so) where the
-// directory would now be made on another file system than the one that
-// held it (outputFSName): the file system is likely not mounted (an NFS
-// or sshfs mount point left empty), and outputs committed into the mount
-// point would be hidden once it is mounted back. Removed from the same
-// file system, the directory is made again and the outputs redone.
+// checkOutputGone refuses to make again, or to fill again, an output
+// directory this run committed outputs to before (its progress.json
+// says so) where the directory is missing and would now be made on
+// another file system than the one that held it (outputFSName), or is
+// there, empty, on another one: that file system is likely not mounted
+// (an NFS or sshfs mount point left empty, the output directory or one
+// above it), and outputs committed into the mount point would be hidden
+// once it is mounted back. Removed from the same file system, the
+// directory is made again and the outputs redone; one that holds
+// something on another file system (outputs moved there) is taken.
 func checkOutputGone(ctx context.Context, spec *stream.Spec, data string) error {
-	if _, err := os.Lstat(spec.Output); !errors.Is(err, fs.ErrNotExist) {
-		return nil
+	fi, err := os.Lstat(spec.Output)
+	missing := errors.Is(err, fs.ErrNotExist)
+	switch {
+	case err != nil && !missing:
+		return nil // checkOutputDir says why
+	case !missing:
+		if !fi.IsDir() {
+			return nil
+		}
+		if ents, err := os.ReadDir(spec.Output); err != nil || len(ents) > 0 {
+			return nil
+		}
 	}
 	abs, err := filepath.Abs(data)
 	if err != nil {
@@ -448,7 +461,8 @@ func checkOutputGone(ctx context.Context, spec *stream.Spec, data string) error 
 	if err != nil || p == nil || p.Output != spec.Output || p.Counts.Validated == 0 {
 		return nil
 	}
-	b, err := os.ReadFile(filepath.Join(dir, outputFSName))
+	record := filepath.Join(dir, outputFSName)
+	b, err := os.ReadFile(record)
 	was := strings.TrimSpace(string(b))
 	if err != nil || was == "" {
 		return nil // recorded by no run before this check was
@@ -457,13 +471,18 @@ func checkOutputGone(ctx context.Context, spec *stream.Spec, data string) error 
 	if err != nil {
 		return nil
 	}
-	now := pr.Where(ctx, spec.Output).Mount() // of the nearest directory above it
+	now := pr.Where(ctx, spec.Output).Mount() // missing: of the nearest directory above it
 	if now == was {
 		return nil
 	}
-	return exitErr{code: exitFailure, msg: fmt.Sprintf("run %s: the output directory %s does not exist, though this run committed %d shard output(s) there, on %s; made now, it would be on %s. "+
-		"If that file system is not mounted here, mount it and run again; to have the outputs made again where the directory would be now, make it (mkdir -p %s) and run again",
-		spec.Name, spec.Output, p.Counts.Validated, was, now, shellQuote(spec.Output))}
+	if missing {
+		return exitErr{code: exitFailure, msg: fmt.Sprintf("run %s: the output directory %s does not exist, though this run committed %d shard output(s) there, on %s; made now, it would be on %s. "+
+			"If that file system is not mounted here, mount it and run again; to have the outputs made again where the directory would be now, make it (mkdir -p %s) and run again",
+			spec.Name, spec.Output, p.Counts.Validated, was, now, shellQuote(spec.Output))}
+	}
+	return exitErr{code: exitFailure, msg: fmt.Sprintf("run %s: the output directory %s is empty and on %s, though this run committed %d shard output(s) there, on %s. "+
+		"If that file system is not mounted here, mount it and run again; to have the outputs made again where the directory is now, remove %s and run again",
+		spec.Name, spec.Output, now, p.Counts.Validated, was, shellQuote(record))}
 }
 
 // recordOutputFS notes in the run's evidence which file system holds its
