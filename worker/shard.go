@@ -1290,23 +1290,15 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			_ = a.msg.DoubleAck(ctx)
 			return
 		}
-		if errors.Is(err, errCoordinator) || errors.Is(err, errRecordChanged) {
+		if errors.Is(err, errCoordinator) || errors.Is(err, errRecordChanged) || errors.Is(err, errOutputMoved) {
 			// Not the shard's failure: the coordinator's store did not take
-			// a write (full, or gone), or the record changed under the
-			// validated one. The message comes back, without spending an
-			// attempt where the record can still say so; a published
-			// output is then found verified and recorded.
-			at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
-			a.rec.Output = nil
-			w.handBackUncharged(ctx, a, l, "commit deferred: "+err.Error(), "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2),
-				func() { w.nakWithDelay(a.msg, w.ttl/2) })
-			return
-		}
-		if errors.Is(err, errOutputMoved) {
-			// Not the shard's failure either: its output had nowhere to
-			// go. The next delivery finds the directory back, or fails
-			// to start as any attempt on a host without it
-			// (StopAfterStartFailures).
+			// a write (full, or gone), the record changed under the
+			// validated one, or the output directory is gone or on another
+			// file system (outroot.go). The message comes back, without
+			// spending an attempt where the record can still say so; a
+			// published output is then found verified and recorded, and an
+			// output directory still gone fails the next delivery before
+			// its command, as a start error (StopAfterStartFailures).
 			at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
 			a.rec.Output = nil
 			w.handBackUncharged(ctx, a, l, "commit deferred: "+err.Error(), "defer", fmt.Sprintf("%v; redelivery in %s", err, w.ttl/2),
