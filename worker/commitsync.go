@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -88,10 +87,9 @@ func (w *Worker) outputSync(ctx context.Context, output string) func(string) err
 	}
 }
 
+// openOutputSync opens the syncfs handle of output's file system, which
+// the commit's outputRootFor has made.
 func (w *Worker) openOutputSync(ctx context.Context, output string) *stream.FSSync {
-	if err := os.MkdirAll(output, 0o755); err != nil {
-		return nil
-	}
 	pi := w.cfg.Probe.Where(ctx, output)
 	if pi.Unknown != "" || pi.Locality != probe.Local {
 		w.log.Info("output commits fsync file by file", "output", output, "type", pi.Type, "locality", pi.Locality)
