@@ -390,10 +390,26 @@ func (p *Pending) syncParent() error {
 	return nil
 }
 
+// afterSwap, when set (tests only), runs between the swap and the
+// handling of what dst held.
+var afterSwap func()
+
 // Publish makes the prepared directory visible as dst (see CommitDir).
 func (p *Pending) Publish(keepReplaced string) error {
 	dst := p.dst
+	// What dst held is, once swapped out, a directory beside dst under a
+	// temporary name that no lock covers (the commit's lock went with its
+	// directory to dst). The parent's shared lock keeps SweepTemps, which
+	// would take it for a dead commit's, off it until it is kept aside or
+	// removed. Without flock here, nothing sweeps either.
+	if parent, err := Open(filepath.Dir(dst)); err == nil {
+		_ = flock(parent, unix.LOCK_SH)
+		defer parent.Close()
+	}
 	replaced, err := swapIn(p.tmp, dst)
+	if afterSwap != nil {
+		afterSwap()
+	}
 	if err != nil {
 		os.RemoveAll(p.tmp)
 	}

@@ -324,3 +324,85 @@ func TestSweepRemovesOnlyDeadCommitsTemps(t *testing.T) {
 		t.Errorf("left: %v", left)
 	}
 }
+
+// TestSweepLeavesWhatACommitReplaced sweeps while a commit replaces a
+// damaged output, between the swap and the move of the damaged copy into
+// keepReplaced: that copy then sits beside the output under a temporary
+// name with no commit's lock on it, and a sweep (a worker starting beside
+// this one) must not take it for a dead commit's. On FUSE, where the
+// swap is two renames, TestCommitOnFuse runs the same check.
+func TestSweepLeavesWhatACommitReplaced(t *testing.T) {
+	sweepDuringReplace(t, t.TempDir())
+}
+
+func sweepDuringReplace(t *testing.T, out string) {
+	t.Helper()
+	ctx := context.Background()
+	dst := filepath.Join(out, "s1")
+	keep := filepath.Join(out, ".shardpool", "replaced")
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "v"), []byte("first"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkpoint.CommitDir(ctx, dst, src, checkpoint.Options{Fingerprint: "a"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "v"), []byte("damaged"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "v"), []byte("second"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := checkpoint.Prepare(ctx, dst, src, checkpoint.Options{Fingerprint: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type swept struct {
+		removed []string
+		err     error
+	}
+	done := make(chan swept, 1)
+	finishedInWindow := false
+	defer checkpoint.SetAfterSwap(func() {
+		go func() {
+			r, err := checkpoint.SweepTemps(out)
+			done <- swept{r, err}
+		}()
+		// Long enough for a sweep that is not held off to finish: the
+		// window is open for as long as this function runs.
+		select {
+		case s := <-done:
+			finishedInWindow = true
+			done <- s
+		case <-time.After(300 * time.Millisecond):
+		}
+	})()
+	if err := p.Publish(keep); err != nil {
+		t.Fatalf("publish over the damaged output: %v", err)
+	}
+	var s swept
+	select {
+	case s = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sweep did not finish after the commit did")
+	}
+	if s.err != nil || len(s.removed) > 0 {
+		t.Errorf("the sweep during the replace removed %v (%v), want nothing", s.removed, s.err)
+	}
+	if finishedInWindow {
+		t.Errorf("the sweep ran while the replaced copy had no lock on it")
+	}
+	if mk, err := checkpoint.Verify(dst); err != nil || mk.Fingerprint != "b" {
+		t.Fatalf("after the replace: %v, fingerprint %q", err, mk.Fingerprint)
+	}
+	kept, _ := os.ReadDir(keep)
+	if len(kept) != 1 {
+		t.Fatalf("the damaged output: %d entries in %s, want 1 (kept aside)", len(kept), keep)
+	}
+	if got, _ := os.ReadFile(filepath.Join(keep, kept[0].Name(), "v")); string(got) != "damaged" {
+		t.Errorf("kept aside: v holds %q, want the damaged output's", got)
+	}
+	if left := tempDirs(out); len(left) > 0 {
+		t.Errorf("left beside the output: %v", left)
+	}
+}

@@ -108,4 +108,12 @@ func TestCommitOnFuse(t *testing.T) {
 	if n := names(); len(n) != 2 || n[0] != ".shardpool" || n[1] != "s" {
 		t.Errorf("left in the output directory: %v, want only .shardpool and s", n)
 	}
+
+	// A sweep between the fallback's two renames leaves the damaged
+	// copy, renamed aside, alone.
+	sub := filepath.Join(out, "sweep")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sweepDuringReplace(t, sub)
 }
