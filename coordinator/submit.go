@@ -48,6 +48,9 @@ type SubmitOptions struct {
 	// round). Set it where the output directory is visible: `run` always,
 	// `submit` when the directory exists here.
 	Reverify bool
+	// OutputOn is where this host sees the output directory, when not on
+	// a local disk (stream.RunRecord's OutputOn); nil leaves the record's.
+	OutputOn *stream.OutputStorage
 }
 
 // SubmitResult says what a submission did.
@@ -239,7 +242,7 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		Name: spec.Name, Fingerprint: fp, Spec: *spec, ManifestSHA: man.Hash, Classes: classes,
 		State: stream.RunPrepared, Counts: stream.Counts{Total: len(man.Shards), Pending: len(man.Shards)},
 		MeasuredMemory: opt.MeasuredMemory, Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
-		Halt: opt.Halt,
+		Halt: opt.Halt, OutputOn: opt.OutputOn,
 	}
 	if prev != nil && prev.Fingerprint != fp {
 		res.NewRun = true
@@ -412,7 +415,8 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 		changed = append(changed, "measured peaks (profile.json)")
 	}
 	commands := (opt.Resume != "" && opt.Resume != prev.Resume) || (opt.Retry != "" && opt.Retry != prev.RetryCmd)
-	if len(changed) == 0 && !commands {
+	on := opt.OutputOn != nil && (prev.OutputOn == nil || *opt.OutputOn != *prev.OutputOn)
+	if len(changed) == 0 && !commands && !on {
 		return nil, prev.Settings, nil
 	}
 	rec, _, err := changeRun(ctx, b, *prev, rev, func(r *stream.RunRecord) {
@@ -428,6 +432,9 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 		}
 		if opt.Retry != "" {
 			r.RetryCmd = opt.Retry
+		}
+		if on {
+			r.OutputOn = opt.OutputOn
 		}
 	})
 	if err != nil {

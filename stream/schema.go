@@ -251,6 +251,27 @@ type RunRecord struct {
 	HaltBase Counts `json:"halt_base,omitzero"`
 	Halted   string `json:"halted,omitempty"`
 	HaltSeq  uint64 `json:"halt_seq,omitempty"`
+	// OutputOn is the storage that held the output directory (or, where
+	// it did not exist yet, the nearest directory above it) on the host
+	// of the latest submission, recorded only where that storage was not
+	// a local disk: a worker on a host where the directory is missing and
+	// would be made under another mount point does not make it (the
+	// file system is not mounted there).
+	OutputOn *OutputStorage `json:"output_on,omitempty"`
+}
+
+// OutputStorage is where a run's output directory was seen (RunRecord's
+// OutputOn).
+type OutputStorage struct {
+	Host       string `json:"host"`
+	Type       string `json:"type"` // with a FUSE subtype: "fuse.sshfs"
+	Source     string `json:"source,omitempty"`
+	MountPoint string `json:"mount_point"`
+}
+
+// String describes the storage as a person reads it.
+func (o OutputStorage) String() string {
+	return fmt.Sprintf("%s %s mounted at %s on host %s", o.Type, o.Source, o.MountPoint, o.Host)
 }
 
 // Lease is key <run>.<id> in the leases bucket; its life is the bucket TTL.

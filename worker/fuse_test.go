@@ -1,7 +1,10 @@
 package worker_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +16,8 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // TestOutputsOnFuse: a run whose output directory is a FUSE mount (as on
@@ -43,7 +48,10 @@ func TestOutputsOnFuse(t *testing.T) {
 		}
 	}
 
-	first := env.Submit(spec, coordinator.SubmitOptions{})
+	// Submitted as `submit` does, with where the output directory is:
+	// missing, on a mount this host has, it is made.
+	on := outputOn(t, out, fuse)
+	first := env.Submit(spec, coordinator.SubmitOptions{OutputOn: on})
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 	verifyAll(first.Fingerprint)
 
@@ -151,5 +159,73 @@ func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
 	}
 	if deferred == 0 {
 		t.Errorf("no attempt was handed back at its commit for the output directory gone")
+	}
+}
+
+// outputOn is where the submitter sees out, under the mount at mount
+// (worker.OutputStorageOf), as `submit` records it.
+func outputOn(t *testing.T, out, mount string) *stream.OutputStorage {
+	t.Helper()
+	pr, err := probe.New(probe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	on := worker.OutputStorageOf(context.Background(), pr, host, out)
+	if on == nil || on.MountPoint != mount || !strings.HasPrefix(on.Type, "fuse") || on.Host != host {
+		t.Fatalf("the storage of %s as a submitter records it: %+v, want FUSE mounted at %s on %s", out, on, mount, host)
+	}
+	return on
+}
+
+// TestOutputNotMountedHereIsNotMade: a run submitted where its output
+// directory is on a mount (a FUSE one here, NFS in life), taken by a
+// worker on a host where that file system is not mounted (here it is
+// unmounted before the run is submitted): the directory, missing, is not
+// made on the disk beneath, and each shard fails before its command with
+// a reason that names both places and the fix. Made by hand as that
+// reason says, the directory takes the retried shards.
+func TestOutputNotMountedHereIsNotMade(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	env := testenv.New(t, testenv.Options{})
+	spec, runs := copyJob(t, 2, 0, "")
+	out := filepath.Join(fuse, "out")
+	testenv.SetOutput(t, spec, out)
+	on := outputOn(t, out, fuse)
+	if b, err := exec.Command("umount", fuse).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v %s", fuse, err, b)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{OutputOn: on})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if _, err := os.Lstat(out); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("%s beneath the unmounted file system: %v, want it not made", out, err)
+	}
+	for _, id := range []string{"s0000", "s0001"} {
+		r, err := env.Shard("t", id)
+		if err != nil || r.State != stream.ShardFailed || len(r.Attempts) != 1 {
+			t.Fatalf("%s: %+v (%v), want failed after one attempt", id, r, err)
+		}
+		a := r.Attempts[0]
+		for _, want := range []string{"the output directory " + out + " does not exist on host", "where the run was submitted it is on " + on.String(),
+			"made here it would be on", "mkdir -p " + out, "the command was not run"} {
+			if a.Outcome != stream.OutcomeStart || !strings.Contains(a.Reason, want) {
+				t.Errorf("%s: attempt %s %q, want a start error with %q", id, a.Outcome, a.Reason, want)
+			}
+		}
+	}
+	if ran := countLines(t, runs); len(ran) != 0 {
+		t.Errorf("commands ran: %v", ran)
+	}
+
+	// The fix the reason names: the outputs are to be on this disk.
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{RetryFailed: true, OutputOn: on})
+	r := env.WaitState("t", 30*time.Second, stream.RunComplete)
+	for _, id := range []string{"s0000", "s0001"} {
+		if mk, err := checkpoint.Verify(filepath.Join(out, id)); err != nil || mk.Fingerprint != r.Fingerprint {
+			t.Errorf("output %s: %v, fingerprint %q", id, err, mk.Fingerprint)
+		}
 	}
 }

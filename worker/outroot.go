@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // An output directory on a network file system (NFS, sshfs) that is
@@ -19,6 +23,46 @@ import (
 // it still is: gone, or now on another file system, nothing is made or
 // committed there (outputMoved). The first commit makes a missing output
 // directory, as a worker on a host that has not seen it yet must.
+
+// A worker on a host where the output's file system is not mounted at
+// all meets the same trap at its first commit: the directory is missing,
+// and made, it would be on the local disk. The submitter records where it
+// saw the output directory when that was not a local disk
+// (stream.RunRecord's OutputOn, OutputStorageOf); a worker that finds the
+// directory missing where making it would put it under another mount
+// point makes nothing (notMountedHere). A directory that exists is taken
+// as it is: a file server's own worker sees its export on a local disk.
+
+// OutputStorageOf is where dir (or, where it does not exist yet, the
+// nearest directory above it) is stored as pr sees it on host, for a run
+// record's OutputOn: nil on a local disk, or where the probe cannot
+// tell.
+func OutputStorageOf(ctx context.Context, pr *probe.Prober, host, dir string) *stream.OutputStorage {
+	pi := pr.Where(ctx, dir)
+	if pi.Unknown != "" || pi.MountPoint == "" || pi.Locality == probe.Local {
+		return nil
+	}
+	return &stream.OutputStorage{Host: host, Type: pi.FSType(), Source: pi.Source, MountPoint: pi.MountPoint}
+}
+
+// notMountedHere says why output, missing on this host, is not to be
+// made here: the run was submitted where it is on on (not a local disk),
+// and here it would be made under another mount point. "" where output
+// exists, on is nil, or the probe cannot tell.
+func (w *Worker) notMountedHere(ctx context.Context, output string, on *stream.OutputStorage) string {
+	if on == nil {
+		return ""
+	}
+	if _, err := os.Lstat(output); !errors.Is(err, fs.ErrNotExist) {
+		return ""
+	}
+	pi := w.cfg.Probe.Where(ctx, output)
+	if pi.Unknown != "" || pi.MountPoint == "" || pi.MountPoint == on.MountPoint {
+		return ""
+	}
+	return fmt.Sprintf("the output directory %s does not exist on host %s; where the run was submitted it is on %s, and made here it would be on %s (that file system not mounted here?); it is not made (if this host is to hold the outputs there, make it: mkdir -p %s)",
+		output, w.host, on, pi.Mount(), output)
+}
 
 // outputRoot is where an output directory was at a worker's first commit
 // there: its device, and the mount that held it as the probe saw it.
@@ -35,13 +79,14 @@ var errOutputMoved = errors.New("output not committed")
 // worker's first commit there, the directory made where it is missing
 // and where it is noted; at the later ones, outputMoved's look. It
 // returns why nothing may be committed there, or "". A directory that
-// could not be made is tried again by the next commit.
-func (w *Worker) outputRootFor(ctx context.Context, output string) (string, error) {
-	w.mu.Lock()
-	known := w.outRoots[output] != nil
-	w.mu.Unlock()
-	if known {
+// could not be made is tried again by the next commit; one that
+// notMountedHere refuses, by the next commit too.
+func (w *Worker) outputRootFor(ctx context.Context, output string, on *stream.OutputStorage) (string, error) {
+	if w.outputKnown(output) {
 		return w.outputMoved(ctx, output), nil
+	}
+	if why := w.notMountedHere(ctx, output, on); why != "" {
+		return why, nil
 	}
 	if err := os.MkdirAll(output, 0o755); err != nil {
 		return "", err
@@ -97,4 +142,12 @@ func (w *Worker) outputMoved(ctx context.Context, output string) string {
 		return ""
 	}
 	return fmt.Sprintf("the output directory %s is on %s now on host %s, not on %s as at this worker's first commit there (no longer mounted?); nothing is committed there", output, now, w.host, was.mount)
+}
+
+// outputKnown reports whether this worker has committed to output before
+// (its root is noted).
+func (w *Worker) outputKnown(output string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.outRoots[output] != nil
 }

@@ -880,7 +880,11 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		infos, _ = checkInputs(a.m.Inputs, inputCheckWait)
 	}
 	a.inputs = checkpoint.StampOf(infos)
-	if why := w.outputMoved(ctx, spec.Output); why != "" {
+	why := w.outputMoved(ctx, spec.Output)
+	if why == "" && !w.outputKnown(spec.Output) {
+		why = w.notMountedHere(ctx, spec.Output, a.run.OutputOn)
+	}
+	if why != "" {
 		return result{outcome: stream.OutcomeStart, reason: why + "; the command was not run"}
 	}
 	// An output directory this host cannot write (a read-only mount,
@@ -1367,7 +1371,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	if err := foreignDestination(dst, a.m.Run, a.m.Fingerprint); err != nil {
 		return err
 	}
-	if why, err := w.outputRootFor(ctx, spec.Output); err != nil {
+	if why, err := w.outputRootFor(ctx, spec.Output, a.run.OutputOn); err != nil {
 		return fmt.Errorf("commit %s: %w", dst, err)
 	} else if why != "" {
 		return fmt.Errorf("%w: %s", errOutputMoved, why)

@@ -2059,3 +2059,39 @@ func TestRunDoesNotRemakeAnUnmountedOutputDirectory(t *testing.T) {
 		}
 	}
 }
+
+// TestSubmitRecordsWhereTheOutputIs: `submit` of a run whose output
+// directory is to be made on a mount (FUSE here, NFS in life) records
+// that mount in the run record, so that a worker on a host without it
+// does not make the directory on its local disk (the worker's tests);
+// a submission from a host where the output is on a local disk records
+// nothing.
+func TestSubmitRecordsWhereTheOutputIs(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	host, _ := os.Hostname()
+	for _, c := range []struct {
+		name, out string
+		mount     string // "" for nothing recorded
+	}{
+		{"fuse", filepath.Join(fuse, "results", "out"), fuse},
+		{"local", filepath.Join(t.TempDir(), "out"), ""},
+	} {
+		spec := testenv.WriteJob(t, testenv.Job{Name: c.name, Shards: 1, Command: []string{"true"}})
+		testenv.SetOutput(t, spec, c.out)
+		p := testenv.Start(t, "submit", "--server", env.URL, spec)
+		if code := p.Wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("%s: submit exit %d\n%s", c.name, code, p.Output())
+		}
+		r, err := env.Run(c.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case c.mount == "" && r.OutputOn != nil:
+			t.Errorf("%s: output_on %+v, want nothing recorded", c.name, *r.OutputOn)
+		case c.mount != "" && (r.OutputOn == nil || r.OutputOn.MountPoint != c.mount || r.OutputOn.Host != host || !strings.HasPrefix(r.OutputOn.Type, "fuse")):
+			t.Errorf("%s: output_on %+v, want FUSE mounted at %s on %s", c.name, r.OutputOn, c.mount, host)
+		}
+	}
+}

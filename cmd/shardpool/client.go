@@ -72,7 +72,8 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	checkInputs(ctx, spec, man, stderr)
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd, Halt: *halt,
-		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible})
+		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible,
+		OutputOn: outputStorage(ctx, spec.Output)})
 	if err != nil {
 		return err
 	}

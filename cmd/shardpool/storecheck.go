@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -133,4 +135,18 @@ func warnNetworkStore(ctx context.Context, pr *probe.Prober, store string, w io.
 	}
 	fmt.Fprintf(w, "warning: the store %s is on network storage (%s, %s mounted at %s): every sync waits for the server, and the lock that keeps a second coordinator off the store may not hold between hosts; give --data a local disk\n",
 		store, pi.FSType(), pi.Source, pi.MountPoint)
+}
+
+// outputStorage is where this host sees the run's output directory, for
+// the run record (worker.OutputStorageOf): nil on a local disk, or where
+// the probe cannot tell within inputProbeTime.
+func outputStorage(ctx context.Context, out string) *stream.OutputStorage {
+	pr, err := probe.New(probe.Config{})
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, inputProbeTime)
+	defer cancel()
+	host, _ := os.Hostname()
+	return worker.OutputStorageOf(ctx, pr, host, out)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -136,5 +137,23 @@ func TestNetworkInputsAreNoted(t *testing.T) {
 		if b.Len() != 0 {
 			t.Errorf("%s: got %q, want no note", c.what, b.String())
 		}
+	}
+}
+
+// TestOutputStorageIsRecordedOffLocalDisks: what `submit` records of the
+// output directory (worker.OutputStorageOf) on a fixture host with /home
+// on NFSv4 and /scratch on a local disk: under /home the mount, from the
+// nearest directory that exists where the output does not yet; under
+// /scratch nothing, as a worker anywhere may make a local directory.
+func TestOutputStorageIsRecordedOffLocalDisks(t *testing.T) {
+	pr := fixtureProber(t, nil)
+	ctx := context.Background()
+	got := worker.OutputStorageOf(ctx, pr, "login1", "/home/alice/results/run-7")
+	want := stream.OutputStorage{Host: "login1", Type: "nfs4", Source: "fs1:/export/home", MountPoint: "/home"}
+	if got == nil || *got != want {
+		t.Fatalf("output under /home: %+v, want %+v", got, want)
+	}
+	if got := worker.OutputStorageOf(ctx, pr, "login1", "/scratch/alice/results"); got != nil {
+		t.Errorf("output on local xfs: %+v, want nothing recorded", got)
 	}
 }
