@@ -206,7 +206,7 @@ func TestOutputNotMountedHereIsNotMade(t *testing.T) {
 			t.Fatalf("%s: %+v (%v), want failed after one attempt", id, r, err)
 		}
 		a := r.Attempts[0]
-		for _, want := range []string{"the output directory " + out + " does not exist on host", "where the run was submitted it is on " + on.String(),
+		for _, want := range []string{"the output directory " + out + " does not exist on host", "which does not mount its file system (" + on.String() + " where the run was submitted",
 			"made here it would be on", "mkdir -p " + out, "the command was not run"} {
 			if a.Outcome != stream.OutcomeStart || !strings.Contains(a.Reason, want) {
 				t.Errorf("%s: attempt %s %q, want a start error with %q", id, a.Outcome, a.Reason, want)

@@ -60,7 +60,7 @@ func (w *Worker) notMountedHere(ctx context.Context, output string, on *stream.O
 	if pi.Unknown != "" || pi.MountPoint == "" || pi.MountPoint == on.MountPoint {
 		return ""
 	}
-	return fmt.Sprintf("the output directory %s does not exist on host %s; where the run was submitted it is on %s, and made here it would be on %s (that file system not mounted here?); it is not made (if this host is to hold the outputs there, make it: mkdir -p %s)",
+	return fmt.Sprintf("the output directory %s does not exist on host %s, which does not mount its file system (%s where the run was submitted; made here it would be on %s): it is not made (if this host is to hold the outputs there, make it: mkdir -p %s)",
 		output, w.host, on, pi.Mount(), output)
 }
 
