@@ -45,6 +45,8 @@ type Options struct {
 	Binary bool
 	// Sync is the coordinator's sync mode. Default stream.SyncGroup.
 	Sync string
+	// SlowFS is the workers' Config.SlowFS. Default the worker's.
+	SlowFS time.Duration
 	// ReportEvery is the workers' report period, which is also how often
 	// an auto-mode worker looks at the runs without being told. Default
 	// 500ms.
@@ -207,7 +209,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot, HostLedger: LedgerDir(e.t),
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
-		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Recheck: e.opts.Recheck, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
+		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Recheck: e.opts.Recheck, SlowFS: e.opts.SlowFS, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
 	if err != nil {
 		e.t.Fatalf("worker config: %v", err)
 	}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,4 +58,33 @@ func FuseDir(t testing.TB) string {
 		_ = exec.Command("umount", "-l", mnt).Run()
 	})
 	return mnt
+}
+
+// FuseDaemon is the pid of the bindfs process that serves the FuseDir
+// mount mnt. Stopped (SIGSTOP), it makes the mount hang as a hard NFS
+// mount whose server is gone: every call under it waits until the
+// process runs again (SIGCONT), which the test must see to before
+// FuseDir's cleanup unmounts it.
+func FuseDaemon(t testing.TB, mnt string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) >= 3 && filepath.Base(args[0]) == "bindfs" && args[len(args)-1] == mnt {
+			return pid
+		}
+	}
+	t.Fatalf("no bindfs process serves %s", mnt)
+	return 0
 }

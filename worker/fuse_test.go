@@ -8,9 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
@@ -228,4 +231,90 @@ func TestOutputNotMountedHereIsNotMade(t *testing.T) {
 			t.Errorf("output %s: %v, fingerprint %q", id, err, mk.Fingerprint)
 		}
 	}
+}
+
+// TestHungOutputMountIsReported: the output directory's file system stops
+// answering (its FUSE daemon stopped, as a hard NFS mount whose server is
+// gone) while two shards run. Their commits wait in the kernel; the
+// worker's report lists both as waiting on a file system, with where,
+// once they have waited its SlowFS, while their shards stay RUNNING.
+// Once the file system answers again they commit, the run completes and
+// the list empties.
+func TestHungOutputMountIsReported(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	daemon := testenv.FuseDaemon(t, fuse)
+	env := testenv.New(t, testenv.Options{SlowFS: time.Second})
+	gate := filepath.Join(t.TempDir(), "gate")
+	spec, _ := copyJob(t, 2, 0, "")
+	out := filepath.Join(fuse, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	text := testenv.SetOutput(t, spec, out)
+	gated := strings.Replace(text, `["sh","-c","`, fmt.Sprintf(`["sh","-c","while [ ! -e %s ]; do sleep 0.05; done; `, gate), 1)
+	if gated == text {
+		t.Fatalf("the spec's command is not the sh -c this test gates:\n%s", text)
+	}
+	if err := os.WriteFile(spec, []byte(gated), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.Submit(spec, coordinator.SubmitOptions{})
+	ids := []string{"s0000", "s0001"}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		for _, id := range ids {
+			if r, err := env.Shard("t", id); err != nil || r.State != stream.ShardRunning {
+				return false, fmt.Sprintf("%s: %s (%v)", id, r.State, err)
+			}
+		}
+		return true, ""
+	})
+	if err := unix.Kill(daemon, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := unix.Kill(daemon, unix.SIGCONT); err != nil {
+				t.Errorf("SIGCONT bindfs: %v", err)
+			}
+		}
+	}
+	t.Cleanup(resume) // before FuseDir's unmount and the workers' stop
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		rs, err := env.Buckets().WorkerReports(ctx)
+		if err != nil || len(rs) != 1 {
+			return false, fmt.Sprintf("reports %+v (%v)", rs, err)
+		}
+		r := rs[0]
+		if r.SlowFSCount != 2 || len(r.SlowFS) != 2 {
+			return false, fmt.Sprintf("slow_fs %q, count %d", r.SlowFS, r.SlowFSCount)
+		}
+		for _, id := range ids {
+			if !slices.ContainsFunc(r.SlowFS, func(s string) bool { return strings.HasPrefix(s, "t."+id+" in its commit to "+out+" for ") }) {
+				return false, fmt.Sprintf("slow_fs %q lacks t.%s in its commit to %s", r.SlowFS, id, out)
+			}
+		}
+		return true, ""
+	})
+	for _, id := range ids {
+		if r, err := env.Shard("t", id); err != nil || r.State != stream.ShardRunning {
+			t.Errorf("%s while its commit waits: %s (%v), want running", id, r.State, err)
+		}
+	}
+	resume()
+	r := env.WaitState("t", 30*time.Second, stream.RunComplete)
+	for _, id := range ids {
+		if mk, err := checkpoint.Verify(filepath.Join(out, id)); err != nil || mk.Fingerprint != r.Fingerprint {
+			t.Errorf("output %s: %v", id, err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		rs, err := env.Buckets().WorkerReports(ctx)
+		return err == nil && len(rs) == 1 && len(rs[0].SlowFS) == 0 && rs[0].SlowFSCount == 0, fmt.Sprintf("reports %+v (%v)", rs, err)
+	})
 }

@@ -857,6 +857,31 @@ func checkInputs(paths []string, wait time.Duration) ([]fs.FileInfo, error) {
 	}
 }
 
+// lookAtOutput says why the attempt's command is not to run as far as
+// its output directory goes: gone or moved since this worker's first
+// commit there, missing where its file system is not mounted, or not
+// writable here. "" when none.
+func (w *Worker) lookAtOutput(ctx context.Context, a *attemptState) string {
+	out := a.run.Spec.Output
+	defer w.fsBegin(a.key, "in the look at its output directory "+out+" before its command")()
+	why := w.outputMoved(ctx, out)
+	if why == "" && !w.outputKnown(out) {
+		why = w.notMountedHere(ctx, out, a.run.OutputOn)
+	}
+	if why != "" {
+		return why
+	}
+	// An output directory this host cannot write (a read-only mount,
+	// as after ext4's errors=remount-ro, or another owner's) would fail
+	// the commit only after the command's whole run: say so before it.
+	// One access(2), no file made; a directory not made yet is made by
+	// the commit.
+	if err := unix.Access(out, unix.W_OK); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Sprintf("the output directory %s cannot be written on host %s: %v", out, w.host, err)
+	}
+	return ""
+}
+
 func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string) result {
 	spec := &a.run.Spec
 	// Each input was there when the run was submitted. One gone here
@@ -880,20 +905,8 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		infos, _ = checkInputs(a.m.Inputs, inputCheckWait)
 	}
 	a.inputs = checkpoint.StampOf(infos)
-	why := w.outputMoved(ctx, spec.Output)
-	if why == "" && !w.outputKnown(spec.Output) {
-		why = w.notMountedHere(ctx, spec.Output, a.run.OutputOn)
-	}
-	if why != "" {
+	if why := w.lookAtOutput(ctx, a); why != "" {
 		return result{outcome: stream.OutcomeStart, reason: why + "; the command was not run"}
-	}
-	// An output directory this host cannot write (a read-only mount,
-	// as after ext4's errors=remount-ro, or another owner's) would fail
-	// the commit only after the command's whole run: say so before it.
-	// One access(2), no file made; a directory not made yet is made by
-	// the commit.
-	if err := unix.Access(spec.Output, unix.W_OK); err != nil && !errors.Is(err, unix.ENOENT) {
-		return result{outcome: stream.OutcomeStart, reason: fmt.Sprintf("the output directory %s cannot be written on host %s: %v; the command was not run", spec.Output, w.host, err)}
 	}
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command names it: directory creation is a
@@ -1260,7 +1273,9 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		err := w.untilStore(ctx, a, func() error { return w.ensureHeld(ctx, l) })
 		if err == nil {
 			t := time.Now()
+			done := w.fsBegin(a.key, "in its commit to "+a.run.Spec.Output)
 			err = w.commit(ctx, a, v, l, t)
+			done()
 		}
 		if err == nil {
 			w.admission(m.Run, m.ID, class, "validated", fmt.Sprintf("attempt %d in %.3fs, output %s", a.attempt, res.duration.Seconds(), a.rec.Output.Checksum))

@@ -89,6 +89,10 @@ type Config struct {
 	OnServing func()
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
+	// SlowFS is how long an attempt may wait on a file system (its commit,
+	// or the look at its output directory before its command) before the
+	// worker's report lists it (slowfs.go). Default 2m.
+	SlowFS time.Duration
 	// Recheck is how often a class held back by admission looks again
 	// when nothing wakes it (a shard of its own ending, or another
 	// worker's write to the host ledger, do). Default 1s; while the
@@ -217,6 +221,9 @@ type Worker struct {
 	// running, lastLeft the last one (the report's LeftRunning, LastLeft).
 	leftRunning int
 	lastLeft    string
+	// fsWaits holds the attempts waiting on a file system, by key
+	// (slowfs.go). Under mu.
+	fsWaits map[string]fsWait
 
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
@@ -382,6 +389,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.ReportEvery <= 0 {
 		cfg.ReportEvery = 5 * time.Second
+	}
+	if cfg.SlowFS <= 0 {
+		cfg.SlowFS = defaultSlowFS
 	}
 	if cfg.Recheck <= 0 {
 		cfg.Recheck = time.Second
@@ -1373,9 +1383,10 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	if len(w.awaiting) > 0 {
 		awaiting = slices.Sorted(maps.Keys(w.awaiting))
 	}
+	slow, slowN := w.slowFS(time.Now())
 	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Version: stream.ThisBuild().Version, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure, SlotsEach: w.slotsEach(),
-		LeftRunning: w.leftRunning, LastLeft: w.lastLeft,
+		LeftRunning: w.leftRunning, LastLeft: w.lastLeft, SlowFS: slow, SlowFSCount: slowN,
 		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor), Stays: stays && w.drainWhy == ""}
 }
 

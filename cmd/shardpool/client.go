@@ -560,7 +560,23 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if wk.LeftRunning > 0 {
 			fmt.Fprintf(w, "%s: %d attempt(s) left processes running when their command ended, killed then (the last: %s)\n", wk.Name, wk.LeftRunning, wk.LastLeft)
 		}
+		printSlowFS(w, wk)
 	}
+}
+
+// printSlowFS names a worker's attempts that wait on a file system that
+// does not answer (the worker's slowfs.go).
+func printSlowFS(w io.Writer, wk stream.WorkerReport) {
+	if len(wk.SlowFS) == 0 {
+		return
+	}
+	more := ""
+	if n := wk.SlowFSCount - len(wk.SlowFS); n > 0 {
+		more = fmt.Sprintf(", and %d more", n)
+	}
+	fmt.Fprintf(w, "%s: %d attempt(s) have waited long on a file system (a hung NFS mount, or a slow one? `stat DIR` on host %s tells); "+
+		"they carry on once it answers, their shards RUNNING and their leases renewed meanwhile: %s%s\n",
+		wk.Name, max(wk.SlowFSCount, len(wk.SlowFS)), wk.Host, strings.Join(wk.SlowFS, "; "), more)
 }
 
 // printOtherBuild warns about a worker that runs another build of

@@ -450,3 +450,31 @@ func TestStatusNamesAWorkerWhoseClockIsOff(t *testing.T) {
 		t.Errorf("printed:\n%s\nwant %q for skewed only", out.String(), want)
 	}
 }
+
+// TestStatusNamesAttemptsWaitingOnAFileSystem: a worker whose report
+// lists attempts waiting long on a file system (a hung mount: the
+// worker's TestHungOutputMountIsReported) gets a line that names them,
+// its host, and how many the report did not list; a worker without any
+// gets none.
+func TestStatusNamesAttemptsWaitingOnAFileSystem(t *testing.T) {
+	now := time.Now().UTC()
+	slow := []string{"r.a in its commit to /data/out for 7m12s", "r.b in the look at its output directory /data/out before its command for 3m1s"}
+	st := &coordinator.Status{V: coordinator.StatusVersion, Time: now,
+		Workers: []stream.WorkerReport{
+			{Name: "w1", Host: "h1", PID: 41, Reported: now, SlowFS: slow, SlowFSCount: 12},
+			{Name: "w2", Host: "h2", PID: 42, Reported: now},
+		},
+	}
+	var b strings.Builder
+	printStatus(&b, st)
+	out := b.String()
+	for _, want := range []string{"w1: 12 attempt(s) have waited long on a file system", "`stat DIR` on host h1 tells",
+		"RUNNING and their leases renewed meanwhile: " + slow[0] + "; " + slow[1] + ", and 10 more\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "waited long"); n != 1 {
+		t.Errorf("w2, waiting on nothing, is said to wait:\n%s", out)
+	}
+}

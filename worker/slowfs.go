@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// A file system that stops answering (an NFS server gone on a hard
+// mount, a FUSE daemon stopped) blocks every stat and write under it
+// until it answers again, and a worker cannot cut such a call short.
+// What it can do is say so: an attempt in its commit, or in its look at
+// the output directory before its command, for SlowFS or longer is
+// listed in the worker's report (SlowFS), and `status` prints it. The
+// shard stays RUNNING meanwhile (its lease is renewed: the attempt is
+// alive, and carries on once the file system answers).
+
+// defaultSlowFS is Config.SlowFS's default: longer than a commit of a
+// few GB to a busy NFS server takes.
+const defaultSlowFS = 2 * time.Minute
+
+// slowFSListed bounds the report's list.
+const slowFSListed = 10
+
+type fsWait struct {
+	what  string
+	since time.Time
+}
+
+// fsBegin notes that the attempt key waits on a file system (what: where
+// and for what) until the returned function is called.
+func (w *Worker) fsBegin(key, what string) (end func()) {
+	w.mu.Lock()
+	if w.fsWaits == nil {
+		w.fsWaits = map[string]fsWait{}
+	}
+	w.fsWaits[key] = fsWait{what: what, since: time.Now()}
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		delete(w.fsWaits, key)
+		w.mu.Unlock()
+	}
+}
+
+// slowFS lists, oldest first, the attempts that have waited on a file
+// system for SlowFS or longer ("run.id in its commit to DIR for 7m12s"),
+// at most slowFSListed, with how many there are. Under mu.
+func (w *Worker) slowFS(now time.Time) ([]string, int) {
+	type slow struct {
+		key string
+		fsWait
+	}
+	var s []slow
+	for k, f := range w.fsWaits {
+		if now.Sub(f.since) >= w.cfg.SlowFS {
+			s = append(s, slow{k, f})
+		}
+	}
+	slices.SortFunc(s, func(a, b slow) int { return a.since.Compare(b.since) })
+	var out []string
+	for _, x := range s[:min(len(s), slowFSListed)] {
+		out = append(out, fmt.Sprintf("%s %s for %s", x.key, x.what, now.Sub(x.since).Round(time.Second)))
+	}
+	return out, len(s)
+}
