@@ -337,9 +337,9 @@ type WorkerReport struct {
 	LastLeft    string `json:"last_left,omitempty"`
 	// SlowFS lists, oldest first and at most ten, the attempts that have
 	// waited on a file system for the worker's --slow-fs (2m) or longer: in
-	// their commit, or in the look at their output directory before their
-	// command ("run.id in its commit to DIR for 7m12s"), as on a hung NFS
-	// mount; SlowFSCount counts them all.
+	// their commit, or in the looks at their destination and output
+	// directory before their command ("run.id in its commit to DIR for
+	// 7m12s"), as on a hung NFS mount; SlowFSCount counts them all.
 	SlowFS      []string `json:"slow_fs,omitempty"`
 	SlowFSCount int      `json:"slow_fs_count,omitempty"`
 	// Limits says whether per-shard limits are enforced by the OS or only watched.

@@ -235,17 +235,18 @@ func TestOutputNotMountedHereIsNotMade(t *testing.T) {
 
 // TestHungOutputMountIsReported: the output directory's file system stops
 // answering (its FUSE daemon stopped, as a hard NFS mount whose server is
-// gone) while two shards run. Their commits wait in the kernel; the
-// worker's report lists both as waiting on a file system, with where,
-// once they have waited its SlowFS, while their shards stay RUNNING.
-// Once the file system answers again they commit, the run completes and
-// the list empties.
+// gone) while two shards run. Their commits wait in the kernel, and the
+// third shard, which takes a freed slot, waits in the look at its
+// destination before its command; the worker's report lists all three
+// with where they wait, once they have waited its SlowFS, while their
+// shards stay RUNNING. Once the file system answers again they carry
+// on, the run completes and the list empties.
 func TestHungOutputMountIsReported(t *testing.T) {
 	fuse := testenv.FuseDir(t)
 	daemon := testenv.FuseDaemon(t, fuse)
 	env := testenv.New(t, testenv.Options{SlowFS: time.Second})
 	gate := filepath.Join(t.TempDir(), "gate")
-	spec, _ := copyJob(t, 2, 0, "")
+	spec, _ := copyJob(t, 3, 0, "")
 	out := filepath.Join(fuse, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		t.Fatal(err)
@@ -259,9 +260,10 @@ func TestHungOutputMountIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	env.Submit(spec, coordinator.SubmitOptions{})
-	ids := []string{"s0000", "s0001"}
+	ids := []string{"s0000", "s0001", "s0002"}
+	first := ids[:2] // the slots' first shards; the third waits for a slot
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		for _, id := range ids {
+		for _, id := range first {
 			if r, err := env.Shard("t", id); err != nil || r.State != stream.ShardRunning {
 				return false, fmt.Sprintf("%s: %s (%v)", id, r.State, err)
 			}
@@ -291,17 +293,18 @@ func TestHungOutputMountIsReported(t *testing.T) {
 			return false, fmt.Sprintf("reports %+v (%v)", rs, err)
 		}
 		r := rs[0]
-		if r.SlowFSCount != 2 || len(r.SlowFS) != 2 {
+		if r.SlowFSCount != 3 || len(r.SlowFS) != 3 {
 			return false, fmt.Sprintf("slow_fs %q, count %d", r.SlowFS, r.SlowFSCount)
 		}
-		for _, id := range ids {
-			if !slices.ContainsFunc(r.SlowFS, func(s string) bool { return strings.HasPrefix(s, "t."+id+" in its commit to "+out+" for ") }) {
-				return false, fmt.Sprintf("slow_fs %q lacks t.%s in its commit to %s", r.SlowFS, id, out)
+		for _, want := range []string{"t.s0000 in its commit to " + out + " for ", "t.s0001 in its commit to " + out + " for ",
+			"t.s0002 in the look at its destination " + filepath.Join(out, "s0002") + " before its command for "} {
+			if !slices.ContainsFunc(r.SlowFS, func(s string) bool { return strings.HasPrefix(s, want) }) {
+				return false, fmt.Sprintf("slow_fs %q lacks %q", r.SlowFS, want)
 			}
 		}
 		return true, ""
 	})
-	for _, id := range ids {
+	for _, id := range first {
 		if r, err := env.Shard("t", id); err != nil || r.State != stream.ShardRunning {
 			t.Errorf("%s while its commit waits: %s (%v), want running", id, r.State, err)
 		}

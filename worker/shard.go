@@ -373,6 +373,31 @@ func (w *Worker) retryLease(ctx context.Context, stop <-chan struct{}, a *attemp
 	}
 }
 
+// lookAtDestination reports whether the shard's destination dst holds
+// its committed output already (alreadyDone), or else why a commit there
+// would be refused: another run's output, or something of the user's
+// (refused before the command runs: it stays so until someone moves it,
+// and each retry would cost the command's whole run to fail the same).
+// Its wait on the output's file system is noted for the report
+// (slowfs.go).
+func (w *Worker) lookAtDestination(ctx context.Context, a *attemptState, dst string) (done bool, refused error) {
+	defer w.fsBegin(a.key, "in the look at its destination "+dst+" before its command")()
+	_, err := os.Lstat(dst)
+	absent := errors.Is(err, fs.ErrNotExist)
+	a.found = nil // of this look only: settle may look again
+	if !absent && w.alreadyDone(ctx, a, dst) {
+		return true, nil
+	}
+	switch {
+	case absent:
+		return false, nil
+	case a.found != nil:
+		return false, otherRunsOutput(dst, a.m.Run, a.found)
+	default:
+		return false, foreignDestination(dst, a.m.Run, a.m.Fingerprint)
+	}
+}
+
 // settle ends the delivery without running when the record or the output
 // says so: already committed, already failed in this round, out of
 // attempts, or numbered like an attempt the record already holds (handed
@@ -384,25 +409,11 @@ func (w *Worker) settle(ctx context.Context, a *attemptState, class string) bool
 	// each walked the output directory's path (two lookups in a directory
 	// of thousands).
 	dst := filepath.Join(a.run.Spec.Output, m.ID)
-	_, err := os.Lstat(dst)
-	absent := errors.Is(err, fs.ErrNotExist)
-	a.found = nil // of this look only: settle may look again
-	if !absent && w.alreadyDone(ctx, a, dst) {
+	done, refused := w.lookAtDestination(ctx, a, dst)
+	if done {
 		w.admission(m.Run, m.ID, class, "skip", "already committed with this fingerprint and its output verifies")
 		w.settleDurably(ctx, a, func() error { return msg.DoubleAck(ctx) })
 		return true
-	}
-	// A destination that the commit would refuse (another run's output, or
-	// something of the user's) is refused before the command runs: it
-	// stays so until someone moves it, and each retry would cost the
-	// command's whole run to fail the same.
-	var refused error
-	switch {
-	case absent:
-	case a.found != nil:
-		refused = otherRunsOutput(dst, m.Run, a.found)
-	default:
-		refused = foreignDestination(dst, m.Run, m.Fingerprint)
 	}
 	if refused != nil {
 		if a.ownerMayLive() {
@@ -1273,9 +1284,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		err := w.untilStore(ctx, a, func() error { return w.ensureHeld(ctx, l) })
 		if err == nil {
 			t := time.Now()
-			done := w.fsBegin(a.key, "in its commit to "+a.run.Spec.Output)
 			err = w.commit(ctx, a, v, l, t)
-			done()
 		}
 		if err == nil {
 			w.admission(m.Run, m.ID, class, "validated", fmt.Sprintf("attempt %d in %.3fs, output %s", a.attempt, res.duration.Seconds(), a.rec.Output.Checksum))
@@ -1383,6 +1392,11 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *lease, start time.Time) error {
 	spec := &a.run.Spec
 	dst := filepath.Join(spec.Output, a.m.ID)
+	// The file system's parts of the commit are noted for the report
+	// (slowfs.go); the waits for the coordinator between them are not.
+	inCommit := "in its commit to " + spec.Output
+	fsDone := w.fsBegin(a.key, inCommit)
+	defer func() { fsDone() }()
 	if err := foreignDestination(dst, a.m.Run, a.m.Fingerprint); err != nil {
 		return err
 	}
@@ -1397,6 +1411,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	if err != nil {
 		return err
 	}
+	fsDone()
 	// A coordinator that does not answer keeps the prepared output: the
 	// claim is tried again once it does, after the lease is renewed (or
 	// taken back: unreachable.go), which it must be by then.
@@ -1422,6 +1437,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 		}
 		return fmt.Errorf("%w: %v", errCoordinator, err)
 	}
+	fsDone = w.fsBegin(a.key, inCommit)
 	if published, err := p.PublishIfAbsent(); err != nil {
 		return err
 	} else if !published {
@@ -1435,6 +1451,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 			return err
 		}
 	}
+	fsDone()
 	mk := p.Marker
 	a.rec.Output = &stream.Output{Path: dst, Checksum: mk.Manifest, Files: mk.Files, Bytes: mk.Bytes}
 	a.rec.Attempts[len(a.rec.Attempts)-1].CommitSeconds = time.Since(start).Seconds()

@@ -9,11 +9,13 @@ import (
 // A file system that stops answering (an NFS server gone on a hard
 // mount, a FUSE daemon stopped) blocks every stat and write under it
 // until it answers again, and a worker cannot cut such a call short.
-// What it can do is say so: an attempt in its commit, or in its look at
-// the output directory before its command, for SlowFS or longer is
-// listed in the worker's report (SlowFS), and `status` prints it. The
-// shard stays RUNNING meanwhile (its lease is renewed: the attempt is
-// alive, and carries on once the file system answers).
+// What it can do is say so: an attempt in its commit, or in its looks at
+// its destination and the output directory before its command, for
+// SlowFS or longer is listed in the worker's report (SlowFS), and
+// `status` prints it. A shard whose commit waits stays RUNNING meanwhile
+// (its lease is renewed: the attempt is alive, and carries on once the
+// file system answers); one that waits in the look at its destination
+// has no lease yet, and its message stays with the worker (in progress).
 
 // defaultSlowFS is Config.SlowFS's default: longer than a commit of a
 // few GB to a busy NFS server takes.

@@ -90,7 +90,8 @@ type Config struct {
 	// ReportEvery is the period of the worker report. Default 5s.
 	ReportEvery time.Duration
 	// SlowFS is how long an attempt may wait on a file system (its commit,
-	// or the look at its output directory before its command) before the
+	// or the looks at its destination and output directory before its
+	// command) before the
 	// worker's report lists it (slowfs.go). Default 2m.
 	SlowFS time.Duration
 	// Recheck is how often a class held back by admission looks again

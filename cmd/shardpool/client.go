@@ -575,7 +575,7 @@ func printSlowFS(w io.Writer, wk stream.WorkerReport) {
 		more = fmt.Sprintf(", and %d more", n)
 	}
 	fmt.Fprintf(w, "%s: %d attempt(s) have waited long on a file system (a hung NFS mount, or a slow one? `stat DIR` on host %s tells); "+
-		"they carry on once it answers, their shards RUNNING and their leases renewed meanwhile: %s%s\n",
+		"they carry on once it answers (a shard in its commit stays RUNNING meanwhile, its lease renewed): %s%s\n",
 		wk.Name, max(wk.SlowFSCount, len(wk.SlowFS)), wk.Host, strings.Join(wk.SlowFS, "; "), more)
 }
 

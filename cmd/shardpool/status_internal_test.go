@@ -469,7 +469,7 @@ func TestStatusNamesAttemptsWaitingOnAFileSystem(t *testing.T) {
 	printStatus(&b, st)
 	out := b.String()
 	for _, want := range []string{"w1: 12 attempt(s) have waited long on a file system", "`stat DIR` on host h1 tells",
-		"RUNNING and their leases renewed meanwhile: " + slow[0] + "; " + slow[1] + ", and 10 more\n"} {
+		"stays RUNNING meanwhile, its lease renewed): " + slow[0] + "; " + slow[1] + ", and 10 more\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
