@@ -49,7 +49,8 @@ type SubmitOptions struct {
 	// `submit` when the directory exists here.
 	Reverify bool
 	// OutputOn is where this host sees the output directory, when not on
-	// a local disk (stream.RunRecord's OutputOn); nil leaves the record's.
+	// a local disk (stream.RunRecord's OutputOn); nil leaves the record's,
+	// in a new generation too.
 	OutputOn *stream.OutputStorage
 }
 
@@ -243,6 +244,11 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		State: stream.RunPrepared, Counts: stream.Counts{Total: len(man.Shards), Pending: len(man.Shards)},
 		MeasuredMemory: opt.MeasuredMemory, Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
 		Halt: opt.Halt, OutputOn: opt.OutputOn,
+	}
+	if rec.OutputOn == nil && prev != nil {
+		// A submitter that saw the output on a local disk, or could
+		// not tell, leaves what an earlier one saw.
+		rec.OutputOn = prev.OutputOn
 	}
 	if prev != nil && prev.Fingerprint != fp {
 		res.NewRun = true

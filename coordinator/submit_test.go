@@ -637,3 +637,41 @@ func TestHaltCountOnResubmission(t *testing.T) {
 		t.Fatalf("run %s, halted %q, counts %+v; want BLOCKED by its 2 failed shards, not halted, 4 validated", r.State, r.Halted, r.Counts)
 	}
 }
+
+// TestOutputOnOutlivesSubmittersThatCannotSeeIt: the run record's
+// output_on (where a submitter saw the output off a local disk) is kept
+// by a resubmission that brings none, in the same generation and in a
+// new one, and replaced by one that brings another.
+func TestOutputOnOutlivesSubmittersThatCannotSeeIt(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"true"}})
+	nfs := &stream.OutputStorage{Host: "login1", Type: "nfs4", Source: "fs1:/export/data", MountPoint: "/data"}
+	check := func(when string, want *stream.OutputStorage) {
+		t.Helper()
+		r, err := env.Run("t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (r.OutputOn == nil) != (want == nil) || (want != nil && *r.OutputOn != *want) {
+			t.Errorf("%s: output_on %+v, want %+v", when, r.OutputOn, want)
+		}
+	}
+	env.Submit(spec, coordinator.SubmitOptions{OutputOn: nfs})
+	check("first submission", nfs)
+	env.Submit(spec, coordinator.SubmitOptions{})
+	check("the same run again, from a host that saw nothing", nfs)
+	b, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spec, append(b, "env = { MODE = \"v2\" }\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res := env.Submit(spec, coordinator.SubmitOptions{}); !res.NewRun {
+		t.Fatalf("changed env: %+v, want a new generation", res)
+	}
+	check("a new generation, from a host that saw nothing", nfs)
+	lustre := &stream.OutputStorage{Host: "login2", Type: "lustre", Source: "10.0.0.1@tcp:/scratch", MountPoint: "/data"}
+	env.Submit(spec, coordinator.SubmitOptions{OutputOn: lustre})
+	check("from a host that saw another", lustre)
+}
