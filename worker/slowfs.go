@@ -25,22 +25,27 @@ const defaultSlowFS = 2 * time.Minute
 const slowFSListed = 10
 
 type fsWait struct {
+	key   string // the attempt's run.id
 	what  string
 	since time.Time
 }
 
 // fsBegin notes that the attempt key waits on a file system (what: where
-// and for what) until the returned function is called.
+// and for what) until the returned function is called. Each note is its
+// own: two deliveries of one shard (one awaiting the other's end) wait
+// side by side.
 func (w *Worker) fsBegin(key, what string) (end func()) {
 	w.mu.Lock()
 	if w.fsWaits == nil {
-		w.fsWaits = map[string]fsWait{}
+		w.fsWaits = map[uint64]fsWait{}
 	}
-	w.fsWaits[key] = fsWait{what: what, since: time.Now()}
+	w.fsSeq++
+	id := w.fsSeq
+	w.fsWaits[id] = fsWait{key: key, what: what, since: time.Now()}
 	w.mu.Unlock()
 	return func() {
 		w.mu.Lock()
-		delete(w.fsWaits, key)
+		delete(w.fsWaits, id)
 		w.mu.Unlock()
 	}
 }
@@ -49,17 +54,13 @@ func (w *Worker) fsBegin(key, what string) (end func()) {
 // system for SlowFS or longer ("run.id in its commit to DIR for 7m12s"),
 // at most slowFSListed, with how many there are. Under mu.
 func (w *Worker) slowFS(now time.Time) ([]string, int) {
-	type slow struct {
-		key string
-		fsWait
-	}
-	var s []slow
-	for k, f := range w.fsWaits {
+	var s []fsWait
+	for _, f := range w.fsWaits {
 		if now.Sub(f.since) >= w.cfg.SlowFS {
-			s = append(s, slow{k, f})
+			s = append(s, f)
 		}
 	}
-	slices.SortFunc(s, func(a, b slow) int { return a.since.Compare(b.since) })
+	slices.SortFunc(s, func(a, b fsWait) int { return a.since.Compare(b.since) })
 	var out []string
 	for _, x := range s[:min(len(s), slowFSListed)] {
 		out = append(out, fmt.Sprintf("%s %s for %s", x.key, x.what, now.Sub(x.since).Round(time.Second)))

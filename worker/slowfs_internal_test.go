@@ -14,10 +14,21 @@ func TestSlowFSListsOnlyLongWaitsOldestFirst(t *testing.T) {
 	now := time.Now()
 	var ends []func()
 	for i := range slowFSListed + 2 {
-		ends = append(ends, w.fsBegin(string(rune('a'+i)), "in its commit to /o"))
-		w.fsWaits[string(rune('a'+i))] = fsWait{what: "in its commit to /o", since: now.Add(-time.Duration(100-i) * time.Minute)}
+		key := string(rune('a' + i))
+		ends = append(ends, w.fsBegin(key, "in its commit to /o"))
+		w.fsWaits[w.fsSeq] = fsWait{key: key, what: "in its commit to /o", since: now.Add(-time.Duration(100-i) * time.Minute)}
 	}
 	w.fsBegin("fresh", "in its commit to /o")
+	// A second delivery of a shard looks at its destination while the
+	// first commits: both are listed, and the first's end leaves the
+	// second's.
+	first := w.fsBegin("a", "in the look at its destination /o/a before its command")
+	w.fsWaits[w.fsSeq] = fsWait{key: "a", what: "in the look at its destination /o/a before its command", since: now.Add(-200 * time.Minute)}
+	if got, _ := w.slowFS(now); len(got) < 2 || got[0] != "a in the look at its destination /o/a before its command for 3h20m0s" ||
+		got[1] != "a in its commit to /o for 1h40m0s" {
+		t.Fatalf("two notes of one shard: %q, want both, the older first", got)
+	}
+	first()
 	got, n := w.slowFS(now)
 	if n != slowFSListed+2 || len(got) != slowFSListed {
 		t.Fatalf("listed %d of %d, want %d of %d: %q", len(got), n, slowFSListed, slowFSListed+2, got)

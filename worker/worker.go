@@ -222,9 +222,10 @@ type Worker struct {
 	// running, lastLeft the last one (the report's LeftRunning, LastLeft).
 	leftRunning int
 	lastLeft    string
-	// fsWaits holds the attempts waiting on a file system, by key
-	// (slowfs.go). Under mu.
-	fsWaits map[string]fsWait
+	// fsWaits holds the attempts waiting on a file system, by note
+	// (fsSeq numbers them; slowfs.go). Under mu.
+	fsWaits map[uint64]fsWait
+	fsSeq   uint64
 
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
