@@ -234,7 +234,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	idleExit := fs.Duration("idle-exit", 0, "exit (0) after this long with no shard running and none delivered, as a worker in a batch allocation should (0: serve until stopped)")
 	stopAfter := fs.Int("stop-after-start-failures", 5, "stop fetching and exit 1 once `N` attempts in a row could not start their command on this host (a mount it lacks, an output it cannot write) while another worker starts commands, rather than fail the rest of the queue here; where none does (a file server away for all), hold and try again, for up to 15 minutes (0: never stop)")
 	stopAlone := fs.Bool("stop-when-failing-alone", true, "stop fetching and exit 1 once attempts fail here in a row while other workers validate those very shards, more often than chance allows (false: only report it)")
-	slowFS := fs.Duration("slow-fs", 2*time.Minute, "how long an attempt may wait on a file system (its commit, or the looks at its destination and output directory before its command) before this worker's report, and `status`, list it as waiting (a hung NFS mount)")
+	slowFS := fs.Duration("slow-fs", 2*time.Minute, "how long an attempt may wait on a file system (its commit, or the looks at its destination and output directory before its command) before this worker's report, and status, list it as waiting (a hung NFS mount)")
 	verbose := fs.Bool("v", false, "debug logs")
 	var sf stagingFlags
 	sf.register(fs)
