@@ -246,19 +246,13 @@ func TestHungOutputMountIsReported(t *testing.T) {
 	daemon := testenv.FuseDaemon(t, fuse)
 	env := testenv.New(t, testenv.Options{SlowFS: time.Second})
 	gate := filepath.Join(t.TempDir(), "gate")
-	spec, _ := copyJob(t, 3, 0, "")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3,
+		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
 	out := filepath.Join(fuse, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	text := testenv.SetOutput(t, spec, out)
-	gated := strings.Replace(text, `["sh","-c","`, fmt.Sprintf(`["sh","-c","while [ ! -e %s ]; do sleep 0.05; done; `, gate), 1)
-	if gated == text {
-		t.Fatalf("the spec's command is not the sh -c this test gates:\n%s", text)
-	}
-	if err := os.WriteFile(spec, []byte(gated), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testenv.SetOutput(t, spec, out)
 	env.Submit(spec, coordinator.SubmitOptions{})
 	ids := []string{"s0000", "s0001", "s0002"}
 	first := ids[:2] // the slots' first shards; the third waits for a slot

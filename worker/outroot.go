@@ -82,10 +82,7 @@ var errOutputMoved = errors.New("output not committed")
 // could not be made is tried again by the next commit; one that
 // notMountedHere refuses, by the next commit too.
 func (w *Worker) outputRootFor(ctx context.Context, output string, on *stream.OutputStorage) (string, error) {
-	if w.outputKnown(output) {
-		return w.outputMoved(ctx, output), nil
-	}
-	if why := w.notMountedHere(ctx, output, on); why != "" {
+	if why, known := w.outputRefused(ctx, output, on); why != "" || known {
 		return why, nil
 	}
 	if err := os.MkdirAll(output, 0o755); err != nil {
@@ -144,10 +141,16 @@ func (w *Worker) outputMoved(ctx context.Context, output string) string {
 	return fmt.Sprintf("the output directory %s is on %s now on host %s, not on %s as at this worker's first commit there (no longer mounted?); nothing is committed there", output, now, w.host, was.mount)
 }
 
-// outputKnown reports whether this worker has committed to output before
-// (its root is noted).
-func (w *Worker) outputKnown(output string) bool {
+// outputRefused says why nothing may be made or committed in output
+// now: where this worker has committed there before (known), that it is
+// gone or moved since (outputMoved); before that, that it is missing
+// where its file system is not mounted (notMountedHere). "" when neither.
+func (w *Worker) outputRefused(ctx context.Context, output string, on *stream.OutputStorage) (why string, known bool) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.outRoots[output] != nil
+	known = w.outRoots[output] != nil
+	w.mu.Unlock()
+	if known {
+		return w.outputMoved(ctx, output), true
+	}
+	return w.notMountedHere(ctx, output, on), false
 }

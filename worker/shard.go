@@ -875,11 +875,7 @@ func checkInputs(paths []string, wait time.Duration) ([]fs.FileInfo, error) {
 func (w *Worker) lookAtOutput(ctx context.Context, a *attemptState) string {
 	out := a.run.Spec.Output
 	defer w.fsBegin(a.key, "in the look at its output directory "+out+" before its command")()
-	why := w.outputMoved(ctx, out)
-	if why == "" && !w.outputKnown(out) {
-		why = w.notMountedHere(ctx, out, a.run.OutputOn)
-	}
-	if why != "" {
+	if why, _ := w.outputRefused(ctx, out, a.run.OutputOn); why != "" {
 		return why
 	}
 	// An output directory this host cannot write (a read-only mount,
