@@ -386,6 +386,19 @@ type WorkerReport struct {
 	// worker does not count on a draining one to stay for the shards
 	// still out (worker's keeping).
 	Draining string `json:"draining,omitempty"`
+	// Stopping is why the worker stops ("SIGTERM"; "killing": a second
+	// signal had the running commands killed at once): it fetches no
+	// more, its running commands have SIGTERM and the grace period, what
+	// did not finish goes back to the queue, and it exits once its shards
+	// have settled. It keeps reporting meanwhile: a commit that waits on
+	// a hung mount can hold it there for long. StoppingSince is when,
+	// by its clock. Both absent while it serves.
+	Stopping      string    `json:"stopping,omitempty"`
+	StoppingSince time.Time `json:"stopping_since,omitzero"`
+	// Concluding counts the shards whose command has ended and that are
+	// being committed, recorded and acknowledged; their slots are free
+	// (Running does not count them) but their records say RUNNING.
+	Concluding int `json:"concluding,omitempty"`
 	// Keeping lists the classes of which shards are out (delivered, not
 	// settled) that this idle worker stays for, past its --idle-exit: a
 	// shard of a worker that dies, or one waiting out a retry's delay,

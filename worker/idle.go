@@ -128,7 +128,7 @@ func (w *Worker) keeping(ctx context.Context) (string, []string, error) {
 // started a shard a moment ago still looks idle.
 func keptBy(self string, peers []stream.WorkerReport, class string) string {
 	for _, p := range peers {
-		if p.Draining != "" || !servesClass(p, class) {
+		if leaving(p) || !servesClass(p, class) {
 			continue
 		}
 		if (p.Stays && sum(p.Running) == 0) || (p.Name < self && slices.Contains(p.Keeping, class)) {

@@ -134,6 +134,9 @@ func (w *Worker) peerWithInputs(class string, keys []string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, p := range w.peers {
+		if leaving(p) {
+			continue
+		}
 		have := make(map[string]bool, len(p.Staged))
 		for _, k := range p.Staged {
 			have[k] = true

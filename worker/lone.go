@@ -166,15 +166,22 @@ const (
 
 // healthyPeer names a live worker that serves class and has not failed
 // loneStreak attempts in a row itself, under mu; "" when there is none.
-// A peer serving other classes only would never run the streak's shards:
-// a hold waiting for it would last its whole loneHoldMax.
+// A peer serving other classes only would never run the streak's shards,
+// nor would one that drains or stops (leaving): a hold waiting for it
+// would last its whole loneHoldMax.
 func (w *Worker) healthyPeer(class string) string {
 	for _, p := range w.peers {
-		if p.FailedInARow < loneStreak && servesClass(p, class) {
+		if p.FailedInARow < loneStreak && servesClass(p, class) && !leaving(p) {
 			return p.Name
 		}
 	}
 	return ""
+}
+
+// leaving reports whether the worker of report p fetches no more: it
+// drains or stops, and exits once its shards have settled.
+func leaving(p stream.WorkerReport) bool {
+	return p.Draining != "" || p.Stopping != ""
 }
 
 // servesClass reports whether the worker of report p takes shards of

@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -10,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker"
 )
@@ -61,5 +65,63 @@ func TestStoppedWhileWaitingForTheCoordinator(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("worker still waiting 10s after it was stopped")
+	}
+}
+
+// TestAStoppingWorkerKeepsReporting: a worker stopped while a command
+// runs (one that ignores SIGTERM: it runs the whole grace period) goes on
+// reporting until its shards have settled, and says it stops. It fell
+// silent at once: status showed a report growing old with nothing said,
+// and after three report periods another worker could take its name,
+// whose report this one's exit then removed (that a worker started
+// under the name meanwhile is refused: TestStatusSaysAWorkerIsStopping).
+// Once the stopping worker has exited its report is gone.
+func TestAStoppingWorkerKeepsReporting(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Grace: 4 * time.Second, Slots: map[string]int{"cpu": 1}})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 1,
+		Command: []string{"sh", "-c", `trap '' TERM; sleep 30`}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	b := env.Buckets()
+	report := func() (stream.WorkerReport, error) {
+		var r stream.WorkerReport
+		e, err := b.Workers.Get(context.Background(), "w1")
+		if err != nil {
+			return r, err
+		}
+		return r, stream.Decode(e.Value(), &r)
+	}
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, err := report()
+		return err == nil && r.Running["cpu"] == 1, fmt.Sprintf("report %+v (%v)", r, err)
+	})
+	stopped := make(chan error, 1)
+	stopAt := time.Now()
+	go func() { stopped <- env.StopWorker("w1") }()
+	var first stream.WorkerReport
+	testenv.Eventually(t, 2*time.Second, func() (bool, string) {
+		r, err := report()
+		first = r
+		return err == nil && r.Stopping == "stopped" && !r.StoppingSince.Before(stopAt.Add(-time.Second)) && r.Running["cpu"] == 1,
+			fmt.Sprintf("report %+v (%v)", r, err)
+	})
+	// Reports go on while the command has its grace (500ms apart here).
+	testenv.Eventually(t, 3*time.Second, func() (bool, string) {
+		r, err := report()
+		return err == nil && r.Reported.After(first.Reported) && r.Stopping == "stopped",
+			fmt.Sprintf("report %+v (%v), the first while stopping at %s", r, err, first.Reported)
+	})
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("stopped worker: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stopping worker did not exit")
+	}
+	if d := time.Since(stopAt); d < 3*time.Second {
+		t.Fatalf("the worker exited %s after its stop: the command had its grace of 4s?", d)
+	}
+	if r, err := report(); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the report of a worker that has exited: %+v (%v), want none", r, err)
 	}
 }

@@ -264,8 +264,11 @@ type Worker struct {
 	fixed      map[string]int // under mu, without Auto, for reports: the slots of each class served (Slots, and SlotsEach as classes appear)
 	ended      sync.Map       // run name -> *endedCount: shards this worker concluded (Ended)
 	drainOnce  sync.Once
-	drainWhy   string // why Drain was called, for reports and the admission log
-	draining   bool   // under mu: Drain was called; no fetch loop starts after it
+	drainWhy   string    // why Drain was called, for reports and the admission log
+	stopWhy    string    // under mu: why Run's context ended, for reports (Stopping); "" while it serves
+	stopAt     time.Time // under mu: when stopWhy was set
+	hurried    bool      // under mu: Hurry was called
+	draining   bool      // under mu: Drain was called; no fetch loop starts after it
 	serving    sync.WaitGroup
 	busyAt     atomic.Int64    // unix nanoseconds of the last delivery, of the last look that found a shard running, or of the end of the latest delay a shard was handed back for (IdleExit)
 	startFails atomic.Int64    // attempts in a row whose command could not start (StopAfterStartFailures)
@@ -463,7 +466,15 @@ const barrierTimeout = 10 * time.Second
 // SIGKILL now instead of at the end of their grace period. Their attempts
 // are recorded interrupted, as in any drain, and the messages handed
 // back.
-func (w *Worker) Hurry() { w.hurryOnce.Do(func() { close(w.hurry) }) }
+func (w *Worker) Hurry() {
+	w.hurryOnce.Do(func() {
+		w.mu.Lock()
+		w.hurried = true
+		w.mu.Unlock()
+		close(w.hurry)
+		w.reportSoon()
+	})
+}
 
 // Drain stops fetching and lets the running shards end as they would:
 // nothing is signalled, every command runs to its end, and its output is
@@ -786,7 +797,17 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.cfg.OnServing()
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return w.report(gctx) })
+	// Reports go on while the worker stops, until its shards have
+	// settled: a stop can last the grace period, or as long as a commit
+	// waits on a hung mount. A silent worker looked dead (and another
+	// could take its name, whose report this one's exit then removed).
+	repCtx, endReports := context.WithCancel(context.WithoutCancel(ctx))
+	defer endReports()
+	reported := make(chan struct{})
+	go func() {
+		defer close(reported)
+		w.report(repCtx, gctx.Done(), ctx)
+	}()
 	g.Go(func() error { return w.watchPressure(gctx) })
 	if w.ledger != nil && w.cfg.Auto {
 		w.ledgerWatched.Store(true)
@@ -943,6 +964,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	err = g.Wait()
 	shards.Wait()
 	w.bg.Wait()
+	endReports()
+	<-reported
 	w.finalReport()
 	if errors.Is(err, context.Canceled) || errors.Is(err, errDrained) || ctx.Err() != nil {
 		return nil
@@ -1377,6 +1400,13 @@ func (w *Worker) snapshot() stream.WorkerReport {
 		}
 		waits[c] = held
 	}
+	if w.stopWhy != "" {
+		// What the fetch loops last said ("2 of 2 slots in use") no
+		// longer holds: none fetches.
+		for c := range waits {
+			waits[c] = "stopping (" + w.stopWhy + "): fetching no more"
+		}
+	}
 	var staged []string
 	if w.stager != nil {
 		staged = w.stager.Ready(stream.StagedAdvertised)
@@ -1386,10 +1416,14 @@ func (w *Worker) snapshot() stream.WorkerReport {
 		awaiting = slices.Sorted(maps.Keys(w.awaiting))
 	}
 	slow, slowN := w.slowFS(time.Now())
-	return stream.WorkerReport{Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Version: stream.ThisBuild().Version, Slots: w.reportedSlots(),
+	stopWhy := w.stopWhy
+	if stopWhy != "" && w.hurried {
+		stopWhy += "; again: SIGKILL to the running commands"
+	}
+	return stream.WorkerReport{Stopping: stopWhy, StoppingSince: w.stopAt, Concluding: len(w.concluding), Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Version: stream.ThisBuild().Version, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure, SlotsEach: w.slotsEach(),
 		LeftRunning: w.leftRunning, LastLeft: w.lastLeft, SlowFS: slow, SlowFSCount: slowN,
-		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor), Stays: stays && w.drainWhy == ""}
+		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor), Stays: stays && w.drainWhy == "" && w.stopWhy == ""}
 }
 
 // headroom is the compact probe published with each report: the effective
@@ -1424,7 +1458,13 @@ func (w *Worker) headroom(ctx context.Context) map[string]stream.Resource {
 	return h
 }
 
-func (w *Worker) report(ctx context.Context) error {
+// report writes the worker's report to the workers bucket every
+// ReportEvery, and soon after what it says changes (reportSoon). It
+// reports until ctx ends, which is after the worker's shards have
+// settled. Once serving ends (the worker stops fetching, or drained),
+// it says why when run, the worker's own context, has ended: the
+// worker stops (Stopping).
+func (w *Worker) report(ctx context.Context, serving <-chan struct{}, run context.Context) {
 	t := time.NewTicker(w.cfg.ReportEvery)
 	defer t.Stop()
 	// Every period the report probes the host again; in between, a change
@@ -1452,17 +1492,42 @@ func (w *Worker) report(ctx context.Context) error {
 		wrote := time.Now()
 		select {
 		case <-ctx.Done():
-			return nil
+			return
+		case <-serving:
+			serving = nil
+			if run.Err() != nil {
+				w.stopping(whyStopped(run))
+			}
+			full = false
 		case <-t.C:
 			full = true
 		case <-w.poke:
 			full = false
 			select {
 			case <-ctx.Done():
-				return nil
+				return
 			case <-time.After(time.Until(wrote.Add(min(reportGap, w.cfg.ReportEvery)))):
 			}
 		}
+	}
+}
+
+// whyStopped says why a worker's context ended: the cause its canceller
+// gave (the CLI gives the signal's name), or "stopped".
+func whyStopped(ctx context.Context) string {
+	c := context.Cause(ctx)
+	if c == nil || errors.Is(c, context.Canceled) || errors.Is(c, context.DeadlineExceeded) {
+		return "stopped"
+	}
+	return c.Error()
+}
+
+// stopping records why the worker stops, for its reports.
+func (w *Worker) stopping(why string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopWhy == "" {
+		w.stopWhy, w.stopAt = why, time.Now().UTC()
 	}
 }
 
@@ -1499,6 +1564,12 @@ func (w *Worker) checkName(ctx context.Context) (uint64, error) {
 	}
 	if age > 3*max(w.cfg.ReportEvery, 5*time.Second) {
 		return e.Revision(), nil // silent for three report periods: gone, or its pid reused
+	}
+	if r.Stopping != "" {
+		// Restarted at once after a stop: the old one still settles
+		// its shards, and its exit removes the report under the name.
+		return 0, fmt.Errorf("worker %s: %w: the worker under it on host %s pid %d is stopping (%s, since %s by its clock) and exits once its shards have settled; start this one when it has, or give it another --name",
+			w.cfg.Name, ErrNameTaken, r.Host, r.PID, r.Stopping, r.StoppingSince.Format(time.TimeOnly))
 	}
 	return 0, fmt.Errorf("worker %s: %w: a live worker reports under it from host %s pid %d (last report %s ago); give this one another --name",
 		w.cfg.Name, ErrNameTaken, r.Host, r.PID, max(age, 0).Round(time.Second))
