@@ -555,6 +555,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "%s: idle past its --idle-exit, it stays while shards of class %s are out (running elsewhere, or due back after a retry's delay or a dead worker's lease), to run them should they come back\n",
 				wk.Name, strings.Join(wk.Keeping, ", "))
 		}
+		printStopping(w, wk)
 		printFailingWorker(w, wk, st.Workers)
 		printOtherBuild(w, wk, st.Coordinator)
 		if wk.LeftRunning > 0 {
@@ -562,6 +563,33 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		}
 		printSlowFS(w, wk)
 	}
+}
+
+// printStopping says what a stopping worker still does (its report's
+// Stopping): it exits only once its shards have settled.
+func printStopping(w io.Writer, wk stream.WorkerReport) {
+	if wk.Stopping == "" {
+		return
+	}
+	since := ""
+	if !wk.StoppingSince.IsZero() {
+		since = " since " + wk.StoppingSince.Format(time.TimeOnly)
+	}
+	running := 0
+	for _, n := range wk.Running {
+		running += n
+	}
+	what := "no command runs"
+	if running > 0 {
+		what = fmt.Sprintf("%d command(s) still run, ended with SIGTERM and SIGKILL after its --grace; what they leave unfinished goes back to the queue, not charged", running)
+		if !strings.Contains(wk.Stopping, "SIGKILL") {
+			what += fmt.Sprintf(" (to kill them now, stop it again: kill %d on host %s)", wk.PID, wk.Host)
+		}
+	}
+	if wk.Concluding > 0 {
+		what += fmt.Sprintf("; %d shard(s) whose command ended are committed, recorded and acked first", wk.Concluding)
+	}
+	fmt.Fprintf(w, "%s: stopping%s (%s): it fetches no more and exits once its shards have settled: %s\n", wk.Name, since, wk.Stopping, what)
 }
 
 // printSlowFS names a worker's attempts that wait on a file system that

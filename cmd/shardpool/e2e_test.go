@@ -779,6 +779,60 @@ func workerStopsOn(t *testing.T, sig syscall.Signal) {
 	}
 }
 
+// TestStatusSaysAWorkerIsStopping: a worker stopped with SIGTERM while
+// its command ignores SIGTERM (it runs the worker's whole --grace) keeps
+// reporting, and status says it stops, what it still runs and how to
+// cut that short, and a shard waiting for a slot says why. It fell silent: status showed its report growing old
+// and nothing else. The same worker started again at once, with the same
+// command line, is refused with why; a second SIGTERM kills the command
+// and the worker exits 0 before its grace is out.
+func TestStatusSaysAWorkerIsStopping(t *testing.T) {
+	c := startCluster(t, "20s")
+	// Two shards, one slot: the second waits, and says why.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 1, Command: []string{"sh", "-c", `trap '' TERM; sleep 60`}})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=1", "--grace", "40s")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := stream.ReadRun(context.Background(), c.js, "t")
+		return r.Counts.Running == 1, fmt.Sprintf("running %d", r.Counts.Running)
+	})
+	w1.SignalMain(syscall.SIGTERM)
+	status := func() string {
+		st := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+		st.Wait(t, 30*time.Second)
+		return st.Output()
+	}
+	want := []string{"t: class cpu: 1 shard(s) wait: w1: stopping (SIGTERM): fetching no more", "w1: stopping since ", " (SIGTERM): it fetches no more and exits once its shards have settled: 1 command(s) still run",
+		fmt.Sprintf("(to kill them now, stop it again: kill %d on host ", w1.Cmd.Process.Pid)}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		out := status()
+		for _, s := range want {
+			if !strings.Contains(out, s) {
+				return false, fmt.Sprintf("status lacks %q:\n%s", s, out)
+			}
+		}
+		return true, ""
+	})
+	again := c.worker("w1", "--slots", "cpu=1")
+	if code := again.Wait(t, 30*time.Second); code == 0 || !strings.Contains(again.Output(), "is stopping (SIGTERM, since") {
+		t.Fatalf("w1 started again while the first stops: exit %d, want it refused as the name of a stopping worker\n%s", code, again.Output())
+	}
+	if w1.Exited() {
+		t.Fatalf("w1 exited before its command's grace was out\n%s", w1.Output())
+	}
+	hurried := time.Now()
+	w1.SignalMain(syscall.SIGTERM)
+	if code := w1.Wait(t, 20*time.Second); code != 0 || !strings.Contains(w1.Output(), "stopping now: SIGKILL") {
+		t.Fatalf("w1 after a second SIGTERM: exit %d, want 0 with the command killed\n%s", code, w1.Output())
+	}
+	if d := time.Since(hurried); d > 15*time.Second {
+		t.Errorf("w1 took %s to exit after the second SIGTERM, want its command killed at once", d)
+	}
+	if out := status(); strings.Contains(out, "w1") {
+		t.Errorf("status still shows w1 after it exited:\n%s", out)
+	}
+}
+
 // TestCoordinatorReloadsItsStoreAfterAFullDisk: a write that meets a full
 // disk leaves nats-server's stream refusing every write, also once space
 // is freed. The coordinator daemon reloads its store by itself once there

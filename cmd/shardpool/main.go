@@ -12,6 +12,8 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -59,20 +61,23 @@ var stops struct {
 // draining command has said "interrupt again" is kept for it rather than
 // lost in a channel nobody reads.
 func stopContext() (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancelCause := context.WithCancelCause(context.Background())
+	cancel := func() { cancelCause(nil) }
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, stopSignals...)
 	done := make(chan struct{})
 	go func() {
 		for {
 			select {
-			case <-sig:
+			case s := <-sig:
 				stops.mu.Lock()
 				stops.n++
 				n, again := stops.n, stops.again
 				stops.mu.Unlock()
 				if n == 1 {
-					cancel()
+					// The signal's name is the cause: a worker's
+					// reports say why it stops (context.Cause).
+					cancelCause(errors.New(signalName(s)))
 				} else if again != nil {
 					again()
 				}
@@ -86,6 +91,17 @@ func stopContext() (context.Context, func()) {
 		close(done)
 		cancel()
 	}
+}
+
+// signalName is "SIGTERM" for syscall.SIGTERM, and the signal's own
+// words for what has no such name.
+func signalName(s os.Signal) string {
+	if n, ok := s.(syscall.Signal); ok {
+		if name := unix.SignalName(n); name != "" {
+			return name
+		}
+	}
+	return s.String()
 }
 
 // onStopAgain has every stop signal after the first call f, at once if
