@@ -581,7 +581,7 @@ func printStopping(w io.Writer, wk stream.WorkerReport) {
 	}
 	what := "no command runs"
 	if running > 0 {
-		what = fmt.Sprintf("%d command(s) still run, ended with SIGTERM and SIGKILL after its --grace; what they leave unfinished goes back to the queue, not charged", running)
+		what = fmt.Sprintf("%d shard(s) still hold a slot: a command running gets SIGTERM, and SIGKILL after its --grace; what they leave unfinished goes back to the queue, not charged", running)
 		if !strings.Contains(wk.Stopping, "SIGKILL") {
 			what += fmt.Sprintf(" (to kill them now, stop it again: kill %d on host %s)", wk.PID, wk.Host)
 		}

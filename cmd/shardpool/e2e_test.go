@@ -802,7 +802,7 @@ func TestStatusSaysAWorkerIsStopping(t *testing.T) {
 		st.Wait(t, 30*time.Second)
 		return st.Output()
 	}
-	want := []string{"t: class cpu: 1 shard(s) wait: w1: stopping (SIGTERM): fetching no more", "w1: stopping since ", " (SIGTERM): it fetches no more and exits once its shards have settled: 1 command(s) still run",
+	want := []string{"t: class cpu: 1 shard(s) wait: w1: stopping (SIGTERM): fetching no more", "w1: stopping since ", " (SIGTERM): it fetches no more and exits once its shards have settled: 1 shard(s) still hold a slot",
 		fmt.Sprintf("(to kill them now, stop it again: kill %d on host ", w1.Cmd.Process.Pid)}
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 		out := status()
