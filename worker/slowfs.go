@@ -54,9 +54,22 @@ func (w *Worker) fsBegin(key, what string) (end func()) {
 // system for SlowFS or longer ("run.id in its commit to DIR for 7m12s"),
 // at most slowFSListed, with how many there are. Under mu.
 func (w *Worker) slowFS(now time.Time) ([]string, int) {
+	return w.fsWaitsOver(now, w.cfg.SlowFS)
+}
+
+// FSWaits is slowFS for waits of at least d: a stopping worker's
+// (`shardpool worker` and `run` say what their stop waits on).
+func (w *Worker) FSWaits(d time.Duration) ([]string, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fsWaitsOver(time.Now(), d)
+}
+
+// fsWaitsOver is slowFS for waits of at least d. Under mu.
+func (w *Worker) fsWaitsOver(now time.Time, d time.Duration) ([]string, int) {
 	var s []fsWait
 	for _, f := range w.fsWaits {
-		if now.Sub(f.since) >= w.cfg.SlowFS {
+		if now.Sub(f.since) >= d {
 			s = append(s, f)
 		}
 	}

@@ -833,6 +833,85 @@ func TestStatusSaysAWorkerIsStopping(t *testing.T) {
 	}
 }
 
+// TestAStoppedWorkerSaysWhatItWaitsOn: a worker stopped while its
+// commits hang on an output mount that does not answer (bindfs stopped
+// with SIGSTOP, as a hard NFS mount whose server is gone) cannot exit
+// until the mount answers. Past its grace it says so on stderr, and what
+// it waits on; status says it stops. It said nothing after "stopping".
+// Once the mount answers, the commits end, the shards are validated and
+// the worker exits 0.
+func TestAStoppedWorkerSaysWhatItWaitsOn(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	daemon := testenv.FuseDaemon(t, fuse)
+	c := startCluster(t, "20s")
+	gate := filepath.Join(t.TempDir(), "gate")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2,
+		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
+	out := filepath.Join(fuse, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	testenv.SetOutput(t, spec, out)
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=2", "--grace", "1s", "--slow-fs", "1s")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, _ := stream.ReadRun(context.Background(), c.js, "t")
+		return r.Counts.Running == 2, fmt.Sprintf("running %d", r.Counts.Running)
+	})
+	if err := unix.Kill(daemon, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := unix.Kill(daemon, unix.SIGCONT); err != nil {
+				t.Errorf("SIGCONT bindfs: %v", err)
+			}
+		}
+	}
+	t.Cleanup(resume) // before FuseDir's unmount
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	status := func() string {
+		st := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+		st.Wait(t, 30*time.Second)
+		return st.Output()
+	}
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		out := status()
+		return strings.Contains(out, "w1: 2 attempt(s) have waited long on a file system"), "status:\n" + out
+	})
+	stopped := time.Now()
+	w1.SignalMain(syscall.SIGTERM)
+	want := []string{"still stopping after ", "2 shard(s) whose command ended are committed and recorded",
+		"2 attempt(s) wait on a file system that does not answer (a hung NFS mount? it exits once that answers): ", "t.s0000 in its commit to " + out + " for "}
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		o := w1.Output()
+		for _, s := range want {
+			if !strings.Contains(o, s) {
+				return false, fmt.Sprintf("worker output lacks %q:\n%s", s, o)
+			}
+		}
+		return true, ""
+	})
+	if d := time.Since(stopped); d < 5*time.Second {
+		t.Errorf("the worker said it still stops %s after SIGTERM, before its grace of 1s and 5s more", d)
+	}
+	if st := status(); !strings.Contains(st, "w1: stopping since ") || !strings.Contains(st, "2 shard(s) whose command ended are committed, recorded and acked first") {
+		t.Errorf("status while w1 stops on the hung mount:\n%s", st)
+	}
+	if w1.Exited() {
+		t.Fatalf("w1 exited while its commits hung\n%s", w1.Output())
+	}
+	resume()
+	if code := w1.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("w1 once the mount answered: exit %d, want 0\n%s", code, w1.Output())
+	}
+	testenv.WaitState(t, c.js, "t", 10*time.Second, stream.RunComplete)
+}
+
 // TestCoordinatorReloadsItsStoreAfterAFullDisk: a write that meets a full
 // disk leaves nats-server's stream refusing every write, also once space
 // is freed. The coordinator daemon reloads its store by itself once there

@@ -391,12 +391,63 @@ func announceDrain(stderr io.Writer, wk *worker.Worker, grace time.Duration) fun
 		fmt.Fprintln(stderr, "stopping")
 	}
 	var once sync.Once
-	return onStopAgain(func() {
+	stopAgain := onStopAgain(func() {
 		once.Do(func() {
 			fmt.Fprintln(stderr, "stopping now: SIGKILL to the running shards")
 			wk.Hurry()
 		})
 	})
+	// Past the grace, what the stop still waits on: a commit on a hung
+	// mount can hold it for as long as the mount does not answer, and
+	// nothing else is printed meanwhile.
+	done := make(chan struct{})
+	go func() {
+		began := time.Now()
+		t := time.NewTimer(grace + stillStoppingAfter)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			fmt.Fprintln(stderr, stillStopping(wk, time.Since(began)))
+			t.Reset(stillStoppingEvery)
+		}
+	}()
+	return func() {
+		stopAgain()
+		close(done)
+	}
+}
+
+// A stop that outlasts the grace by stillStoppingAfter says what it waits
+// on, and again every stillStoppingEvery.
+const (
+	stillStoppingAfter = 5 * time.Second
+	stillStoppingEvery = 30 * time.Second
+)
+
+// stillStopping is the line a stop that outlasts its grace prints.
+func stillStopping(wk *worker.Worker, took time.Duration) string {
+	var what []string
+	if n := wk.Running(); n > 0 {
+		what = append(what, fmt.Sprintf("%d shard(s) hold a slot", n))
+	}
+	if n := wk.Concluding(); n > 0 {
+		what = append(what, fmt.Sprintf("%d shard(s) whose command ended are committed and recorded", n))
+	}
+	if waits, n := wk.FSWaits(time.Second); n > 0 {
+		more := ""
+		if n > len(waits) {
+			more = fmt.Sprintf(", and %d more", n-len(waits))
+		}
+		what = append(what, fmt.Sprintf("%d attempt(s) wait on a file system that does not answer (a hung NFS mount? it exits once that answers): %s%s", n, strings.Join(waits, "; "), more))
+	}
+	if len(what) == 0 {
+		what = append(what, "its last records and hand-backs wait for the coordinator")
+	}
+	return fmt.Sprintf("still stopping after %s: %s", took.Round(time.Second), strings.Join(what, "; "))
 }
 
 // drainOnSignal drains wk on SIGUSR1, which Slurm sends ahead of a job's
