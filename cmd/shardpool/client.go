@@ -555,7 +555,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "%s: idle past its --idle-exit, it stays while shards of class %s are out (running elsewhere, or due back after a retry's delay or a dead worker's lease), to run them should they come back\n",
 				wk.Name, strings.Join(wk.Keeping, ", "))
 		}
-		printStopping(w, wk)
+		printLeaving(w, wk)
 		printFailingWorker(w, wk, st.Workers)
 		printOtherBuild(w, wk, st.Coordinator)
 		if wk.LeftRunning > 0 {
@@ -565,22 +565,25 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 	}
 }
 
-// printStopping says what a stopping worker still does (its report's
-// Stopping): it exits only once its shards have settled.
-func printStopping(w io.Writer, wk stream.WorkerReport) {
-	if wk.Stopping == "" {
+// printLeaving says what a draining or stopping worker still does (its
+// report's Draining and Stopping): it exits only once its shards have
+// settled. A drain showed only in the waits of classes with shards
+// queued; a stop not at all.
+func printLeaving(w io.Writer, wk stream.WorkerReport) {
+	if wk.Stopping == "" && wk.Draining == "" {
 		return
-	}
-	since := ""
-	if !wk.StoppingSince.IsZero() {
-		since = " since " + wk.StoppingSince.Format(time.TimeOnly)
 	}
 	running := 0
 	for _, n := range wk.Running {
 		running += n
 	}
-	what := "no command runs"
-	if running > 0 {
+	var what string
+	switch {
+	case running == 0:
+		what = "no shard holds a slot"
+	case wk.Stopping == "":
+		what = fmt.Sprintf("%d shard(s) hold a slot and end as they would (to stop them now: kill %d on host %s)", running, wk.PID, wk.Host)
+	default:
 		what = fmt.Sprintf("%d shard(s) still hold a slot: a command running gets SIGTERM, and SIGKILL after its --grace; what they leave unfinished goes back to the queue, not charged", running)
 		if !strings.Contains(wk.Stopping, "SIGKILL") {
 			what += fmt.Sprintf(" (to kill them now, stop it again: kill %d on host %s)", wk.PID, wk.Host)
@@ -589,7 +592,14 @@ func printStopping(w io.Writer, wk stream.WorkerReport) {
 	if wk.Concluding > 0 {
 		what += fmt.Sprintf("; %d shard(s) whose command ended are committed, recorded and acked first", wk.Concluding)
 	}
-	fmt.Fprintf(w, "%s: stopping%s (%s): it fetches no more and exits once its shards have settled: %s\n", wk.Name, since, wk.Stopping, what)
+	how, why := "draining", wk.Draining
+	if wk.Stopping != "" {
+		how, why = "stopping", wk.Stopping
+		if !wk.StoppingSince.IsZero() {
+			how += " since " + wk.StoppingSince.Format(time.TimeOnly)
+		}
+	}
+	fmt.Fprintf(w, "%s: %s (%s): it fetches no more and exits once its shards have settled: %s\n", wk.Name, how, why, what)
 }
 
 // printSlowFS names a worker's attempts that wait on a file system that

@@ -1189,6 +1189,14 @@ func TestWorkerSIGUSR1Drains(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 		return strings.Contains(w1.Output(), "SIGUSR1: draining"), "worker output: " + w1.Output()
 	})
+	// status says so, whether or not shards wait (it said so only in the
+	// waits of classes with shards queued).
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+		st.Wait(t, 30*time.Second)
+		return strings.Contains(st.Output(), "w1: draining (SIGUSR1): it fetches no more and exits once its shards have settled: 1 shard(s) hold a slot and end as they would (to stop them now: kill "),
+			"status:\n" + st.Output()
+	})
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
