@@ -48,9 +48,9 @@ type SubmitOptions struct {
 	// round). Set it where the output directory is visible: `run` always,
 	// `submit` when the directory exists here.
 	Reverify bool
-	// OutputOn is where this host sees the output directory, when not on
-	// a local disk (stream.RunRecord's OutputOn); nil leaves the record's,
-	// in a new generation too.
+	// OutputOn is where this host sees the output directory
+	// (stream.RunRecord's OutputOn); nil leaves the record's, in a new
+	// generation too.
 	OutputOn *stream.OutputStorage
 }
 

@@ -253,10 +253,12 @@ type RunRecord struct {
 	HaltSeq  uint64 `json:"halt_seq,omitempty"`
 	// OutputOn is the storage that held the output directory (or, where
 	// it did not exist yet, the nearest directory above it) on the host
-	// of the latest submission, recorded only where that storage was not
-	// a local disk: a worker on a host where the directory is missing and
-	// would be made under another mount point does not make it (the
-	// file system is not mounted there).
+	// of the latest submission that could tell. Off a local disk, a
+	// worker on a host where the directory is missing and would be made
+	// under another mount point does not make it (the file system is not
+	// mounted there). On a local disk (Local), a worker on another host
+	// (boot) that sees the directory on a local disk of its own commits
+	// nothing there: outputs would lie scattered over the workers' disks.
 	OutputOn *OutputStorage `json:"output_on,omitempty"`
 }
 
@@ -267,11 +269,20 @@ type OutputStorage struct {
 	Type       string `json:"type"` // with a FUSE subtype: "fuse.sshfs"
 	Source     string `json:"source,omitempty"`
 	MountPoint string `json:"mount_point"`
+	// Local: a disk of that host's own (ext4, xfs, ...), which no other
+	// host sees; BootID tells that host from others of the same name
+	// (containers), and is set with Local only.
+	Local  bool   `json:"local,omitempty"`
+	BootID string `json:"boot_id,omitempty"`
 }
 
 // String describes the storage as a person reads it.
 func (o OutputStorage) String() string {
-	return fmt.Sprintf("%s %s mounted at %s on host %s", o.Type, o.Source, o.MountPoint, o.Host)
+	s := fmt.Sprintf("%s %s mounted at %s on host %s", o.Type, o.Source, o.MountPoint, o.Host)
+	if o.Local {
+		s += ", a local disk"
+	}
+	return s
 }
 
 // Lease is key <run>.<id> in the leases bucket; its life is the bucket TTL.

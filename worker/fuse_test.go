@@ -174,7 +174,7 @@ func outputOn(t *testing.T, out, mount string) *stream.OutputStorage {
 		t.Fatal(err)
 	}
 	host, _ := os.Hostname()
-	on := worker.OutputStorageOf(context.Background(), pr, host, out)
+	on := worker.OutputStorageOf(context.Background(), pr, host, stream.BootID("/proc"), out)
 	if on == nil || on.MountPoint != mount || !strings.HasPrefix(on.Type, "fuse") || on.Host != host {
 		t.Fatalf("the storage of %s as a submitter records it: %+v, want FUSE mounted at %s on %s", out, on, mount, host)
 	}
@@ -229,6 +229,101 @@ func TestOutputNotMountedHereIsNotMade(t *testing.T) {
 	for _, id := range []string{"s0000", "s0001"} {
 		if mk, err := checkpoint.Verify(filepath.Join(out, id)); err != nil || mk.Fingerprint != r.Fingerprint {
 			t.Errorf("output %s: %v, fingerprint %q", id, err, mk.Fingerprint)
+		}
+	}
+}
+
+// TestOutputOnAnotherHostsDiskIsRefused: a run submitted where its
+// output directory is on a local disk of the submitter's own (recorded as
+// such with that host's boot ID: another host here), taken by a worker
+// that sees the directory on a local disk of its own. Missing or there,
+// nothing is made or committed: each worker's outputs would lie on its
+// own disk, and the coordinator's check would see only its host's. Each
+// shard fails before its command with a reason that names both disks and
+// the fix. A worker that sees the directory on other storage (a mount:
+// the submitter's disk may be what it exports), or on the submitter's
+// own boot, commits there.
+func TestOutputOnAnotherHostsDiskIsRefused(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	env := testenv.New(t, testenv.Options{})
+	pr, err := probe.New(probe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	runs := filepath.Join(t.TempDir(), "runs.log")
+	job := func(name, out string) string {
+		spec := testenv.WriteJob(t, testenv.Job{Name: name, Shards: 2,
+			Command: []string{"sh", "-c", `echo "$1" >> "$3" && cp "$2" "$4/"`, "sh", "{id}", "{input}", runs, "{out}"}})
+		testenv.SetOutput(t, spec, out)
+		return spec
+	}
+	// As `submit` records it on host login1, of another boot: the disk
+	// is this host's root file system, seen from there.
+	elsewhere := func(out string) *stream.OutputStorage {
+		on := worker.OutputStorageOf(ctx, pr, "login1", "another-boot", out)
+		if on == nil || !on.Local {
+			t.Fatalf("the storage of %s: %+v, want a local disk recorded", out, on)
+		}
+		return on
+	}
+	missing := filepath.Join(t.TempDir(), "out")
+	there := filepath.Join(t.TempDir(), "out")
+	if err := os.Mkdir(there, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, out, here string }{
+		{"missing", missing, "does not exist; made, it would be on a disk of its own ("},
+		{"there", there, "exists on a disk of its own too ("},
+	} {
+		on := elsewhere(c.out)
+		env.Submit(job(c.name, c.out), coordinator.SubmitOptions{OutputOn: on})
+		env.WaitState(c.name, 30*time.Second, stream.RunBlocked)
+		for _, id := range []string{"s0000", "s0001"} {
+			r, err := env.Shard(c.name, id)
+			if err != nil || r.State != stream.ShardFailed || len(r.Attempts) != 1 {
+				t.Fatalf("%s %s: %+v (%v), want failed after one attempt", c.name, id, r, err)
+			}
+			a := r.Attempts[0]
+			for _, want := range []string{"the output directory " + c.out + " is on host login1's own disk, where the run was submitted, not on storage host ",
+				" shares: here it " + c.here, "nothing is made or committed here", "(on host login1 it is on " + on.Type + " " + on.Source + " mounted at " + on.MountPoint + ";",
+				"put the output on storage every worker's host mounts", "the command was not run"} {
+				if a.Outcome != stream.OutcomeStart || !strings.Contains(a.Reason, want) {
+					t.Errorf("%s %s: attempt %s %q, want a start error with %q", c.name, id, a.Outcome, a.Reason, want)
+				}
+			}
+		}
+	}
+	if _, err := os.Lstat(missing); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("%s: %v, want it not made", missing, err)
+	}
+	if ents, err := os.ReadDir(there); err != nil || len(ents) != 0 {
+		t.Errorf("%s holds %v (%v), want nothing committed", there, ents, err)
+	}
+	if ran := countLines(t, runs); len(ran) != 0 {
+		t.Fatalf("commands ran: %v", ran)
+	}
+
+	// The same record, taken where the directory is on a mount (the
+	// submitter's disk may be the export), or on the submitter's own boot.
+	onFuse := filepath.Join(fuse, "out")
+	// The file server's view: the directory bindfs exports, on its disk.
+	onMount := elsewhere(filepath.Join(filepath.Dir(fuse), "back"))
+	ownOut := filepath.Join(t.TempDir(), "out")
+	own := elsewhere(ownOut)
+	own.BootID = stream.BootID("/proc")
+	for _, c := range []struct {
+		name, out string
+		on        *stream.OutputStorage
+	}{{"mounted", onFuse, onMount}, {"own", ownOut, own}} {
+		r := func() stream.RunRecord {
+			env.Submit(job(c.name, c.out), coordinator.SubmitOptions{OutputOn: c.on})
+			return env.WaitState(c.name, 30*time.Second, stream.RunComplete)
+		}()
+		for _, id := range []string{"s0000", "s0001"} {
+			if mk, err := checkpoint.Verify(filepath.Join(c.out, id)); err != nil || mk.Fingerprint != r.Fingerprint {
+				t.Errorf("%s output %s: %v", c.name, id, err)
+			}
 		}
 	}
 }

@@ -27,33 +27,67 @@ import (
 // A worker on a host where the output's file system is not mounted at
 // all meets the same trap at its first commit: the directory is missing,
 // and made, it would be on the local disk. The submitter records where it
-// saw the output directory when that was not a local disk
-// (stream.RunRecord's OutputOn, OutputStorageOf); a worker that finds the
-// directory missing where making it would put it under another mount
-// point makes nothing (notMountedHere). A directory that exists is taken
-// as it is: a file server's own worker sees its export on a local disk.
+// saw the output directory (stream.RunRecord's OutputOn,
+// OutputStorageOf); a worker that finds the directory missing where
+// making it would put it under another mount point makes nothing
+// (notMountedHere). A directory that exists is taken as it is: a file
+// server's own worker sees its export on a local disk.
+//
+// Where the submitter saw the output on a local disk of its own, a worker
+// on another host that sees the directory, or would make it, on a local
+// disk of its own (onAnotherHostsDisk) commits nothing there, whether the
+// directory exists or not: each worker's outputs would lie on its own
+// disk, none where the run was submitted, and the coordinator's check
+// would see only its own host's. One that sees it on network storage
+// takes it (the submitter was the file server).
 
 // OutputStorageOf is where dir (or, where it does not exist yet, the
-// nearest directory above it) is stored as pr sees it on host, for a run
-// record's OutputOn: nil on a local disk, or where the probe cannot
-// tell.
-func OutputStorageOf(ctx context.Context, pr *probe.Prober, host, dir string) *stream.OutputStorage {
+// nearest directory above it) is stored as pr sees it on host (whose
+// boot ID is boot), for a run record's OutputOn; nil where the probe
+// cannot tell, or where the disk is one of host's own but boot is
+// unknown.
+func OutputStorageOf(ctx context.Context, pr *probe.Prober, host, boot, dir string) *stream.OutputStorage {
 	pi := pr.Where(ctx, dir)
-	if pi.Unknown != "" || pi.MountPoint == "" || pi.Locality == probe.Local {
+	if pi.Unknown != "" || pi.MountPoint == "" {
 		return nil
 	}
-	return &stream.OutputStorage{Host: host, Type: pi.FSType(), Source: pi.Source, MountPoint: pi.MountPoint}
+	on := &stream.OutputStorage{Host: host, Type: pi.FSType(), Source: pi.Source, MountPoint: pi.MountPoint}
+	if pi.Locality == probe.Local {
+		if !ownDisk(pi) || boot == "" || boot == "unknown" {
+			return nil
+		}
+		on.Local, on.BootID = true, boot
+	}
+	return on
 }
 
-// notMountedHere says why output, missing on this host, is not to be
-// made here: the run was submitted where it is on on (not a local disk),
-// and here it would be made under another mount point. "" where output
-// exists, on is nil, or the probe cannot tell.
+// ownDisk reports whether pi is on a file system that only its own host
+// sees: the usual disk file systems. The probe calls every type it does
+// not know to be network storage local; a cluster file system it does
+// not know (on shared block devices, or a vendor's) is not judged.
+func ownDisk(pi probe.PathInfo) bool {
+	switch pi.Type {
+	case "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "overlay", "vfat", "exfat", "reiserfs", "jfs", "bcachefs":
+		return true
+	}
+	return false
+}
+
+// notMountedHere says why output is not to be made or committed here: the
+// run was submitted where it is on on, not a local disk, and here it is
+// missing and would be made under another mount point; or on is a local
+// disk of another host (onAnotherHostsDisk). "" where none of that holds,
+// on is nil, or the probe cannot tell.
 func (w *Worker) notMountedHere(ctx context.Context, output string, on *stream.OutputStorage) string {
 	if on == nil {
 		return ""
 	}
-	if _, err := os.Lstat(output); !errors.Is(err, fs.ErrNotExist) {
+	_, err := os.Lstat(output)
+	missing := errors.Is(err, fs.ErrNotExist)
+	if on.Local {
+		return w.onAnotherHostsDisk(ctx, output, on, missing)
+	}
+	if !missing {
 		return ""
 	}
 	pi := w.cfg.Probe.Where(ctx, output)
@@ -62,6 +96,27 @@ func (w *Worker) notMountedHere(ctx context.Context, output string, on *stream.O
 	}
 	return fmt.Sprintf("the output directory %s does not exist on host %s, which does not mount its file system (%s where the run was submitted; made here it would be on %s): it is not made (if this host is to hold the outputs there, make it: mkdir -p %s)",
 		output, w.host, on, pi.Mount(), output)
+}
+
+// onAnotherHostsDisk says why output, which the run's submitter saw on a
+// local disk of its own (on), is not for this worker: on another boot,
+// it sees output (missing: the directory it would be made in) on a local
+// disk of its own too.
+func (w *Worker) onAnotherHostsDisk(ctx context.Context, output string, on *stream.OutputStorage, missing bool) string {
+	if on.BootID == "" || on.BootID == w.boot {
+		return "" // the submitter's own host (a container on it too)
+	}
+	pi := w.cfg.Probe.Where(ctx, output)
+	if pi.Unknown != "" || pi.Locality != probe.Local || !ownDisk(pi) {
+		return "" // network storage here, or not known: perhaps the one the submitter's disk exports
+	}
+	here := "exists on a disk of its own too (" + pi.Mount() + ")"
+	if missing {
+		here = "does not exist; made, it would be on a disk of its own (" + pi.Mount() + ")"
+	}
+	return fmt.Sprintf("the output directory %s is on host %s's own disk, where the run was submitted, not on storage host %s shares: here it %s; outputs committed here would lie apart from the others', so nothing is made or committed here "+
+		"(on host %s it is on %s %s mounted at %s; put the output on storage every worker's host mounts, such as NFS or Lustre, and submit again from a host that mounts it, or run this run's workers on host %s)",
+		output, on.Host, w.host, here, on.Host, on.Type, on.Source, on.MountPoint, on.Host)
 }
 
 // outputRoot is where an output directory was at a worker's first commit

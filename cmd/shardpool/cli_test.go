@@ -2065,14 +2065,16 @@ func TestRunDoesNotRemakeAnUnmountedOutputDirectory(t *testing.T) {
 // that mount in the run record, so that a worker on a host without it
 // does not make the directory on its local disk (the worker's tests);
 // a submission from a host where the output is on a local disk records
-// nothing.
+// that disk with the host's boot ID, so that workers on other hosts
+// commit nothing to their own disks.
 func TestSubmitRecordsWhereTheOutputIs(t *testing.T) {
 	fuse := testenv.FuseDir(t)
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	host, _ := os.Hostname()
+	boot := stream.BootID("/proc")
 	for _, c := range []struct {
 		name, out string
-		mount     string // "" for nothing recorded
+		mount     string // "" for this host's disk
 	}{
 		{"fuse", filepath.Join(fuse, "results", "out"), fuse},
 		{"local", filepath.Join(t.TempDir(), "out"), ""},
@@ -2088,9 +2090,9 @@ func TestSubmitRecordsWhereTheOutputIs(t *testing.T) {
 			t.Fatal(err)
 		}
 		switch {
-		case c.mount == "" && r.OutputOn != nil:
-			t.Errorf("%s: output_on %+v, want nothing recorded", c.name, *r.OutputOn)
-		case c.mount != "" && (r.OutputOn == nil || r.OutputOn.MountPoint != c.mount || r.OutputOn.Host != host || !strings.HasPrefix(r.OutputOn.Type, "fuse")):
+		case c.mount == "" && (r.OutputOn == nil || !r.OutputOn.Local || r.OutputOn.BootID != boot || r.OutputOn.Host != host):
+			t.Errorf("%s: output_on %+v, want this host's local disk, boot %s", c.name, r.OutputOn, boot)
+		case c.mount != "" && (r.OutputOn == nil || r.OutputOn.Local || r.OutputOn.BootID != "" || r.OutputOn.MountPoint != c.mount || r.OutputOn.Host != host || !strings.HasPrefix(r.OutputOn.Type, "fuse")):
 			t.Errorf("%s: output_on %+v, want FUSE mounted at %s on %s", c.name, r.OutputOn, c.mount, host)
 		}
 	}

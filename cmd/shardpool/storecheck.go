@@ -138,8 +138,8 @@ func warnNetworkStore(ctx context.Context, pr *probe.Prober, store string, w io.
 }
 
 // outputStorage is where this host sees the run's output directory, for
-// the run record (worker.OutputStorageOf): nil on a local disk, or where
-// the probe cannot tell within inputProbeTime.
+// the run record (worker.OutputStorageOf): nil where the probe cannot tell
+// within inputProbeTime.
 func outputStorage(ctx context.Context, out string) *stream.OutputStorage {
 	pr, err := probe.New(probe.Config{})
 	if err != nil {
@@ -148,5 +148,5 @@ func outputStorage(ctx context.Context, out string) *stream.OutputStorage {
 	ctx, cancel := context.WithTimeout(ctx, inputProbeTime)
 	defer cancel()
 	host, _ := os.Hostname()
-	return worker.OutputStorageOf(ctx, pr, host, out)
+	return worker.OutputStorageOf(ctx, pr, host, stream.BootID("/proc"), out)
 }

@@ -140,20 +140,26 @@ func TestNetworkInputsAreNoted(t *testing.T) {
 	}
 }
 
-// TestOutputStorageIsRecordedOffLocalDisks: what `submit` records of the
-// output directory (worker.OutputStorageOf) on a fixture host with /home
-// on NFSv4 and /scratch on a local disk: under /home the mount, from the
+// TestOutputStorageIsRecorded: what `submit` records of the output
+// directory (worker.OutputStorageOf) on a fixture host with /home on
+// NFSv4 and /scratch on a local disk: under /home the mount, from the
 // nearest directory that exists where the output does not yet; under
-// /scratch nothing, as a worker anywhere may make a local directory.
-func TestOutputStorageIsRecordedOffLocalDisks(t *testing.T) {
+// /scratch the local disk with the host's boot ID, which tells workers on
+// other hosts that it is not theirs; nothing there where the boot ID is
+// not known, since then no worker could tell.
+func TestOutputStorageIsRecorded(t *testing.T) {
 	pr := fixtureProber(t, nil)
 	ctx := context.Background()
-	got := worker.OutputStorageOf(ctx, pr, "login1", "/home/alice/results/run-7")
+	got := worker.OutputStorageOf(ctx, pr, "login1", "b-1", "/home/alice/results/run-7")
 	want := stream.OutputStorage{Host: "login1", Type: "nfs4", Source: "fs1:/export/home", MountPoint: "/home"}
 	if got == nil || *got != want {
 		t.Fatalf("output under /home: %+v, want %+v", got, want)
 	}
-	if got := worker.OutputStorageOf(ctx, pr, "login1", "/scratch/alice/results"); got != nil {
-		t.Errorf("output on local xfs: %+v, want nothing recorded", got)
+	got = worker.OutputStorageOf(ctx, pr, "login1", "b-1", "/scratch/alice/results")
+	if got == nil || !got.Local || got.BootID != "b-1" || got.Type != "xfs" || got.MountPoint != "/scratch" || got.Host != "login1" {
+		t.Errorf("output on local xfs: %+v, want it recorded as login1's local disk of boot b-1", got)
+	}
+	if got := worker.OutputStorageOf(ctx, pr, "login1", "unknown", "/scratch/alice/results"); got != nil {
+		t.Errorf("output on local xfs, boot not known: %+v, want nothing recorded", got)
 	}
 }
