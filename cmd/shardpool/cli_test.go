@@ -2060,6 +2060,47 @@ func TestRunDoesNotRemakeAnUnmountedOutputDirectory(t *testing.T) {
 	}
 }
 
+// TestSubmitWarnsOfAnOutputOnItsOwnDisk: `submit` of a run whose output
+// is on the submitting host's own disk warns when live workers run on
+// other hosts (their shards would fail there, unless they see the
+// directory on shared storage), and names them; a worker on this host is
+// not named, and an output on a mount gets no warning. The other host's
+// worker is its report in the workers bucket, as it would write it.
+func TestSubmitWarnsOfAnOutputOnItsOwnDisk(t *testing.T) {
+	fuse := testenv.FuseDir(t)
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	env.StartWorker("near", map[string]int{"cpu": 1})
+	far, _ := stream.Encode(&stream.WorkerReport{Name: "far", Host: "node7", BootID: "another-boot", PID: 4242,
+		Slots: map[string]int{"cpu": 1}, Started: time.Now().UTC(), Reported: time.Now().UTC()})
+	if _, err := env.Buckets().Workers.Put(context.Background(), "far", far); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		st, err := coordinator.ReadStatus(context.Background(), env.JS, "")
+		return err == nil && len(st.Workers) == 2, fmt.Sprintf("workers %+v (%v)", st, err)
+	})
+	for _, c := range []struct {
+		name, out string
+		warned    bool
+	}{
+		{"local", filepath.Join(t.TempDir(), "out"), true},
+		{"mounted", filepath.Join(fuse, "out"), false},
+	} {
+		spec := testenv.WriteJob(t, testenv.Job{Name: c.name, Shards: 1, Command: []string{"true"}})
+		testenv.SetOutput(t, spec, c.out)
+		p := testenv.Start(t, "submit", "--server", env.URL, spec)
+		if code := p.Wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("%s: submit exit %d\n%s", c.name, code, p.Output())
+		}
+		out := p.Output()
+		warned := strings.Contains(out, "warning: the output directory "+c.out+" is on this host's own disk (") &&
+			strings.Contains(out, "and worker(s) far (host node7) run on other hosts: they commit nothing there unless they see it on storage they share with this host")
+		if warned != c.warned || strings.Contains(out, "near (host") {
+			t.Errorf("%s: submit said (warning wanted: %v, naming far only):\n%s", c.name, c.warned, out)
+		}
+	}
+}
+
 // TestSubmitRecordsWhereTheOutputIs: `submit` of a run whose output
 // directory is to be made on a mount (FUSE here, NFS in life) records
 // that mount in the run record, so that a worker on a host without it

@@ -71,12 +71,14 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		checkOutput(ctx, spec.Output, stderr)
 	}
 	checkInputs(ctx, spec, man, stderr)
+	on := outputStorage(ctx, spec.Output)
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd, Halt: *halt,
 		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible,
-		OutputOn: outputStorage(ctx, spec.Output)})
+		OutputOn: on})
 	if err != nil {
 		return err
 	}
+	warnOwnDisk(ctx, js, spec.Output, on, stderr)
 	if *asJSON {
 		return writeJSON(stdout, res)
 	}
@@ -86,6 +88,33 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	printChanged(stdout, res, retryCmd)
 	printRedone(stdout, res)
 	return nil
+}
+
+// warnOwnDisk warns, at submit, where the output directory is on this
+// host's own disk while live workers run on other hosts: they commit
+// nothing there unless they see it on storage shared with this host
+// (worker's onAnotherHostsDisk), and the user learns it from the shards'
+// failures otherwise.
+func warnOwnDisk(ctx context.Context, js jetstream.JetStream, output string, on *stream.OutputStorage, stderr io.Writer) {
+	if on == nil || !on.Local {
+		return
+	}
+	st, err := coordinator.ReadStatus(ctx, js, "")
+	if err != nil {
+		return
+	}
+	var far []string
+	for _, w := range st.Workers {
+		if w.Gone == "" && w.BootID != "" && w.BootID != on.BootID {
+			far = append(far, fmt.Sprintf("%s (host %s)", w.Name, w.Host))
+		}
+	}
+	if len(far) == 0 {
+		return
+	}
+	fmt.Fprintf(stderr, "warning: the output directory %s is on this host's own disk (%s %s mounted at %s), and worker(s) %s run on other hosts: "+
+		"they commit nothing there unless they see it on storage they share with this host (NFS, Lustre), and fail its shards otherwise; put the output on such storage\n",
+		output, on.Type, on.Source, on.MountPoint, strings.Join(far, ", "))
 }
 
 // cmdForget removes a finished run from the coordinator's store
