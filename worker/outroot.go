@@ -103,8 +103,8 @@ func (w *Worker) notMountedHere(ctx context.Context, output string, on *stream.O
 // it sees output (missing: the directory it would be made in) on a local
 // disk of its own too.
 func (w *Worker) onAnotherHostsDisk(ctx context.Context, output string, on *stream.OutputStorage, missing bool) string {
-	if on.BootID == "" || on.BootID == w.boot {
-		return "" // the submitter's own host (a container on it too)
+	if on.BootID == "" || on.BootID == w.boot || w.boot == "unknown" {
+		return "" // the submitter's own host (a container on it too), or not known
 	}
 	pi := w.cfg.Probe.Where(ctx, output)
 	if pi.Unknown != "" || pi.Locality != probe.Local || !ownDisk(pi) {
