@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,4 +88,25 @@ func FuseDaemon(t testing.TB, mnt string) int {
 	}
 	t.Fatalf("no bindfs process serves %s", mnt)
 	return 0
+}
+
+// HangFuse stops the bindfs process daemon (FuseDaemon) with SIGSTOP: its
+// mount hangs until the returned resume sends SIGCONT. Resume may be
+// called more than once; it also runs at the test's cleanup, ahead of
+// FuseDir's unmount (cleanups run last registered first).
+func HangFuse(t testing.TB, daemon int) (resume func()) {
+	t.Helper()
+	if err := unix.Kill(daemon, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			if err := unix.Kill(daemon, unix.SIGCONT); err != nil {
+				t.Errorf("SIGCONT bindfs: %v", err)
+			}
+		})
+	}
+	t.Cleanup(resume)
+	return resume
 }

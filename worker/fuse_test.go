@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
@@ -359,19 +357,7 @@ func TestHungOutputMountIsReported(t *testing.T) {
 		}
 		return true, ""
 	})
-	if err := unix.Kill(daemon, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := unix.Kill(daemon, unix.SIGCONT); err != nil {
-				t.Errorf("SIGCONT bindfs: %v", err)
-			}
-		}
-	}
-	t.Cleanup(resume) // before FuseDir's unmount and the workers' stop
+	resume := testenv.HangFuse(t, daemon)
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -858,19 +858,7 @@ func TestAStoppedWorkerSaysWhatItWaitsOn(t *testing.T) {
 		r, _ := stream.ReadRun(context.Background(), c.js, "t")
 		return r.Counts.Running == 2, fmt.Sprintf("running %d", r.Counts.Running)
 	})
-	if err := unix.Kill(daemon, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := unix.Kill(daemon, unix.SIGCONT); err != nil {
-				t.Errorf("SIGCONT bindfs: %v", err)
-			}
-		}
-	}
-	t.Cleanup(resume) // before FuseDir's unmount
+	resume := testenv.HangFuse(t, daemon)
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
