@@ -874,7 +874,7 @@ func TestAStoppedWorkerSaysWhatItWaitsOn(t *testing.T) {
 	stopped := time.Now()
 	w1.SignalMain(syscall.SIGTERM)
 	want := []string{"still stopping after ", "2 shard(s) whose command ended are committed and recorded",
-		"2 attempt(s) wait on a file system that does not answer (a hung NFS mount? it exits once that answers): ", "t.s0000 in its commit to " + out + " for "}
+		"2 attempt(s) wait on a file system (a large commit, or a mount that does not answer, such as a hung NFS mount; it exits once they are through): ", "t.s0000 in its commit to " + out + " for "}
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		o := w1.Output()
 		for _, s := range want {

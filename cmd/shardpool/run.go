@@ -442,7 +442,7 @@ func stillStopping(wk *worker.Worker, took time.Duration) string {
 		if n > len(waits) {
 			more = fmt.Sprintf(", and %d more", n-len(waits))
 		}
-		what = append(what, fmt.Sprintf("%d attempt(s) wait on a file system that does not answer (a hung NFS mount? it exits once that answers): %s%s", n, strings.Join(waits, "; "), more))
+		what = append(what, fmt.Sprintf("%d attempt(s) wait on a file system (a large commit, or a mount that does not answer, such as a hung NFS mount; it exits once they are through): %s%s", n, strings.Join(waits, "; "), more))
 	}
 	if len(what) == 0 {
 		what = append(what, "its last records and hand-backs wait for the coordinator")
