@@ -246,8 +246,8 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 		Halt: opt.Halt, OutputOn: opt.OutputOn,
 	}
 	if rec.OutputOn == nil && prev != nil {
-		// A submitter that saw the output on a local disk, or could
-		// not tell, leaves what an earlier one saw.
+		// A submitter that could not tell where the output is leaves
+		// what an earlier one saw.
 		rec.OutputOn = prev.OutputOn
 	}
 	if prev != nil && prev.Fingerprint != fp {

@@ -278,11 +278,7 @@ type OutputStorage struct {
 
 // String describes the storage as a person reads it.
 func (o OutputStorage) String() string {
-	s := fmt.Sprintf("%s %s mounted at %s on host %s", o.Type, o.Source, o.MountPoint, o.Host)
-	if o.Local {
-		s += ", a local disk"
-	}
-	return s
+	return fmt.Sprintf("%s %s mounted at %s on host %s", o.Type, o.Source, o.MountPoint, o.Host)
 }
 
 // Lease is key <run>.<id> in the leases bucket; its life is the bucket TTL.
@@ -397,9 +393,9 @@ type WorkerReport struct {
 	// worker does not count on a draining one to stay for the shards
 	// still out (worker's keeping).
 	Draining string `json:"draining,omitempty"`
-	// Stopping is why the worker stops ("SIGTERM"; "killing": a second
-	// signal had the running commands killed at once): it fetches no
-	// more, its running commands have SIGTERM and the grace period, what
+	// Stopping is why the worker stops ("SIGTERM", with "; again:
+	// SIGKILL to the running commands" after a second signal): it fetches
+	// no more, its running commands have SIGTERM and the grace period, what
 	// did not finish goes back to the queue, and it exits once its shards
 	// have settled. It keeps reporting meanwhile: a commit that waits on
 	// a hung mount can hold it there for long. StoppingSince is when,

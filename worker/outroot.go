@@ -73,21 +73,15 @@ func ownDisk(pi probe.PathInfo) bool {
 	return false
 }
 
-// notMountedHere says why output is not to be made or committed here: the
-// run was submitted where it is on on, not a local disk, and here it is
-// missing and would be made under another mount point; or on is a local
-// disk of another host (onAnotherHostsDisk). "" where none of that holds,
-// on is nil, or the probe cannot tell.
+// notMountedHere says why output, missing on this host, is not to be
+// made here: the run was submitted where it is on on (not a local disk),
+// and here it would be made under another mount point. "" where output
+// exists, on is nil, or the probe cannot tell.
 func (w *Worker) notMountedHere(ctx context.Context, output string, on *stream.OutputStorage) string {
 	if on == nil {
 		return ""
 	}
-	_, err := os.Lstat(output)
-	missing := errors.Is(err, fs.ErrNotExist)
-	if on.Local {
-		return w.onAnotherHostsDisk(ctx, output, on, missing)
-	}
-	if !missing {
+	if _, err := os.Lstat(output); !errors.Is(err, fs.ErrNotExist) {
 		return ""
 	}
 	pi := w.cfg.Probe.Where(ctx, output)
@@ -100,9 +94,10 @@ func (w *Worker) notMountedHere(ctx context.Context, output string, on *stream.O
 
 // onAnotherHostsDisk says why output, which the run's submitter saw on a
 // local disk of its own (on), is not for this worker: on another boot,
-// it sees output (missing: the directory it would be made in) on a local
-// disk of its own too.
-func (w *Worker) onAnotherHostsDisk(ctx context.Context, output string, on *stream.OutputStorage, missing bool) string {
+// it sees output (or, missing, the directory it would be made in) on a
+// local disk of its own too. "" where that does not hold, or the probe
+// cannot tell.
+func (w *Worker) onAnotherHostsDisk(ctx context.Context, output string, on *stream.OutputStorage) string {
 	if on.BootID == "" || on.BootID == w.boot || w.boot == "unknown" {
 		return "" // the submitter's own host (a container on it too), or not known
 	}
@@ -111,7 +106,7 @@ func (w *Worker) onAnotherHostsDisk(ctx context.Context, output string, on *stre
 		return "" // network storage here, or not known: perhaps the one the submitter's disk exports
 	}
 	here := "exists on a disk of its own too (" + pi.Mount() + ")"
-	if missing {
+	if _, err := os.Lstat(output); errors.Is(err, fs.ErrNotExist) {
 		here = "does not exist; made, it would be on a disk of its own (" + pi.Mount() + ")"
 	}
 	return fmt.Sprintf("the output directory %s is on host %s's own disk, where the run was submitted, not on storage host %s shares: here it %s; outputs committed here would lie apart from the others', so nothing is made or committed here "+
@@ -135,7 +130,7 @@ var errOutputMoved = errors.New("output not committed")
 // and where it is noted; at the later ones, outputMoved's look. It
 // returns why nothing may be committed there, or "". A directory that
 // could not be made is tried again by the next commit; one that
-// notMountedHere refuses, by the next commit too.
+// outputRefused refuses, by the next commit too.
 func (w *Worker) outputRootFor(ctx context.Context, output string, on *stream.OutputStorage) (string, error) {
 	if why, known := w.outputRefused(ctx, output, on); why != "" || known {
 		return why, nil
@@ -199,13 +194,18 @@ func (w *Worker) outputMoved(ctx context.Context, output string) string {
 // outputRefused says why nothing may be made or committed in output
 // now: where this worker has committed there before (known), that it is
 // gone or moved since (outputMoved); before that, that it is missing
-// where its file system is not mounted (notMountedHere). "" when neither.
+// where its file system is not mounted (notMountedHere), or that the
+// submitter saw it on a disk of its own, and this host sees it on one of
+// its own (onAnotherHostsDisk). "" when none of these.
 func (w *Worker) outputRefused(ctx context.Context, output string, on *stream.OutputStorage) (why string, known bool) {
 	w.mu.Lock()
 	known = w.outRoots[output] != nil
 	w.mu.Unlock()
-	if known {
+	switch {
+	case known:
 		return w.outputMoved(ctx, output), true
+	case on != nil && on.Local:
+		return w.onAnotherHostsDisk(ctx, output, on), false
 	}
 	return w.notMountedHere(ctx, output, on), false
 }

@@ -91,8 +91,8 @@ type Config struct {
 	ReportEvery time.Duration
 	// SlowFS is how long an attempt may wait on a file system (its commit,
 	// or the looks at its destination and output directory before its
-	// command) before the
-	// worker's report lists it (slowfs.go). Default 2m.
+	// command) before the worker's report lists it (slowfs.go). Default
+	// 2m.
 	SlowFS time.Duration
 	// Recheck is how often a class held back by admission looks again
 	// when nothing wakes it (a shard of its own ending, or another

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/plan"
@@ -49,9 +48,11 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer nc.Close()
 	// The plan step: a class that no live worker could ever run blocks the
 	// run before anything is queued.
-	if why, err := fleetCheck(ctx, js, spec, man); err != nil {
+	st, err := coordinator.ReadStatus(ctx, js, "")
+	if err != nil {
 		return err
-	} else if why != "" {
+	}
+	if why := fleetCheck(st.Workers, spec, man); why != "" {
 		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED before queuing: " + why}
 	}
 	// The commands go to resume.txt and the run record: never the token
@@ -78,7 +79,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	warnOwnDisk(ctx, js, spec.Output, on, stderr)
+	warnOwnDisk(st.Workers, spec.Output, on, stderr)
 	if *asJSON {
 		return writeJSON(stdout, res)
 	}
@@ -94,17 +95,14 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // host's own disk while live workers run on other hosts: they commit
 // nothing there unless they see it on storage shared with this host
 // (worker's onAnotherHostsDisk), and the user learns it from the shards'
-// failures otherwise.
-func warnOwnDisk(ctx context.Context, js jetstream.JetStream, output string, on *stream.OutputStorage, stderr io.Writer) {
+// failures otherwise. workers are the live workers' reports as status
+// read them (Gone set).
+func warnOwnDisk(workers []stream.WorkerReport, output string, on *stream.OutputStorage, stderr io.Writer) {
 	if on == nil || !on.Local {
 		return
 	}
-	st, err := coordinator.ReadStatus(ctx, js, "")
-	if err != nil {
-		return
-	}
 	var far []string
-	for _, w := range st.Workers {
+	for _, w := range workers {
 		if w.Gone == "" && w.BootID != "" && w.BootID != on.BootID {
 			far = append(far, fmt.Sprintf("%s (host %s)", w.Name, w.Host))
 		}
@@ -776,14 +774,10 @@ func fleetCaps() (map[string]int, error) {
 }
 
 // fleetCheck judges the run's classes (declared peaks) against the hard
-// limits the live workers report.
-func fleetCheck(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man *stream.Manifest) (string, error) {
-	st, err := coordinator.ReadStatus(ctx, js, "")
-	if err != nil {
-		return "", err
-	}
+// limits the live workers report (reports).
+func fleetCheck(reports []stream.WorkerReport, spec *stream.Spec, man *stream.Manifest) string {
 	var workers []plan.Worker
-	for _, w := range st.Workers {
+	for _, w := range reports {
 		h := plan.Budget{}
 		// "scratch" is no slot resource: FleetBlocked judges a class's
 		// declared scratch against it (plan.FitsScratch).
@@ -811,5 +805,5 @@ func fleetCheck(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, 
 	for c, cls := range spec.Classes {
 		peaks[c] = plan.Declared(cls)
 	}
-	return plan.FleetBlocked(spec, man, peaks, workers), nil
+	return plan.FleetBlocked(spec, man, peaks, workers)
 }
