@@ -639,7 +639,7 @@ func TestHaltCountOnResubmission(t *testing.T) {
 }
 
 // TestOutputOnOutlivesSubmittersThatCannotSeeIt: the run record's
-// output_on (where a submitter saw the output off a local disk) is kept
+// output_on (where a submitter saw the output directory) is kept
 // by a resubmission that brings none, in the same generation and in a
 // new one, and replaced by one that brings another.
 func TestOutputOnOutlivesSubmittersThatCannotSeeIt(t *testing.T) {
