@@ -42,9 +42,9 @@ func TestForgetRemovesAFinishedRun(t *testing.T) {
 	})
 
 	// Another run, still going: refused, nothing removed.
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	busy := testenv.WriteJob(t, testenv.Job{Name: "busy", Shards: 2, Retries: 0,
-		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
+		Command: gate.ThenCopy()})
 	env.Submit(busy, coordinator.SubmitOptions{})
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		r, _ := env.Run("busy")
@@ -56,9 +56,7 @@ func TestForgetRemovesAFinishedRun(t *testing.T) {
 	if _, err := env.Run("busy"); err != nil {
 		t.Fatalf("the refused forget removed the run: %v", err)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	gate.Open()
 	env.WaitState("busy", 30*time.Second, stream.RunComplete)
 
 	if _, err := coordinator.Forget(ctx, env.JS, "nosuch"); !errors.Is(err, coordinator.ErrRunNotFound) {

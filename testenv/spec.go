@@ -115,3 +115,42 @@ func LoadJob(t testing.TB, path string) (*stream.Spec, *stream.Manifest) {
 	}
 	return spec, man
 }
+
+// Gate holds a test's commands until the test opens it: a file each
+// command waits for, polling every 50 ms. A command that waits for what
+// the test looks at, rather than sleeping through it, neither ends
+// before the test has seen it on a slow machine nor makes the test wait
+// out a sleep sized for one.
+type Gate struct {
+	t    testing.TB
+	Path string // passed to a command as an argument, never in its script
+}
+
+// NewGate returns a closed gate in a temporary directory of t. Cleanup
+// opens it, so that commands still waiting end with the test.
+func NewGate(t testing.TB) *Gate {
+	t.Helper()
+	g := &Gate{t: t, Path: filepath.Join(t.TempDir(), "gate")}
+	t.Cleanup(func() { _ = os.WriteFile(g.Path, nil, 0o644) })
+	return g
+}
+
+// Open lets every command waiting for the gate go on, and those that
+// come to it later through at once.
+func (g *Gate) Open() {
+	g.t.Helper()
+	if err := os.WriteFile(g.Path, nil, 0o644); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// Wait is a command that exits 0 once the gate is open, writing nothing.
+func (g *Gate) Wait() []string {
+	return []string{"sh", "-c", `while [ ! -e "$0" ]; do sleep 0.05; done`, g.Path}
+}
+
+// ThenCopy is a command that copies the shard's one input into its output
+// once the gate is open.
+func (g *Gate) ThenCopy() []string {
+	return []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", g.Path, "{input}", "{out}"}
+}

@@ -101,7 +101,7 @@ func TestOutputsOnFuse(t *testing.T) {
 func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
 	fuse := testenv.FuseDir(t)
 	env := testenv.New(t, testenv.Options{})
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	spec, _ := copyJob(t, 2, 0, "")
 	out := filepath.Join(fuse, "out")
 	text := testenv.SetOutput(t, spec, out)
@@ -110,7 +110,7 @@ func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
 
 	// The next generation waits for the gate: its command is running
 	// when the file system goes.
-	gated := strings.Replace(text, `["sh","-c","`, fmt.Sprintf(`["sh","-c","while [ ! -e %s ]; do sleep 0.05; done; `, gate), 1)
+	gated := strings.Replace(text, `["sh","-c","`, fmt.Sprintf(`["sh","-c","while [ ! -e %s ]; do sleep 0.05; done; `, gate.Path), 1)
 	if gated == text {
 		t.Fatalf("the spec's command is not the sh -c this test gates:\n%s", text)
 	}
@@ -126,9 +126,7 @@ func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
 	if out, err := exec.Command("umount", fuse).CombinedOutput(); err != nil {
 		t.Fatalf("umount %s: %v %s", fuse, err, out)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	gate.Open()
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		r, err := env.Run("t")
 		return err == nil && r.Fingerprint == changed.Fingerprint && r.State == stream.RunBlocked, fmt.Sprintf("run %s %+v (%v)", r.State, r.Counts, err)
@@ -338,9 +336,9 @@ func TestHungOutputMountIsReported(t *testing.T) {
 	fuse := testenv.FuseDir(t)
 	daemon := testenv.FuseDaemon(t, fuse)
 	env := testenv.New(t, testenv.Options{SlowFS: time.Second})
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3,
-		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
+		Command: gate.ThenCopy()})
 	out := filepath.Join(fuse, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		t.Fatal(err)
@@ -358,9 +356,7 @@ func TestHungOutputMountIsReported(t *testing.T) {
 		return true, ""
 	})
 	resume := testenv.HangFuse(t, daemon)
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	gate.Open()
 	ctx := context.Background()
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		rs, err := env.Buckets().WorkerReports(ctx)

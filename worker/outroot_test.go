@@ -21,9 +21,9 @@ import (
 // from the first try.
 func TestOutputDirectoryNotMadeIsTriedAgain(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2, Extra: "retry_delay = \"100ms\"\n",
-		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
+		Command: gate.ThenCopy()})
 	parent := filepath.Join(t.TempDir(), "d")
 	out := filepath.Join(parent, "out")
 	testenv.SetOutput(t, spec, out)
@@ -37,9 +37,7 @@ func TestOutputDirectoryNotMadeIsTriedAgain(t *testing.T) {
 	if err := os.WriteFile(parent, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	gate.Open()
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		r, err := env.Shard("t", "s0000")
 		return err == nil && len(r.Attempts) > 0 && r.Attempts[0].Outcome != "", fmt.Sprintf("s0000: %+v (%v)", r.Attempts, err)

@@ -215,9 +215,9 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	data := t.TempDir()
 	// The first run's shards wait for a gate the test opens only after the
 	// interrupt, so that it finds them running however slow the host.
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Name: "intr", Shards: 4,
-		Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.1; done; sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate}})
+		Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.1; done; sleep 1; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate.Path}})
 	log := filepath.Join(data, "runs", "intr", "admission.log")
 	scratch := filepath.Join(t.TempDir(), "my scratch")
 	p := testenv.Start(t, "run", "--data", data, "--slots", "2", "--halt", "0", "-v", "--scratch", scratch, spec)
@@ -234,9 +234,7 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 	if !strings.Contains(string(b), "decision=requeue worker shutting down") {
 		t.Fatalf("no shard was requeued by the interrupt; admission log:\n%s", b)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	gate.Open()
 	start := time.Now()
 	line := strings.TrimSuffix(strings.TrimPrefix(want, "resume with: "), "\n")
 	p = testenv.StartCmd(t, "sh", "-c", `shardpool() { "$0" "$@"; }; `+line, testenv.Binary(t))
@@ -264,10 +262,10 @@ func TestInterruptedRunResumesAtOnce(t *testing.T) {
 // it; once the first ends, the second runs and redoes nothing.
 func TestSameRunFromAnotherStateDirectoryIsRefused(t *testing.T) {
 	first, second := t.TempDir(), t.TempDir()
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	ran := filepath.Join(t.TempDir(), "ran")
 	spec := testenv.WriteJob(t, testenv.Job{Name: "twice", Shards: 3,
-		Command: []string{"sh", "-c", `echo "$4" >> "$3"; while [ ! -e "$5" ]; do sleep 0.1; done; cp "$1" "$2/"`, "sh", "{input}", "{out}", ran, "{id}", gate}})
+		Command: []string{"sh", "-c", `echo "$4" >> "$3"; while [ ! -e "$5" ]; do sleep 0.1; done; cp "$1" "$2/"`, "sh", "{input}", "{out}", ran, "{id}", gate.Path}})
 	p1 := testenv.Start(t, "run", "--data", first, "--slots", "1", spec)
 	waitForDecisions(t, filepath.Join(first, "runs", "twice", "admission.log"), "admit", 1)
 
@@ -284,7 +282,7 @@ func TestSameRunFromAnotherStateDirectoryIsRefused(t *testing.T) {
 	}
 	os.WriteFile(other, []byte(strings.Replace(string(b), `name = "twice"`, `name = "other"`, 1)), 0o644)
 	p = testenv.Start(t, "run", "--data", second, "--slots", "3", other)
-	os.WriteFile(gate, nil, 0o644)
+	gate.Open()
 	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE") {
 		t.Fatalf("a run of another name into the same output: exit %d, want 0\n%s", code, p.Output())
 	}
@@ -318,9 +316,9 @@ func TestRunDrainsOnSIGUSR1(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%d shards", c.shards), func(t *testing.T) {
 			data := t.TempDir()
-			gate := filepath.Join(t.TempDir(), "gate")
+			gate := testenv.NewGate(t)
 			spec := testenv.WriteJob(t, testenv.Job{Name: "usr1", Shards: c.shards,
-				Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.05; done; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate}})
+				Command: gate.ThenCopy()})
 			log := filepath.Join(data, "runs", "usr1", "admission.log")
 			p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
 			waitForDecisions(t, log, "admit", 2)
@@ -328,9 +326,7 @@ func TestRunDrainsOnSIGUSR1(t *testing.T) {
 			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 				return strings.Contains(p.Output(), "SIGUSR1: draining"), "run output: " + p.Output()
 			})
-			if err := os.WriteFile(gate, nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			gate.Open()
 			if code := p.Wait(t, 30*time.Second); code != c.code || !strings.Contains(p.Output(), c.says) {
 				t.Fatalf("drained run: exit %d, want %d and %q\n%s", code, c.code, c.says, p.Output())
 			}
@@ -827,7 +823,11 @@ func TestRunSaysWhyItsShardsWait(t *testing.T) {
 		t.Fatalf("preflight --json: %v", err)
 	}
 	cpus := snap.Budget.CPU.Effective.N / 1000
-	whole := testenv.WriteJob(t, testenv.Job{Name: "whole", Shards: 1, Command: []string{"sleep", "12"},
+	// The first run's shard holds the host until the test opens its gate,
+	// once the second run has said why it waits (it slept 12 s, which a
+	// slow machine could outlast before the second run's first line).
+	gate := testenv.NewGate(t)
+	whole := testenv.WriteJob(t, testenv.Job{Name: "whole", Shards: 1, Command: gate.Wait(),
 		Extra: fmt.Sprintf("[class.cpu]\ncpus = %d\nmemory = \"64MiB\"\n", cpus)})
 	first := testenv.Start(t, "run", "--data", t.TempDir(), whole)
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
@@ -835,8 +835,15 @@ func TestRunSaysWhyItsShardsWait(t *testing.T) {
 	})
 	small := testenv.WriteJob(t, testenv.Job{Name: "small", Shards: 1, Command: []string{"true"}, Extra: "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n"})
 	second := testenv.Start(t, "run", "--data", t.TempDir(), small)
-	if code := second.Wait(t, 60*time.Second); code != 0 || !strings.Contains(second.Output(), "waiting: ") || !strings.Contains(second.Output(), "shared with") {
-		t.Fatalf("second run: exit %d, want 0 and a line saying it waits for the host the first run holds\n%s", code, second.Output())
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		return strings.Contains(second.Output(), "waiting: "), "second run, want a line saying it waits for the host the first run holds:\n" + second.Output()
+	})
+	if second.Exited() {
+		t.Fatalf("the second run ended while the first held the host:\n%s", second.Output())
+	}
+	gate.Open()
+	if code := second.Wait(t, 60*time.Second); code != 0 || !strings.Contains(second.Output(), "shared with") {
+		t.Fatalf("second run: exit %d, want 0 once the first run's shard ended, and its wait naming the host's share\n%s", code, second.Output())
 	}
 	if code := first.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("first run: exit %d\n%s", code, first.Output())

@@ -844,9 +844,9 @@ func TestAStoppedWorkerSaysWhatItWaitsOn(t *testing.T) {
 	fuse := testenv.FuseDir(t)
 	daemon := testenv.FuseDaemon(t, fuse)
 	c := startCluster(t, "20s")
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 2,
-		Command: []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", gate, "{input}", "{out}"}})
+		Command: gate.ThenCopy()})
 	out := filepath.Join(fuse, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		t.Fatal(err)
@@ -859,9 +859,7 @@ func TestAStoppedWorkerSaysWhatItWaitsOn(t *testing.T) {
 		return r.Counts.Running == 2, fmt.Sprintf("running %d", r.Counts.Running)
 	})
 	resume := testenv.HangFuse(t, daemon)
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	gate.Open()
 	status := func() string {
 		st := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
 		st.Wait(t, 30*time.Second)
@@ -1158,9 +1156,9 @@ func TestWorkerChecksItsScratchBeforeWaiting(t *testing.T) {
 // comes back at once for the next worker.
 func TestWorkerSIGUSR1Drains(t *testing.T) {
 	c := startCluster(t, "20s")
-	gate := filepath.Join(t.TempDir(), "gate")
+	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 0,
-		Command: []string{"sh", "-c", `while [ ! -e "$3" ]; do sleep 0.05; done; cp "$1" "$2/"`, "sh", "{input}", "{out}", gate}})
+		Command: gate.ThenCopy()})
 	c.submit(spec)
 	w1 := c.worker("w1", "--slots", "cpu=2")
 	var kids []int
@@ -1185,9 +1183,7 @@ func TestWorkerSIGUSR1Drains(t *testing.T) {
 		return strings.Contains(st.Output(), "w1: draining (SIGUSR1): it fetches no more and exits once its shards have settled: 1 shard(s) hold a slot and end as they would (to stop them now: kill "),
 			"status:\n" + st.Output()
 	})
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	gate.Open()
 	if code := w1.Wait(t, 20*time.Second); code != 0 {
 		t.Fatalf("worker exit after SIGUSR1: got %d, want 0\n%s", code, w1.Output())
 	}
@@ -1323,7 +1319,7 @@ func TestIdleWorkerStaysForTheShardsOfAWorkerThatDies(t *testing.T) {
 // leaves at once: a fleet's tail keeps one node, not all of them.
 func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
 	c := startCluster(t, "20s")
-	c.slowFirstShard(3, "--idle-exit", "1m")
+	slow := c.slowFirstShard(3, "--idle-exit", "1m")
 	w2 := c.worker("w2", "--slots", "cpu=1", "--idle-exit", "300ms")
 	w3 := c.worker("w3", "--slots", "cpu=1", "--idle-exit", "300ms")
 	if code := w3.Wait(t, 30*time.Second); code != 0 {
@@ -1339,6 +1335,10 @@ func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
 	if code := st.Wait(t, 30*time.Second); code != 0 || !strings.Contains(st.Output(), "w2: idle past its --idle-exit, it stays while shards of class cpu are out") {
 		t.Errorf("status: exit %d; want a line saying w2 stays for class cpu\n%s", code, st.Output())
 	}
+	if w2.Exited() {
+		t.Fatalf("w2 left while s0000 ran on w1\n%s", w2.Output())
+	}
+	slow.Open()
 	if code := w2.Wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("w2: exit %d, want 0\n%s", code, w2.Output())
 	}
@@ -1357,7 +1357,7 @@ func TestOneIdleWorkerStaysForTheShardsOut(t *testing.T) {
 // held for the tail the fleet runs.
 func TestIdleWorkerLeavesTheShardsOutToOneThatStays(t *testing.T) {
 	c := startCluster(t, "20s")
-	c.slowFirstShard(2)
+	slow := c.slowFirstShard(2)
 	c.worker("w0", "--slots", "cpu=1")
 	burst := c.worker("w2", "--slots", "cpu=1", "--idle-exit", "300ms")
 	if code := burst.Wait(t, 30*time.Second); code != 0 {
@@ -1366,22 +1366,28 @@ func TestIdleWorkerLeavesTheShardsOutToOneThatStays(t *testing.T) {
 	if rec, err := testenv.ReadShard(c.js, "t", "s0000"); err != nil || rec.State == stream.ShardValidated {
 		t.Fatalf("s0000 %s, %v when w2 left; the test wants it still running", rec.State, err)
 	}
+	slow.Open()
 	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
 }
 
-// slowFirstShard submits run t of n shards, of which s0000 takes 10 s
-// and the others none, and starts worker w1 (one slot, and the flags
-// extra) on it; it returns once s0000 runs there.
-func (c *cluster) slowFirstShard(n int, extra ...string) {
+// slowFirstShard submits run t of n shards, of which s0000 runs until
+// the test opens the gate returned and the others at once, and starts
+// worker w1 (one slot, and the flags extra) on it; it returns once s0000
+// runs there. (s0000 slept 10 s: the tests waited that out, and on a slow
+// machine it could end before they had seen what they look for.)
+func (c *cluster) slowFirstShard(n int, extra ...string) *testenv.Gate {
 	c.t.Helper()
 	started := filepath.Join(c.t.TempDir(), "started")
+	gate := testenv.NewGate(c.t)
 	c.submit(testenv.WriteJob(c.t, testenv.Job{Shards: n, Command: []string{"sh", "-c",
-		`if [ "$4" = s0000 ]; then echo x >> "$1"; sleep 10; fi; cp "$2" "$3/"`, "sh", started, "{input}", "{out}", "{id}"}}))
+		`if [ "$4" = s0000 ]; then echo x >> "$1"; while [ ! -e "$5" ]; do sleep 0.05; done; fi; cp "$2" "$3/"`,
+		"sh", started, "{input}", "{out}", "{id}", gate.Path}}))
 	c.worker("w1", append([]string{"--slots", "cpu=1"}, extra...)...)
 	testenv.Eventually(c.t, 20*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(started)
 		return len(b) > 0, "s0000 not running yet"
 	})
+	return gate
 }
 
 // TestArchiveBuildNamesItsCommit: a build from `git archive` (a release
