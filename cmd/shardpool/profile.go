@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -66,12 +67,45 @@ func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func printProfile(w io.Writer, r *worker.ProfileReport) {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SAMPLE\tSHARD\tCOST\tSECONDS\tITEMS/S\tPEAK MEMORY\tCPU DUTY\tOUTPUT\tOUTCOME")
+	// The GPU columns where a sample's class has GPUs or a sample's VRAM
+	// was measured; a figure NVML could not give is "unknown" in the
+	// table and its reason said once below it.
+	gpu := false
 	for _, s := range r.Samples {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f\t%s\t%s\n", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty, stream.FormatSize(s.OutputBytes), outcomeText(s.Outcome, s.Reason))
+		if _, err := strconv.ParseInt(s.PeakVRAM, 10, 64); err == nil || r.Classes[s.Class].GPUs > 0 {
+			gpu = true
+		}
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	head := "SAMPLE\tSHARD\tCOST\tSECONDS\tITEMS/S\tPEAK MEMORY\tCPU DUTY"
+	if gpu {
+		head += "\tPEAK VRAM\tGPU DUTY"
+	}
+	fmt.Fprintln(tw, head+"\tDISK READ\tDISK WRITE\tOUTPUT\tOUTCOME")
+	var unknownGPU []string // "reason: samples", in the order first met
+	bySample := map[string][]string{}
+	for _, s := range r.Samples {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty)
+		if gpu {
+			vram, duty := gpuText(s.PeakVRAM), gpuText(s.GPUDuty)
+			fmt.Fprintf(tw, "\t%s\t%s", vram, duty)
+			for _, f := range []string{s.PeakVRAM, s.GPUDuty} {
+				if why, ok := strings.CutPrefix(f, "unknown: "); ok {
+					if bySample[why] == nil {
+						unknownGPU = append(unknownGPU, why)
+					}
+					if k := bySample[why]; len(k) == 0 || k[len(k)-1] != s.Kind {
+						bySample[why] = append(k, s.Kind)
+					}
+				}
+			}
+		}
+		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\n", stream.FormatSize(s.ReadBytes), stream.FormatSize(s.WriteBytes), stream.FormatSize(s.OutputBytes), outcomeText(s.Outcome, s.Reason))
 	}
 	tw.Flush()
+	for _, why := range unknownGPU {
+		fmt.Fprintf(w, "peak VRAM and GPU duty unknown (%s): %s\n", strings.Join(bySample[why], ", "), why)
+	}
 	for _, s := range r.Samples {
 		if s.LeftRunning != "" {
 			fmt.Fprintf(w, "%s %s: %s (a run kills them too when each attempt ends)\n", s.Kind, s.ID, s.LeftRunning)
@@ -79,6 +113,7 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 	}
 	if len(r.Samples) > 0 {
 		fmt.Fprintf(w, "peak memory measured by: %s\n", r.Samples[0].PeakSource)
+		fmt.Fprintln(w, "disk read and write: what the command's processes read from and wrote to storage (getrusage's blocks; reads the page cache served are not counted)")
 	}
 	if s := r.Sustained; s != nil {
 		fmt.Fprintf(w, "sustained: %d shards, p50 %.3fs, p95 %.3fs, %.4fs between shards\n", s.Shards, s.P50, s.P95, s.Overhead)
@@ -97,7 +132,11 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		if p.Memory <= 0 {
 			mem = "unknown (no sample's peak was caught; admission uses the declared memory)"
 		}
-		fmt.Fprintf(w, "class %s: measured peak memory %s, cpu %.2f\n", c, mem, float64(p.CPU)/1000)
+		gpus := ""
+		if p.GPUs > 0 {
+			gpus = fmt.Sprintf(", %d GPU(s) with %s of VRAM each (as declared, or as measured where above it)", p.GPUs, stream.FormatSize(p.VRAM))
+		}
+		fmt.Fprintf(w, "class %s: measured peak memory %s, cpu %.2f%s\n", c, mem, float64(p.CPU)/1000, gpus)
 	}
 	if r.Error != "" {
 		fmt.Fprintf(w, "STOPPED: %s\n", r.Error)
@@ -115,6 +154,19 @@ func outcomeText(outcome, reason string) string {
 		return reason
 	}
 	return outcome + ": " + reason
+}
+
+// gpuText is a sample's peak VRAM (bytes) or GPU duty as the table
+// shows it: "unknown" for a figure NVML could not give, its reason said
+// below the table.
+func gpuText(f string) string {
+	if strings.HasPrefix(f, "unknown") {
+		return "unknown"
+	}
+	if n, err := strconv.ParseInt(f, 10, 64); err == nil {
+		return stream.FormatSize(n)
+	}
+	return f
 }
 
 // peakText is a sample's peak memory; 0 means none was caught (a command

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -50,5 +51,56 @@ func TestProfileSaysEachOutcomeOnce(t *testing.T) {
 	}
 	if strings.Contains(out, "exit exit") {
 		t.Errorf("profile table:\n%s\nsays exit twice", out)
+	}
+}
+
+// TestProfileTableShowsGPUAndDiskFigures: the table showed neither a
+// sample's peak VRAM and GPU duty nor what it read and wrote, though
+// profile measured them (profile.json had them): a GPU job's user saw its
+// host memory alone. The GPU columns come where a sample's class has
+// GPUs, with NVML's reason for a figure it could not give said once
+// below the table; the class line names its GPUs and VRAM.
+func TestProfileTableShowsGPUAndDiskFigures(t *testing.T) {
+	var b strings.Builder
+	nvml := "NVML library not found: ERROR_LIBRARY_NOT_FOUND"
+	printProfile(&b, &worker.ProfileReport{
+		Samples: []worker.Sample{
+			{Kind: "smallest", ID: "a", Class: "gpu", Outcome: "ok", PeakMemory: 1 << 30, PeakVRAM: "unknown: " + nvml, GPUDuty: "unknown: " + nvml, ReadBytes: 3 << 20, WriteBytes: 4096},
+			{Kind: "largest", ID: "b", Class: "gpu", Outcome: "ok", PeakMemory: 2 << 30, PeakVRAM: fmt.Sprint(int64(12) << 30), GPUDuty: "0.91", ReadBytes: 5 << 30},
+		},
+		Classes: map[string]plan.Peak{"gpu": {CPU: 1000, Memory: 2 << 30, GPUs: 1, VRAM: 12 << 30}},
+	})
+	out := b.String()
+	rows := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			rows[f[0]] = f
+		}
+	}
+	want := map[string][]string{
+		"SAMPLE":   {"PEAK", "VRAM", "GPU", "DUTY", "DISK", "READ", "DISK", "WRITE"},
+		"smallest": {"unknown", "unknown", "3.0MiB", "4.0KiB"},
+		"largest":  {"12.0GiB", "0.91", "5.0GiB", "0B"},
+	}
+	for row, cells := range want {
+		if !strings.Contains(strings.Join(rows[row], " "), strings.Join(cells, " ")) {
+			t.Errorf("row %s: %q, want %q in it\n%s", row, rows[row], cells, out)
+		}
+	}
+	if n := strings.Count(out, nvml); n != 1 || !strings.Contains(out, "peak VRAM and GPU duty unknown (smallest): "+nvml) {
+		t.Errorf("NVML's reason said %d times, want once naming the sample:\n%s", n, out)
+	}
+	if !strings.Contains(out, "class gpu: measured peak memory 2.0GiB, cpu 1.00, 1 GPU(s) with 12.0GiB of VRAM each") {
+		t.Errorf("class line without its GPUs and VRAM:\n%s", out)
+	}
+
+	// A CPU job's table has no GPU columns, whatever NVML said.
+	b.Reset()
+	printProfile(&b, &worker.ProfileReport{
+		Samples: []worker.Sample{{Kind: "smallest", ID: "a", Class: "cpu", Outcome: "ok", PeakVRAM: "unknown: " + nvml, GPUDuty: "unknown: " + nvml}},
+		Classes: map[string]plan.Peak{"cpu": {CPU: 1000}},
+	})
+	if out := b.String(); strings.Contains(out, "VRAM") || strings.Contains(out, nvml) || !strings.Contains(out, "DISK READ") {
+		t.Errorf("a CPU job's table:\n%s\nwant no GPU column nor NVML's reason, and the disk columns", out)
 	}
 }
