@@ -40,8 +40,18 @@ func makePlan(ctx context.Context, spec *stream.Spec, man *stream.Manifest, data
 }
 
 func printPlan(w io.Writer, p *plan.Plan) {
+	// A VRAM column where a class asks for GPUs: what admission looks
+	// for free on each GPU it places a shard on.
+	gpu := false
+	for _, c := range p.Classes {
+		gpu = gpu || c.Peak.GPUs > 0
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tSLOTS\tWHY\tOUTLIERS")
+	if gpu {
+		fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tVRAM/GPU\tSLOTS\tWHY\tOUTLIERS")
+	} else {
+		fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tSLOTS\tWHY\tOUTLIERS")
+	}
 	for _, c := range p.Classes {
 		out := "-"
 		if len(c.Outliers) > 0 {
@@ -54,7 +64,18 @@ func printPlan(w io.Writer, p *plan.Plan) {
 		if c.Peak.Memory <= 0 {
 			mem = "unknown"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%d\t%d\t%s [%s]\t%s\n", c.Class, c.Shards, mem, float64(c.Peak.CPU)/1000, c.Peak.GPUs, slots.N, slots.Reason, c.Peak.Source, out)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%d", c.Class, c.Shards, mem, float64(c.Peak.CPU)/1000, c.Peak.GPUs)
+		if gpu {
+			vram := "-"
+			switch {
+			case c.Peak.GPUs > 0 && c.Peak.VRAM > 0:
+				vram = stream.FormatSize(c.Peak.VRAM)
+			case c.Peak.GPUs > 0:
+				vram = "not declared"
+			}
+			fmt.Fprintf(tw, "\t%s", vram)
+		}
+		fmt.Fprintf(tw, "\t%d\t%s [%s]\t%s\n", slots.N, slots.Reason, c.Peak.Source, out)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "limits: %s\n", p.Enforced)

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -76,5 +77,46 @@ func TestProfileHintNamesTheRunsStateDirectory(t *testing.T) {
 	}
 	if got := profileElsewhere(spec, def); got != "" {
 		t.Errorf("the run reads the default state directory: got %q, want nothing", got)
+	}
+}
+
+// TestPlanShowsTheVRAMAGPUClassNeeds: the table had a GPUS column but
+// not the VRAM each GPU must have free, which admission reserves from
+// the spec or the profile's measured peak. Where a class asks for GPUs
+// a VRAM/GPU column says it, "not declared" where the spec gives none,
+// and "-" for the classes without GPUs; a plan without GPU classes has
+// no such column.
+func TestPlanShowsTheVRAMAGPUClassNeeds(t *testing.T) {
+	gib := int64(1 << 30)
+	budget := plan.Budget{"cpu": probe.Known(16000, "cgroup"), "memory": probe.Known(64*gib, "cgroup"),
+		"gpus": probe.Known(2, "nvml"), "vram": probe.Known(80*gib, "nvml")}
+	classes := map[string]plan.Peak{
+		"cpu":   {CPU: 1000, Memory: gib, Source: "declared (spec)"},
+		"gpu":   {CPU: 1000, Memory: gib, GPUs: 1, VRAM: 12 * gib, Source: "measured (profile.json)"},
+		"bare":  {CPU: 1000, Memory: gib, GPUs: 1, Source: "declared (spec)"},
+		"multi": {CPU: 2000, Memory: gib, GPUs: 2, VRAM: 40 * gib, Source: "declared (spec)"},
+	}
+	p := &plan.Plan{}
+	for _, name := range []string{"bare", "cpu", "gpu", "multi"} {
+		p.Classes = append(p.Classes, plan.ClassPlan{Class: name, Shards: 1, Peak: classes[name], Slots: plan.Compute(budget, plan.Peak{}, classes[name], false)})
+	}
+	var out strings.Builder
+	printPlan(&out, p)
+	rows := map[string]string{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			rows[f[0]] = line
+		}
+	}
+	for class, want := range map[string]string{"CLASS": "GPUS  VRAM/GPU  SLOTS", "cpu": " 0     -  ", "gpu": " 1     12.0GiB  ", "bare": " 1     not declared", "multi": " 2     40.0GiB  "} {
+		if got := regexp.MustCompile(` +`).ReplaceAllString(rows[class], " "); !strings.Contains(got, regexp.MustCompile(` +`).ReplaceAllString(want, " ")) {
+			t.Errorf("row %s: %q, want %q in it\n%s", class, rows[class], want, out.String())
+		}
+	}
+
+	out.Reset()
+	printPlan(&out, &plan.Plan{Classes: []plan.ClassPlan{{Class: "cpu", Shards: 1, Peak: classes["cpu"], Slots: plan.Compute(budget, plan.Peak{}, classes["cpu"], false)}}})
+	if strings.Contains(out.String(), "VRAM") {
+		t.Errorf("a plan without GPU classes has a VRAM column:\n%s", out.String())
 	}
 }
