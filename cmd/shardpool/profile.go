@@ -82,13 +82,16 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		head += "\tPEAK VRAM\tGPU DUTY"
 	}
 	fmt.Fprintln(tw, head+"\tDISK READ\tDISK WRITE\tOUTPUT\tOUTCOME")
-	var unknownGPU []string // "reason: samples", in the order first met
-	bySample := map[string][]string{}
+	var unknownGPU []string           // NVML's reasons, in the order first met
+	bySample := map[string][]string{} // the samples each reason is of
 	for _, s := range r.Samples {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty)
 		if gpu {
-			vram, duty := gpuText(s.PeakVRAM), gpuText(s.GPUDuty)
-			fmt.Fprintf(tw, "\t%s\t%s", vram, duty)
+			vram := gpuText(s.PeakVRAM)
+			if n, err := strconv.ParseInt(s.PeakVRAM, 10, 64); err == nil {
+				vram = stream.FormatSize(n)
+			}
+			fmt.Fprintf(tw, "\t%s\t%s", vram, gpuText(s.GPUDuty))
 			for _, f := range []string{s.PeakVRAM, s.GPUDuty} {
 				if why, ok := strings.CutPrefix(f, "unknown: "); ok {
 					if bySample[why] == nil {
@@ -156,15 +159,15 @@ func outcomeText(outcome, reason string) string {
 	return outcome + ": " + reason
 }
 
-// gpuText is a sample's peak VRAM (bytes) or GPU duty as the table
-// shows it: "unknown" for a figure NVML could not give, its reason said
-// below the table.
+// gpuText is a sample's GPU figure as the table shows it: "unknown" for
+// one NVML could not give (its reason is said below the table), "-" for
+// none.
 func gpuText(f string) string {
-	if strings.HasPrefix(f, "unknown") {
+	switch {
+	case strings.HasPrefix(f, "unknown"):
 		return "unknown"
-	}
-	if n, err := strconv.ParseInt(f, 10, 64); err == nil {
-		return stream.FormatSize(n)
+	case f == "":
+		return "-"
 	}
 	return f
 }
