@@ -70,6 +70,8 @@ type Sample struct {
 	// LeftRunning: what the command left running outside its process
 	// group, killed when it ended (as a run's attempt records it).
 	LeftRunning string `json:"left_running,omitempty"`
+	// noGPU: its class asks for GPUs and none could be given it here.
+	noGPU bool
 }
 
 // SweepPoint is one concurrency level of the sweep.
@@ -190,7 +192,11 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 			seen[p.sh.ID] = true
 			s := w.sample(ctx, cfg, p.kind, p.sh, true)
 			if s.Outcome != stream.OutcomeOK {
-				return fail(s, fmt.Sprintf("%s shard %s (line %d) failed: %s; fix it before scaling", p.kind, p.sh.ID, p.sh.Line, s.Reason))
+				then := "fix it before scaling"
+				if s.noGPU {
+					then = "profile class " + class + " on a host with a GPU it can have (until then, plan and admission take its declared memory and vram)"
+				}
+				return fail(s, fmt.Sprintf("%s shard %s (line %d) failed: %s; %s", p.kind, p.sh.ID, p.sh.Line, s.Reason, then))
 			}
 			rep.Samples = append(rep.Samples, s)
 			if outlier[p.sh.ID] {
@@ -272,6 +278,21 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 		return s
 	}
 	env := childEnv(w.cfg.Binary, w.env, spec, cls, &stream.ShardMsg{Run: spec.Name, ID: sh.ID, Params: sh.Params}, v)
+	if cls.GPUs > 0 {
+		// As a worker places a shard: devices that are healthy, free of
+		// other jobs' processes and with the class's VRAM free, named in
+		// CUDA_VISIBLE_DEVICES. Without it the command saw every GPU of
+		// the host and took the first, busy or not; on a host with none
+		// it ran without one, where a job may fall back to its CPU and
+		// the figures would not be a GPU run's.
+		uuids, err := w.sampleGPUs(ctx, cfg.Probe, base, cls)
+		if err != nil {
+			s.Outcome, s.Reason, s.noGPU = stream.OutcomeStart, err.Error(), true
+			return s
+		}
+		defer w.releaseGPUs(base)
+		env = append(env, "CUDA_VISIBLE_DEVICES="+uuids)
+	}
 	s.Log = filepath.Join(cfg.LogDir, fmt.Sprintf("%s-%s.log", kind, sh.ID))
 	var cg *shardCgroup
 	var onStart func(int) func()
@@ -361,6 +382,47 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	return s
 }
 
+// sampleGPUs reserves the GPUs of class cls for the sample with scratch
+// base (its key: the sweep runs one shard more than once at a time) and
+// returns their UUIDs, or why none can be given here.
+func (w *Worker) sampleGPUs(ctx context.Context, pr *probe.Prober, base string, cls stream.Class) (string, error) {
+	devs, err := pr.GPUDevices(ctx)
+	if err != nil {
+		return "", fmt.Errorf("its class asks for %d GPU(s), and this host has none to give: %v", cls.GPUs, err)
+	}
+	vramEach := cls.VRAM / int64(cls.GPUs)
+	snap := &probe.Snapshot{GPUs: probe.GPUs{Devices: devs}}
+	uuids, err := w.reserveGPUs(snap, base, cls.GPUs, vramEach)
+	if err == nil {
+		return uuids, nil
+	}
+	free, _ := w.gpuView(snap, vramEach)
+	given := map[string]bool{}
+	for _, d := range free {
+		given[d.UUID] = true
+	}
+	visible := w.visibleGPUs()
+	var why []string
+	for _, d := range devs {
+		switch {
+		case given[d.UUID]:
+		case visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)]:
+			why = append(why, fmt.Sprintf("GPU %d is outside CUDA_VISIBLE_DEVICES", d.Index))
+		case !d.Usable:
+			why = append(why, fmt.Sprintf("GPU %d: %s", d.Index, d.Why))
+		case d.MemFree < vramEach:
+			why = append(why, fmt.Sprintf("GPU %d has %s of VRAM free", d.Index, stream.FormatSize(d.MemFree)))
+		default:
+			why = append(why, fmt.Sprintf("GPU %d is held by another sample", d.Index))
+		}
+	}
+	if len(devs) == 0 {
+		why = append(why, "NVML lists no GPU")
+	}
+	return "", fmt.Errorf("its class asks for %d GPU(s) with %s of VRAM free each, and %d of this host's %d can be given: %s",
+		cls.GPUs, stream.FormatSize(vramEach), len(free), len(devs), strings.Join(why, "; "))
+}
+
 func dirBytes(dir string) int64 {
 	var n int64
 	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
@@ -419,18 +481,22 @@ func (w *Worker) sweep(ctx context.Context, cfg ProfileConfig, rep *ProfileRepor
 	rep.SweepStop = fmt.Sprintf("reached the budget's ceiling of %d slot(s)", ceiling)
 }
 
-// withMeasuredVRAM raises a GPU class's per-GPU VRAM to the sample's
-// measured peak (summed over its GPUs, so divided by their number) where
-// that is above the declared vram: admission must not place the shard on a
-// device with less free memory than it was seen to use. A declared vram
-// above the measured peak stays, as the reservation the job may grow into.
+// withMeasuredVRAM raises a GPU class's VRAM, a shard's over all its GPUs
+// as the spec's vram is (admission divides it among them), to the
+// sample's measured peak, summed over its GPUs, where that is above the
+// declared vram: admission must not place the shard on devices with less
+// free memory than it was seen to use. A declared vram above the
+// measured peak stays, as the reservation the job may grow into. (Until
+// the fifty-fourth session it compared the peak divided by the GPUs with
+// the whole vram: a class of 2 GPUs declaring 16 GiB and seen to use 24
+// kept its 16, and admission looked for 8 GiB free on each device.)
 func withMeasuredVRAM(p plan.Peak, s Sample) plan.Peak {
 	v, err := strconv.ParseInt(s.PeakVRAM, 10, 64)
 	if p.GPUs <= 0 || err != nil {
 		return p
 	}
-	if per := (v + p.GPUs - 1) / p.GPUs; per > p.VRAM {
-		p.VRAM = per
+	if v > p.VRAM {
+		p.VRAM = v
 		if !strings.Contains(p.Source, "vram") {
 			p.Source += "; vram measured above the declared"
 		}

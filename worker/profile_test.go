@@ -108,10 +108,24 @@ func TestProfileStopsOnCorrectness(t *testing.T) {
 // the real child process of a profiled shard, seen through the GPUSource
 // seam. (Leaders only: a shell's child carries the parent's command line
 // for a moment between fork and exec.)
-type markerGPUs struct{ marker string }
+// With n above 1, n such GPUs, each showing the leaders at 3 GiB.
+type markerGPUs struct {
+	marker string
+	n      int
+}
 
 func (m markerGPUs) Devices(context.Context) ([]probe.GPU, error) {
-	d := probe.GPU{Index: 0, UUID: "GPU-fake-0", Name: "fake", MemTotal: 80 << 30, UtilGPU: 80}
+	var out []probe.GPU
+	for i := range max(m.n, 1) {
+		d := m.device()
+		d.Index, d.UUID = i, fmt.Sprintf("GPU-fake-%d", i)
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func (m markerGPUs) device() probe.GPU {
+	d := probe.GPU{Name: "fake", MemTotal: 80 << 30, UtilGPU: 80}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
@@ -127,13 +141,13 @@ func (m markerGPUs) Devices(context.Context) ([]probe.GPU, error) {
 	}
 	d.MemUsed = int64(len(d.Processes)) * (3 << 30)
 	d.MemFree = d.MemTotal - d.MemUsed
-	return []probe.GPU{d}, nil
+	return d
 }
 
 func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 	spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, "fake-gpu-job"}, "[profile]\nsustained = 1\n")
 	root, _ := filepath.Abs("probe/testdata/v2")
-	pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{"fake-gpu-job"}, PolicyPath: "/nonexistent"})
+	pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{marker: "fake-gpu-job"}, PolicyPath: "/nonexistent"})
 	rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
 	if err != nil {
 		t.Fatal(err)
@@ -144,17 +158,22 @@ func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 	}
 	// A GPU class that declares less VRAM than its shards were seen to use
 	// is planned with the measured peak; one that declares more keeps it.
+	// vram is a shard's over all its GPUs: on 2 GPUs at 3 GiB each it was
+	// seen to use 6 GiB, above a declared 4 GiB (the peak divided by the
+	// GPUs, 3 GiB, was compared with the 4 GiB, which stayed).
 	for _, c := range []struct {
+		gpus     int
 		declared string
 		want     int64
-	}{{"1GiB", 3 << 30}, {"8GiB", 8 << 30}} {
-		spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, "fake-gpu-job"}, fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = 1\nvram = %q\n[profile]\nsustained = 1\n", c.declared))
+	}{{1, "1GiB", 3 << 30}, {1, "8GiB", 8 << 30}, {2, "4GiB", 6 << 30}, {2, "8GiB", 8 << 30}} {
+		pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{"fake-gpu-job", c.gpus}, PolicyPath: "/nonexistent"})
+		spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, "fake-gpu-job"}, fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = %d\nvram = %q\n[profile]\nsustained = 1\n", c.gpus, c.declared))
 		rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if p := rep.Classes["cpu"]; p.VRAM != c.want {
-			t.Fatalf("declared vram %s, measured 3 GiB: class peak %d (%s), want %d", c.declared, p.VRAM, p.Source, c.want)
+			t.Fatalf("%d GPU(s), declared vram %s, measured 3 GiB on each: class peak %d (%s), want %d", c.gpus, c.declared, p.VRAM, p.Source, c.want)
 		}
 	}
 	// Without NVML they are unknown, with the reason.
@@ -165,5 +184,65 @@ func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 	}
 	if s := rep.Samples[0]; !strings.HasPrefix(s.PeakVRAM, "unknown: ") || !strings.Contains(s.GPUDuty, "NVML") {
 		t.Fatalf("without NVML: peak VRAM %q, duty %q; want unknown with the reason", s.PeakVRAM, s.GPUDuty)
+	}
+}
+
+// TestProfilePlacesAGPUClassAsAWorkerWould: a sample of a class with GPUs
+// ran with no CUDA_VISIBLE_DEVICES, so it saw every GPU of the host and
+// took the first, another job's busy one included, and on a host without
+// GPUs it ran without one (a job may fall back to its CPU: figures of
+// another run than a GPU one). Now each sample gets devices as a worker's
+// shard does (healthy, free of other jobs, the class's VRAM free), and a
+// class that cannot have them here stops the profile, saying why, before
+// its command runs.
+func TestProfilePlacesAGPUClassAsAWorkerWould(t *testing.T) {
+	root, _ := filepath.Abs("probe/testdata/v2")
+	devs := loadGPUs(t) // idle H100 (0), busy A100 (1), MIG A100 (2), idle H100 (4)
+	seen := filepath.Join(t.TempDir(), "seen")
+	job := func(gpus int) (*stream.Spec, *stream.Manifest) {
+		return profileJob(t, []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" >> "$1"`, "sh", seen},
+			fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = %d\nvram = \"40GiB\"\n[profile]\nsustained = 1\n", gpus))
+	}
+	profile := func(spec *stream.Spec, man *stream.Manifest, gpus probe.GPUSource) (*worker.ProfileReport, error) {
+		pr, err := probe.New(probe.Config{Root: root, GPUs: gpus, PolicyPath: "/nonexistent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
+	}
+
+	spec, man := job(1)
+	if _, err := profile(spec, man, &fixtureGPUs{devs: devs}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(seen)
+	lines := strings.Fields(string(b))
+	if len(lines) < 4 {
+		t.Fatalf("the samples saw CUDA_VISIBLE_DEVICES %q; want a line for each of at least 4 samples", b)
+	}
+	for _, l := range lines {
+		if l != devs[0].UUID && l != devs[3].UUID {
+			t.Fatalf("a sample saw CUDA_VISIBLE_DEVICES=%q; want one idle H100 (%s or %s), never the busy or MIG A100:\n%s", l, devs[0].UUID, devs[3].UUID, b)
+		}
+	}
+
+	// More GPUs than the host can give: stopped before the command, each
+	// device's reason named.
+	os.Remove(seen)
+	spec, man = job(3)
+	_, err := profile(spec, man, &fixtureGPUs{devs: devs})
+	for _, want := range []string{"asks for 3 GPU(s) with 13.3GiB of VRAM free each, and 2 of this host's 4 can be given", "GPU 1: busy", "GPU 2: MIG mode",
+		"profile class cpu on a host with a GPU it can have"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("3 GPUs of a host with 2 to give: %v; want %q in it", err, want)
+		}
+	}
+	// Without NVML: nothing to give, and NVML's reason.
+	spec, man = job(1)
+	if _, err := profile(spec, man, noGPUs{}); err == nil || !strings.Contains(err.Error(), "this host has none to give: "+probe.ErrNVMLMissing.Error()) {
+		t.Errorf("a GPU class where NVML is missing: %v; want the profile stopped, saying so", err)
+	}
+	if b, err := os.ReadFile(seen); err == nil {
+		t.Errorf("a command ran without the GPUs its class asks for (CUDA_VISIBLE_DEVICES %q)", b)
 	}
 }

@@ -40,15 +40,16 @@ func makePlan(ctx context.Context, spec *stream.Spec, man *stream.Manifest, data
 }
 
 func printPlan(w io.Writer, p *plan.Plan) {
-	// A VRAM column where a class asks for GPUs: what admission looks
-	// for free on each GPU it places a shard on.
+	// A VRAM column where a class asks for GPUs: a shard's over all its
+	// GPUs, as the spec's vram is (admission looks for its share free on
+	// each device it places the shard on).
 	gpu := false
 	for _, c := range p.Classes {
 		gpu = gpu || c.Peak.GPUs > 0
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	if gpu {
-		fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tVRAM/GPU\tSLOTS\tWHY\tOUTLIERS")
+		fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tVRAM\tSLOTS\tWHY\tOUTLIERS")
 	} else {
 		fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tSLOTS\tWHY\tOUTLIERS")
 	}

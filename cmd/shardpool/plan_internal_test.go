@@ -81,11 +81,11 @@ func TestProfileHintNamesTheRunsStateDirectory(t *testing.T) {
 }
 
 // TestPlanShowsTheVRAMAGPUClassNeeds: the table had a GPUS column but
-// not the VRAM each GPU must have free, which admission reserves from
+// not the VRAM a shard needs over them, which admission reserves from
 // the spec or the profile's measured peak. Where a class asks for GPUs
-// a VRAM/GPU column says it, "not declared" where the spec gives none,
-// and "-" for the classes without GPUs; a plan without GPU classes has
-// no such column.
+// a VRAM column says it, "not declared" where the spec gives none, and
+// "-" for the classes without GPUs; a plan without GPU classes has no
+// such column.
 func TestPlanShowsTheVRAMAGPUClassNeeds(t *testing.T) {
 	gib := int64(1 << 30)
 	budget := plan.Budget{"cpu": probe.Known(16000, "cgroup"), "memory": probe.Known(64*gib, "cgroup"),
@@ -108,7 +108,7 @@ func TestPlanShowsTheVRAMAGPUClassNeeds(t *testing.T) {
 			rows[f[0]] = line
 		}
 	}
-	for class, want := range map[string]string{"CLASS": "GPUS  VRAM/GPU  SLOTS", "cpu": " 0     -  ", "gpu": " 1     12.0GiB  ", "bare": " 1     not declared", "multi": " 2     40.0GiB  "} {
+	for class, want := range map[string]string{"CLASS": "GPUS  VRAM  SLOTS", "cpu": " 0     -  ", "gpu": " 1     12.0GiB  ", "bare": " 1     not declared", "multi": " 2     40.0GiB  "} {
 		if got := regexp.MustCompile(` +`).ReplaceAllString(rows[class], " "); !strings.Contains(got, regexp.MustCompile(` +`).ReplaceAllString(want, " ")) {
 			t.Errorf("row %s: %q, want %q in it\n%s", class, rows[class], want, out.String())
 		}

@@ -137,7 +137,7 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		}
 		gpus := ""
 		if p.GPUs > 0 {
-			gpus = fmt.Sprintf(", %d GPU(s) with %s of VRAM each (as declared, or as measured where above it)", p.GPUs, stream.FormatSize(p.VRAM))
+			gpus = fmt.Sprintf(", %d GPU(s) with %s of VRAM over them (as declared, or as measured where above it)", p.GPUs, stream.FormatSize(p.VRAM))
 		}
 		fmt.Fprintf(w, "class %s: measured peak memory %s, cpu %.2f%s\n", c, mem, float64(p.CPU)/1000, gpus)
 	}

@@ -90,7 +90,7 @@ func TestProfileTableShowsGPUAndDiskFigures(t *testing.T) {
 	if n := strings.Count(out, nvml); n != 1 || !strings.Contains(out, "peak VRAM and GPU duty unknown (smallest): "+nvml) {
 		t.Errorf("NVML's reason said %d times, want once naming the sample:\n%s", n, out)
 	}
-	if !strings.Contains(out, "class gpu: measured peak memory 2.0GiB, cpu 1.00, 1 GPU(s) with 12.0GiB of VRAM each") {
+	if !strings.Contains(out, "class gpu: measured peak memory 2.0GiB, cpu 1.00, 1 GPU(s) with 12.0GiB of VRAM over them") {
 		t.Errorf("class line without its GPUs and VRAM:\n%s", out)
 	}
 
