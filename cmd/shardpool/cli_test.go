@@ -2145,3 +2145,51 @@ func TestSubmitRecordsWhereTheOutputIs(t *testing.T) {
 		}
 	}
 }
+
+// TestSubmitPassesTheProfilesPeaks: `shardpool profile` then `shardpool
+// submit`, the distributed form's steps, left the workers admitting by
+// the declared memory: only `run` passed the measured peaks on. submit
+// now reads the profile.json of this version of the job (in the default
+// state directory, or --profile FILE) into the run record's
+// measured_memory and says so; a profile of another version is not used,
+// and said; a --profile that is not there is refused.
+func TestSubmitPassesTheProfilesPeaks(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	state := t.TempDir()
+	xdg := []string{"XDG_STATE_HOME=" + state}
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"cp", "{input}", "{out}/"}, Extra: "[class.cpu]\ncpus = 1\nmemory = \"512MiB\"\n"})
+	if p := testenv.StartEnv(t, xdg, "profile", spec); p.Wait(t, 60*time.Second) != 0 {
+		t.Fatalf("profile:\n%s", p.Output())
+	}
+	prof := filepath.Join(state, "shardpool", "runs", "t", "profile.json")
+
+	p := testenv.StartEnv(t, xdg, "submit", "--server", env.URL, "--profile", filepath.Join(state, "nothing.json"), spec)
+	if code := p.Wait(t, 30*time.Second); code != 2 || !strings.Contains(p.Output(), "no such file") {
+		t.Fatalf("submit --profile of a missing file: exit %d, want 2 saying so\n%s", code, p.Output())
+	}
+	if _, err := env.Run("t"); err == nil {
+		t.Fatal("a refused submit published the run")
+	}
+
+	p = testenv.StartEnv(t, xdg, "submit", "--server", env.URL, spec)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "measured memory peaks ("+prof+"), which the workers admit by: cpu ") {
+		t.Fatalf("submit after profile: exit %d, want 0 naming the measured peaks\n%s", code, p.Output())
+	}
+	r, err := env.Run("t")
+	if err != nil || r.MeasuredMemory["cpu"] <= 0 || r.MeasuredMemory["cpu"] >= 512<<20 {
+		t.Fatalf("run record's measured_memory %v (%v); want the profile's peak of class cpu, under the declared 512MiB", r.MeasuredMemory, err)
+	}
+
+	// An edited job: its profile measured another version.
+	b, _ := os.ReadFile(spec)
+	if err := os.WriteFile(spec, []byte(strings.Replace(string(b), `["cp",`, `["/bin/cp",`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p = testenv.StartEnv(t, xdg, "submit", "--server", env.URL, spec)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), prof+" is not used: it measured another version of this job") {
+		t.Fatalf("submit of an edited job: exit %d, want 0 saying its profile is not used\n%s", code, p.Output())
+	}
+	if r, err := env.Run("t"); err != nil || len(r.MeasuredMemory) != 0 {
+		t.Fatalf("the edited job's run record: measured_memory %v (%v), want none", r.MeasuredMemory, err)
+	}
+}

@@ -26,11 +26,12 @@ import (
 )
 
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--halt N] [--json] SPEC", stderr)
+	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--halt N] [--profile FILE] [--json] SPEC", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	halt := fs.Int("halt", 5, "the coordinator halts the run (BLOCKED, its queued shards held back until it is submitted again) once `N` shards have failed after their retries with none validated since the count started: the run's first submission, or one that changes --halt, retries failed shards or lifts a halt (0: run every shard whatever fails)")
+	profilePath := fs.String("profile", "", "the `FILE` of shardpool profile whose measured peaks the workers admit by (default: runs/<run>/profile.json in the default state directory, where profile writes it, if it is there)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	spec, man, err := parseSpec(fs, args)
 	if err != nil {
@@ -40,6 +41,10 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return exitErr{code: exitUsage, msg: fmt.Sprintf("submit: --halt %d: want a number of shards, or 0 never to halt", *halt)}
 	}
 	plan.SplitOutliers(spec, man)
+	peaks, peaksFrom, err := profiledPeaks(spec, man, *profilePath)
+	if err != nil {
+		return err
+	}
 	used := acc.get()
 	nc, js, err := connect(ctx, *server, &used, "shardpool-submit", 0, nil)
 	if err != nil {
@@ -75,15 +80,21 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	on := outputStorage(ctx, spec.Output)
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd, Halt: *halt,
 		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible,
-		OutputOn: on})
+		OutputOn: on, MeasuredMemory: peaks})
 	if err != nil {
 		return err
 	}
 	warnOwnDisk(st.Workers, spec.Output, on, stderr)
 	if *asJSON {
+		if peaksFrom != "" {
+			fmt.Fprintln(stderr, peaksFrom)
+		}
 		return writeJSON(stdout, res)
 	}
 	fmt.Fprintf(stdout, "run %s\nfingerprint %s\nstate %s\npublished %d of %d shard(s)\n", res.Run, res.Fingerprint, res.State, res.Published, len(man.Shards))
+	if peaksFrom != "" {
+		fmt.Fprintln(stdout, peaksFrom)
+	}
 	printReplaced(stdout, res)
 	printRetried(stdout, res)
 	printChanged(stdout, res, retryCmd)
@@ -806,4 +817,45 @@ func fleetCheck(reports []stream.WorkerReport, spec *stream.Spec, man *stream.Ma
 		peaks[c] = plan.Declared(cls)
 	}
 	return plan.FleetBlocked(spec, man, peaks, workers)
+}
+
+// profiledPeaks is each class's memory peak measured by `shardpool
+// profile` for this version of the job, which the workers' admission
+// takes over the declared one (the run record's measured_memory), and a
+// line saying where it came from or why a profile is not used. path
+// names profile.json; empty, the one profile writes in the default state
+// directory, where a missing file is no profile. (Until the fifty-fourth
+// session only `run` passed them: a submitted run's workers admitted by
+// the declared memory whatever the profile measured.)
+func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (map[string]int64, string, error) {
+	named := path != ""
+	if !named {
+		path = filepath.Join(worker.DefaultStateDir(), "runs", spec.Name, "profile.json")
+	}
+	prof, err := plan.LoadProfile(path)
+	if err != nil {
+		return nil, "", err
+	}
+	if prof == nil {
+		if named {
+			return nil, "", exitErr{code: exitUsage, msg: fmt.Sprintf("submit: --profile %s: no such file", path)}
+		}
+		return nil, "", nil
+	}
+	// The plan's own choice of peaks, budgets aside: the same job only,
+	// each class of the manifest (outlier classes included).
+	p := plan.Make(spec, man, "", plan.Budget{}, plan.Budget{}, prof, "")
+	if p.ProfileUnused != "" {
+		return nil, strings.Replace(p.ProfileUnused, "profile.json", path, 1), nil
+	}
+	peaks := measured(p)
+	maps.DeleteFunc(peaks, func(_ string, m int64) bool { return m <= 0 }) // none caught: the declared stays
+	var said []string
+	for _, c := range slices.Sorted(maps.Keys(peaks)) {
+		said = append(said, fmt.Sprintf("%s %s", c, stream.FormatSize(peaks[c])))
+	}
+	if len(said) == 0 {
+		return nil, "", nil
+	}
+	return peaks, fmt.Sprintf("measured memory peaks (%s), which the workers admit by: %s", path, strings.Join(said, ", ")), nil
 }
