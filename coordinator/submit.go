@@ -33,6 +33,9 @@ type SubmitOptions struct {
 	ClassCaps map[string]int
 	// MeasuredMemory is each class's measured peak memory (profile.json).
 	MeasuredMemory map[string]int64
+	// MeasuredVRAM is each GPU class's VRAM where profile.json measured
+	// more than the declared vram.
+	MeasuredVRAM map[string]int64
 	// Hashes caches input checksums for classes that stage (by path, size
 	// and mtime); nil hashes without a cache file.
 	Hashes *staging.Hashes
@@ -242,7 +245,7 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	rec := stream.RunRecord{
 		Name: spec.Name, Fingerprint: fp, Spec: *spec, ManifestSHA: man.Hash, Classes: classes,
 		State: stream.RunPrepared, Counts: stream.Counts{Total: len(man.Shards), Pending: len(man.Shards)},
-		MeasuredMemory: opt.MeasuredMemory, Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
+		MeasuredMemory: opt.MeasuredMemory, MeasuredVRAM: opt.MeasuredVRAM, Resume: opt.Resume, RetryCmd: opt.Retry, Submitted: time.Now().UTC(), Updated: time.Now().UTC(),
 		Halt: opt.Halt, OutputOn: opt.OutputOn,
 	}
 	if rec.OutputOn == nil && prev != nil {
@@ -416,7 +419,8 @@ func settingChanges(old, cur *stream.Spec) []string {
 // changed and the record's Settings count after the update.
 func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunRecord, rev uint64, spec *stream.Spec, opt SubmitOptions) ([]string, int, error) {
 	changed := settingChanges(&prev.Spec, spec)
-	measured := opt.MeasuredMemory != nil && !maps.Equal(prev.MeasuredMemory, opt.MeasuredMemory)
+	measured := (opt.MeasuredMemory != nil && !maps.Equal(prev.MeasuredMemory, opt.MeasuredMemory)) ||
+		(opt.MeasuredVRAM != nil && !maps.Equal(prev.MeasuredVRAM, opt.MeasuredVRAM))
 	if measured {
 		changed = append(changed, "measured peaks (profile.json)")
 	}
@@ -431,7 +435,7 @@ func updateSettings(ctx context.Context, b *stream.Buckets, prev *stream.RunReco
 			r.Settings++
 		}
 		if measured {
-			r.MeasuredMemory = opt.MeasuredMemory
+			r.MeasuredMemory, r.MeasuredVRAM = opt.MeasuredMemory, opt.MeasuredVRAM
 		}
 		if opt.Resume != "" {
 			r.Resume = opt.Resume

@@ -227,8 +227,12 @@ type RunRecord struct {
 	// MeasuredMemory is each class\'s peak memory from profile.json, which
 	// workers\' admission prefers to the declared one.
 	MeasuredMemory map[string]int64 `json:"measured_memory,omitempty"`
-	Queued         bool             `json:"queued"`
-	Retry          int              `json:"retry"`
+	// MeasuredVRAM is each GPU class's VRAM from profile.json where the
+	// measured peak is above the declared vram (a shard's over all its
+	// GPUs): workers place its shards by it.
+	MeasuredVRAM map[string]int64 `json:"measured_vram,omitempty"`
+	Queued       bool             `json:"queued"`
+	Retry        int              `json:"retry"`
 	// Settings counts the updates of Spec's settings outside the
 	// fingerprint (retries, timeout, paths) by resubmissions of this
 	// generation; shard messages carry the value they were published at.

@@ -209,7 +209,13 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	}
 	k = min(free, max(fit, 0))
 	if gpu && peak.GPUs > 0 {
-		k = min(k, max(len(gpuFree)-int(o.GPUPending), 0)/int(peak.GPUs))
+		// This worker's own shards fetched (or asked for) and not yet
+		// placed on their devices will take some of gpuFree too: counted
+		// without them, a second admission between a shard's fetch and
+		// its placement took the same free device for another shard,
+		// whose start then found none.
+		mine := w.holding(class, 0, peak, 0).GPUPending
+		k = min(k, max(len(gpuFree)-int(o.GPUPending)-int(mine), 0)/int(peak.GPUs))
 	}
 	k, scratchNote := w.scratchFit(class, inflight, k)
 	if g := w.gate(class); g != nil && !g.backlog() && k > 1-g.requested() {
@@ -441,6 +447,9 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 			d := plan.Declared(r.Spec.Classes[c])
 			if m, ok := r.MeasuredMemory[c]; ok && m > 0 {
 				d.Memory, d.Source = m, "measured (profile.json)"
+			}
+			if v := r.MeasuredVRAM[c]; v > d.VRAM && d.GPUs > 0 {
+				d.VRAM = v
 			}
 			cur := peaks[c]
 			cur.CPU, cur.Memory, cur.GPUs, cur.VRAM = max(cur.CPU, d.CPU), max(cur.Memory, d.Memory), max(cur.GPUs, d.GPUs), max(cur.VRAM, d.VRAM)

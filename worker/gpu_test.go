@@ -103,3 +103,103 @@ func TestGPUAssignmentByUUIDAvoidsBusyAndShared(t *testing.T) {
 		t.Fatal("no two shards ran at once: the two idle GPUs were not both used")
 	}
 }
+
+// TestMeasuredVRAMPlacesTheShard: a GPU class declaring less VRAM than its
+// profile measured was placed by the declared figure: the run record
+// carried the measured memory alone, and the worker picked the first
+// device with the declared VRAM free. The measured VRAM (measured_vram)
+// now decides: with 8 GiB declared and 20 GiB measured, the H100 with 10
+// GiB free is passed over for the one with 70 GiB.
+func TestMeasuredVRAMPlacesTheShard(t *testing.T) {
+	root, _ := filepath.Abs("probe/testdata/v2")
+	fixture := loadGPUs(t)
+	small, big := fixture[0], fixture[3] // idle H100s
+	small.MemFree, big.MemFree = 10<<30, 70<<30
+	for _, measured := range []bool{false, true} {
+		t.Run(fmt.Sprintf("measured %v", measured), func(t *testing.T) {
+			pr, err := probe.New(probe.Config{Root: root, GPUs: &fixtureGPUs{devs: []probe.GPU{small, big}}, PolicyPath: "/nonexistent"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
+			spec := testenv.WriteJob(t, testenv.Job{Shards: 3,
+				Extra:   "[class.gpu]\ncpus = 1\nmemory = \"1GiB\"\ngpus = 1\nvram = \"8GiB\"\n",
+				Line:    func(i int, in string) string { return fmt.Sprintf(`{"id":"g%d","inputs":[%q],"class":"gpu"}`, i, in) },
+				Command: []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"`, "sh", "{out}"}})
+			opt := coordinator.SubmitOptions{}
+			if measured {
+				opt.MeasuredVRAM = map[string]int64{"gpu": 20 << 30}
+			}
+			env.Submit(spec, opt)
+			if r := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked); r.State != stream.RunComplete {
+				for i := range 3 {
+					rec, _ := env.Shard("t", fmt.Sprintf("g%d", i))
+					t.Logf("g%d: %s %+v", i, rec.State, rec.Attempts)
+				}
+				t.Fatalf("run %s %+v, want COMPLETE", r.State, r.Counts)
+			}
+			on := map[string]int{}
+			for i := range 3 {
+				b, _ := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", fmt.Sprintf("g%d", i), "gpu"))
+				on[strings.TrimSpace(string(b))]++
+				// Admitted only while a device was free for it: none of
+				// them met its device taken by another at its start.
+				if rec, err := env.Shard("t", fmt.Sprintf("g%d", i)); err != nil || len(rec.Attempts) != 1 || rec.Interrupted != 0 {
+					t.Errorf("shard g%d: %d attempt(s), %d handed back (%v); want one attempt: %+v", i, len(rec.Attempts), rec.Interrupted, err, rec.Attempts)
+				}
+			}
+			switch {
+			case measured && on[big.UUID] != 3:
+				t.Fatalf("20 GiB measured: shards on %v, want all 3 on %s (70 GiB free), none on %s (10 GiB)", on, big.UUID, small.UUID)
+			case !measured && on[small.UUID] == 0:
+				t.Fatalf("8 GiB declared, nothing measured: shards on %v, want %s (10 GiB free, the first) used too", on, small.UUID)
+			}
+		})
+	}
+}
+
+// TestBusyGPUAtStartIsNotTheShardsFailure: a shard whose GPU cannot be
+// had when its command is to start (another job took the device after
+// admission looked, or a worker with fixed slots, which does not look)
+// was charged a start error: with retries = 0 it failed for good, for
+// its host's state. It is handed back uncharged now, as under memory
+// pressure, and runs once a device is free.
+func TestBusyGPUAtStartIsNotTheShardsFailure(t *testing.T) {
+	root, _ := filepath.Abs("probe/testdata/v2")
+	busy := loadGPUs(t)[1] // an A100 another user's process holds
+	gpus := &fixtureGPUs{devs: []probe.GPU{busy}}
+	pr, err := probe.New(probe.Config{Root: root, GPUs: gpus, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"gpu": 1}, Probe: pr})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Extra:   "[class.gpu]\ncpus = 1\nmemory = \"1GiB\"\ngpus = 1\n",
+		Line:    func(i int, in string) string { return fmt.Sprintf(`{"id":"g%d","inputs":[%q],"class":"gpu"}`, i, in) },
+		Command: []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"`, "sh", "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		rec, err := env.Shard("t", "g0")
+		return err == nil && rec.Interrupted > 0, fmt.Sprintf("shard g0 %s, %d handed back (%v): want it handed back while its GPU is busy", rec.State, rec.Interrupted, err)
+	})
+	if rec, _ := env.Shard("t", "g0"); rec.State != stream.ShardPending || !strings.Contains(rec.Reason, "assign GPUs") {
+		t.Fatalf("shard g0 while its GPU is busy: %s %q, want pending, saying its GPU could not be assigned", rec.State, rec.Reason)
+	}
+	gpus.mu.Lock()
+	gpus.devs[0].Processes = nil // the other job ended
+	gpus.mu.Unlock()
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	rec, _ := env.Shard("t", "g0")
+	var charged int
+	for _, at := range rec.Attempts {
+		if at.Outcome != stream.OutcomePreempted {
+			charged++
+		}
+	}
+	if charged != 1 {
+		t.Fatalf("shard g0 attempts %+v: want the handed-back ones and one that ran", rec.Attempts)
+	}
+	if b, _ := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", "g0", "gpu")); strings.TrimSpace(string(b)) != busy.UUID {
+		t.Fatalf("CUDA_VISIBLE_DEVICES %q, want %s", b, busy.UUID)
+	}
+}

@@ -933,13 +933,23 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	env := shardEnv(w.classEnv(spec, a.m.Fingerprint, a.m.Class, cls), &a.m, v)
 	if cls.GPUs > 0 {
+		// Not the shard's failure where its devices cannot be had now
+		// (taken by another job since admission looked, or the probe
+		// failing): handed back uncharged, as under memory pressure, and
+		// admitted again once devices are free.
 		snap, err := w.cfg.Probe.Snapshot(ctx, nil)
 		if err != nil {
-			return result{outcome: stream.OutcomeStart, reason: "probe GPUs: " + err.Error()}
+			return result{outcome: stream.OutcomePreempted, reason: "probe GPUs: " + err.Error() + "; not the shard's failure"}
 		}
-		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, cls.VRAM/int64(cls.GPUs))
+		// The VRAM admission counted devices by: the declared, or the
+		// profile's measured peak where above it.
+		vram := cls.VRAM
+		if p, _, ok := w.peakFor(a.m.Class); ok {
+			vram = max(vram, p.VRAM)
+		}
+		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, vram/int64(cls.GPUs))
 		if err != nil {
-			return result{outcome: stream.OutcomeStart, reason: "assign GPUs: " + err.Error()}
+			return result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; not the shard's failure"}
 		}
 		defer w.releaseGPUs(a.key)
 		env = append(env, "CUDA_VISIBLE_DEVICES="+uuids)
@@ -1342,8 +1352,12 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		res.outcome = stream.OutcomeCommit
 	}
 	if res.outcome == stream.OutcomePreempted {
-		// The host's pressure, not the shard's failure.
-		delay := w.backoff(a.attempt)
+		// The host's pressure, or its GPUs taken, not the shard's
+		// failure. The delay doubles with each hand-back too: a fixed-
+		// slots worker, which fetches without looking at the devices,
+		// would otherwise take and hand back a shard whose GPU stays
+		// busy every second, a record in its attempts each time.
+		delay := w.backoff(max(a.attempt, a.rec.Interrupted+1))
 		reason := fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
 		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, delay) })
 		return

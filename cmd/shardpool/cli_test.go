@@ -2172,7 +2172,7 @@ func TestSubmitPassesTheProfilesPeaks(t *testing.T) {
 	}
 
 	p = testenv.StartEnv(t, xdg, "submit", "--server", env.URL, spec)
-	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "measured memory peaks ("+prof+"), which the workers admit by: cpu ") {
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "measured peaks ("+prof+"), which the workers admit by: cpu ") {
 		t.Fatalf("submit after profile: exit %d, want 0 naming the measured peaks\n%s", code, p.Output())
 	}
 	r, err := env.Run("t")

@@ -41,7 +41,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return exitErr{code: exitUsage, msg: fmt.Sprintf("submit: --halt %d: want a number of shards, or 0 never to halt", *halt)}
 	}
 	plan.SplitOutliers(spec, man)
-	peaks, peaksFrom, err := profiledPeaks(spec, man, *profilePath)
+	peaks, vram, peaksFrom, err := profiledPeaks(spec, man, *profilePath)
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	on := outputStorage(ctx, spec.Output)
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd, Halt: *halt,
 		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible,
-		OutputOn: on, MeasuredMemory: peaks})
+		OutputOn: on, MeasuredMemory: peaks, MeasuredVRAM: vram})
 	if err != nil {
 		return err
 	}
@@ -821,41 +821,45 @@ func fleetCheck(reports []stream.WorkerReport, spec *stream.Spec, man *stream.Ma
 
 // profiledPeaks is each class's memory peak measured by `shardpool
 // profile` for this version of the job, which the workers' admission
-// takes over the declared one (the run record's measured_memory), and a
-// line saying where it came from or why a profile is not used. path
+// takes over the declared one (the run record's measured_memory), each
+// GPU class's VRAM where measured above the declared (measured_vram),
+// and a line saying where they came from or why a profile is not used. path
 // names profile.json; empty, the one profile writes in the default state
 // directory, where a missing file is no profile. (Until the fifty-fourth
 // session only `run` passed them: a submitted run's workers admitted by
 // the declared memory whatever the profile measured.)
-func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (map[string]int64, string, error) {
+func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (mem, vram map[string]int64, note string, err error) {
 	named := path != ""
 	if !named {
 		path = filepath.Join(worker.DefaultStateDir(), "runs", spec.Name, "profile.json")
 	}
 	prof, err := plan.LoadProfile(path)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	if prof == nil {
 		if named {
-			return nil, "", exitErr{code: exitUsage, msg: fmt.Sprintf("submit: --profile %s: no such file", path)}
+			return nil, nil, "", exitErr{code: exitUsage, msg: fmt.Sprintf("submit: --profile %s: no such file", path)}
 		}
-		return nil, "", nil
+		return nil, nil, "", nil
 	}
 	// The plan's own choice of peaks, budgets aside: the same job only,
 	// each class of the manifest (outlier classes included).
 	p := plan.Make(spec, man, "", plan.Budget{}, plan.Budget{}, prof, "")
 	if p.ProfileUnused != "" {
-		return nil, strings.Replace(p.ProfileUnused, "profile.json", path, 1), nil
+		return nil, nil, strings.Replace(p.ProfileUnused, "profile.json", path, 1), nil
 	}
-	peaks := measured(p)
-	maps.DeleteFunc(peaks, func(_ string, m int64) bool { return m <= 0 }) // none caught: the declared stays
+	mem, vram = measured(p), measuredVRAM(spec, p)
+	maps.DeleteFunc(mem, func(_ string, m int64) bool { return m <= 0 }) // none caught: the declared stays
 	var said []string
-	for _, c := range slices.Sorted(maps.Keys(peaks)) {
-		said = append(said, fmt.Sprintf("%s %s", c, stream.FormatSize(peaks[c])))
+	for _, c := range slices.Sorted(maps.Keys(mem)) {
+		said = append(said, fmt.Sprintf("%s %s", c, stream.FormatSize(mem[c])))
+	}
+	for _, c := range slices.Sorted(maps.Keys(vram)) {
+		said = append(said, fmt.Sprintf("%s VRAM %s", c, stream.FormatSize(vram[c])))
 	}
 	if len(said) == 0 {
-		return nil, "", nil
+		return nil, nil, "", nil
 	}
-	return peaks, fmt.Sprintf("measured memory peaks (%s), which the workers admit by: %s", path, strings.Join(said, ", ")), nil
+	return mem, vram, fmt.Sprintf("measured peaks (%s), which the workers admit by: %s", path, strings.Join(said, ", ")), nil
 }

@@ -147,7 +147,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// from before it, concurrently.
 	submitted := time.Now()
 	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry,
-		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), ClassCaps: caps, Reverify: true})
+		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), MeasuredVRAM: measuredVRAM(spec, pl), ClassCaps: caps, Reverify: true})
 	if err != nil {
 		coord.Close()
 		if errors.Is(err, coordinator.ErrNothingToRetry) || errors.Is(err, coordinator.ErrRetryNewGeneration) {
@@ -1039,6 +1039,18 @@ func measured(p *plan.Plan) map[string]int64 {
 	for _, c := range p.Classes {
 		if strings.HasPrefix(c.Peak.Source, "measured") {
 			out[c.Class] = c.Peak.Memory
+		}
+	}
+	return out
+}
+
+// measuredVRAM is the VRAM of each GPU class of p whose profile measured
+// more than spec declares: the workers place its shards by it.
+func measuredVRAM(spec *stream.Spec, p *plan.Plan) map[string]int64 {
+	out := map[string]int64{}
+	for _, c := range p.Classes {
+		if strings.HasPrefix(c.Peak.Source, "measured") && c.Peak.GPUs > 0 && c.Peak.VRAM > spec.Classes[c.Class].VRAM {
+			out[c.Class] = c.Peak.VRAM
 		}
 	}
 	return out
