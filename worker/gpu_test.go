@@ -55,18 +55,34 @@ func loadGPUs(t *testing.T) []probe.GPU {
 	return append(devs[:3], second)
 }
 
-func TestGPUAssignmentByUUIDAvoidsBusyAndShared(t *testing.T) {
+// gpuRun starts a coordinator and a worker on the fixture host with gpus
+// as its GPUs (measured admission where slots is nil, else those fixed
+// slots) and writes a job of n shards of class gpu (1 CPU, 1 GiB, 1 GPU,
+// and the class lines extra) whose command writes its
+// CUDA_VISIBLE_DEVICES to {out}/gpu, then runs then (a shell's lines,
+// with {out} as $1).
+func gpuRun(t *testing.T, gpus *fixtureGPUs, slots map[string]int, n int, extra, then string) (*testenv.Env, string) {
+	t.Helper()
 	root, _ := filepath.Abs("probe/testdata/v2")
-	devs := loadGPUs(t)
-	pr, err := probe.New(probe.Config{Root: root, GPUs: &fixtureGPUs{devs: devs}, PolicyPath: "/nonexistent"})
+	pr, err := probe.New(probe.Config{Root: root, GPUs: gpus, PolicyPath: "/nonexistent"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 6,
-		Extra:   "[class.gpu]\ncpus = 1\nmemory = \"1GiB\"\ngpus = 1\nvram = \"40GiB\"\n",
+	opts := testenv.Options{Slots: slots, Probe: pr}
+	if slots == nil {
+		opts.Auto, opts.Slots = true, map[string]int{}
+	}
+	env := testenv.New(t, opts)
+	spec := testenv.WriteJob(t, testenv.Job{Shards: n,
+		Extra:   "[class.gpu]\ncpus = 1\nmemory = \"1GiB\"\ngpus = 1\n" + extra,
 		Line:    func(i int, in string) string { return fmt.Sprintf(`{"id":"g%d","inputs":[%q],"class":"gpu"}`, i, in) },
-		Command: []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"; date +%s%N > "$1/start"; sleep 0.4; date +%s%N > "$1/end"`, "sh", "{out}"}})
+		Command: []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"; ` + then, "sh", "{out}"}})
+	return env, spec
+}
+
+func TestGPUAssignmentByUUIDAvoidsBusyAndShared(t *testing.T) {
+	devs := loadGPUs(t)
+	env, spec := gpuRun(t, &fixtureGPUs{devs: devs}, nil, 6, "vram = \"40GiB\"\n", `date +%s%N > "$1/start"; sleep 0.4; date +%s%N > "$1/end"`)
 	env.Submit(spec, coordinator.SubmitOptions{})
 	env.WaitState("t", 60*time.Second, stream.RunComplete)
 	idle := map[string]bool{devs[0].UUID: true, devs[3].UUID: true}
@@ -111,21 +127,12 @@ func TestGPUAssignmentByUUIDAvoidsBusyAndShared(t *testing.T) {
 // now decides: with 8 GiB declared and 20 GiB measured, the H100 with 10
 // GiB free is passed over for the one with 70 GiB.
 func TestMeasuredVRAMPlacesTheShard(t *testing.T) {
-	root, _ := filepath.Abs("probe/testdata/v2")
 	fixture := loadGPUs(t)
 	small, big := fixture[0], fixture[3] // idle H100s
 	small.MemFree, big.MemFree = 10<<30, 70<<30
 	for _, measured := range []bool{false, true} {
 		t.Run(fmt.Sprintf("measured %v", measured), func(t *testing.T) {
-			pr, err := probe.New(probe.Config{Root: root, GPUs: &fixtureGPUs{devs: []probe.GPU{small, big}}, PolicyPath: "/nonexistent"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: pr})
-			spec := testenv.WriteJob(t, testenv.Job{Shards: 3,
-				Extra:   "[class.gpu]\ncpus = 1\nmemory = \"1GiB\"\ngpus = 1\nvram = \"8GiB\"\n",
-				Line:    func(i int, in string) string { return fmt.Sprintf(`{"id":"g%d","inputs":[%q],"class":"gpu"}`, i, in) },
-				Command: []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"`, "sh", "{out}"}})
+			env, spec := gpuRun(t, &fixtureGPUs{devs: []probe.GPU{small, big}}, nil, 3, "vram = \"8GiB\"\n", "")
 			opt := coordinator.SubmitOptions{}
 			if measured {
 				opt.MeasuredVRAM = map[string]int64{"gpu": 20 << 30}
@@ -165,18 +172,9 @@ func TestMeasuredVRAMPlacesTheShard(t *testing.T) {
 // its host's state. It is handed back uncharged now, as under memory
 // pressure, and runs once a device is free.
 func TestBusyGPUAtStartIsNotTheShardsFailure(t *testing.T) {
-	root, _ := filepath.Abs("probe/testdata/v2")
 	busy := loadGPUs(t)[1] // an A100 another user's process holds
 	gpus := &fixtureGPUs{devs: []probe.GPU{busy}}
-	pr, err := probe.New(probe.Config{Root: root, GPUs: gpus, PolicyPath: "/nonexistent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := testenv.New(t, testenv.Options{Slots: map[string]int{"gpu": 1}, Probe: pr})
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
-		Extra:   "[class.gpu]\ncpus = 1\nmemory = \"1GiB\"\ngpus = 1\n",
-		Line:    func(i int, in string) string { return fmt.Sprintf(`{"id":"g%d","inputs":[%q],"class":"gpu"}`, i, in) },
-		Command: []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"`, "sh", "{out}"}})
+	env, spec := gpuRun(t, gpus, map[string]int{"gpu": 1}, 1, "", "") // retries = 0
 	env.Submit(spec, coordinator.SubmitOptions{})
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		rec, err := env.Shard("t", "g0")
