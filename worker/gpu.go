@@ -90,6 +90,31 @@ func (w *Worker) releaseGPUs(key string) {
 	w.refreshHold()
 }
 
+// gpusBusy reports whether n devices of this worker's (its
+// CUDA_VISIBLE_DEVICES) with at least vramEach of memory are healthy and
+// only in use: free, held by this worker's or the host's other workers'
+// shards, or busy with other jobs' processes. Devices that are
+// unhealthy, in MIG mode, too small or missing do not count: waiting for
+// them does not help.
+func (w *Worker) gpusBusy(snap *probe.Snapshot, n int, vramEach int64) bool {
+	visible := w.visibleGPUs()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	healthy := 0
+	for _, d := range snap.GPUs.Devices {
+		if visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)] {
+			continue
+		}
+		if d.MemTotal > 0 && d.MemTotal < vramEach {
+			continue
+		}
+		if _, mine := w.gpuRes[d.UUID]; mine || d.Usable || strings.HasPrefix(d.Why, "busy") {
+			healthy++
+		}
+	}
+	return healthy >= n
+}
+
 // visibleGPUs is the worker's own CUDA_VISIBLE_DEVICES (set by Slurm or the
 // user) as a set of UUIDs and indexes; nil when unset (all devices).
 func (w *Worker) visibleGPUs() map[string]bool {

@@ -170,11 +170,23 @@ func TestMeasuredVRAMPlacesTheShard(t *testing.T) {
 // admission looked, or a worker with fixed slots, which does not look)
 // was charged a start error: with retries = 0 it failed for good, for
 // its host's state. It is handed back uncharged now, as under memory
-// pressure, and runs once a device is free.
+// pressure, and runs once a device is free. A host whose devices cannot
+// serve the shard however long it waits (here the only one is in MIG
+// mode) is a start error still, charged, which stops a worker that meets
+// it again and again.
 func TestBusyGPUAtStartIsNotTheShardsFailure(t *testing.T) {
+	mig := loadGPUs(t)[2]
+	env, spec := gpuRun(t, &fixtureGPUs{devs: []probe.GPU{mig}}, map[string]int{"gpu": 1}, 1, "", "")
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunBlocked)
+	if rec, _ := env.Shard("t", "g0"); rec.State != stream.ShardFailed || rec.Interrupted != 0 || !strings.Contains(rec.Reason, "assign GPUs") ||
+		len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeStart {
+		t.Fatalf("shard g0 on a host whose only GPU is in MIG mode: %s %q, %d handed back, attempts %+v; want failed by a start error", rec.State, rec.Reason, rec.Interrupted, rec.Attempts)
+	}
+
 	busy := loadGPUs(t)[1] // an A100 another user's process holds
 	gpus := &fixtureGPUs{devs: []probe.GPU{busy}}
-	env, spec := gpuRun(t, gpus, map[string]int{"gpu": 1}, 1, "", "") // retries = 0
+	env, spec = gpuRun(t, gpus, map[string]int{"gpu": 1}, 1, "", "") // retries = 0
 	env.Submit(spec, coordinator.SubmitOptions{})
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		rec, err := env.Shard("t", "g0")

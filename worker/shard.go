@@ -933,13 +933,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	env := shardEnv(w.classEnv(spec, a.m.Fingerprint, a.m.Class, cls), &a.m, v)
 	if cls.GPUs > 0 {
-		// Not the shard's failure where its devices cannot be had now
-		// (taken by another job since admission looked, or the probe
-		// failing): handed back uncharged, as under memory pressure, and
-		// admitted again once devices are free.
 		snap, err := w.cfg.Probe.Snapshot(ctx, nil)
 		if err != nil {
-			return result{outcome: stream.OutcomePreempted, reason: "probe GPUs: " + err.Error() + "; not the shard's failure"}
+			return result{outcome: stream.OutcomeStart, reason: "probe GPUs: " + err.Error()}
 		}
 		// The VRAM admission counted devices by: the declared, or the
 		// profile's measured peak where above it.
@@ -948,8 +944,18 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			vram = max(vram, p.VRAM)
 		}
 		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, vram/int64(cls.GPUs))
+		if err != nil && w.gpusBusy(snap, cls.GPUs, vram/int64(cls.GPUs)) {
+			// Not the shard's failure: its devices are busy now (another
+			// job took one since admission looked, or a fixed-slots
+			// worker fetched without looking). Handed back uncharged, as
+			// under memory pressure, to run once one is free here or
+			// elsewhere. Where the host has too few healthy devices at
+			// all, it is a start error, which stops a worker that meets
+			// it again and again (StopAfterStartFailures).
+			return result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; the devices are busy, not the shard's failure"}
+		}
 		if err != nil {
-			return result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; not the shard's failure"}
+			return result{outcome: stream.OutcomeStart, reason: "assign GPUs: " + err.Error()}
 		}
 		defer w.releaseGPUs(a.key)
 		env = append(env, "CUDA_VISIBLE_DEVICES="+uuids)
