@@ -46,6 +46,9 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 		} else if k, note := w.scratchFit(class, inflight, n); note != "" {
 			n, why = k, why+"; "+note
 		}
+		if k, note := w.fixedGPUs(ctx, class, n); note != "" {
+			n, why = k, why+"; "+note
+		}
 		w.publishFixed(class, max(n, 0))
 		return n, why
 	}

@@ -1,10 +1,12 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
 
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -88,6 +90,61 @@ func (w *Worker) releaseGPUs(key string) {
 	w.mu.Unlock()
 	// The host's other workers may place a shard on the devices at once.
 	w.refreshHold()
+}
+
+// gpusTaken says why each of devs but those in free cannot take a shard
+// with vramEach of VRAM now ("GPU 1: busy: ...; GPU 2: MIG mode: ...");
+// a device this worker reserved is held by holder.
+func (w *Worker) gpusTaken(devs, free []probe.GPU, vramEach int64, holder string) string {
+	given := map[string]bool{}
+	for _, d := range free {
+		given[d.UUID] = true
+	}
+	visible := w.visibleGPUs()
+	var why []string
+	for _, d := range devs {
+		switch {
+		case given[d.UUID]:
+		case visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)]:
+			why = append(why, fmt.Sprintf("GPU %d is outside CUDA_VISIBLE_DEVICES", d.Index))
+		case !d.Usable:
+			why = append(why, fmt.Sprintf("GPU %d: %s", d.Index, d.Why))
+		case d.MemFree < vramEach:
+			why = append(why, fmt.Sprintf("GPU %d has %s of VRAM free", d.Index, stream.FormatSize(d.MemFree)))
+		default:
+			why = append(why, fmt.Sprintf("GPU %d is held by %s", d.Index, holder))
+		}
+	}
+	if len(devs) == 0 {
+		why = append(why, "NVML lists no GPU")
+	}
+	return strings.Join(why, "; ")
+}
+
+// fixedGPUs bounds n, the shards of a GPU class a fixed-slots worker
+// would fetch, by the devices it could place them on now, as measured
+// admission does: fetched with none to be had, a shard was handed back
+// at its start, each time spending one of its few deliveries that are
+// not attempts (stream.InterruptDeliveries), and then failed. It returns
+// n and "" where the devices do not bind.
+func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, string) {
+	peak, gpu, known := w.peakFor(class)
+	if n <= 0 || !known || !gpu || peak.GPUs <= 0 {
+		return n, ""
+	}
+	devs, err := w.cfg.Probe.GPUDevices(ctx)
+	if err != nil {
+		return 0, fmt.Sprintf("GPUs unknown (%v): fetching none", err)
+	}
+	vramEach := peak.VRAM / peak.GPUs
+	free, _ := w.gpuView(&probe.Snapshot{GPUs: probe.GPUs{Devices: devs}}, vramEach)
+	mine := w.holding(class, 0, peak, 0).GPUPending // fetched, not yet placed
+	k := max(len(free)-int(mine), 0) / int(peak.GPUs)
+	if k >= n {
+		return n, ""
+	}
+	return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %d with %s of VRAM free each (%s)",
+		max(len(free)-int(mine), 0), len(devs), peak.GPUs, stream.FormatSize(vramEach), w.gpusTaken(devs, free, vramEach, "this worker's shards"))
 }
 
 // gpusBusy reports whether n devices of this worker's (its

@@ -55,35 +55,39 @@ func loadGPUs(t *testing.T) []probe.GPU {
 	return append(devs[:3], second)
 }
 
-// gpuRun starts a coordinator and a worker on the fixture host with gpus
+// gpuRun starts a coordinator for workers on the fixture host with gpus
 // as its GPUs (measured admission where slots is nil, else those fixed
 // slots) and writes a job of n shards of class gpu (1 CPU, 1 GiB, 1 GPU,
 // and the class lines extra) whose command writes its
 // CUDA_VISIBLE_DEVICES to {out}/gpu, then runs then (a shell's lines,
-// with {out} as $1).
-func gpuRun(t *testing.T, gpus *fixtureGPUs, slots map[string]int, n int, extra, then string) (*testenv.Env, string) {
+// with {out} as $1 and args after it). start starts a worker: after the
+// submission, so that its first fetch knows the class (before a run of
+// it is seen, a worker keeps one fetch open, which takes the first shard
+// without a look at the devices).
+func gpuRun(t *testing.T, gpus *fixtureGPUs, slots map[string]int, n int, extra, then string, args ...string) (env *testenv.Env, spec string, start func(name string)) {
 	t.Helper()
 	root, _ := filepath.Abs("probe/testdata/v2")
 	pr, err := probe.New(probe.Config{Root: root, GPUs: gpus, PolicyPath: "/nonexistent"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := testenv.Options{Slots: slots, Probe: pr}
+	opts := testenv.Options{NoWorkers: true, Probe: pr}
 	if slots == nil {
-		opts.Auto, opts.Slots = true, map[string]int{}
+		opts.Auto, slots = true, map[string]int{}
 	}
-	env := testenv.New(t, opts)
-	spec := testenv.WriteJob(t, testenv.Job{Shards: n,
+	env = testenv.New(t, opts)
+	spec = testenv.WriteJob(t, testenv.Job{Shards: n,
 		Extra:   "[class.gpu]\ncpus = 1\nmemory = \"1GiB\"\ngpus = 1\n" + extra,
 		Line:    func(i int, in string) string { return fmt.Sprintf(`{"id":"g%d","inputs":[%q],"class":"gpu"}`, i, in) },
-		Command: []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"; ` + then, "sh", "{out}"}})
-	return env, spec
+		Command: append([]string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" > "$1/gpu"; ` + then, "sh", "{out}"}, args...)})
+	return env, spec, func(name string) { env.StartWorker(name, slots) }
 }
 
 func TestGPUAssignmentByUUIDAvoidsBusyAndShared(t *testing.T) {
 	devs := loadGPUs(t)
-	env, spec := gpuRun(t, &fixtureGPUs{devs: devs}, nil, 6, "vram = \"40GiB\"\n", `date +%s%N > "$1/start"; sleep 0.4; date +%s%N > "$1/end"`)
+	env, spec, start := gpuRun(t, &fixtureGPUs{devs: devs}, nil, 6, "vram = \"40GiB\"\n", `date +%s%N > "$1/start"; sleep 0.4; date +%s%N > "$1/end"`)
 	env.Submit(spec, coordinator.SubmitOptions{})
+	start("w1")
 	env.WaitState("t", 60*time.Second, stream.RunComplete)
 	idle := map[string]bool{devs[0].UUID: true, devs[3].UUID: true}
 	type span struct {
@@ -132,12 +136,13 @@ func TestMeasuredVRAMPlacesTheShard(t *testing.T) {
 	small.MemFree, big.MemFree = 10<<30, 70<<30
 	for _, measured := range []bool{false, true} {
 		t.Run(fmt.Sprintf("measured %v", measured), func(t *testing.T) {
-			env, spec := gpuRun(t, &fixtureGPUs{devs: []probe.GPU{small, big}}, nil, 3, "vram = \"8GiB\"\n", "")
+			env, spec, start := gpuRun(t, &fixtureGPUs{devs: []probe.GPU{small, big}}, nil, 3, "vram = \"8GiB\"\n", "")
 			opt := coordinator.SubmitOptions{}
 			if measured {
 				opt.MeasuredVRAM = map[string]int64{"gpu": 20 << 30}
 			}
 			env.Submit(spec, opt)
+			start("w1")
 			if r := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked); r.State != stream.RunComplete {
 				for i := range 3 {
 					rec, _ := env.Shard("t", fmt.Sprintf("g%d", i))
@@ -165,51 +170,87 @@ func TestMeasuredVRAMPlacesTheShard(t *testing.T) {
 	}
 }
 
-// TestBusyGPUAtStartIsNotTheShardsFailure: a shard whose GPU cannot be
-// had when its command is to start (another job took the device after
-// admission looked, or a worker with fixed slots, which does not look)
-// was charged a start error: with retries = 0 it failed for good, for
-// its host's state. It is handed back uncharged now, as under memory
-// pressure, and runs once a device is free. A host whose devices cannot
-// serve the shard however long it waits (here the only one is in MIG
-// mode) is a start error still, charged, which stops a worker that meets
-// it again and again.
-func TestBusyGPUAtStartIsNotTheShardsFailure(t *testing.T) {
-	mig := loadGPUs(t)[2]
-	env, spec := gpuRun(t, &fixtureGPUs{devs: []probe.GPU{mig}}, map[string]int{"gpu": 1}, 1, "", "")
-	env.Submit(spec, coordinator.SubmitOptions{})
-	env.WaitState("t", 30*time.Second, stream.RunBlocked)
-	if rec, _ := env.Shard("t", "g0"); rec.State != stream.ShardFailed || rec.Interrupted != 0 || !strings.Contains(rec.Reason, "assign GPUs") ||
-		len(rec.Attempts) != 1 || rec.Attempts[0].Outcome != stream.OutcomeStart {
-		t.Fatalf("shard g0 on a host whose only GPU is in MIG mode: %s %q, %d handed back, attempts %+v; want failed by a start error", rec.State, rec.Reason, rec.Interrupted, rec.Attempts)
+// TestFixedSlotsFetchWhatTheGPUsCanTake: a worker with fixed slots
+// fetched a GPU class's shards whatever its devices, and a shard whose
+// device was busy, in MIG mode or missing failed at its start, charged.
+// It fetches only what its devices can take now, as measured admission
+// does, and says why it waits; the shards stay queued, unspent, for it
+// or another host.
+func TestFixedSlotsFetchWhatTheGPUsCanTake(t *testing.T) {
+	fixture := loadGPUs(t)
+	for _, c := range []struct {
+		name string
+		dev  probe.GPU
+		says string
+	}{{"mig", fixture[2], "GPU 2: MIG mode"}, {"busy", fixture[1], "GPU 1: busy"}} {
+		t.Run(c.name, func(t *testing.T) {
+			gpus := &fixtureGPUs{devs: []probe.GPU{c.dev}}
+			env, spec, start := gpuRun(t, gpus, map[string]int{"gpu": 1}, 1, "", "") // retries = 0
+			env.Submit(spec, coordinator.SubmitOptions{})
+			start("w1")
+			testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+				reps, _ := env.Buckets().WorkerReports(context.Background())
+				for _, r := range reps {
+					if strings.Contains(r.Waiting["gpu"], c.says) {
+						return true, ""
+					}
+				}
+				return false, fmt.Sprintf("worker reports %+v: want class gpu waiting, saying %q", reps, c.says)
+			})
+			if rec, err := env.Shard("t", "g0"); err == nil && len(rec.Attempts) > 0 {
+				t.Fatalf("shard g0 was taken while no device could run it: %s %+v", rec.State, rec.Attempts)
+			}
+			if c.name == "busy" {
+				gpus.mu.Lock()
+				gpus.devs[0].Processes = nil // the other job ended
+				gpus.mu.Unlock()
+				env.WaitState("t", 60*time.Second, stream.RunComplete)
+				if rec, _ := env.Shard("t", "g0"); len(rec.Attempts) != 1 {
+					t.Fatalf("shard g0 attempts %+v, want one", rec.Attempts)
+				}
+			}
+		})
 	}
+}
 
-	busy := loadGPUs(t)[1] // an A100 another user's process holds
-	gpus := &fixtureGPUs{devs: []probe.GPU{busy}}
-	env, spec = gpuRun(t, gpus, map[string]int{"gpu": 1}, 1, "", "") // retries = 0
+// TestBusyGPUAtStartIsNotTheShardsFailure: a shard whose devices are
+// busy at its start (here held by another worker of the host, which a
+// fixed-slots worker's look does not see) was charged a start error:
+// with retries = 0 it failed for good, for its host's state. It is
+// handed back uncharged, as under memory pressure, and runs once a
+// device is free.
+func TestBusyGPUAtStartIsNotTheShardsFailure(t *testing.T) {
+	idle := loadGPUs(t)[0]
+	gate := testenv.NewGate(t)
+	env, spec, start := gpuRun(t, &fixtureGPUs{devs: []probe.GPU{idle}}, map[string]int{"gpu": 1}, 2, "", `while [ ! -e "$2" ]; do sleep 0.05; done`, gate.Path)
 	env.Submit(spec, coordinator.SubmitOptions{})
+	start("w1")
+	start("w2") // the same host ledger
+	var back string
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		rec, err := env.Shard("t", "g0")
-		return err == nil && rec.Interrupted > 0, fmt.Sprintf("shard g0 %s, %d handed back (%v): want it handed back while its GPU is busy", rec.State, rec.Interrupted, err)
-	})
-	if rec, _ := env.Shard("t", "g0"); rec.State != stream.ShardPending || !strings.Contains(rec.Reason, "assign GPUs") {
-		t.Fatalf("shard g0 while its GPU is busy: %s %q, want pending, saying its GPU could not be assigned", rec.State, rec.Reason)
-	}
-	gpus.mu.Lock()
-	gpus.devs[0].Processes = nil // the other job ended
-	gpus.mu.Unlock()
-	env.WaitState("t", 60*time.Second, stream.RunComplete)
-	rec, _ := env.Shard("t", "g0")
-	var charged int
-	for _, at := range rec.Attempts {
-		if at.Outcome != stream.OutcomePreempted {
-			charged++
+		for _, id := range []string{"g0", "g1"} {
+			if rec, err := env.Shard("t", id); err == nil && rec.Interrupted > 0 {
+				back = id
+				return true, ""
+			}
 		}
+		return false, "no shard handed back while the other holds the one GPU"
+	})
+	if rec, _ := env.Shard("t", back); rec.State == stream.ShardFailed || !strings.Contains(rec.Reason, "the devices are busy, not the shard's failure") {
+		t.Fatalf("shard %s while the GPU is held: %s %q, want it handed back, saying the devices are busy", back, rec.State, rec.Reason)
 	}
-	if charged != 1 {
-		t.Fatalf("shard g0 attempts %+v: want the handed-back ones and one that ran", rec.Attempts)
-	}
-	if b, _ := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", "g0", "gpu")); strings.TrimSpace(string(b)) != busy.UUID {
-		t.Fatalf("CUDA_VISIBLE_DEVICES %q, want %s", b, busy.UUID)
+	gate.Open()
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	for _, id := range []string{"g0", "g1"} {
+		rec, _ := env.Shard("t", id)
+		charged := 0
+		for _, at := range rec.Attempts {
+			if at.Outcome != stream.OutcomePreempted {
+				charged++
+			}
+		}
+		if charged != 1 {
+			t.Errorf("shard %s attempts %+v: want the handed-back ones and one that ran", id, rec.Attempts)
+		}
 	}
 }

@@ -397,30 +397,8 @@ func (w *Worker) sampleGPUs(ctx context.Context, pr *probe.Prober, base string, 
 		return uuids, nil
 	}
 	free, _ := w.gpuView(snap, vramEach)
-	given := map[string]bool{}
-	for _, d := range free {
-		given[d.UUID] = true
-	}
-	visible := w.visibleGPUs()
-	var why []string
-	for _, d := range devs {
-		switch {
-		case given[d.UUID]:
-		case visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)]:
-			why = append(why, fmt.Sprintf("GPU %d is outside CUDA_VISIBLE_DEVICES", d.Index))
-		case !d.Usable:
-			why = append(why, fmt.Sprintf("GPU %d: %s", d.Index, d.Why))
-		case d.MemFree < vramEach:
-			why = append(why, fmt.Sprintf("GPU %d has %s of VRAM free", d.Index, stream.FormatSize(d.MemFree)))
-		default:
-			why = append(why, fmt.Sprintf("GPU %d is held by another sample", d.Index))
-		}
-	}
-	if len(devs) == 0 {
-		why = append(why, "NVML lists no GPU")
-	}
 	return "", fmt.Errorf("its class asks for %d GPU(s) with %s of VRAM free each, and %d of this host's %d can be given: %s",
-		cls.GPUs, stream.FormatSize(vramEach), len(free), len(devs), strings.Join(why, "; "))
+		cls.GPUs, stream.FormatSize(vramEach), len(free), len(devs), w.gpusTaken(devs, free, vramEach, "another sample"))
 }
 
 func dirBytes(dir string) int64 {
