@@ -143,8 +143,12 @@ func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, strin
 	if k >= n {
 		return n, ""
 	}
-	return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %d with %s of VRAM free each (%s)",
-		max(len(free)-int(mine), 0), len(devs), peak.GPUs, stream.FormatSize(vramEach), w.gpusTaken(devs, free, vramEach, "this worker's shards"))
+	need := fmt.Sprintf("%d", peak.GPUs)
+	if vramEach > 0 {
+		need += fmt.Sprintf(" with %s of VRAM free each", stream.FormatSize(vramEach))
+	}
+	return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %s (%s)",
+		max(len(free)-int(mine), 0), len(devs), need, w.gpusTaken(devs, free, vramEach, "this worker's shards"))
 }
 
 // gpusBusy reports whether n devices of this worker's (its

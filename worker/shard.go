@@ -946,8 +946,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, vram/int64(cls.GPUs))
 		if err != nil && w.gpusBusy(snap, cls.GPUs, vram/int64(cls.GPUs)) {
 			// Not the shard's failure: its devices are busy now (another
-			// job took one since admission looked, or a fixed-slots
-			// worker fetched without looking). Handed back uncharged, as
+			// job took one since admission looked, or another worker of
+			// this host holds it, which a fixed-slots worker's look does
+			// not see). Handed back uncharged, as
 			// under memory pressure, to run once one is free here or
 			// elsewhere. Where the host has too few healthy devices at
 			// all, it is a start error, which stops a worker that meets
