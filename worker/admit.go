@@ -212,13 +212,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	}
 	k = min(free, max(fit, 0))
 	if gpu && peak.GPUs > 0 {
-		// This worker's own shards fetched (or asked for) and not yet
-		// placed on their devices will take some of gpuFree too: counted
-		// without them, a second admission between a shard's fetch and
-		// its placement took the same free device for another shard,
-		// whose start then found none.
-		mine := w.holding(class, 0, peak, 0).GPUPending
-		k = min(k, max(len(gpuFree)-int(o.GPUPending)-int(mine), 0)/int(peak.GPUs))
+		k = min(k, max(len(gpuFree)-int(o.GPUPending)-w.gpusUnplaced(class, peak), 0)/int(peak.GPUs))
 	}
 	k, scratchNote := w.scratchFit(class, inflight, k)
 	if g := w.gate(class); g != nil && !g.backlog() && k > 1-g.requested() {

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -25,7 +26,7 @@ func (w *Worker) gpuView(snap *probe.Snapshot, vramEach int64) (free []probe.GPU
 // gpuViewLocked is gpuView with w.mu held.
 func (w *Worker) gpuViewLocked(snap *probe.Snapshot, vramEach int64, visible map[string]bool) (free []probe.GPU, total int) {
 	for _, d := range snap.GPUs.Devices {
-		if visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)] {
+		if outside(visible, d) {
 			continue // outside the worker's own allocation
 		}
 		if _, mine := w.gpuRes[d.UUID]; mine {
@@ -105,7 +106,7 @@ func (w *Worker) gpusTaken(devs, free []probe.GPU, vramEach int64, holder string
 	for _, d := range devs {
 		switch {
 		case given[d.UUID]:
-		case visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)]:
+		case outside(visible, d):
 			why = append(why, fmt.Sprintf("GPU %d is outside CUDA_VISIBLE_DEVICES", d.Index))
 		case !d.Usable:
 			why = append(why, fmt.Sprintf("GPU %d: %s", d.Index, d.Why))
@@ -138,17 +139,38 @@ func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, strin
 	}
 	vramEach := peak.VRAM / peak.GPUs
 	free, _ := w.gpuView(&probe.Snapshot{GPUs: probe.GPUs{Devices: devs}}, vramEach)
-	mine := w.holding(class, 0, peak, 0).GPUPending // fetched, not yet placed
-	k := max(len(free)-int(mine), 0) / int(peak.GPUs)
-	if k >= n {
-		return n, ""
+	can := max(len(free)-w.gpusUnplaced(class, peak), 0)
+	if k := can / int(peak.GPUs); k < n {
+		return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %s (%s)",
+			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), w.gpusTaken(devs, free, vramEach, "this worker's shards"))
 	}
-	need := fmt.Sprintf("%d", peak.GPUs)
+	return n, ""
+}
+
+// gpusUnplaced is how many devices this worker's shards fetched (or
+// asked for) and not yet placed will take: admission counts them as
+// taken, or a second decision between a shard's fetch and its placement
+// gives the same free device to another shard, whose start finds none.
+// class's shards count with peak, the others with their class's.
+func (w *Worker) gpusUnplaced(class string, peak plan.Peak) int {
+	return int(w.holding(class, 0, peak, 0).GPUPending)
+}
+
+// gpuNeed is what a shard asks of a host's GPUs, as its messages say it:
+// "2 GPU(s) with 8.0GiB of VRAM free each", the VRAM where declared or
+// measured.
+func gpuNeed(n int, vramEach int64) string {
+	need := fmt.Sprintf("%d GPU(s)", n)
 	if vramEach > 0 {
 		need += fmt.Sprintf(" with %s of VRAM free each", stream.FormatSize(vramEach))
 	}
-	return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %s (%s)",
-		max(len(free)-int(mine), 0), len(devs), need, w.gpusTaken(devs, free, vramEach, "this worker's shards"))
+	return need
+}
+
+// outside reports whether d lies outside visible, the worker's own
+// CUDA_VISIBLE_DEVICES (UUIDs or indexes; nil: every device).
+func outside(visible map[string]bool, d probe.GPU) bool {
+	return visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)]
 }
 
 // gpusBusy reports whether n devices of this worker's (its
@@ -163,7 +185,7 @@ func (w *Worker) gpusBusy(snap *probe.Snapshot, n int, vramEach int64) bool {
 	defer w.mu.Unlock()
 	healthy := 0
 	for _, d := range snap.GPUs.Devices {
-		if visible != nil && !visible[d.UUID] && !visible[fmt.Sprint(d.Index)] {
+		if outside(visible, d) {
 			continue
 		}
 		if d.MemTotal > 0 && d.MemTotal < vramEach {

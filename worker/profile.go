@@ -397,12 +397,8 @@ func (w *Worker) sampleGPUs(ctx context.Context, pr *probe.Prober, base string, 
 		return uuids, nil
 	}
 	free, _ := w.gpuView(snap, vramEach)
-	need := fmt.Sprintf("%d GPU(s)", cls.GPUs)
-	if vramEach > 0 {
-		need += fmt.Sprintf(" with %s of VRAM free each", stream.FormatSize(vramEach))
-	}
 	return "", fmt.Errorf("its class asks for %s, and %d of this host's %d can be given: %s",
-		need, len(free), len(devs), w.gpusTaken(devs, free, vramEach, "another sample"))
+		gpuNeed(cls.GPUs, vramEach), len(free), len(devs), w.gpusTaken(devs, free, vramEach, "another sample"))
 }
 
 func dirBytes(dir string) int64 {

@@ -943,16 +943,17 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		if p, _, ok := w.peakFor(a.m.Class); ok {
 			vram = max(vram, p.VRAM)
 		}
-		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, vram/int64(cls.GPUs))
-		if err != nil && w.gpusBusy(snap, cls.GPUs, vram/int64(cls.GPUs)) {
+		vramEach := vram / int64(cls.GPUs)
+		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, vramEach)
+		if err != nil && w.gpusBusy(snap, cls.GPUs, vramEach) {
 			// Not the shard's failure: its devices are busy now (another
 			// job took one since admission looked, or another worker of
 			// this host holds it, which a fixed-slots worker's look does
-			// not see). Handed back uncharged, as
-			// under memory pressure, to run once one is free here or
-			// elsewhere. Where the host has too few healthy devices at
-			// all, it is a start error, which stops a worker that meets
-			// it again and again (StopAfterStartFailures).
+			// not see). Handed back uncharged, as under memory pressure,
+			// to run once one is free here or elsewhere. Where the host
+			// has too few healthy devices at all, it is a start error,
+			// which stops a worker that meets it again and again
+			// (StopAfterStartFailures).
 			return result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; the devices are busy, not the shard's failure"}
 		}
 		if err != nil {
@@ -1360,10 +1361,11 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	}
 	if res.outcome == stream.OutcomePreempted {
 		// The host's pressure, or its GPUs taken, not the shard's
-		// failure. The delay doubles with each hand-back too: a fixed-
-		// slots worker, which fetches without looking at the devices,
-		// would otherwise take and hand back a shard whose GPU stays
-		// busy every second, a record in its attempts each time.
+		// failure. The delay doubles with each hand-back too: a worker
+		// whose look cannot see a device taken (another worker of the
+		// host holds it, under fixed slots) would otherwise take and
+		// hand back the shard every second while it stays so, a record
+		// in its attempts each time.
 		delay := w.backoff(max(a.attempt, a.rec.Interrupted+1))
 		reason := fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
 		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, delay) })

@@ -849,7 +849,7 @@ func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (mem, v
 	if p.ProfileUnused != "" {
 		return nil, nil, strings.Replace(p.ProfileUnused, "profile.json", path, 1), nil
 	}
-	mem, vram = measured(p), measuredVRAM(spec, p)
+	mem, vram = measured(spec, p)
 	maps.DeleteFunc(mem, func(_ string, m int64) bool { return m <= 0 }) // none caught: the declared stays
 	var said []string
 	for _, c := range slices.Sorted(maps.Keys(mem)) {

@@ -48,11 +48,11 @@ func printPlan(w io.Writer, p *plan.Plan) {
 		gpu = gpu || c.Peak.GPUs > 0
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	head := "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS"
 	if gpu {
-		fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tVRAM\tSLOTS\tWHY\tOUTLIERS")
-	} else {
-		fmt.Fprintln(tw, "CLASS\tSHARDS\tPEAK MEMORY\tPEAK CPUS\tGPUS\tSLOTS\tWHY\tOUTLIERS")
+		head += "\tVRAM"
 	}
+	fmt.Fprintln(tw, head+"\tSLOTS\tWHY\tOUTLIERS")
 	for _, c := range p.Classes {
 		out := "-"
 		if len(c.Outliers) > 0 {

@@ -146,8 +146,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// again because they no longer verify) rather than judging the run
 	// from before it, concurrently.
 	submitted := time.Now()
+	mem, vram := measured(spec, pl)
 	res, err := coordinator.Submit(ctx, coord.JetStream(), spec, man, coordinator.SubmitOptions{RetryFailed: *retryFailed, Resume: resume, Retry: retry,
-		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: measured(pl), MeasuredVRAM: measuredVRAM(spec, pl), ClassCaps: caps, Reverify: true})
+		Hashes: staging.LoadHashes(filepath.Join(absData, "inputs-cache.json")), MeasuredMemory: mem, MeasuredVRAM: vram, ClassCaps: caps, Reverify: true})
 	if err != nil {
 		coord.Close()
 		if errors.Is(err, coordinator.ErrNothingToRetry) || errors.Is(err, coordinator.ErrRetryNewGeneration) {
@@ -1032,28 +1033,22 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// measured is each class's measured peak memory from a plan built on a
-// profile (none for declared peaks).
-func measured(p *plan.Plan) map[string]int64 {
-	out := map[string]int64{}
+// measured is, from a plan built on a profile, each class's measured
+// peak memory and each GPU class's VRAM where the profile measured more
+// than spec declares (none for declared peaks): the run record's
+// measured_memory and measured_vram, which the workers admit and place by.
+func measured(spec *stream.Spec, p *plan.Plan) (mem, vram map[string]int64) {
+	mem, vram = map[string]int64{}, map[string]int64{}
 	for _, c := range p.Classes {
-		if strings.HasPrefix(c.Peak.Source, "measured") {
-			out[c.Class] = c.Peak.Memory
+		if !strings.HasPrefix(c.Peak.Source, "measured") {
+			continue
+		}
+		mem[c.Class] = c.Peak.Memory
+		if c.Peak.GPUs > 0 && c.Peak.VRAM > spec.Classes[c.Class].VRAM {
+			vram[c.Class] = c.Peak.VRAM
 		}
 	}
-	return out
-}
-
-// measuredVRAM is the VRAM of each GPU class of p whose profile measured
-// more than spec declares: the workers place its shards by it.
-func measuredVRAM(spec *stream.Spec, p *plan.Plan) map[string]int64 {
-	out := map[string]int64{}
-	for _, c := range p.Classes {
-		if strings.HasPrefix(c.Peak.Source, "measured") && c.Peak.GPUs > 0 && c.Peak.VRAM > spec.Classes[c.Class].VRAM {
-			out[c.Class] = c.Peak.VRAM
-		}
-	}
-	return out
+	return mem, vram
 }
 
 // profileCommand is the profile command that writes what a run with the
