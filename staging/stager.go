@@ -241,17 +241,16 @@ func (s *Stager) Reserved() int64 {
 // shard's own, already staged, which need counts as no copy) are not
 // removed: removed, they would be copied again outside the reservation.
 func (s *Stager) reserveLocked(need int64, keep map[string]bool, dirs []string) (c *claim, free int64, err error) {
-	free, err = s.free()
-	if err != nil {
-		return nil, 0, err
-	}
 	// The free space is measured now: what the claims have written is
 	// looked at now too, not up to usageEvery ago (a copy may have
 	// written megabytes since, and would count in both).
 	for c := range s.claims {
 		c.at = time.Time{}
 	}
-	held := s.unwrittenLocked()
+	held, free, err := s.lookLocked()
+	if err != nil {
+		return nil, 0, err
+	}
 	if need > free-held {
 		free += s.freeUpLocked(need-(free-held), keep)
 	}
@@ -270,11 +269,10 @@ func (s *Stager) reserveLocked(need int64, keep map[string]bool, dirs []string) 
 func (s *Stager) Room() (room, free, unwritten int64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	free, err = s.free()
+	unwritten, free, err = s.lookLocked()
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	unwritten = s.unwrittenLocked()
 	room = free - unwritten
 	for _, x := range s.idleLocked() {
 		if x.e.ready {
@@ -282,6 +280,18 @@ func (s *Stager) Room() (room, free, unwritten int64, err error) {
 		}
 	}
 	return room, free, unwritten, nil
+}
+
+// lookLocked is what the claims have still to be written and the free
+// space, under mu, looked at in that order: what a copy writes between
+// the two looks then counts in both, which errs toward waiting. Looked
+// at the other way round, it counted in neither, and admission saw room
+// for a shard that the copies in flight were taking (a staged shard was
+// fetched to wait in its slot).
+func (s *Stager) lookLocked() (unwritten, free int64, err error) {
+	unwritten = s.unwrittenLocked()
+	free, err = s.free()
+	return unwritten, free, err
 }
 
 // free is the room on Dir's file system, measured at Dir or, before
