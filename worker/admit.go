@@ -21,20 +21,24 @@ import (
 const pressureStop = 20.0
 
 // admit says how many shards of class may be fetched now, and why.
-func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, string) {
+// blind says that they are fetched before a run of the class is seen:
+// with no look at what the class needs of the host's GPUs (fixed slots
+// only; measured admission fetches nothing of a class it does not know).
+func (w *Worker) admit(ctx context.Context, class string, inflight int) (n int, why string, blind bool) {
 	if crit, why := w.isCritical(); crit {
-		return 0, fmt.Sprintf("class %s: host under critical memory pressure (%s): not fetching", class, why)
+		return 0, fmt.Sprintf("class %s: host under critical memory pressure (%s): not fetching", class, why), false
 	}
 	if err := w.scratchUsable(); err != nil {
-		return 0, fmt.Sprintf("class %s: %v: not fetching; looking again every %s", class, err, scratchRecheck)
+		return 0, fmt.Sprintf("class %s: %v: not fetching; looking again every %s", class, err, scratchRecheck), false
 	}
 	if why := w.fetchHeld(); why != "" {
-		return 0, fmt.Sprintf("class %s: %s", class, why)
+		return 0, fmt.Sprintf("class %s: %s", class, why), false
 	}
 	if !w.cfg.Auto {
 		slots := w.fixedSlots(class)
-		n, why := slots-inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
-		if _, _, known := w.peakFor(class); !known && w.runsWatched.Load() {
+		n, why = slots-inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
+		_, _, known := w.peakFor(class)
+		if !known && w.runsWatched.Load() {
 			// No active run has the class yet: one open fetch waits for
 			// its first shard, so that the others are admitted by what
 			// the run declares (its scratch), not by a request for every
@@ -50,22 +54,22 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 			n, why = k, why+"; "+note
 		}
 		w.publishFixed(class, max(n, 0))
-		return n, why
+		return n, why, !known
 	}
 	peak, gpu, ok := w.peakFor(class)
 	if !ok {
-		return 0, fmt.Sprintf("class %s: no active run declares it", class)
+		return 0, fmt.Sprintf("class %s: no active run declares it", class), false
 	}
 	v, err := w.admissionView(ctx, gpu, false)
 	if err != nil {
-		return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
+		return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err), false
 	}
 	// The ledger stays locked from reading what the host's other workers
 	// hold until this worker's new hold is written: two workers never
 	// admit into the same room.
 	o, err := w.shareBegin(v.snap)
 	if err != nil {
-		return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err)
+		return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err), false
 	}
 	k, detail, short, hold := w.decide(v, class, inflight, peak, gpu, o)
 	if short && !v.fresh {
@@ -73,21 +77,21 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (int, st
 		// rest on what the host has, not on what it had.
 		w.shareAbort()
 		if v, err = w.admissionView(ctx, gpu, true); err != nil {
-			return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err)
+			return 0, fmt.Sprintf("class %s: probe failed, admitting nothing: %v", class, err), false
 		}
 		if o, err = w.shareBegin(v.snap); err != nil {
-			return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err)
+			return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err), false
 		}
 		k, detail, _, hold = w.decide(v, class, inflight, peak, gpu, o)
 	}
 	if err := w.shareCommit(hold); err != nil {
 		// The others would not see these shards: admit none.
-		return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err)
+		return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err), false
 	}
 	if k > 0 {
 		w.hostLog(class, "fetch", detail)
 	}
-	return k, detail
+	return k, detail, false
 }
 
 // decide is admit's arithmetic on one view of the host, with o what the

@@ -71,7 +71,8 @@ func (w *Worker) pickGPUs(snap *probe.Snapshot, key string, n int, vramEach int6
 	free, _ := w.gpuViewLocked(snap, vramEach, visible)
 	free, _ = withoutGPUs(free, 0, theirs)
 	if len(free) < n {
-		return "", fmt.Errorf("needs %d GPU(s) with %d bytes free each; %d available now (others are busy, reserved by this worker's shards or by another worker on this host, or unhealthy)", n, vramEach, len(free))
+		return "", fmt.Errorf("needs %s, and %d of this host's %d can be given now (%s)", gpuNeed(n, vramEach), len(free), len(snap.GPUs.Devices),
+			w.gpusTaken(snap.GPUs.Devices, free, vramEach, "this worker's shards or another worker of this host"))
 	}
 	uuids := make([]string, n)
 	for i := range n {

@@ -213,6 +213,66 @@ func TestFixedSlotsFetchWhatTheGPUsCanTake(t *testing.T) {
 	}
 }
 
+// TestAShardFetchedBeforeItsClassWasSeenIsHandedBack: a fixed-slots
+// worker keeps one fetch open before it has seen a run of its class,
+// with no look at the class's GPUs; the first shard of a run submitted
+// meanwhile (workers started first, the distributed form's order) came
+// to it whatever its devices. On a host with none to give (here a MIG
+// A100) the start was charged: with retries = 0 the shard failed, and
+// the run was BLOCKED by a host that should never have fetched it. It
+// is handed back uncharged, the worker then waits naming its devices,
+// and the shard runs once in all when a device can take it.
+func TestAShardFetchedBeforeItsClassWasSeenIsHandedBack(t *testing.T) {
+	fixture := loadGPUs(t)
+	gpus := &fixtureGPUs{devs: []probe.GPU{fixture[2]}}
+	env, spec, start := gpuRun(t, gpus, map[string]int{"gpu": 1}, 1, "", "") // retries = 0
+	// The class's consumer exists before the run, as after an earlier
+	// run of the class: the worker's fetch is open when the shard comes.
+	ctx := context.Background()
+	if _, err := stream.EnsureConsumer(ctx, env.JS, "gpu", stream.MaxDeliver(0), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	start("w1")
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		reps, _ := env.Buckets().WorkerReports(ctx)
+		return len(reps) == 1, fmt.Sprintf("%d worker reports, want w1's", len(reps))
+	})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		if rec, err := env.Shard("t", "g0"); err == nil && rec.State == stream.ShardFailed {
+			t.Fatalf("shard g0 failed on a host whose only GPU is in MIG mode: %s", rec.Reason)
+		}
+		reps, _ := env.Buckets().WorkerReports(ctx)
+		for _, r := range reps {
+			if strings.Contains(r.Waiting["gpu"], "GPU 2: MIG mode") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("worker reports %+v: want class gpu waiting on the MIG GPU", reps)
+	})
+	rec, err := env.Shard("t", "g0")
+	if err == nil && rec.Interrupted > 0 && !strings.Contains(rec.Reason, "fetched before this worker had seen a run of class gpu, with no look at its devices: handed back, not the shard's failure") {
+		t.Fatalf("shard g0 handed back saying %q, want why", rec.Reason)
+	}
+	if err == nil && rec.Interrupted == 0 {
+		t.Logf("the worker saw the run before its open fetch took g0 (%s): no hand-back this time", rec.State)
+	}
+	gpus.mu.Lock()
+	gpus.devs[0] = fixture[0] // an idle H100 in its place
+	gpus.mu.Unlock()
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	rec, _ = env.Shard("t", "g0")
+	charged := 0
+	for _, at := range rec.Attempts {
+		if at.Outcome != stream.OutcomePreempted {
+			charged++
+		}
+	}
+	if charged != 1 {
+		t.Fatalf("shard g0 attempts %+v, want one charged", rec.Attempts)
+	}
+}
+
 // TestBusyGPUAtStartIsNotTheShardsFailure: a shard whose devices are
 // busy at its start (here held by another worker of the host, which a
 // fixed-slots worker's look does not see) was charged a start error:

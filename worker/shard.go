@@ -91,6 +91,11 @@ type attemptState struct {
 	// attempt the record leaves open is then over, its owner having
 	// released the lease or been proven gone (see settle).
 	leased bool
+	// blind is set where the shard was fetched before a run of its class
+	// was seen, with no look at its class's GPUs (admit): devices it
+	// cannot have at its start are then the fetch's doing, not the
+	// shard's.
+	blind bool
 	// awaitOwner is set by settle when its verdict would end an attempt
 	// the record leaves open (the attempt limit, reached only by counting
 	// it; another run's output at the destination) before this delivery
@@ -112,14 +117,14 @@ const maxConcluding = 256
 // handle takes one delivered shard through its lifecycle. Every path ends
 // in exactly one of Ack, Nak or Term of the message (or, when the lease is
 // lost, in neither: the new owner's delivery decides).
-func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream.Msg, class, slotInfo string, free func()) {
+func (w *Worker) handle(ctx context.Context, stop <-chan struct{}, msg jetstream.Msg, class, slotInfo string, blind bool, free func()) {
 	meta, err := msg.Metadata()
 	if err != nil {
 		w.log.Error("message without metadata", "err", err)
 		_ = msg.Term()
 		return
 	}
-	a := &attemptState{msg: msg, attempt: int(meta.NumDelivered), free: free, stop: stop}
+	a := &attemptState{msg: msg, attempt: int(meta.NumDelivered), free: free, stop: stop, blind: blind}
 	if err := stream.Decode(msg.Data(), &a.m); err != nil {
 		w.log.Error("undecodable shard message; terminating it", "subject", msg.Subject(), "err", err)
 		_ = msg.TermWithReason("undecodable: " + err.Error())
@@ -955,6 +960,15 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			// which stops a worker that meets it again and again
 			// (StopAfterStartFailures).
 			return result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; the devices are busy, not the shard's failure"}
+		}
+		if err != nil && a.blind {
+			// Fetched before this worker had seen a run of the class, so
+			// with no look at the devices: a host that has none to give
+			// (MIG, too small, none at all) would have fetched nothing.
+			// Not the shard's failure either: handed back uncharged, for
+			// a host that can run it; this worker, knowing the class now,
+			// fetches no more of it while its devices cannot take one.
+			return result{outcome: stream.OutcomePreempted, reason: fmt.Sprintf("assign GPUs: %v; fetched before this worker had seen a run of class %s, with no look at its devices: handed back, not the shard's failure", err, a.m.Class)}
 		}
 		if err != nil {
 			return result{outcome: stream.OutcomeStart, reason: "assign GPUs: " + err.Error()}

@@ -1013,7 +1013,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 	defer recheck.Stop()
 	for {
 		inflight := g.count()
-		n, why := w.admit(ctx, class, inflight)
+		n, why, blind := w.admit(ctx, class, inflight)
 		if n <= 0 && inflight > 0 && g.requested() >= inflight {
 			// Every slot taken is an open fetch waiting for a shard: this
 			// worker is ready, and holds back none of the class's queued
@@ -1095,7 +1095,7 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 					var once sync.Once
 					free := func() { once.Do(func() { w.track(class, -1); g.done(1) }) }
 					defer free()
-					w.handle(shardCtx, stop, msg, class, why, free)
+					w.handle(shardCtx, stop, msg, class, why, blind, free)
 				}
 				if got == n {
 					// The batch's last message: this goroutine has nothing
