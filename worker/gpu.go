@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -72,7 +73,7 @@ func (w *Worker) pickGPUs(snap *probe.Snapshot, key string, n int, vramEach int6
 	free, _ = withoutGPUs(free, 0, theirs)
 	if len(free) < n {
 		return "", fmt.Errorf("needs %s, and %d of this host's %d can be given now (%s)", gpuNeed(n, vramEach), len(free), len(snap.GPUs.Devices),
-			w.gpusTaken(snap.GPUs.Devices, free, vramEach, "this worker's shards or another worker of this host"))
+			w.gpusTaken(snap.GPUs.Devices, free, vramEach, "this worker's shards", theirs))
 	}
 	uuids := make([]string, n)
 	for i := range n {
@@ -96,8 +97,9 @@ func (w *Worker) releaseGPUs(key string) {
 
 // gpusTaken says why each of devs but those in free cannot take a shard
 // with vramEach of VRAM now ("GPU 1: busy: ...; GPU 2: MIG mode: ...");
-// a device this worker reserved is held by holder.
-func (w *Worker) gpusTaken(devs, free []probe.GPU, vramEach int64, holder string) string {
+// a device in theirs (UUIDs) is held by another worker of the host, one
+// this worker reserved by holder.
+func (w *Worker) gpusTaken(devs, free []probe.GPU, vramEach int64, holder string, theirs []string) string {
 	given := map[string]bool{}
 	for _, d := range free {
 		given[d.UUID] = true
@@ -113,6 +115,8 @@ func (w *Worker) gpusTaken(devs, free []probe.GPU, vramEach int64, holder string
 			why = append(why, fmt.Sprintf("GPU %d: %s", d.Index, d.Why))
 		case d.MemFree < vramEach:
 			why = append(why, fmt.Sprintf("GPU %d has %s of VRAM free", d.Index, stream.FormatSize(d.MemFree)))
+		case slices.Contains(theirs, d.UUID):
+			why = append(why, fmt.Sprintf("GPU %d is held by another worker on this host", d.Index))
 		default:
 			why = append(why, fmt.Sprintf("GPU %d is held by %s", d.Index, holder))
 		}
@@ -143,7 +147,7 @@ func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, strin
 	can := max(len(free)-w.gpusUnplaced(class, peak), 0)
 	if k := can / int(peak.GPUs); k < n {
 		return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %s (%s)",
-			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), w.gpusTaken(devs, free, vramEach, "this worker's shards"))
+			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), w.gpusTaken(devs, free, vramEach, "this worker's shards", nil))
 	}
 	return n, ""
 }

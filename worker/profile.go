@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,10 @@ type ProfileConfig struct {
 	Logger *slog.Logger
 	// AdoptOrphans: as Config's (the shardpool binary's profile).
 	AdoptOrphans bool
+	// HostLedger is the directory of the host ledger, where the host's
+	// workers say which GPUs their shards hold: a sample is not placed
+	// on them. Default: DefaultLedgerDir().
+	HostLedger string
 }
 
 // Sample is one measured run of the command.
@@ -136,7 +141,7 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 		}
 		cfg.Probe = p
 	}
-	w := &Worker{cfg: Config{Grace: 5 * time.Second, ProcRoot: "/proc", Probe: cfg.Probe, Binary: selfPath()},
+	w := &Worker{cfg: Config{Grace: 5 * time.Second, ProcRoot: "/proc", Probe: cfg.Probe, Binary: selfPath(), HostLedger: cmp.Or(cfg.HostLedger, DefaultLedgerDir())},
 		log: cfg.Logger, env: environ(), live: map[int]liveShard{}, gpuRes: map[string]string{}}
 	w.cgroups = detectCgroups("/")
 	w.limits = w.cgroups.describe()
@@ -384,21 +389,35 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 
 // sampleGPUs reserves the GPUs of class cls for the sample with scratch
 // base (its key: the sweep runs one shard more than once at a time) and
-// returns their UUIDs, or why none can be given here.
+// returns their UUIDs, or why none can be given here. Devices the host's
+// workers hold for their shards (the host ledger) are not given: a shard
+// that has not yet allocated shows no process on its device, and a
+// sample placed there shared it. The workers do not see the samples'
+// devices the same way (the profile writes no record there): a sample's
+// process on its device is what keeps their shards off it.
 func (w *Worker) sampleGPUs(ctx context.Context, pr *probe.Prober, base string, cls stream.Class) (string, error) {
 	devs, err := pr.GPUDevices(ctx)
 	if err != nil {
 		return "", fmt.Errorf("its class asks for %d GPU(s), and this host has none to give: %v", cls.GPUs, err)
 	}
+	hosts, err := HostWorkers(w.cfg.HostLedger)
+	if err != nil {
+		return "", fmt.Errorf("its class asks for %d GPU(s), and which of them this host's workers hold is unknown: %v", cls.GPUs, err)
+	}
+	var theirs []string
+	for _, h := range hosts {
+		theirs = append(theirs, h.GPUs...)
+	}
 	vramEach := cls.VRAM / int64(cls.GPUs)
 	snap := &probe.Snapshot{GPUs: probe.GPUs{Devices: devs}}
-	uuids, err := w.reserveGPUs(snap, base, cls.GPUs, vramEach)
+	uuids, err := w.pickGPUs(snap, base, cls.GPUs, vramEach, w.visibleGPUs(), theirs)
 	if err == nil {
 		return uuids, nil
 	}
 	free, _ := w.gpuView(snap, vramEach)
+	free, _ = withoutGPUs(free, 0, theirs)
 	return "", fmt.Errorf("its class asks for %s, and %d of this host's %d can be given: %s",
-		gpuNeed(cls.GPUs, vramEach), len(free), len(devs), w.gpusTaken(devs, free, vramEach, "another sample"))
+		gpuNeed(cls.GPUs, vramEach), len(free), len(devs), w.gpusTaken(devs, free, vramEach, "another sample", theirs))
 }
 
 func dirBytes(dir string) int64 {

@@ -203,12 +203,13 @@ func TestProfilePlacesAGPUClassAsAWorkerWould(t *testing.T) {
 		return profileJob(t, []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" >> "$1"`, "sh", seen},
 			fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = %d\nvram = \"40GiB\"\n[profile]\nsustained = 1\n", gpus))
 	}
+	ledger := testenv.LedgerDir(t)
 	profile := func(spec *stream.Spec, man *stream.Manifest, gpus probe.GPUSource) (*worker.ProfileReport, error) {
 		pr, err := probe.New(probe.Config{Root: root, GPUs: gpus, PolicyPath: "/nonexistent"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
+		return worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr, HostLedger: ledger})
 	}
 
 	spec, man := job(1)
@@ -226,11 +227,34 @@ func TestProfilePlacesAGPUClassAsAWorkerWould(t *testing.T) {
 		}
 	}
 
+	// A device a worker of the host holds for its shard (which may not
+	// have allocated yet: NVML shows it idle) is not given to a sample.
+	os.Remove(seen)
+	release, err := worker.HoldGPUsInLedger(ledger, "w9", devs[0].UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := profile(spec, man, &fixtureGPUs{devs: devs}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(seen)
+	for _, l := range strings.Fields(string(b)) {
+		if l != devs[3].UUID {
+			t.Fatalf("a sample saw CUDA_VISIBLE_DEVICES=%q while a worker of the host holds %s; want the other idle H100, %s:\n%s", l, devs[0].UUID, devs[3].UUID, b)
+		}
+	}
+	spec2, man2 := job(2)
+	_, err = profile(spec2, man2, &fixtureGPUs{devs: devs})
+	if err == nil || !strings.Contains(err.Error(), "and 1 of this host's 4 can be given") || !strings.Contains(err.Error(), "GPU 0 is held by another worker on this host") {
+		t.Errorf("2 GPUs while a worker holds one of the two idle: %v; want the profile stopped, naming the held device", err)
+	}
+	release()
+
 	// More GPUs than the host can give: stopped before the command, each
 	// device's reason named.
 	os.Remove(seen)
 	spec, man = job(3)
-	_, err := profile(spec, man, &fixtureGPUs{devs: devs})
+	_, err = profile(spec, man, &fixtureGPUs{devs: devs})
 	for _, want := range []string{"asks for 3 GPU(s) with 13.3GiB of VRAM free each, and 2 of this host's 4 can be given", "GPU 1: busy", "GPU 2: MIG mode",
 		"profile class cpu on a host with a GPU it can have"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
