@@ -145,9 +145,13 @@ func (m markerGPUs) device() probe.GPU {
 }
 
 func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
-	spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, "fake-gpu-job"}, "[profile]\nsustained = 1\n")
+	// This test process's own marker: the fake NVML scans every process
+	// of the host, and another test binary's samples (two runs of the
+	// package at once) showed on its GPU as other jobs' processes.
+	marker := fmt.Sprintf("fake-gpu-job-%d", os.Getpid())
+	spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, marker}, "[profile]\nsustained = 1\n")
 	root, _ := filepath.Abs("probe/testdata/v2")
-	pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{marker: "fake-gpu-job"}, PolicyPath: "/nonexistent"})
+	pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{marker: marker}, PolicyPath: "/nonexistent"})
 	rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +170,8 @@ func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 		declared string
 		want     int64
 	}{{1, "1GiB", 3 << 30}, {1, "8GiB", 8 << 30}, {2, "4GiB", 6 << 30}, {2, "8GiB", 8 << 30}} {
-		pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{"fake-gpu-job", c.gpus}, PolicyPath: "/nonexistent"})
-		spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, "fake-gpu-job"}, fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = %d\nvram = %q\n[profile]\nsustained = 1\n", c.gpus, c.declared))
+		pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{marker, c.gpus}, PolicyPath: "/nonexistent"})
+		spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, marker}, fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = %d\nvram = %q\n[profile]\nsustained = 1\n", c.gpus, c.declared))
 		rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
 		if err != nil {
 			t.Fatal(err)
