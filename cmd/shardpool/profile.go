@@ -85,6 +85,15 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 	var unknownGPU []string           // NVML's reasons, in the order first met
 	bySample := map[string][]string{} // the samples each reason is of
 	for _, s := range r.Samples {
+		if s.Outcome == stream.OutcomeStart {
+			// Its command never ran: nothing was measured.
+			fmt.Fprintf(tw, "%s\t%s\t%d\t-\t-\t-\t-", s.Kind, s.ID, s.Cost)
+			if gpu {
+				fmt.Fprint(tw, "\t-\t-")
+			}
+			fmt.Fprintf(tw, "\t-\t-\t-\t%s\n", outcomeText(s.Outcome, s.Reason))
+			continue
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.3f\t%.0f\t%s\t%.2f", s.Kind, s.ID, s.Cost, s.Seconds, s.ItemsPerSec, peakText(s.PeakMemory), s.CPUDuty)
 		if gpu {
 			vram := gpuText(s.PeakVRAM)
@@ -114,9 +123,14 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 			fmt.Fprintf(w, "%s %s: %s (a run kills them too when each attempt ends)\n", s.Kind, s.ID, s.LeftRunning)
 		}
 	}
-	if len(r.Samples) > 0 {
-		fmt.Fprintf(w, "peak memory measured by: %s\n", r.Samples[0].PeakSource)
-		fmt.Fprintln(w, "disk read and write: what the command's processes read from and wrote to storage (getrusage's blocks; reads the page cache served are not counted)")
+	// Said of the first sample whose command ran; none ran where the
+	// first could not start (its class's GPUs not to be had here).
+	for _, s := range r.Samples {
+		if s.Outcome != stream.OutcomeStart && s.PeakSource != "" {
+			fmt.Fprintf(w, "peak memory measured by: %s\n", s.PeakSource)
+			fmt.Fprintln(w, "disk read and write: what the command's processes read from and wrote to storage (getrusage's blocks; reads the page cache served are not counted)")
+			break
+		}
 	}
 	if s := r.Sustained; s != nil {
 		fmt.Fprintf(w, "sustained: %d shards, p50 %.3fs, p95 %.3fs, %.4fs between shards\n", s.Shards, s.P50, s.P95, s.Overhead)

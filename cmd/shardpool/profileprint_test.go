@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
 )
 
@@ -102,5 +103,31 @@ func TestProfileTableShowsGPUAndDiskFigures(t *testing.T) {
 	})
 	if out := b.String(); strings.Contains(out, "VRAM") || strings.Contains(out, nvml) || !strings.Contains(out, "DISK READ") {
 		t.Errorf("a CPU job's table:\n%s\nwant no GPU column nor NVML's reason, and the disk columns", out)
+	}
+}
+
+// A sample whose command never started (its class's GPUs not to be had on
+// this host) measured nothing: its row showed 0.000 seconds, 0.00 CPU duty
+// and 0B read and written, as if the command had run and done nothing,
+// and "peak memory measured by: " ended in nothing.
+func TestProfileTableShowsNoFiguresOfASampleThatNeverRan(t *testing.T) {
+	var b strings.Builder
+	why := "its class asks for 1 GPU(s), and this host has none to give: NVML library not found: ERROR_LIBRARY_NOT_FOUND"
+	printProfile(&b, &worker.ProfileReport{
+		Samples: []worker.Sample{{Kind: "smallest", ID: "s1", Class: "gpu", Cost: 7, Outcome: stream.OutcomeStart, Reason: why}},
+		Classes: map[string]plan.Peak{},
+	})
+	out := b.String()
+	var row []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "smallest" {
+			row = f
+		}
+	}
+	if want := "smallest s1 7 - - - - - - - start-error: " + why; strings.Join(row, " ") != want {
+		t.Errorf("the row of a sample that never ran:\n%q\nwant\n%q\n%s", strings.Join(row, " "), want, out)
+	}
+	if strings.Contains(out, "measured by") || strings.Contains(out, "disk read and write:") {
+		t.Errorf("how the figures were measured, where none was:\n%s", out)
 	}
 }
