@@ -131,8 +131,12 @@ func (w *Worker) gpusTaken(devs, free []probe.GPU, vramEach int64, holder string
 // would fetch, by the devices it could place them on now, as measured
 // admission does: fetched with none to be had, a shard was handed back
 // at its start, each time spending one of its few deliveries that are
-// not attempts (stream.InterruptDeliveries), and then failed. It returns
-// n and "" where the devices do not bind.
+// not attempts (stream.InterruptDeliveries), and then failed. The
+// devices the host's other workers hold, or will take for shards they
+// fetched, are not counted (the host ledger): counted, two fixed-slots
+// workers of one host took turns at handing back each other's shards,
+// with delays of up to a minute. It returns n and "" where the devices
+// do not bind.
 func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, string) {
 	peak, gpu, known := w.peakFor(class)
 	if n <= 0 || !known || !gpu || peak.GPUs <= 0 {
@@ -142,12 +146,24 @@ func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, strin
 	if err != nil {
 		return 0, fmt.Sprintf("GPUs unknown (%v): fetching none", err)
 	}
+	var theirs []string
+	var pending int64
+	if w.ledger != nil {
+		if theirs, pending, err = w.ledger.gpusHeld(); err != nil {
+			return 0, fmt.Sprintf("the GPUs this host's other workers hold unknown (%v): fetching none", err)
+		}
+	}
 	vramEach := peak.VRAM / peak.GPUs
 	free, _ := w.gpuView(&probe.Snapshot{GPUs: probe.GPUs{Devices: devs}}, vramEach)
-	can := max(len(free)-w.gpusUnplaced(class, peak), 0)
+	free, _ = withoutGPUs(free, 0, theirs)
+	can := max(len(free)-int(pending)-w.gpusUnplaced(class, peak), 0)
 	if k := can / int(peak.GPUs); k < n {
+		why := w.gpusTaken(devs, free, vramEach, "this worker's shards", theirs)
+		if pending > 0 {
+			why = strings.TrimPrefix(why+fmt.Sprintf("; %d more to be taken by shards other workers of this host fetched", pending), "; ")
+		}
 		return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %s (%s)",
-			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), w.gpusTaken(devs, free, vramEach, "this worker's shards", nil))
+			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), why)
 	}
 	return n, ""
 }

@@ -365,6 +365,29 @@ func (l *hostLedger) begin(share string) (others, error) {
 	return o, nil
 }
 
+// gpusHeld is what the host's other live workers hold of its GPUs,
+// whatever budget they admit against (a device is the host's, not a
+// budget's): the devices their shards hold, and how many more their
+// shards fetched and not yet placed will take.
+func (l *hostLedger) gpusHeld() (gpus []string, pending int64, err error) {
+	if err := l.acquire(); err != nil {
+		return nil, 0, err
+	}
+	defer l.abort()
+	recs, err := l.read()
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, r := range recs {
+		if r == nil || r.V != ledgerVersion || !l.alive(r) {
+			continue // read leaves this worker's own slot nil
+		}
+		gpus = append(gpus, r.GPUs...)
+		pending += r.GPUPending
+	}
+	return gpus, pending, nil
+}
+
 // rootsFor is how long publish goes without reading the other workers'
 // records: workerRoots is at most this old for a worker with fixed slots.
 const rootsFor = time.Second

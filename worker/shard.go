@@ -820,6 +820,50 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	w.conclude(ctx, a, l, v, res)
 }
 
+// placeGPUs reserves the devices of a's shard, of class cls, and returns
+// them as CUDA_VISIBLE_DEVICES (released with w.releaseGPUs(a.key)), or
+// the result of an attempt that could not have them: handed back
+// uncharged where the devices are busy or the shard was fetched with no
+// look at them, a start error otherwise.
+func (w *Worker) placeGPUs(ctx context.Context, a *attemptState, cls stream.Class) (string, result) {
+	snap, err := w.cfg.Probe.Snapshot(ctx, nil)
+	if err != nil {
+		return "", result{outcome: stream.OutcomeStart, reason: "probe GPUs: " + err.Error()}
+	}
+	// The VRAM admission counted devices by: the declared, or the
+	// profile's measured peak where above it.
+	vram := cls.VRAM
+	if p, _, ok := w.peakFor(a.m.Class); ok {
+		vram = max(vram, p.VRAM)
+	}
+	vramEach := vram / int64(cls.GPUs)
+	uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, vramEach)
+	if err != nil && w.gpusBusy(snap, cls.GPUs, vramEach) {
+		// Not the shard's failure: its devices are busy now (another
+		// job took one since admission looked, or another worker of
+		// this host placed a shard on it since). Handed back
+		// uncharged, as under memory pressure,
+		// to run once one is free here or elsewhere. Where the host
+		// has too few healthy devices at all, it is a start error,
+		// which stops a worker that meets it again and again
+		// (StopAfterStartFailures).
+		return "", result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; the devices are busy, not the shard's failure"}
+	}
+	if err != nil && a.blind {
+		// Fetched before this worker had seen a run of the class, so
+		// with no look at the devices: a host that has none to give
+		// (MIG, too small, none at all) would have fetched nothing.
+		// Not the shard's failure either: handed back uncharged, for
+		// a host that can run it; this worker, knowing the class now,
+		// fetches no more of it while its devices cannot take one.
+		return "", result{outcome: stream.OutcomePreempted, reason: fmt.Sprintf("assign GPUs: %v; fetched before this worker had seen a run of class %s, with no look at its devices: handed back, not the shard's failure", err, a.m.Class)}
+	}
+	if err != nil {
+		return "", result{outcome: stream.OutcomeStart, reason: "assign GPUs: " + err.Error()}
+	}
+	return uuids, result{}
+}
+
 // chargedFailure reports whether an attempt that ended with outcome
 // spends one of the shard's attempts. Such an attempt concludes in its
 // slot: it counts toward the failures in a row (attemptFailed) before the
@@ -938,40 +982,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	env := shardEnv(w.classEnv(spec, a.m.Fingerprint, a.m.Class, cls), &a.m, v)
 	if cls.GPUs > 0 {
-		snap, err := w.cfg.Probe.Snapshot(ctx, nil)
-		if err != nil {
-			return result{outcome: stream.OutcomeStart, reason: "probe GPUs: " + err.Error()}
-		}
-		// The VRAM admission counted devices by: the declared, or the
-		// profile's measured peak where above it.
-		vram := cls.VRAM
-		if p, _, ok := w.peakFor(a.m.Class); ok {
-			vram = max(vram, p.VRAM)
-		}
-		vramEach := vram / int64(cls.GPUs)
-		uuids, err := w.reserveGPUs(snap, a.key, cls.GPUs, vramEach)
-		if err != nil && w.gpusBusy(snap, cls.GPUs, vramEach) {
-			// Not the shard's failure: its devices are busy now (another
-			// job took one since admission looked, or another worker of
-			// this host holds it, which a fixed-slots worker's look does
-			// not see). Handed back uncharged, as under memory pressure,
-			// to run once one is free here or elsewhere. Where the host
-			// has too few healthy devices at all, it is a start error,
-			// which stops a worker that meets it again and again
-			// (StopAfterStartFailures).
-			return result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; the devices are busy, not the shard's failure"}
-		}
-		if err != nil && a.blind {
-			// Fetched before this worker had seen a run of the class, so
-			// with no look at the devices: a host that has none to give
-			// (MIG, too small, none at all) would have fetched nothing.
-			// Not the shard's failure either: handed back uncharged, for
-			// a host that can run it; this worker, knowing the class now,
-			// fetches no more of it while its devices cannot take one.
-			return result{outcome: stream.OutcomePreempted, reason: fmt.Sprintf("assign GPUs: %v; fetched before this worker had seen a run of class %s, with no look at its devices: handed back, not the shard's failure", err, a.m.Class)}
-		}
-		if err != nil {
-			return result{outcome: stream.OutcomeStart, reason: "assign GPUs: " + err.Error()}
+		uuids, res := w.placeGPUs(ctx, a, cls)
+		if res.outcome != "" {
+			return res
 		}
 		defer w.releaseGPUs(a.key)
 		env = append(env, "CUDA_VISIBLE_DEVICES="+uuids)
