@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"encoding/json"
 	"os"
+	"testing"
 
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // ScratchHeld is how many of class's shards in flight count as holding
@@ -34,4 +37,20 @@ func HoldGPUsInLedger(dir, name string, uuids ...string) (release func(), err er
 		return nil, err
 	}
 	return l.close, nil
+}
+
+// GPUFixture is the probe's GPU fixture (probe/testdata/gpus.json, read
+// from the package's directory): an idle H100, a busy A100 (another
+// user's process, 70 GiB free), a MIG A100 and a lost GPU.
+func GPUFixture(t testing.TB) []probe.GPU {
+	t.Helper()
+	b, err := os.ReadFile("probe/testdata/gpus.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []probe.GPU
+	if err := json.Unmarshal(b, &devs); err != nil {
+		t.Fatal(err)
+	}
+	return devs
 }

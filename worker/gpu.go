@@ -158,12 +158,15 @@ func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, strin
 	free, _ = withoutGPUs(free, 0, theirs)
 	can := max(len(free)-int(pending)-w.gpusUnplaced(class, peak), 0)
 	if k := can / int(peak.GPUs); k < n {
-		why := w.gpusTaken(devs, free, vramEach, "this worker's shards", theirs)
+		var why []string
+		if taken := w.gpusTaken(devs, free, vramEach, "this worker's shards", theirs); taken != "" {
+			why = append(why, taken)
+		}
 		if pending > 0 {
-			why = strings.TrimPrefix(why+fmt.Sprintf("; %d more to be taken by shards other workers of this host fetched", pending), "; ")
+			why = append(why, fmt.Sprintf("%d more to be taken by shards other workers of this host fetched", pending))
 		}
 		return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %s (%s)",
-			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), why)
+			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), strings.Join(why, "; "))
 	}
 	return n, ""
 }

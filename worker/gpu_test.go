@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
+	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -40,14 +40,7 @@ func (f *fixtureGPUs) Devices(context.Context) ([]probe.GPU, error) {
 
 func loadGPUs(t *testing.T) []probe.GPU {
 	t.Helper()
-	b, err := os.ReadFile("probe/testdata/gpus.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var devs []probe.GPU
-	if err := json.Unmarshal(b, &devs); err != nil {
-		t.Fatal(err)
-	}
+	devs := worker.GPUFixture(t)
 	second := devs[0]
 	second.Index, second.UUID = 4, "GPU-00000000-1111-2222-3333-444444444444"
 	// Drop the lost GPU: with it the usable count is unknown and nothing runs
@@ -289,12 +282,7 @@ func TestFixedWorkersOfOneHostTakeTurnsAtAGPU(t *testing.T) {
 	env.Submit(spec, coordinator.SubmitOptions{})
 	start("w1")
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		n := 0
-		for _, id := range []string{"g0", "g1"} {
-			if rec, err := env.Shard("t", id); err == nil && rec.State == stream.ShardRunning {
-				n++
-			}
-		}
+		n := runningShards(env, "t", "g0", "g1")
 		return n == 1, fmt.Sprintf("%d shard(s) running, want w1's one", n)
 	})
 	start("w2") // the same host ledger

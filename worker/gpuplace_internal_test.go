@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,14 +22,7 @@ func (s staticGPUs) Devices(context.Context) ([]probe.GPU, error) { return s, ni
 // class was seen), which is the fetch's doing; an idle device is given.
 // On the probe's GPU fixture: an idle H100, a busy A100, a MIG A100.
 func TestPlaceGPUsHandsBackWhatTheHostCannotGiveNow(t *testing.T) {
-	b, err := os.ReadFile("probe/testdata/gpus.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var devs []probe.GPU
-	if err := json.Unmarshal(b, &devs); err != nil {
-		t.Fatal(err)
-	}
+	devs := GPUFixture(t)
 	root, _ := filepath.Abs("probe/testdata/v2")
 	for _, c := range []struct {
 		name    string

@@ -2575,6 +2575,17 @@ func completeWithLogs(t *testing.T, env *testenv.Env, spec, run string, timeout 
 	return hostLog, runLog
 }
 
+// runningShards is how many of run's shards ids are RUNNING now.
+func runningShards(env *testenv.Env, run string, ids ...string) int {
+	n := 0
+	for _, id := range ids {
+		if rec, err := env.Shard(run, id); err == nil && rec.State == stream.ShardRunning {
+			n++
+		}
+	}
+	return n
+}
+
 // oneAttemptEach fails t unless each of run's first n shards (s0000...)
 // made one attempt and was never handed back.
 func oneAttemptEach(t *testing.T, env *testenv.Env, run string, n int) {
@@ -2605,12 +2616,7 @@ func TestAStagedRunIsNotHeldBackByAnotherRunsShards(t *testing.T) {
 	long := testenv.WriteJob(t, testenv.Job{Name: "long", Shards: 2, Retries: 0, Command: []string{"sleep", "10"}})
 	env.Submit(long, coordinator.SubmitOptions{})
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		n := 0
-		for _, id := range []string{"s0000", "s0001"} {
-			if rec, err := env.Shard("long", id); err == nil && rec.State == stream.ShardRunning {
-				n++
-			}
-		}
+		n := runningShards(env, "long", "s0000", "s0001")
 		return n == 2, fmt.Sprintf("%d of the long run's 2 shards running", n)
 	})
 	staged := testenv.WriteJob(t, testenv.Job{Name: "staged", Shards: 4, Retries: 0, InputSize: 5 << 20, Extra: "stage = true\n",

@@ -842,11 +842,10 @@ func (w *Worker) placeGPUs(ctx context.Context, a *attemptState, cls stream.Clas
 		// Not the shard's failure: its devices are busy now (another
 		// job took one since admission looked, or another worker of
 		// this host placed a shard on it since). Handed back
-		// uncharged, as under memory pressure,
-		// to run once one is free here or elsewhere. Where the host
-		// has too few healthy devices at all, it is a start error,
-		// which stops a worker that meets it again and again
-		// (StopAfterStartFailures).
+		// uncharged, as under memory pressure, to run once one is free
+		// here or elsewhere. Where the host has too few healthy devices
+		// at all, it is a start error, which stops a worker that meets
+		// it again and again (StopAfterStartFailures).
 		return "", result{outcome: stream.OutcomePreempted, reason: "assign GPUs: " + err.Error() + "; the devices are busy, not the shard's failure"}
 	}
 	if err != nil && a.blind {
@@ -1389,10 +1388,10 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	if res.outcome == stream.OutcomePreempted {
 		// The host's pressure, or its GPUs taken, not the shard's
 		// failure. The delay doubles with each hand-back too: a worker
-		// whose look cannot see a device taken (another worker of the
-		// host holds it, under fixed slots) would otherwise take and
-		// hand back the shard every second while it stays so, a record
-		// in its attempts each time.
+		// that keeps meeting a device taken between its look and the
+		// shard's start would otherwise take and hand back the shard
+		// every second while it stays so, a record in its attempts each
+		// time.
 		delay := w.backoff(max(a.attempt, a.rec.Interrupted+1))
 		reason := fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
 		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, delay) })
