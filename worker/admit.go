@@ -50,10 +50,11 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (n int, 
 		} else if k, note := w.scratchFit(class, inflight, n); note != "" {
 			n, why = k, why+"; "+note
 		}
-		if k, note := w.fixedGPUs(ctx, class, n); note != "" {
+		k, note, locked := w.fixedGPUs(ctx, class, n)
+		if note != "" {
 			n, why = k, why+"; "+note
 		}
-		w.publishFixed(class, max(n, 0))
+		w.publishFixed(class, max(n, 0), locked)
 		return n, why, !known
 	}
 	peak, gpu, ok := w.peakFor(class)
@@ -120,7 +121,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		// their processes show on the device.
 		var total int
 		gpuFree, total = w.gpuView(snap, peak.VRAM/max(peak.GPUs, 1))
-		gpuFree, total = withoutGPUs(gpuFree, total, o.GPUs)
+		gpuFree, total = withoutGPUs(gpuFree, total, o.HostGPUs)
 		budget["gpus"] = probe.Known(int64(total), "usable GPUs and those held by this worker")
 	}
 	var limit *othersLimit
@@ -200,7 +201,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 			// Whether a starved GPU shard could start now, were it not for
 			// this class's CPU or memory.
 			free, total := w.gpuView(snap, 0)
-			free, total = withoutGPUs(free, total, o.GPUs)
+			free, total = withoutGPUs(free, total, o.HostGPUs)
 			now.gpus, capacity.gpus = int64(len(free))-o.GPUPending, int64(total)
 		}
 		if y := w.yieldTo(o, now, capacity, peak); y != "" {

@@ -56,7 +56,7 @@ func (w *Worker) reserveGPUs(snap *probe.Snapshot, key string, n int, vramEach i
 	if err != nil {
 		return "", err
 	}
-	uuids, err := w.pickGPUs(snap, key, n, vramEach, visible, o.GPUs)
+	uuids, err := w.pickGPUs(snap, key, n, vramEach, visible, o.HostGPUs)
 	if cerr := w.shareCommitHeld(); cerr != nil && err == nil {
 		w.releaseGPUs(key)
 		return "", cerr
@@ -136,39 +136,47 @@ func (w *Worker) gpusTaken(devs, free []probe.GPU, vramEach int64, holder string
 // fetched, are not counted (the host ledger): counted, two fixed-slots
 // workers of one host took turns at handing back each other's shards,
 // with delays of up to a minute. It returns n and "" where the devices
-// do not bind.
-func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (int, string) {
+// do not bind. locked says that it read the ledger and left it locked:
+// the caller's publishFixed writes what this worker then holds and
+// unlocks it, so that the look and the hold it leads to are one step
+// for the host's other workers (two that looked in the same moment
+// both took the one free device, and one handed its shard back at the
+// start).
+func (w *Worker) fixedGPUs(ctx context.Context, class string, n int) (k int, note string, locked bool) {
 	peak, gpu, known := w.peakFor(class)
 	if n <= 0 || !known || !gpu || peak.GPUs <= 0 {
-		return n, ""
+		return n, "", false
 	}
 	devs, err := w.cfg.Probe.GPUDevices(ctx)
 	if err != nil {
-		return 0, fmt.Sprintf("GPUs unknown (%v): fetching none", err)
+		return 0, fmt.Sprintf("GPUs unknown (%v): fetching none", err), false
 	}
-	var theirs []string
-	var pending int64
+	var o others
 	if w.ledger != nil {
-		if theirs, pending, err = w.ledger.gpusHeld(); err != nil {
-			return 0, fmt.Sprintf("the GPUs this host's other workers hold unknown (%v): fetching none", err)
+		if o, err = w.ledger.begin(w.fixedShare); err != nil {
+			return 0, fmt.Sprintf("the GPUs this host's other workers hold unknown (%v): fetching none", err), false
+		}
+		locked = true
+		if w.afterGPULook != nil {
+			w.afterGPULook()
 		}
 	}
 	vramEach := peak.VRAM / peak.GPUs
 	free, _ := w.gpuView(&probe.Snapshot{GPUs: probe.GPUs{Devices: devs}}, vramEach)
-	free, _ = withoutGPUs(free, 0, theirs)
-	can := max(len(free)-int(pending)-w.gpusUnplaced(class, peak), 0)
+	free, _ = withoutGPUs(free, 0, o.HostGPUs)
+	can := max(len(free)-int(o.HostGPUPending)-w.gpusUnplaced(class, peak), 0)
 	if k := can / int(peak.GPUs); k < n {
 		var why []string
-		if taken := w.gpusTaken(devs, free, vramEach, "this worker's shards", theirs); taken != "" {
+		if taken := w.gpusTaken(devs, free, vramEach, "this worker's shards", o.HostGPUs); taken != "" {
 			why = append(why, taken)
 		}
-		if pending > 0 {
-			why = append(why, fmt.Sprintf("%d more to be taken by shards other workers of this host fetched", pending))
+		if o.HostGPUPending > 0 {
+			why = append(why, fmt.Sprintf("%d more to be taken by shards other workers of this host fetched", o.HostGPUPending))
 		}
 		return k, fmt.Sprintf("%d of this host's %d GPU(s) can take a shard needing %s (%s)",
-			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), strings.Join(why, "; "))
+			can, len(devs), gpuNeed(int(peak.GPUs), vramEach), strings.Join(why, "; ")), locked
 	}
-	return n, ""
+	return n, "", locked
 }
 
 // gpusUnplaced is how many devices this worker's shards fetched (or

@@ -63,8 +63,9 @@ func (w *Worker) shareCommit(h Hold) error {
 
 // publishFixed writes what a worker with fixed slots holds once k more
 // shards of class are fetched: it reads nothing, but the auto workers of
-// the host count its shards.
-func (w *Worker) publishFixed(class string, k int) {
+// the host count its shards. locked: the caller left the ledger locked
+// (fixedGPUs), and this write unlocks it.
+func (w *Worker) publishFixed(class string, k int, locked bool) {
 	if w.ledger == nil {
 		return
 	}
@@ -80,7 +81,11 @@ func (w *Worker) publishFixed(class string, k int) {
 	}
 	w.mu.Unlock()
 	h.Memory = max(w.inflightMemory()-running, 0) + int64(k)*peak.Memory
-	if err := w.ledger.publish(w.fixedShare, h); err != nil {
+	write := func() error { return w.ledger.publish(w.fixedShare, h) }
+	if locked {
+		write = func() error { return w.ledger.commit(h) }
+	}
+	if err := write(); err != nil {
 		w.log.Warn("host ledger", "err", err)
 	}
 }

@@ -107,6 +107,13 @@ type others struct {
 	Active, Wanting int
 	// Starved are those that want while holding nothing.
 	Starved []starved
+	// HostGPUs and HostGPUPending are what every other live worker of
+	// the host holds of its GPUs, whatever budget it admits against (a
+	// device is the host's, not a budget's): the devices its shards
+	// hold, and how many more its shards fetched and not yet placed
+	// will take.
+	HostGPUs       []string
+	HostGPUPending int64
 }
 
 // starved is a worker that wants a shard while holding nothing.
@@ -337,8 +344,13 @@ func (l *hostLedger) begin(share string) (others, error) {
 	var o others
 	var roots []probe.ProcID
 	for _, r := range recs {
-		if r == nil || r.V != ledgerVersion || r.Share != share || !l.alive(r) {
+		if r == nil || r.V != ledgerVersion || !l.alive(r) {
 			continue // read leaves this worker's own slot nil
+		}
+		o.HostGPUs = append(o.HostGPUs, r.GPUs...)
+		o.HostGPUPending += r.GPUPending
+		if r.Share != share {
+			continue
 		}
 		roots = append(roots, probe.ProcID{PID: r.PID, Start: r.Start})
 		who := fmt.Sprintf("%s (pid %d)", r.Name, r.PID)
@@ -363,29 +375,6 @@ func (l *hostLedger) begin(share string) (others, error) {
 	l.roots.Store(&roots)
 	l.rootsAt = time.Now()
 	return o, nil
-}
-
-// gpusHeld is what the host's other live workers hold of its GPUs,
-// whatever budget they admit against (a device is the host's, not a
-// budget's): the devices their shards hold, and how many more their
-// shards fetched and not yet placed will take.
-func (l *hostLedger) gpusHeld() (gpus []string, pending int64, err error) {
-	if err := l.acquire(); err != nil {
-		return nil, 0, err
-	}
-	defer l.abort()
-	recs, err := l.read()
-	if err != nil {
-		return nil, 0, err
-	}
-	for _, r := range recs {
-		if r == nil || r.V != ledgerVersion || !l.alive(r) {
-			continue // read leaves this worker's own slot nil
-		}
-		gpus = append(gpus, r.GPUs...)
-		pending += r.GPUPending
-	}
-	return gpus, pending, nil
 }
 
 // rootsFor is how long publish goes without reading the other workers'

@@ -255,6 +255,11 @@ type Worker struct {
 	// fixedShare is the budget a worker with fixed slots writes its holds
 	// under (auto workers take theirs from each decision's look).
 	fixedShare string
+	// afterGPULook, set only by tests, runs while fixedGPUs holds the
+	// host ledger between its look and the hold it leads to.
+	afterGPULook func()
+	// ledgerErr is why a profile has no ledger record (openProfileLedger).
+	ledgerErr  error
 	active     map[string]*running // shards whose command runs, by key
 	waits      map[string]string   // per class: why the worker is not fetching
 	poke       chan struct{}       // reportSoon: a report ahead of the period
