@@ -9,12 +9,14 @@ import (
 )
 
 // gpuMeter samples NVML while a child runs: the memory of GPU processes in
-// the child's process group (peak VRAM) and the utilization of the devices
-// they run on (GPU duty).
+// the child's process group (peak VRAM, over all its devices, and the
+// most on one device) and the utilization of the devices they run on
+// (GPU duty).
 type gpuMeter struct {
 	w       *Worker
 	mu      sync.Mutex
 	peak    int64
+	peakDev int64
 	utilSum float64
 	utilN   int
 	unknown string
@@ -53,18 +55,28 @@ func (g *gpuMeter) sample(ctx context.Context, pgid int) {
 	var mem int64
 	for _, d := range devs {
 		on := false
+		var onDev int64
 		for _, p := range d.Processes {
 			if members[p.PID] {
-				mem += p.Mem
+				onDev += p.Mem
 				on = true
 			}
 		}
+		mem += onDev
+		g.peakDev = max(g.peakDev, onDev)
 		if on {
 			g.utilSum += float64(d.UtilGPU) / 100
 			g.utilN++
 		}
 	}
 	g.peak = max(g.peak, mem)
+}
+
+// devicePeak is the most the child's processes held on one device.
+func (g *gpuMeter) devicePeak() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.peakDev
 }
 
 // result renders peak VRAM (bytes) and GPU duty (0..1), or why unknown.

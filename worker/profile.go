@@ -53,25 +53,28 @@ type ProfileConfig struct {
 
 // Sample is one measured run of the command.
 type Sample struct {
-	Kind         string  `json:"kind"`
-	ID           string  `json:"id"`
-	Class        string  `json:"class"`
-	Cost         int64   `json:"cost"`
-	Seconds      float64 `json:"seconds"`
-	ItemsPerSec  float64 `json:"items_per_sec"`
-	PeakMemory   int64   `json:"peak_memory"`
-	PeakSource   string  `json:"peak_memory_source"`
-	PeakVRAM     string  `json:"peak_vram"` // bytes, or "unknown: why"
-	CPUSeconds   float64 `json:"cpu_seconds"`
-	CPUDuty      float64 `json:"cpu_duty"`
-	GPUDuty      string  `json:"gpu_duty"` // mean utilization of its GPUs, or "unknown: why"
-	ReadBytes    int64   `json:"read_bytes"`
-	WriteBytes   int64   `json:"write_bytes"`
-	OutputBytes  int64   `json:"output_bytes"`
-	ScratchBytes int64   `json:"scratch_bytes"`
-	Outcome      string  `json:"outcome"`
-	Reason       string  `json:"reason,omitempty"`
-	Log          string  `json:"log"`
+	Kind        string  `json:"kind"`
+	ID          string  `json:"id"`
+	Class       string  `json:"class"`
+	Cost        int64   `json:"cost"`
+	Seconds     float64 `json:"seconds"`
+	ItemsPerSec float64 `json:"items_per_sec"`
+	PeakMemory  int64   `json:"peak_memory"`
+	PeakSource  string  `json:"peak_memory_source"`
+	PeakVRAM    string  `json:"peak_vram"` // bytes, or "unknown: why"
+	// PeakVRAMDevice is the most the shard held on one of its devices
+	// (bytes; 0 where unknown or none).
+	PeakVRAMDevice int64   `json:"peak_vram_device,omitempty"`
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	CPUDuty        float64 `json:"cpu_duty"`
+	GPUDuty        string  `json:"gpu_duty"` // mean utilization of its GPUs, or "unknown: why"
+	ReadBytes      int64   `json:"read_bytes"`
+	WriteBytes     int64   `json:"write_bytes"`
+	OutputBytes    int64   `json:"output_bytes"`
+	ScratchBytes   int64   `json:"scratch_bytes"`
+	Outcome        string  `json:"outcome"`
+	Reason         string  `json:"reason,omitempty"`
+	Log            string  `json:"log"`
 	// LeftRunning: what the command left running outside its process
 	// group, killed when it ended (as a run's attempt records it).
 	LeftRunning string `json:"left_running,omitempty"`
@@ -143,6 +146,14 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 	}
 	w := &Worker{cfg: Config{Grace: 5 * time.Second, ProcRoot: "/proc", Probe: cfg.Probe, Binary: selfPath(), HostLedger: cmp.Or(cfg.HostLedger, DefaultLedgerDir())},
 		log: cfg.Logger, env: environ(), live: map[int]liveShard{}, gpuRes: map[string]string{}}
+	for _, c := range cfg.Spec.Classes {
+		if c.GPUs > 0 {
+			if w.ledgerErr = w.openProfileLedger(); w.ledgerErr == nil {
+				defer w.ledger.close()
+			}
+			break
+		}
+	}
 	w.cgroups = detectCgroups("/")
 	w.limits = w.cgroups.describe()
 	w.enforce = w.cgroups.mode != ""
@@ -364,6 +375,7 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	mu.Unlock()
 	if gm != nil {
 		s.PeakVRAM, s.GPUDuty = gm.result()
+		s.PeakVRAMDevice = gm.devicePeak()
 	}
 	if s.Seconds > 0 {
 		s.ItemsPerSec = float64(sh.Cost) / s.Seconds
@@ -387,37 +399,63 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	return s
 }
 
+// ProfileShare is the budget a profile's record in the host ledger
+// names (HostWorker.Share): no worker's. Its devices count for every
+// worker of the host (a device is the host's), but the record is not a
+// worker sharing their budget, whose processes their CPU meters would
+// count as shardpool's with nothing held for them.
+const ProfileShare = "profile"
+
+// openProfileLedger writes the profile's record in the host ledger, where
+// its samples' devices are held while they run. An error is kept for the
+// GPU samples to report: a profile of a CPU class needs no ledger.
+func (w *Worker) openProfileLedger() error {
+	pid := os.Getpid()
+	host, _ := os.Hostname()
+	l, err := openLedger(w.cfg.HostLedger, "/proc", ledgerRec{Host: host, Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(),
+		PID: pid, Start: processStart("/proc", pid), Name: "shardpool profile"})
+	if err != nil {
+		return err
+	}
+	l.me.Share = ProfileShare
+	w.ledger = l
+	return nil
+}
+
 // sampleGPUs reserves the GPUs of class cls for the sample with scratch
 // base (its key: the sweep runs one shard more than once at a time) and
 // returns their UUIDs, or why none can be given here. Devices the host's
 // workers hold for their shards (the host ledger) are not given: a shard
 // that has not yet allocated shows no process on its device, and a
-// sample placed there shared it. The workers do not see the samples'
-// devices the same way (the profile writes no record there): a sample's
-// process on its device is what keeps their shards off it.
+// sample placed there shared it. The sample's devices are written to
+// the profile's own record in the same step, so that the workers leave
+// them alone before its process allocates (releaseGPUs gives them back).
 func (w *Worker) sampleGPUs(ctx context.Context, pr *probe.Prober, base string, cls stream.Class) (string, error) {
 	devs, err := pr.GPUDevices(ctx)
 	if err != nil {
 		return "", fmt.Errorf("its class asks for %d GPU(s), and this host has none to give: %v", cls.GPUs, err)
 	}
-	hosts, err := HostWorkers(w.cfg.HostLedger)
+	if w.ledger == nil {
+		return "", fmt.Errorf("its class asks for %d GPU(s), and which of them this host's workers hold is unknown: %v", cls.GPUs, w.ledgerErr)
+	}
+	o, err := w.ledger.begin(ProfileShare)
 	if err != nil {
 		return "", fmt.Errorf("its class asks for %d GPU(s), and which of them this host's workers hold is unknown: %v", cls.GPUs, err)
 	}
-	var theirs []string
-	for _, h := range hosts {
-		theirs = append(theirs, h.GPUs...)
-	}
 	vramEach := cls.VRAM / int64(cls.GPUs)
 	snap := &probe.Snapshot{GPUs: probe.GPUs{Devices: devs}}
-	uuids, err := w.pickGPUs(snap, base, cls.GPUs, vramEach, w.visibleGPUs(), theirs)
+	uuids, err := w.pickGPUs(snap, base, cls.GPUs, vramEach, w.visibleGPUs(), o.HostGPUs)
+	if cerr := w.ledger.recommit(w.holding("", 0, plan.Peak{}, 0)); cerr != nil && err == nil {
+		w.releaseGPUs(base)
+		return "", fmt.Errorf("its class asks for %d GPU(s), and the host ledger could not say which this sample holds: %v", cls.GPUs, cerr)
+	}
 	if err == nil {
 		return uuids, nil
 	}
 	free, _ := w.gpuView(snap, vramEach)
-	free, _ = withoutGPUs(free, 0, theirs)
+	free, _ = withoutGPUs(free, 0, o.HostGPUs)
 	return "", fmt.Errorf("its class asks for %s, and %d of this host's %d can be given: %s",
-		gpuNeed(cls.GPUs, vramEach), len(free), len(devs), w.gpusTaken(devs, free, vramEach, "another sample", theirs))
+		gpuNeed(cls.GPUs, vramEach), len(free), len(devs), w.gpusTaken(devs, free, vramEach, "another sample", o.HostGPUs))
 }
 
 func dirBytes(dir string) int64 {
@@ -479,23 +517,35 @@ func (w *Worker) sweep(ctx context.Context, cfg ProfileConfig, rep *ProfileRepor
 }
 
 // withMeasuredVRAM raises a GPU class's VRAM, a shard's over all its GPUs
-// as the spec's vram is (admission divides it among them), to the
-// sample's measured peak, summed over its GPUs, where that is above the
-// declared vram: admission must not place the shard on devices with less
-// free memory than it was seen to use. A declared vram above the
-// measured peak stays, as the reservation the job may grow into. (Until
-// the fifty-fourth session it compared the peak divided by the GPUs with
-// the whole vram: a class of 2 GPUs declaring 16 GiB and seen to use 24
-// kept its 16, and admission looked for 8 GiB free on each device.)
+// as the spec's vram is (admission divides it among them), to what the
+// sample was seen to need, where that is above the declared vram:
+// admission must not place the shard on devices with less free memory
+// than it was seen to use. What it needs is its peak summed over its
+// GPUs, or the most it held on one device times its GPUs where that is
+// more: admission gives each device an even share, and a shard that
+// holds more on one device than on the others (a pipeline's first
+// stage, say) needs its largest share on every device it may be given
+// (until the fifty-sixth session the sum alone was taken: 30 GiB on one
+// device and 10 on the other asked for devices with 20 GiB free). A
+// declared vram above it stays, as the reservation the job may grow
+// into. (Until the fifty-fourth session it compared the peak divided by
+// the GPUs with the whole vram: a class of 2 GPUs declaring 16 GiB and
+// seen to use 24 kept its 16, and admission looked for 8 GiB free on
+// each device.)
 func withMeasuredVRAM(p plan.Peak, s Sample) plan.Peak {
 	v, err := strconv.ParseInt(s.PeakVRAM, 10, 64)
 	if p.GPUs <= 0 || err != nil {
 		return p
 	}
+	uneven := s.PeakVRAMDevice*p.GPUs > v
+	v = max(v, s.PeakVRAMDevice*p.GPUs)
 	if v > p.VRAM {
 		p.VRAM = v
 		if !strings.Contains(p.Source, "vram") {
 			p.Source += "; vram measured above the declared"
+			if uneven {
+				p.Source += " (the most on one device times its GPUs)"
+			}
 		}
 	}
 	return p

@@ -108,23 +108,29 @@ func TestProfileStopsOnCorrectness(t *testing.T) {
 // the real child process of a profiled shard, seen through the GPUSource
 // seam. (Leaders only: a shell's child carries the parent's command line
 // for a moment between fork and exec.)
-// With n above 1, n such GPUs, each showing the leaders at 3 GiB.
+// With n above 1, n such GPUs, each showing the leaders at 3 GiB, or at
+// mem[i] on device i where mem is set.
 type markerGPUs struct {
 	marker string
 	n      int
+	mem    []int64
 }
 
 func (m markerGPUs) Devices(context.Context) ([]probe.GPU, error) {
 	var out []probe.GPU
 	for i := range max(m.n, 1) {
-		d := m.device()
+		mem := int64(3 << 30)
+		if i < len(m.mem) {
+			mem = m.mem[i]
+		}
+		d := m.device(mem)
 		d.Index, d.UUID = i, fmt.Sprintf("GPU-fake-%d", i)
 		out = append(out, d)
 	}
 	return out, nil
 }
 
-func (m markerGPUs) device() probe.GPU {
+func (m markerGPUs) device(mem int64) probe.GPU {
 	d := probe.GPU{Name: "fake", MemTotal: 80 << 30, UtilGPU: 80}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -137,9 +143,9 @@ func (m markerGPUs) device() probe.GPU {
 		if pgid, err := syscall.Getpgid(pid); err != nil || pgid != pid {
 			continue
 		}
-		d.Processes = append(d.Processes, probe.GPUProcess{PID: pid, Mem: 3 << 30, Kind: "compute"})
+		d.Processes = append(d.Processes, probe.GPUProcess{PID: pid, Mem: mem, Kind: "compute"})
 	}
-	d.MemUsed = int64(len(d.Processes)) * (3 << 30)
+	d.MemUsed = int64(len(d.Processes)) * mem
 	d.MemFree = d.MemTotal - d.MemUsed
 	return d
 }
@@ -152,7 +158,7 @@ func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 	spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, marker}, "[profile]\nsustained = 1\n")
 	root, _ := filepath.Abs("probe/testdata/v2")
 	pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{marker: marker}, PolicyPath: "/nonexistent"})
-	rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
+	rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr, HostLedger: testenv.LedgerDir(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,20 +170,30 @@ func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 	// is planned with the measured peak; one that declares more keeps it.
 	// vram is a shard's over all its GPUs: on 2 GPUs at 3 GiB each it was
 	// seen to use 6 GiB, above a declared 4 GiB (the peak divided by the
-	// GPUs, 3 GiB, was compared with the 4 GiB, which stayed).
+	// GPUs, 3 GiB, was compared with the 4 GiB, which stayed). A shard
+	// that holds 5 GiB on one device and 1 on the other needs 5 on each
+	// device admission may give it (an even share each): 10 GiB, not the
+	// 6 of its sum.
 	for _, c := range []struct {
 		gpus     int
+		mem      []int64
 		declared string
 		want     int64
-	}{{1, "1GiB", 3 << 30}, {1, "8GiB", 8 << 30}, {2, "4GiB", 6 << 30}, {2, "8GiB", 8 << 30}} {
-		pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{marker, c.gpus}, PolicyPath: "/nonexistent"})
+	}{{1, nil, "1GiB", 3 << 30}, {1, nil, "8GiB", 8 << 30}, {2, nil, "4GiB", 6 << 30}, {2, nil, "8GiB", 8 << 30},
+		{2, []int64{5 << 30, 1 << 30}, "4GiB", 10 << 30}, {2, []int64{1 << 30, 5 << 30}, "12GiB", 12 << 30}} {
+		pr, _ := probe.New(probe.Config{Root: root, GPUs: markerGPUs{marker, c.gpus, c.mem}, PolicyPath: "/nonexistent"})
 		spec, man := profileJob(t, []string{"sh", "-c", `sleep 0.3`, marker}, fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = %d\nvram = %q\n[profile]\nsustained = 1\n", c.gpus, c.declared))
-		rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr})
+		rep, err := worker.Profile(context.Background(), worker.ProfileConfig{Spec: spec, Manifest: man, Scratch: t.TempDir(), LogDir: t.TempDir(), Probe: pr, HostLedger: testenv.LedgerDir(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if p := rep.Classes["cpu"]; p.VRAM != c.want {
-			t.Fatalf("%d GPU(s), declared vram %s, measured 3 GiB on each: class peak %d (%s), want %d", c.gpus, c.declared, p.VRAM, p.Source, c.want)
+			t.Fatalf("%d GPU(s) holding %v (nil: 3 GiB each), declared vram %s: class peak %d (%s), want %d", c.gpus, c.mem, c.declared, p.VRAM, p.Source, c.want)
+		}
+		if c.mem != nil {
+			if s := rep.Samples[0]; s.PeakVRAMDevice != 5<<30 || s.PeakVRAM != fmt.Sprint(int64(6<<30)) {
+				t.Fatalf("sample on 2 GPUs holding %v: peak VRAM %s, %d on one device; want 6 GiB and 5 GiB", c.mem, s.PeakVRAM, s.PeakVRAMDevice)
+			}
 		}
 	}
 	// Without NVML they are unknown, with the reason.
@@ -202,12 +218,15 @@ func TestProfileMeasuresVRAMAndGPUDuty(t *testing.T) {
 func TestProfilePlacesAGPUClassAsAWorkerWould(t *testing.T) {
 	root, _ := filepath.Abs("probe/testdata/v2")
 	devs := loadGPUs(t) // idle H100 (0), busy A100 (1), MIG A100 (2), idle H100 (4)
-	seen := filepath.Join(t.TempDir(), "seen")
+	seen, held := filepath.Join(t.TempDir(), "seen"), filepath.Join(t.TempDir(), "held")
+	ledger := testenv.LedgerDir(t)
+	// Each sample notes its devices, and the devices the profile's record
+	// in the host ledger holds while it runs.
 	job := func(gpus int) (*stream.Spec, *stream.Manifest) {
-		return profileJob(t, []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" >> "$1"`, "sh", seen},
+		return profileJob(t, []string{"sh", "-c", `echo "$CUDA_VISIBLE_DEVICES" >> "$1"; echo $(grep -a -o '"name":"shardpool profile"[^}]*' "$2" | grep -o 'GPU-[0-9a-f-]*') >> "$3"`,
+			"sh", seen, filepath.Join(ledger, "ledger"), held},
 			fmt.Sprintf("[class.cpu]\ncpus = 1\ngpus = %d\nvram = \"40GiB\"\n[profile]\nsustained = 1\n", gpus))
 	}
-	ledger := testenv.LedgerDir(t)
 	profile := func(spec *stream.Spec, man *stream.Manifest, gpus probe.GPUSource) (*worker.ProfileReport, error) {
 		pr, err := probe.New(probe.Config{Root: root, GPUs: gpus, PolicyPath: "/nonexistent"})
 		if err != nil {
@@ -230,10 +249,27 @@ func TestProfilePlacesAGPUClassAsAWorkerWould(t *testing.T) {
 			t.Fatalf("a sample saw CUDA_VISIBLE_DEVICES=%q; want one idle H100 (%s or %s), never the busy or MIG A100:\n%s", l, devs[0].UUID, devs[3].UUID, b)
 		}
 	}
+	// While a sample runs, the profile's record holds its device, so that
+	// the host's workers leave it alone before the sample allocates; the
+	// record is gone with the profile.
+	h, _ := os.ReadFile(held)
+	heldLines := strings.Split(strings.TrimSpace(string(h)), "\n")
+	if len(heldLines) != len(lines) {
+		t.Fatalf("the profile's record in the host ledger held %q while the samples ran; want a device for each of the %d samples", h, len(lines))
+	}
+	for i, l := range heldLines {
+		if !strings.Contains(l, lines[i]) {
+			t.Fatalf("sample %d ran on %s while the profile's record held %q; want its device held", i, lines[i], l)
+		}
+	}
+	if ws, err := worker.HostWorkers(ledger); err != nil || len(ws) != 0 {
+		t.Fatalf("after the profile the host ledger holds %+v (%v); want no record", ws, err)
+	}
 
 	// A device a worker of the host holds for its shard (which may not
 	// have allocated yet: NVML shows it idle) is not given to a sample.
 	os.Remove(seen)
+	os.Remove(held)
 	release, err := worker.HoldGPUsInLedger(ledger, "w9", devs[0].UUID)
 	if err != nil {
 		t.Fatal(err)

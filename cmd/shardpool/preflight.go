@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -118,6 +120,20 @@ func printHostWorkers(w io.Writer, dir string) {
 		fmt.Fprintf(w, "workers: unknown (%v)\n", err)
 		return
 	}
+	var profiles []worker.HostWorker
+	ws = slices.DeleteFunc(ws, func(h worker.HostWorker) bool {
+		if h.Share == worker.ProfileShare {
+			profiles = append(profiles, h)
+			return true
+		}
+		return false
+	})
+	defer func() {
+		// A profile holds devices for its samples, nothing of the budget.
+		for _, h := range profiles {
+			fmt.Fprintf(w, "%s (pid %d) holds GPUs %s for its samples\n", h.Name, h.PID, cmp.Or(strings.Join(h.GPUs, ","), "none now"))
+		}
+	}()
 	if len(ws) == 0 {
 		fmt.Fprintf(w, "workers: none of this user's running on this host (ledger %s)\n", dir)
 		return
