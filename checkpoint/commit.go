@@ -390,11 +390,14 @@ func (p *Pending) syncParent() error {
 	return nil
 }
 
-// afterSwap, when set (tests only), runs between the swap and the
-// handling of what dst held.
+// afterSwap, when set (tests only), runs after Publish's first rename:
+// the swap, or the move of what dst held into keepReplaced.
 var afterSwap func()
 
 // Publish makes the prepared directory visible as dst (see CommitDir).
+// What dst held is removed once the new output is there, or, with
+// keepReplaced set (dst did not verify: kept for inspection), moved into
+// that directory first (keepAside).
 func (p *Pending) Publish(keepReplaced string) error {
 	dst := p.dst
 	// What dst held is, once swapped out, a directory beside dst under a
@@ -405,6 +408,11 @@ func (p *Pending) Publish(keepReplaced string) error {
 	if parent, err := Open(filepath.Dir(dst)); err == nil {
 		_ = flock(parent, unix.LOCK_SH)
 		defer parent.Close()
+	}
+	if keepReplaced != "" {
+		if kept, err := p.keepAside(keepReplaced); kept || err != nil {
+			return err
+		}
 	}
 	replaced, err := swapIn(p.tmp, dst)
 	if afterSwap != nil {
@@ -423,8 +431,7 @@ func (p *Pending) Publish(keepReplaced string) error {
 	if replaced != "" {
 		if keepReplaced != "" {
 			if err := os.MkdirAll(keepReplaced, 0o755); err == nil {
-				aside := filepath.Join(keepReplaced, filepath.Base(dst)+"-"+time.Now().UTC().Format("20060102T150405")+"-"+randSuffix())
-				if os.Rename(replaced, aside) == nil {
+				if os.Rename(replaced, asideName(keepReplaced, dst)) == nil {
 					return nil
 				}
 			}
@@ -432,6 +439,67 @@ func (p *Pending) Publish(keepReplaced string) error {
 		os.RemoveAll(replaced)
 	}
 	return nil
+}
+
+// asideName is where what dst held is kept in keep: its name, the time
+// and a random suffix.
+func asideName(keep, dst string) string {
+	return filepath.Join(keep, filepath.Base(dst)+"-"+time.Now().UTC().Format("20060102T150405")+"-"+randSuffix())
+}
+
+// renameNoReplace renames from to to where nothing is at to, or where the
+// file system cannot say (no RENAME_NOREPLACE: FUSE, some network
+// file systems), as rename(2) does.
+func renameNoReplace(from, to string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
+	if errors.Is(err, syscall.EINVAL) {
+		return os.Rename(from, to)
+	}
+	return err
+}
+
+// keepAside publishes over a dst that is kept for inspection: dst is
+// moved into keep first, durably, and the prepared directory renamed to
+// dst after. A crash between the two leaves dst absent (not committed:
+// the shard is committed again) and the old content kept. Swapped first,
+// the old content sat beside dst under a temporary name until its move,
+// and a crash in that moment left it to the next sweep, which removed it
+// as a dead commit's: the copy meant for inspection was lost. dst is
+// absent for a moment, where the swap kept it present; a reader sees
+// "not committed" then, as it would in the damaged output. kept is
+// false, with nothing changed, where dst cannot be moved into keep (keep
+// on another file system, say): the caller swaps as for any other dst.
+func (p *Pending) keepAside(keep string) (kept bool, err error) {
+	sync := syncDir
+	if p.sync != nil {
+		sync = p.sync
+	}
+	if err := os.MkdirAll(keep, 0o755); err != nil {
+		return false, nil
+	}
+	aside := asideName(keep, p.dst)
+	if err := renameNoReplace(p.dst, aside); err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		// dst is gone already: nothing to keep.
+	} else if err := errors.Join(sync(keep), p.syncParent()); err != nil {
+		// The old content is kept either way; the new output is not
+		// published on a move whose durability is unknown.
+		os.RemoveAll(p.tmp)
+		closeLock(p.lock)
+		return true, fmt.Errorf("commit %s: %s moved aside to %s: %w", p.dst, p.dst, aside, err)
+	}
+	if afterSwap != nil {
+		afterSwap()
+	}
+	if err := renameNoReplace(p.tmp, p.dst); err != nil {
+		os.RemoveAll(p.tmp)
+		closeLock(p.lock)
+		return true, fmt.Errorf("commit %s: %w", p.dst, err)
+	}
+	closeLock(p.lock)
+	return true, p.syncParent()
 }
 
 // swapIn puts tmp at dst. When dst exists, the two are exchanged atomically

@@ -326,11 +326,14 @@ func TestSweepRemovesOnlyDeadCommitsTemps(t *testing.T) {
 }
 
 // TestSweepLeavesWhatACommitReplaced sweeps while a commit replaces a
-// damaged output, between the swap and the move of the damaged copy into
-// keepReplaced: that copy then sits beside the output under a temporary
-// name with no commit's lock on it, and a sweep (a worker starting beside
-// this one) must not take it for a dead commit's. On FUSE, where the
-// swap is two renames, TestCommitOnFuse runs the same check.
+// damaged output, after its first rename: a sweep (a worker starting
+// beside this one) must take neither the damaged copy nor the new output
+// for a dead commit's. Until the fifty-sixth session the first rename
+// was a swap, after which the damaged copy sat beside the output under a
+// temporary name with no commit's lock on it until its move into
+// keepReplaced; it is moved there first now, and the parent's lock still
+// holds the sweep off until the commit is through. On FUSE
+// TestCommitOnFuse runs the same check.
 func TestSweepLeavesWhatACommitReplaced(t *testing.T) {
 	sweepDuringReplace(t, t.TempDir())
 }
