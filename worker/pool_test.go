@@ -2320,6 +2320,31 @@ func TestReportFollowsWhatTheWorkerDoes(t *testing.T) {
 	})
 }
 
+// TestAWorkerAtItsSlotsSaysWhyWhileItsShardRuns: a worker whose every
+// slot is an open fetch waiting for a shard reports no wait (it holds
+// nothing back), and looks again only when a slot frees or on its
+// recheck. Once the shard arrived nothing said why the worker fetched
+// no more: a worker at its slots with shards shorter than the recheck
+// (1 s by default; a minute here) gave no reason at all, and status fell
+// back to "see their admission.log". The delivery reports the wait now.
+// The first shard ends at once, so that the loop looks again with its
+// fetch for the second one still open.
+func TestAWorkerAtItsSlotsSaysWhyWhileItsShardRuns(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}, ReportEvery: time.Minute, Recheck: time.Minute})
+	ctx := context.Background()
+	b := env.Buckets()
+	env.Submit(testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"sh", "-c", `[ "$1" = s0000 ] || sleep 3`, "sh", "{id}"}}), coordinator.SubmitOptions{})
+	testenv.Eventually(t, 2500*time.Millisecond, func() (bool, string) {
+		rs, err := b.WorkerReports(ctx)
+		if err != nil || len(rs) != 1 {
+			return false, fmt.Sprintf("reports %+v (%v)", rs, err)
+		}
+		r := rs[0]
+		return r.Running["cpu"] == 1 && r.Done == 1 && strings.Contains(r.Waiting["cpu"], "1 of 1 slots of class cpu in use"),
+			fmt.Sprintf("report: running %v, done %d, waiting %q; want the second shard running and why the third waits", r.Running, r.Done, r.Waiting)
+	})
+}
+
 // TestNewGenerationStartsItsCheckpointsAfresh: an edited job (a new
 // fingerprint) does not resume from what the old generation checkpointed
 // in {ckpt}: its shards start afresh, and once one commits, the old

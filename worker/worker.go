@@ -1024,8 +1024,12 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			// worker is ready, and holds back none of the class's queued
 			// shards (a retry's delay does). Saying "2 of 2 slots in use"
 			// with nothing running sent users looking for a busy worker.
+			// Once one arrives, the wait holds; the loop may not look
+			// again before its shard ends, so the delivery reports it.
 			w.setWait(class, 1, "")
+			g.setPendingWhy(why)
 		} else {
+			g.setPendingWhy("")
 			w.setWait(class, n, why)
 		}
 		if n <= 0 {
@@ -1084,7 +1088,9 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 					break
 				}
 				got++
-				g.arrived()
+				if why := g.arrived(); why != "" {
+					w.setWait(class, 0, why)
+				}
 				w.busyTill(time.Now())
 				if ctx.Err() != nil || isClosed(w.drain) {
 					// Shutting down, or draining (its goroutine cancels ctx in
@@ -1133,12 +1139,26 @@ type gate struct {
 	wake     chan struct{}
 	drained  bool // the last fetch came back short: nothing more is queued for now
 	asked    int  // of inflight, shards asked for by fetches still open and not yet delivered
+	// pendingWhy is why the fetch loop fetches no more, kept while every
+	// slot it holds is an open fetch (no wait to report then): the first
+	// shard delivered makes it the worker's reason to wait.
+	pendingWhy string
 }
 
-// arrived counts a shard asked for and delivered.
-func (g *gate) arrived() {
+// arrived counts a shard asked for and delivered, and returns the wait
+// this delivery begins (pendingWhy), or "".
+func (g *gate) arrived() (why string) {
 	g.mu.Lock()
 	g.asked--
+	why, g.pendingWhy = g.pendingWhy, ""
+	g.mu.Unlock()
+	return why
+}
+
+// setPendingWhy keeps why the fetch loop waits until a shard arrives.
+func (g *gate) setPendingWhy(why string) {
+	g.mu.Lock()
+	g.pendingWhy = why
 	g.mu.Unlock()
 }
 
