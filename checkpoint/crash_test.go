@@ -338,16 +338,16 @@ func TestSweepLeavesWhatACommitReplaced(t *testing.T) {
 	sweepDuringReplace(t, t.TempDir())
 }
 
-func sweepDuringReplace(t *testing.T, out string) {
+// damagedOutput commits out/s1 (fingerprint "a", v = "first"), damages
+// it (v = "damaged"), and returns it with keep, the directory a commit
+// over it keeps it in, and src, a new output (v = "second").
+func damagedOutput(t *testing.T, out string) (dst, keep, src string) {
 	t.Helper()
-	ctx := context.Background()
-	dst := filepath.Join(out, "s1")
-	keep := filepath.Join(out, ".shardpool", "replaced")
-	src := t.TempDir()
+	dst, keep, src = filepath.Join(out, "s1"), filepath.Join(out, ".shardpool", "replaced"), t.TempDir()
 	if err := os.WriteFile(filepath.Join(src, "v"), []byte("first"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := checkpoint.CommitDir(ctx, dst, src, checkpoint.Options{Fingerprint: "a"}, ""); err != nil {
+	if _, err := checkpoint.CommitDir(context.Background(), dst, src, checkpoint.Options{Fingerprint: "a"}, ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dst, "v"), []byte("damaged"), 0o644); err != nil {
@@ -356,7 +356,13 @@ func sweepDuringReplace(t *testing.T, out string) {
 	if err := os.WriteFile(filepath.Join(src, "v"), []byte("second"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p, err := checkpoint.Prepare(ctx, dst, src, checkpoint.Options{Fingerprint: "b"})
+	return dst, keep, src
+}
+
+func sweepDuringReplace(t *testing.T, out string) {
+	t.Helper()
+	dst, keep, src := damagedOutput(t, out)
+	p, err := checkpoint.Prepare(context.Background(), dst, src, checkpoint.Options{Fingerprint: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,22 +47,8 @@ func TestMain(m *testing.M) {
 // removed it as a dead commit's. The output itself is never partial:
 // absent (the shard is committed again) or a whole commit.
 func TestCrashMidReplaceKeepsTheDamagedOutput(t *testing.T) {
-	ctx := context.Background()
-	out, src := t.TempDir(), t.TempDir()
-	dst := filepath.Join(out, "s1")
-	keep := filepath.Join(out, ".shardpool", "replaced")
-	if err := os.WriteFile(filepath.Join(src, "v"), []byte("first"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := checkpoint.CommitDir(ctx, dst, src, checkpoint.Options{Fingerprint: "a"}, ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dst, "v"), []byte("damaged"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "v"), []byte("second"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	out := t.TempDir()
+	dst, keep, src := damagedOutput(t, out)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), replaceThenDie+"="+out+" "+src)
 	b, err := cmd.CombinedOutput()
