@@ -247,6 +247,22 @@ func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shard
 	return rs, nil
 }
 
+// admissionLogs names where the live auto workers log their admission
+// decisions (" (w1 on h: /state/admission.log; ...)"), or "" where no
+// report says.
+func admissionLogs(workers []stream.WorkerReport) string {
+	var at []string
+	for _, w := range workers {
+		if w.Auto && w.AdmissionLog != "" && w.Gone == "" && w.Disconnected == "" {
+			at = append(at, fmt.Sprintf("%s on %s: %s", w.Name, w.Host, w.AdmissionLog))
+		}
+	}
+	if len(at) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(at, "; ") + ")"
+}
+
 // waiting explains, per class with queued shards, why they are not running.
 func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueStats) []string {
 	var out []string
@@ -275,7 +291,7 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueSt
 		case len(whys) > 0:
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: %s", class, c.Pending, strings.Join(whys, "; ")))
 		case slots == 0 && len(workers) > 0 && anyAuto(workers):
-			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: workers admit by measured headroom; see their admission.log", class, c.Pending))
+			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: workers admit by measured headroom; see their admission.log%s", class, c.Pending, admissionLogs(workers)))
 		case slots == 0:
 			hint := "start one: shardpool worker --slots auto (or N) serves every class, --slots " + class + "=N this one"
 			if live > 0 {

@@ -29,3 +29,23 @@ func TestWaitingForAClassNoWorkerServes(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitingOnAutoWorkersNamesTheirLogs: shards that live auto workers
+// hold back without a reason in their reports wait with where each of
+// them logs its decisions ("see their admission.log" alone left a user
+// to find the workers' hosts and state directories).
+func TestWaitingOnAutoWorkersNamesTheirLogs(t *testing.T) {
+	r := RunStatus{ClassCounts: map[string]stream.Counts{"cpu": {Total: 3, Pending: 3}}}
+	wa := stream.WorkerReport{Name: "wa", Host: "h1", Auto: true, AdmissionLog: "/s/admission.log"}
+	wb := stream.WorkerReport{Name: "wb", Host: "h2", Auto: true, AdmissionLog: "/t/admission.log"}
+	gone := stream.WorkerReport{Name: "w0", Host: "h3", Auto: true, AdmissionLog: "/u/admission.log", Gone: "pid 7 is not running"}
+	old := stream.WorkerReport{Name: "wo", Host: "h4", Auto: true}
+	got := waiting(r, []stream.WorkerReport{wa, wb, gone, old}, nil)
+	want := "class cpu: 3 shard(s) wait: workers admit by measured headroom; see their admission.log (wa on h1: /s/admission.log; wb on h2: /t/admission.log)"
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+	if got := waiting(r, []stream.WorkerReport{old}, nil); len(got) != 1 || !strings.HasSuffix(got[0], "see their admission.log") {
+		t.Errorf("a report of an older worker, with no log named: %q, want the reason without a list", got)
+	}
+}

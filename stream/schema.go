@@ -363,6 +363,9 @@ type WorkerReport struct {
 	SlotsEach int `json:"slots_each,omitempty"`
 	// Waiting is, per class, why the worker is not fetching right now.
 	Waiting map[string]string `json:"waiting,omitempty"`
+	// AdmissionLog is the file on the worker's host where it logs each
+	// admission decision; absent in older reports.
+	AdmissionLog string `json:"admission_log,omitempty"`
 	// Staged lists the inputs this worker holds verified in its staging
 	// cache (checksum-size-name keys, most recently used first, at most
 	// StagedAdvertised), for other workers' locality decisions.

@@ -2343,6 +2343,14 @@ func TestAWorkerAtItsSlotsSaysWhyWhileItsShardRuns(t *testing.T) {
 		return r.Running["cpu"] == 1 && r.Done == 1 && strings.Contains(r.Waiting["cpu"], "1 of 1 slots of class cpu in use"),
 			fmt.Sprintf("report: running %v, done %d, waiting %q; want the second shard running and why the third waits", r.Running, r.Done, r.Waiting)
 	})
+	// The report names the log of its decisions, which status points to.
+	rs, err := b.WorkerReports(ctx)
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("reports %+v (%v)", rs, err)
+	}
+	if log, err := os.ReadFile(rs[0].AdmissionLog); err != nil || !strings.Contains(string(log), "decision=wait 1 of 1 slots of class cpu in use") {
+		t.Errorf("the report's admission log %q (%v) holds:\n%s\nwant the worker's wait in it", rs[0].AdmissionLog, err, log)
+	}
 }
 
 // TestNewGenerationStartsItsCheckpointsAfresh: an edited job (a new
