@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardpool/shardpool/stream"
 )
@@ -153,4 +154,27 @@ func (g *Gate) Wait() []string {
 // once the gate is open.
 func (g *Gate) ThenCopy() []string {
 	return []string{"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", g.Path, "{input}", "{out}"}
+}
+
+// NoteThenCopy is ThenCopy that first notes that the shard's command
+// started, for WaitStarted. A test that changes the output directory
+// while commands wait must wait for them to start, not for their shards'
+// RUNNING records: a worker writes the record before it looks at the
+// output directory and starts the command.
+func (g *Gate) NoteThenCopy() []string {
+	return []string{"sh", "-c", `touch "$1.started.$4"; while [ ! -e "$1" ]; do sleep 0.05; done; cp "$2" "$3/"`, "sh", g.Path, "{input}", "{out}", "{id}"}
+}
+
+// WaitStarted waits until the commands (NoteThenCopy) of the shards ids
+// have started.
+func (g *Gate) WaitStarted(ids ...string) {
+	g.t.Helper()
+	Eventually(g.t, 30*time.Second, func() (bool, string) {
+		for _, id := range ids {
+			if _, err := os.Stat(g.Path + ".started." + id); err != nil {
+				return false, "the command of shard " + id + " has not started"
+			}
+		}
+		return true, ""
+	})
 }

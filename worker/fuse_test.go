@@ -109,8 +109,11 @@ func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
 	env.WaitState("t", 30*time.Second, stream.RunComplete)
 
 	// The next generation waits for the gate: its command is running
-	// when the file system goes.
-	gated := strings.Replace(text, `["sh","-c","`, fmt.Sprintf(`["sh","-c","while [ ! -e %s ]; do sleep 0.05; done; `, gate.Path), 1)
+	// when the file system goes. It says it started: the worker's looks
+	// at the output directory come before the command, and a RUNNING
+	// record does not (unmounted then, no attempt would have run).
+	started := filepath.Join(t.TempDir(), "started")
+	gated := strings.Replace(text, `["sh","-c","`, fmt.Sprintf(`["sh","-c","touch %s; while [ ! -e %s ]; do sleep 0.05; done; `, started, gate.Path), 1)
 	if gated == text {
 		t.Fatalf("the spec's command is not the sh -c this test gates:\n%s", text)
 	}
@@ -120,8 +123,8 @@ func TestOutputDirectoryUnmountedIsNotMadeAgain(t *testing.T) {
 	}
 	changed := env.Submit(spec, coordinator.SubmitOptions{})
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		r, err := env.Shard("t", "s0000")
-		return err == nil && r.Fingerprint == changed.Fingerprint && r.State == stream.ShardRunning, fmt.Sprintf("s0000: %s (%v)", r.State, err)
+		_, err := os.Stat(started)
+		return err == nil, "no command of the next generation has started"
 	})
 	if out, err := exec.Command("umount", fuse).CombinedOutput(); err != nil {
 		t.Fatalf("umount %s: %v %s", fuse, err, out)
@@ -338,7 +341,7 @@ func TestHungOutputMountIsReported(t *testing.T) {
 	env := testenv.New(t, testenv.Options{SlowFS: time.Second})
 	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3,
-		Command: gate.ThenCopy()})
+		Command: gate.NoteThenCopy()})
 	out := filepath.Join(fuse, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		t.Fatal(err)
@@ -347,14 +350,10 @@ func TestHungOutputMountIsReported(t *testing.T) {
 	env.Submit(spec, coordinator.SubmitOptions{})
 	ids := []string{"s0000", "s0001", "s0002"}
 	first := ids[:2] // the slots' first shards; the third waits for a slot
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		for _, id := range first {
-			if r, err := env.Shard("t", id); err != nil || r.State != stream.ShardRunning {
-				return false, fmt.Sprintf("%s: %s (%v)", id, r.State, err)
-			}
-		}
-		return true, ""
-	})
+	// Their commands run, past the looks at the output directory that
+	// come before them (hung before those, the shards would wait there,
+	// not in their commits).
+	gate.WaitStarted(first...)
 	resume := testenv.HangFuse(t, daemon)
 	gate.Open()
 	ctx := context.Background()

@@ -23,15 +23,15 @@ func TestOutputDirectoryNotMadeIsTriedAgain(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 2, Extra: "retry_delay = \"100ms\"\n",
-		Command: gate.ThenCopy()})
+		Command: gate.NoteThenCopy()})
 	parent := filepath.Join(t.TempDir(), "d")
 	out := filepath.Join(parent, "out")
 	testenv.SetOutput(t, spec, out)
 	env.Submit(spec, coordinator.SubmitOptions{})
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		r, err := env.Shard("t", "s0000")
-		return err == nil && r.State == stream.ShardRunning, fmt.Sprintf("s0000: %s (%v)", r.State, err)
-	})
+	// Once the command runs (with the file made at the RUNNING record,
+	// the worker's look before the command could meet it: a start error,
+	// not the commit's).
+	gate.WaitStarted("s0000")
 	// A file where the output directory's parent should be: the commit
 	// cannot make it.
 	if err := os.WriteFile(parent, nil, 0o644); err != nil {
