@@ -281,7 +281,9 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueSt
 			slots += w.Slots[class]
 			busy += w.Running[class]
 			if why, ok := w.Waiting[class]; ok {
-				whys = append(whys, w.Name+": "+why)
+				// Auto workers' reasons begin with their class, which the
+				// line names already.
+				whys = append(whys, w.Name+": "+strings.TrimPrefix(why, "class "+class+": "))
 			}
 		}
 		cs := caps[class]

@@ -49,3 +49,17 @@ func TestWaitingOnAutoWorkersNamesTheirLogs(t *testing.T) {
 		t.Errorf("a report of an older worker, with no log named: %q, want the reason without a list", got)
 	}
 }
+
+// TestWaitingSaysTheClassOnce: an auto worker's reason begins with its
+// class ("class cpu: all 1 slot(s) in use ..."), which the line names
+// already: "class cpu: 3 shard(s) wait: wb: class cpu: all 1 slot(s)".
+func TestWaitingSaysTheClassOnce(t *testing.T) {
+	r := RunStatus{ClassCounts: map[string]stream.Counts{"cpu": {Total: 3, Pending: 3}}}
+	wa := stream.WorkerReport{Name: "wa", Slots: map[string]int{"cpu": 2}, Waiting: map[string]string{"cpu": "2 of 2 slots of class cpu in use; slots from configuration"}}
+	wb := stream.WorkerReport{Name: "wb", Auto: true, Waiting: map[string]string{"cpu": "class cpu: all 1 slot(s) in use (one shard at a time: no measured or declared memory peak)"}}
+	got := waiting(r, []stream.WorkerReport{wa, wb}, nil)
+	want := "class cpu: 3 shard(s) wait: wa: 2 of 2 slots of class cpu in use; slots from configuration; wb: all 1 slot(s) in use (one shard at a time: no measured or declared memory peak)"
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+}
