@@ -110,7 +110,7 @@ func TestAutoAdmissionUnknownAdmitsNothing(t *testing.T) {
 			return false, fmt.Sprint(err)
 		}
 		why := strings.Join(st.Runs[0].Waiting, "; ")
-		return strings.Contains(why, "w1: class cpu") && strings.Contains(why, "memory budget unknown"), "waiting: " + why
+		return strings.Contains(why, "class cpu: 2 shard(s) wait: w1: ") && strings.Contains(why, "memory budget unknown"), "waiting: " + why
 	})
 }
 
