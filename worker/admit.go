@@ -597,6 +597,12 @@ func procStats(procRoot string) []procStat {
 	return out
 }
 
+// hostLogPath is the host admission.log this worker writes (hostLog),
+// which its reports name.
+func (w *Worker) hostLogPath() string {
+	return filepath.Join(w.cfg.StateDir, w.evidenceFile("admission.log"))
+}
+
 // hostLog appends a worker-level admission decision (fetch or wait, per
 // class, with its numbers) to <state>/admission.log (evidenceFile).
 func (w *Worker) hostLog(class, decision, detail string) {
@@ -607,7 +613,7 @@ func (w *Worker) hostLog(class, decision, detail string) {
 		if err := os.MkdirAll(w.cfg.StateDir, 0o755); err != nil {
 			return
 		}
-		f, err := os.OpenFile(filepath.Join(w.cfg.StateDir, w.evidenceFile("admission.log")), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		f, err := os.OpenFile(w.hostLogPath(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return
 		}

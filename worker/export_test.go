@@ -5,7 +5,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
@@ -22,9 +21,7 @@ func (w *Worker) ScratchHeld(class string) int {
 // process as a worker named name whose shards hold the GPUs uuids, until
 // release: for tests of what reads the ledger.
 func HoldGPUsInLedger(dir, name string, uuids ...string) (release func(), err error) {
-	pid := os.Getpid()
-	l, err := openLedger(dir, "/proc", ledgerRec{Host: "h", Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(), PID: pid,
-		Start: processStart("/proc", pid), Name: name})
+	l, err := openLedger(dir, "/proc", ownRecord(name))
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,9 +17,7 @@ import (
 // have) and a known class gpu of one device, on the devices devs.
 func gpuWorker(t *testing.T, dir, name, share string, devs ...probe.GPU) *Worker {
 	t.Helper()
-	pid := os.Getpid()
-	l, err := openLedger(dir, "/proc", ledgerRec{Host: "h", Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(), PID: pid,
-		Start: processStart("/proc", pid), Name: name})
+	l, err := openLedger(dir, "/proc", ownRecord(name))
 	if err != nil {
 		t.Fatal(err)
 	}

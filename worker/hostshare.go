@@ -81,11 +81,13 @@ func (w *Worker) publishFixed(class string, k int, locked bool) {
 	}
 	w.mu.Unlock()
 	h.Memory = max(w.inflightMemory()-running, 0) + int64(k)*peak.Memory
-	write := func() error { return w.ledger.publish(w.fixedShare, h) }
+	var err error
 	if locked {
-		write = func() error { return w.ledger.commit(h) }
+		err = w.ledger.commit(h)
+	} else {
+		err = w.ledger.publish(w.fixedShare, h)
 	}
-	if err := write(); err != nil {
+	if err != nil {
 		w.log.Warn("host ledger", "err", err)
 	}
 }

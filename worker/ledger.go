@@ -170,6 +170,15 @@ func DefaultLedgerDir() string {
 	return filepath.Join("/tmp", fmt.Sprintf("shardpool-ledger-%d", os.Getuid()))
 }
 
+// ownRecord is the record of this process, under name, for a ledger
+// handle that is not a worker's (a profile's, or a test's).
+func ownRecord(name string) ledgerRec {
+	pid := os.Getpid()
+	host, _ := os.Hostname()
+	return ledgerRec{Host: host, Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(), PID: pid,
+		Start: processStart("/proc", pid), Name: name}
+}
+
 // openLedger opens (creating) the ledger in dir and writes this worker's
 // empty record in a free slot: the slot of a dead worker, or a new one.
 func openLedger(dir, procRoot string, me ledgerRec) (*hostLedger, error) {

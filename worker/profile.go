@@ -410,10 +410,7 @@ const ProfileShare = "profile"
 // its samples' devices are held while they run. An error is kept for the
 // GPU samples to report: a profile of a CPU class needs no ledger.
 func (w *Worker) openProfileLedger() error {
-	pid := os.Getpid()
-	host, _ := os.Hostname()
-	l, err := openLedger(w.cfg.HostLedger, "/proc", ledgerRec{Host: host, Boot: stream.BootID("/proc"), PIDNS: stream.PIDNamespace(),
-		PID: pid, Start: processStart("/proc", pid), Name: "shardpool profile"})
+	l, err := openLedger(w.cfg.HostLedger, "/proc", ownRecord("shardpool profile"))
 	if err != nil {
 		return err
 	}

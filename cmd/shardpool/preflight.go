@@ -128,16 +128,19 @@ func printHostWorkers(w io.Writer, dir string) {
 		}
 		return false
 	})
-	defer func() {
-		// A profile holds devices for its samples, nothing of the budget.
-		for _, h := range profiles {
-			fmt.Fprintf(w, "%s (pid %d) holds GPUs %s for its samples\n", h.Name, h.PID, cmp.Or(strings.Join(h.GPUs, ","), "none now"))
-		}
-	}()
 	if len(ws) == 0 {
 		fmt.Fprintf(w, "workers: none of this user's running on this host (ledger %s)\n", dir)
-		return
+	} else {
+		printWorkerHolds(w, dir, ws)
 	}
+	// A profile holds devices for its samples, nothing of the budget.
+	for _, h := range profiles {
+		fmt.Fprintf(w, "%s (pid %d) holds GPUs %s for its samples\n", h.Name, h.PID, cmp.Or(strings.Join(h.GPUs, ","), "none now"))
+	}
+}
+
+// printWorkerHolds is printHostWorkers's line of the live workers ws.
+func printWorkerHolds(w io.Writer, dir string, ws []worker.HostWorker) {
 	fmt.Fprintf(w, "workers: %d of this user's on this host, admitting against the budget above (ledger %s):", len(ws), dir)
 	for _, h := range ws {
 		fmt.Fprintf(w, " %s (pid %d) holds %s, %s still to grow (shards running or being fetched)", h.Name, h.PID, showCPU(probe.Known(h.CPU, "")), stream.FormatSize(h.Memory))
