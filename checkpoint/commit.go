@@ -378,13 +378,18 @@ func (p *Pending) PublishIfAbsent() (bool, error) {
 	return true, p.syncParent()
 }
 
+// syncDir makes renames into dir durable: by the commit's Options.Sync
+// where it has one, else by fsync of dir.
+func (p *Pending) syncDir(dir string) error {
+	if p.sync != nil {
+		return p.sync(dir)
+	}
+	return syncDir(dir)
+}
+
 // syncParent makes the rename into dst's directory durable.
 func (p *Pending) syncParent() error {
-	sync := syncDir
-	if p.sync != nil {
-		sync = p.sync
-	}
-	if err := sync(filepath.Dir(p.dst)); err != nil {
+	if err := p.syncDir(filepath.Dir(p.dst)); err != nil {
 		return fmt.Errorf("commit %s: %w", p.dst, err)
 	}
 	return nil
@@ -470,10 +475,6 @@ func renameNoReplace(from, to string) error {
 // false, with nothing changed, where dst cannot be moved into keep (keep
 // on another file system, say): the caller swaps as for any other dst.
 func (p *Pending) keepAside(keep string) (kept bool, err error) {
-	sync := syncDir
-	if p.sync != nil {
-		sync = p.sync
-	}
 	if err := os.MkdirAll(keep, 0o755); err != nil {
 		return false, nil
 	}
@@ -483,7 +484,7 @@ func (p *Pending) keepAside(keep string) (kept bool, err error) {
 			return false, nil
 		}
 		// dst is gone already: nothing to keep.
-	} else if err := errors.Join(sync(keep), p.syncParent()); err != nil {
+	} else if err := errors.Join(p.syncDir(keep), p.syncParent()); err != nil {
 		// The old content is kept either way; the new output is not
 		// published on a move whose durability is unknown.
 		os.RemoveAll(p.tmp)
