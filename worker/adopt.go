@@ -274,15 +274,18 @@ func (a *adopter) endLocked(ident uint64) {
 }
 
 // forgetLocked drops the attempts that ended more than adoptKeep ago.
+// The queue's head is cut off, not the rest copied down: every end
+// forgets about one attempt once the worker has run a minute, and the
+// copy of the minute's queue (about 78,000 attempts of /bin/true) was 6%
+// of a long run's CPU. append moves the queue to a new array when it
+// outgrows what is left of the old one.
 func (a *adopter) forgetLocked(now time.Time) {
 	n := 0
 	for n < len(a.endedAt) && now.Sub(a.endedAt[n].at) > adoptKeep {
 		delete(a.ended, a.endedAt[n].ident)
 		n++
 	}
-	if n > 0 {
-		a.endedAt = append(a.endedAt[:0], a.endedAt[n:]...)
-	}
+	a.endedAt = a.endedAt[n:]
 }
 
 // end notes that a command of the attempt has ended (and been waited
