@@ -25,7 +25,7 @@ func TestProgressSaysThePaceAndTimeLeft(t *testing.T) {
 	if got := p.pace(counts(20, 980), t0.Add(2*time.Second)); got != "" {
 		t.Fatalf("after 2 s: %q, want nothing yet", got)
 	}
-	if got := p.pace(counts(100, 900), t0.Add(10*time.Second)); got != ", 10/s, about 2m0s left" {
+	if got := p.pace(counts(100, 900), t0.Add(10*time.Second)); got != ", 10/s, about 1m30s left" {
 		t.Fatalf("100 in 10 s with 900 left: %q", got)
 	}
 	// Slower for the next two minutes: the rate is the last minute's.
@@ -33,7 +33,7 @@ func TestProgressSaysThePaceAndTimeLeft(t *testing.T) {
 	for s := 11; s <= 130; s++ {
 		got = p.pace(counts(100+(s-10), 900-(s-10)), t0.Add(time.Duration(s)*time.Second))
 	}
-	if got != ", 1.0/s, about 13m0s left" {
+	if got != ", 1.0/s, about 13m left" {
 		t.Fatalf("1 a second for two minutes, 780 left: %q", got)
 	}
 	if got := p.pace(counts(1000, 0), t0.Add(200*time.Second)); got != "" {
@@ -41,13 +41,36 @@ func TestProgressSaysThePaceAndTimeLeft(t *testing.T) {
 	}
 	slow := &progress{}
 	slow.pace(counts(0, 50), t0)
-	if got := slow.pace(counts(2, 48), t0.Add(time.Minute)); got != ", 2.0/min, about 24m0s left" {
+	if got := slow.pace(counts(2, 48), t0.Add(time.Minute)); got != ", 2.0/min, about 24m left" {
 		t.Fatalf("2 a minute: %q", got)
 	}
 	slower := &progress{}
 	slower.pace(counts(0, 500), t0)
 	if got := slower.pace(counts(1, 499), t0.Add(time.Hour)); !strings.HasPrefix(got, ", 1.0/h, about 499h00m left") {
 		t.Fatalf("1 an hour: %q", got)
+	}
+}
+
+// TestTimeLeftReadsAtAGlance: the time left is rounded to what a person
+// reads, without a unit of zeros ("2m", not "2m0s"), and a rounding that
+// reaches the next unit is written in it.
+func TestTimeLeftReadsAtAGlance(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{45 * time.Second, "45s"},
+		{59600 * time.Millisecond, "1m"},
+		{75 * time.Second, "1m20s"},
+		{2 * time.Minute, "2m"},
+		{9*time.Minute + 58*time.Second, "10m"},
+		{13*time.Minute + 20*time.Second, "13m"},
+		{59*time.Minute + 40*time.Second, "1h00m"},
+		{2*time.Hour + 5*time.Minute, "2h05m"},
+	} {
+		if got := roughly(c.d); got != c.want {
+			t.Errorf("roughly(%v) = %q, want %q", c.d, got, c.want)
+		}
 	}
 }
 

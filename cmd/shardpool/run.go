@@ -929,17 +929,23 @@ func (p *progress) pace(c stream.Counts, now time.Time) string {
 	return fmt.Sprintf(", %s, about %s left", rate, roughly(time.Duration(float64(left)/perSec*float64(time.Second))))
 }
 
-// roughly rounds a time left to what a person reads at a glance.
+// roughly rounds a time left to what a person reads at a glance: "45s",
+// "1m30s" (tens of seconds under ten minutes), "13m", "2h05m".
 func roughly(d time.Duration) string {
-	switch {
-	case d < time.Minute:
-		return d.Round(time.Second).String()
-	case d < time.Hour:
-		return d.Round(time.Minute).String()
-	default:
-		h := d.Round(time.Minute)
-		return fmt.Sprintf("%dh%02dm", int(h.Hours()), int(h.Minutes())%60)
+	if r := d.Round(time.Second); r < time.Minute {
+		return r.String()
 	}
+	if r := d.Round(10 * time.Second); r < 10*time.Minute {
+		if s := int(r.Seconds()) % 60; s != 0 {
+			return fmt.Sprintf("%dm%02ds", int(r.Minutes()), s)
+		}
+		return fmt.Sprintf("%dm", int(r.Minutes()))
+	}
+	r := d.Round(time.Minute)
+	if r < time.Hour {
+		return fmt.Sprintf("%dm", int(r.Minutes()))
+	}
+	return fmt.Sprintf("%dh%02dm", int(r.Hours()), int(r.Minutes())%60)
 }
 
 func progressOut(stderr io.Writer, quiet bool) io.Writer {
