@@ -33,11 +33,19 @@ func writeFileNoSync(path string, b []byte) error { return writeNew(path, b, fal
 func writeFileSync(path string, b []byte) error { return writeNew(path, b, true, 0o644) }
 
 func writeNew(path string, b []byte, sync bool, perm os.FileMode) error {
+	return writeNewFrom(path, sync, perm, func(w io.Writer) error {
+		_, err := w.Write(b)
+		return err
+	})
+}
+
+// writeNewFrom is writeNew of what write writes.
+func writeNewFrom(path string, sync bool, perm os.FileMode, write func(io.Writer) error) error {
 	f, err := OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(b); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -66,9 +74,19 @@ func tmpBeside(path string) string {
 // WriteFilePerm is WriteFile with the new file's permissions (before the
 // umask): 0600 for what only its user may read.
 func WriteFilePerm(path string, data []byte, perm os.FileMode) error {
+	return WriteFileFrom(path, perm, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// WriteFileFrom is WriteFilePerm of what write writes to the temporary
+// file, for a file too large to hold twice in memory (a run's final.json
+// of 200,000 shards is 24 MB, and its encoding in one piece 78 MB).
+func WriteFileFrom(path string, perm os.FileMode, write func(io.Writer) error) error {
 	dir := filepath.Dir(path)
 	tmp := tmpBeside(path)
-	if err := writeNew(tmp, data, true, perm); err != nil {
+	if err := writeNewFrom(tmp, true, perm, write); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", path, err)
 	}

