@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+	"unique"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,9 +27,15 @@ import (
 	"github.com/shardpool/shardpool/stream"
 )
 
+// shardInfo is what the tracker keeps of a shard's record: a coordinator
+// holds one per shard of every run it tracks, so it keeps no more than it
+// counts and writes to final.json, and shares the strings every shard of
+// a run repeats (unique.Make).
 type shardInfo struct {
 	fp, state, reason, class string
-	output                   *stream.Output
+	checksum                 string // of the committed output, if any
+	files                    int
+	bytes                    int64
 	attempts, retry          int
 	rev                      uint64 // the record's revision
 }
@@ -364,7 +371,11 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 		delete(ri.shards, id)
 		return false
 	}
-	si := &shardInfo{fp: r.Fingerprint, state: r.State, reason: r.Reason, class: r.Class, output: r.Output, attempts: len(r.Attempts), retry: r.Retry, rev: e.Revision()}
+	si := &shardInfo{fp: unique.Make(r.Fingerprint).Value(), state: unique.Make(r.State).Value(), reason: r.Reason, class: unique.Make(r.Class).Value(),
+		attempts: len(r.Attempts), retry: r.Retry, rev: e.Revision()}
+	if r.Output != nil {
+		si.checksum, si.files, si.bytes = r.Output.Checksum, r.Output.Files, r.Output.Bytes
+	}
 	if old != nil && old.fp == si.fp && si.retry > old.retry {
 		ri.retried = true
 	}
@@ -372,6 +383,9 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 		// An output is being redone: the run's outputs are verified again
 		// when it completes.
 		ri.verifiedFP = ""
+	}
+	if old == nil {
+		id = strings.Clone(id) // not the key's whole subject, which id is cut from
 	}
 	ri.shards[id] = si
 	if si.fp == ri.rec.Fingerprint {
@@ -1203,10 +1217,7 @@ func (t *tracker) maybeEvidence(ri *runInfo) {
 		if si.fp != ri.rec.Fingerprint {
 			continue
 		}
-		fs := FinalShard{ID: id, State: si.state, Attempts: si.attempts, Reason: si.reason}
-		if si.output != nil {
-			fs.Checksum, fs.Files, fs.Bytes = si.output.Checksum, si.output.Files, si.output.Bytes
-		}
+		fs := FinalShard{ID: id, State: si.state, Attempts: si.attempts, Reason: si.reason, Checksum: si.checksum, Files: si.files, Bytes: si.bytes}
 		f.Shards = append(f.Shards, fs)
 	}
 	sort.Slice(f.Shards, func(i, j int) bool { return f.Shards[i].ID < f.Shards[j].ID })
