@@ -10,20 +10,21 @@ import (
 	"github.com/shardpool/shardpool/stream"
 )
 
-// deleted is the watch event of a purged key.
-type deleted struct {
-	jetstream.KeyValueEntry
-	key string
-	rev uint64
+// watchEvent is a KV watch event made by hand.
+type watchEvent struct {
+	bucket, key string
+	val         []byte
+	rev         uint64
+	op          jetstream.KeyValueOp
 }
 
-func (d deleted) Key() string                     { return d.key }
-func (d deleted) Revision() uint64                { return d.rev }
-func (d deleted) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePurge }
-func (d deleted) Value() []byte                   { return nil }
-func (d deleted) Created() time.Time              { return time.Now() }
-func (d deleted) Bucket() string                  { return stream.BucketRuns }
-func (d deleted) Delta() uint64                   { return 0 }
+func (e watchEvent) Bucket() string                  { return e.bucket }
+func (e watchEvent) Key() string                     { return e.key }
+func (e watchEvent) Value() []byte                   { return e.val }
+func (e watchEvent) Revision() uint64                { return e.rev }
+func (e watchEvent) Created() time.Time              { return time.Time{} }
+func (e watchEvent) Delta() uint64                   { return 0 }
+func (e watchEvent) Operation() jetstream.KeyValueOp { return e.op }
 
 // TestForgottenRunCountsItsNewRecords: a run forgotten and submitted again
 // at once. The tracker's two watches (run records, shard records) are not
@@ -70,7 +71,7 @@ func TestForgottenRunCountsItsNewRecords(t *testing.T) {
 	if _, err := b.PurgeRun(ctx, "r", 0); err != nil {
 		t.Fatal(err)
 	}
-	gone := deleted{key: "r", rev: run1.Revision() + 1}
+	gone := watchEvent{bucket: stream.BucketRuns, key: "r", rev: run1.Revision() + 1, op: jetstream.KeyValuePurge}
 	run2 := putRun()
 	// Submitted again: two of its shards are recorded so far.
 	new0, new1 := putShard("s0"), putShard("s1")

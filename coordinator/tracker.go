@@ -1103,21 +1103,21 @@ func writeEvidence(dir, name string, v any) error {
 
 // writeFinal writes f as the final.json of the evidence folder dir,
 // durably, as writeEvidence would, one shard at a time: encoded in one
-// piece, a run of 200,000 shards allocated 78 MB for a 24 MB file, and
-// its peak memory grew by a quarter as it ended.
+// piece, a run of 200,000 shards allocated 78 MB at once for a 24 MB file
+// (a million shards, about 400 MB), beside what the run's end holds.
 func writeFinal(dir string, f *Final) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	head, err := json.MarshalIndent(f.RunSummary, "", "  ")
+	summary, err := json.MarshalIndent(f.RunSummary, "", "  ")
 	if err != nil {
 		return err
 	}
+	// The summary's fields, then the shards, as MarshalIndent of f writes
+	// them: summary is "{\n  ...\n}", or "{}" with no field.
+	head := bytes.TrimSuffix(bytes.TrimSuffix(summary, []byte("}")), []byte("\n"))
 	return checkpoint.WriteFileFrom(filepath.Join(dir, FinalName), 0o644, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 64<<10)
-		// The summary's fields, then the shards, as MarshalIndent of f
-		// writes them: head is "{\n  ...\n}", or "{}" with no field.
-		head = bytes.TrimSuffix(bytes.TrimSuffix(head, []byte("}")), []byte("\n"))
 		bw.Write(head)
 		if len(head) > 1 {
 			bw.WriteString(",")

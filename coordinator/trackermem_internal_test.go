@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/stream"
 )
 
 // BenchmarkTrackerHoldsAShard reports the heap the tracker keeps for a
@@ -16,12 +17,12 @@ import (
 // not held by its id).
 func BenchmarkTrackerHoldsAShard(b *testing.B) {
 	const n = 100_000
-	entries := make([]*recordEntry, n)
+	entries := make([]watchEvent, n)
 	for i := range entries {
 		id := fmt.Sprintf("s%07d", i)
 		// As a watch delivers it: the key cut from the message's subject.
 		subj := "$KV.shardpool-shards.big." + id
-		entries[i] = &recordEntry{key: subj[len("$KV.shardpool-shards."):], rev: uint64(i + 1), val: []byte(`{"v":1,"run":"big","id":"` + id +
+		entries[i] = watchEvent{bucket: stream.BucketShards, op: jetstream.KeyValuePut, key: subj[len("$KV.shardpool-shards."):], rev: uint64(i + 1), val: []byte(`{"v":1,"run":"big","id":"` + id +
 			`","fingerprint":"d87f13b4d32e8064","class":"cpu","state":"validated","retry":0,"attempts":[{"n":1,"outcome":"validated"}],"output":{"path":"/data/out/` + id +
 			`","checksum":"2b37a3d2213e3fea","files":3,"bytes":4096}}`)}
 	}
@@ -45,18 +46,3 @@ func BenchmarkTrackerHoldsAShard(b *testing.B) {
 	}
 	b.ReportMetric(float64(held), "B/shard")
 }
-
-// recordEntry is a shard record as a KV watch delivers it.
-type recordEntry struct {
-	key string
-	val []byte
-	rev uint64
-}
-
-func (e *recordEntry) Bucket() string                  { return "shardpool-shards" }
-func (e *recordEntry) Key() string                     { return e.key }
-func (e *recordEntry) Value() []byte                   { return e.val }
-func (e *recordEntry) Revision() uint64                { return e.rev }
-func (e *recordEntry) Created() time.Time              { return time.Time{} }
-func (e *recordEntry) Delta() uint64                   { return 0 }
-func (e *recordEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
