@@ -558,7 +558,16 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		} else if wk.Disconnected != "" {
 			reported += " DISCONNECTED"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, slots, classMap(wk.Running), wk.Done, wk.Failed, reported, headroom(wk.Headroom))
+		// A run's running shards include those whose command has ended
+		// and that their worker still commits, records and acks (up to
+		// 256 a worker): with short shards, 60 or more beside 4 slots.
+		// The column counts commands; it says the rest, lest the run's
+		// count look like a worker over its slots.
+		running := classMap(wk.Running)
+		if wk.Concluding > 0 {
+			running += fmt.Sprintf(" +%d committing", wk.Concluding)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", wk.Name, wk.Host, slots, running, wk.Done, wk.Failed, reported, headroom(wk.Headroom))
 	}
 	if len(st.Workers) == 0 {
 		fmt.Fprintln(tw, "(no live workers)")

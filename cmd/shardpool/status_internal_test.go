@@ -478,3 +478,32 @@ func TestStatusNamesAttemptsWaitingOnAFileSystem(t *testing.T) {
 		t.Errorf("w2, waiting on nothing, is said to wait:\n%s", out)
 	}
 }
+
+// TestStatusSaysWhatAWorkerCommits: with short shards a run counts more
+// running than its worker has slots (60 to 130 beside 4, /bin/true on 2
+// cores): those whose command has ended, committed, recorded and acked
+// aside. The worker's RUNNING column counted the commands alone, and
+// nothing said where the rest were.
+func TestStatusSaysWhatAWorkerCommits(t *testing.T) {
+	now := time.Now().UTC()
+	st := &coordinator.Status{V: coordinator.StatusVersion, Time: now,
+		Runs: []coordinator.RunStatus{{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 100, Running: 67, Pending: 33}}},
+		Workers: []stream.WorkerReport{
+			{Name: "w1", Host: "h1", PID: 41, Reported: now, Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 4}, Concluding: 63},
+			{Name: "w2", Host: "h2", PID: 42, Reported: now, Slots: map[string]int{"cpu": 4}, Running: map[string]int{"cpu": 2}},
+		}}
+	var b strings.Builder
+	printStatus(&b, st)
+	lines := map[string]string{}
+	for _, l := range strings.Split(b.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			lines[f[0]] = l
+		}
+	}
+	if f := strings.Fields(lines["w1"]); len(f) < 6 || f[3] != "cpu=4" || f[4] != "+63" || f[5] != "committing" {
+		t.Errorf("worker committing 63 shards beside its 4 commands: got %q, want RUNNING \"cpu=4 +63 committing\"\n%s", lines["w1"], b.String())
+	}
+	if f := strings.Fields(lines["w2"]); len(f) < 5 || f[3] != "cpu=2" || f[4] != "0" || strings.Contains(lines["w2"], "committing") {
+		t.Errorf("worker committing nothing: got %q, want RUNNING \"cpu=2\" alone\n%s", lines["w2"], b.String())
+	}
+}
