@@ -50,8 +50,15 @@ type cgroups struct {
 	mu   sync.Mutex
 	idle map[shardLimits][]*shardCgroup
 	kept int // in idle, at most keepAtMost
-	made int // numbers the pooled cgroups' names, after this process's pid
+	made int // shard cgroups this instance made (pooled ones are reused)
 }
+
+// cgroupNames numbers shard cgroups' names after this process's pid. It
+// is the process's, not a worker's: two workers of one process (tests
+// start several; a worker started again in the process) each counted
+// from 1, and the second's first shard found the first's cgroup of that
+// name ("file exists") and ran outside any cgroup, unlimited.
+var cgroupNames atomic.Int64
 
 // shardLimits are the limits a pooled cgroup was made with.
 type shardLimits struct{ mem, cpu int64 }
@@ -241,7 +248,7 @@ func (c *cgroups) newShard(label string, memLimit, cpuMillicores int64) (*shardC
 // under mu.
 func (c *cgroups) nextName() string {
 	c.made++
-	return fmt.Sprintf("p%d-%d", os.Getpid(), c.made)
+	return fmt.Sprintf("p%d-%d", os.Getpid(), cgroupNames.Add(1))
 }
 
 // newShardV2 makes one cgroup beside the worker's own leaf (prepareV2). A cpu.max

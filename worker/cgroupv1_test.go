@@ -33,6 +33,29 @@ func v1Cgroups(t *testing.T) *cgroups {
 	return c
 }
 
+// TestTwoWorkersOfOneProcessNameTheirCgroupsApart: shard cgroups are
+// named after the process's pid and a number; each worker counted from
+// 1, so a second worker in the process (tests start several) found the
+// first's "shardpool-p<pid>-1" and its shard ran outside any cgroup.
+func TestTwoWorkersOfOneProcessNameTheirCgroupsApart(t *testing.T) {
+	a, b := v1Cgroups(t), v1Cgroups(t)
+	defer a.close()
+	defer b.close()
+	sa, err := a.newShard("t-s1-a1", 64<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.release(sa)
+	sb, err := b.newShard("t-s2-a1", 64<<20, 0)
+	if err != nil {
+		t.Fatalf("the second worker's first shard cgroup: %v (the first worker's is %s)", err, sa.mem)
+	}
+	defer b.release(sb)
+	if sa.mem == sb.mem {
+		t.Fatalf("both workers' shards share the cgroup %s", sa.mem)
+	}
+}
+
 // cgroupOf is the path of one controller's cgroup in a /proc cgroup file.
 func cgroupOf(t *testing.T, text, controller string) string {
 	t.Helper()
