@@ -129,7 +129,9 @@ func detectCgroups(root string) *cgroups {
 }
 
 func writableDir(dir string) bool {
-	probe := filepath.Join(dir, fmt.Sprintf("shardpool-probe-%d", os.Getpid()))
+	// Numbered as the shard cgroups: workers of one process may look at
+	// once.
+	probe := filepath.Join(dir, fmt.Sprintf("shardpool-probe-%d-%d", os.Getpid(), cgroupNames.Add(1)))
 	if err := os.Mkdir(probe, 0o755); err != nil {
 		return false
 	}
