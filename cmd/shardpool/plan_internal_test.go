@@ -102,12 +102,7 @@ func TestPlanShowsTheVRAMAGPUClassNeeds(t *testing.T) {
 	}
 	var out strings.Builder
 	printPlan(&out, p)
-	rows := map[string]string{}
-	for _, line := range strings.Split(out.String(), "\n") {
-		if f := strings.Fields(line); len(f) > 0 {
-			rows[f[0]] = line
-		}
-	}
+	rows := rowsByFirstWord(out.String())
 	for class, want := range map[string]string{"CLASS": "GPUS  VRAM  SLOTS", "cpu": " 0     -  ", "gpu": " 1     12.0GiB  ", "bare": " 1     not declared", "multi": " 2     40.0GiB  "} {
 		if got := regexp.MustCompile(` +`).ReplaceAllString(rows[class], " "); !strings.Contains(got, regexp.MustCompile(` +`).ReplaceAllString(want, " ")) {
 			t.Errorf("row %s: %q, want %q in it\n%s", class, rows[class], want, out.String())

@@ -90,12 +90,7 @@ func TestStatusNamesSlotsHeldForAnotherWorkersShard(t *testing.T) {
 	var b strings.Builder
 	printStatus(&b, st)
 	out := b.String()
-	lines := map[string]string{}
-	for _, l := range strings.Split(out, "\n") {
-		if f := strings.Fields(l); len(f) > 1 {
-			lines[f[0]] = l
-		}
-	}
+	lines := rowsByFirstWord(out)
 	if !strings.Contains(lines["a"], "its message came again, to w3, which holds a slot for it until this attempt ends") {
 		t.Errorf("shard a: got %q, want the worker holding a slot for it named", lines["a"])
 	}
@@ -494,16 +489,24 @@ func TestStatusSaysWhatAWorkerCommits(t *testing.T) {
 		}}
 	var b strings.Builder
 	printStatus(&b, st)
-	lines := map[string]string{}
-	for _, l := range strings.Split(b.String(), "\n") {
-		if f := strings.Fields(l); len(f) > 1 {
-			lines[f[0]] = l
-		}
-	}
+	lines := rowsByFirstWord(b.String())
 	if f := strings.Fields(lines["w1"]); len(f) < 6 || f[3] != "cpu=4" || f[4] != "+63" || f[5] != "committing" {
 		t.Errorf("worker committing 63 shards beside its 4 commands: got %q, want RUNNING \"cpu=4 +63 committing\"\n%s", lines["w1"], b.String())
 	}
 	if f := strings.Fields(lines["w2"]); len(f) < 5 || f[3] != "cpu=2" || f[4] != "0" || strings.Contains(lines["w2"], "committing") {
 		t.Errorf("worker committing nothing: got %q, want RUNNING \"cpu=2\" alone\n%s", lines["w2"], b.String())
 	}
+}
+
+// rowsByFirstWord maps the first word of each line of text that has more
+// than one to the line (the last such line, where words repeat): the rows
+// of a printed table by their first column.
+func rowsByFirstWord(text string) map[string]string {
+	rows := map[string]string{}
+	for _, l := range strings.Split(text, "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			rows[f[0]] = l
+		}
+	}
+	return rows
 }
