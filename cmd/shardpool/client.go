@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -468,9 +469,10 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}
 		here, _ := os.Hostname() // a log on another host is named with it
-		for i, s := range r.Shards {
+		shards := worstFirst(r.Shards)
+		for i, s := range shards {
 			if i == maxShardLines {
-				fmt.Fprintf(w, "  ... and %d more shard(s) not validated (status --json lists every one)\n", len(r.Shards)-i)
+				fmt.Fprintf(w, "  ... and %d more shard(s) not validated: %s (status --json lists every one)\n", len(shards)-i, countStates(shards[i:]))
 				break
 			}
 			detail := s.Reason
@@ -713,6 +715,45 @@ func printFailingWorker(w io.Writer, wk stream.WorkerReport, all []stream.Worker
 // maxShardLines bounds the shards status RUN prints per run; --json has
 // them all.
 const maxShardLines = 50
+
+// worstFirst orders a run's shards not validated for reading: failed,
+// then pending (a retry's delay, a reason to wait), then running, each by
+// ID. By ID alone, a run of short shards lists its 50 lines of running
+// ones (up to 256 a worker are committing) and the failed shard whose
+// reason a person looked for fell among the "... and 80 more".
+func worstFirst(shards []stream.ShardRecord) []stream.ShardRecord {
+	rank := func(state string) int {
+		switch state {
+		case stream.ShardFailed:
+			return 0
+		case stream.ShardPending:
+			return 1
+		case stream.ShardRunning:
+			return 2
+		}
+		return 3
+	}
+	out := slices.Clone(shards)
+	slices.SortStableFunc(out, func(a, b stream.ShardRecord) int { return cmp.Compare(rank(a.State), rank(b.State)) })
+	return out
+}
+
+// countStates says how many of shards are in each state, worst first:
+// "3 failed, 80 running".
+func countStates(shards []stream.ShardRecord) string {
+	n := map[string]int{}
+	for _, s := range shards {
+		n[s.State]++
+	}
+	var parts []string
+	for _, s := range worstFirst(shards) {
+		if n[s.State] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n[s.State], s.State))
+			n[s.State] = 0
+		}
+	}
+	return strings.Join(parts, ", ")
+}
 
 // awaitedBy names the workers that hold a delivery of the shard key while
 // another owner's lease of it lives (WorkerReport.Awaiting).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,6 +121,40 @@ func TestStatusBoundsShardLines(t *testing.T) {
 	}
 	if !strings.Contains(out, fmt.Sprintf("... and %d more shard(s)", 500-maxShardLines)) {
 		t.Fatalf("output lacks the count of shards not printed:\n%s", out[len(out)-300:])
+	}
+}
+
+// TestStatusListsFailedShardsFirst: the shards a run lists are the ones a
+// person reads status for. By ID, a run of short shards filled the 50
+// lines with running ones, most of them committing, and its failed
+// shards, with the reasons, fell among "... and 73 more".
+func TestStatusListsFailedShardsFirst(t *testing.T) {
+	r := coordinator.RunStatus{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 1000, Running: 120, Pending: 1, Failed: 2}}
+	for i := range 120 {
+		r.Shards = append(r.Shards, stream.ShardRecord{ID: fmt.Sprintf("s%04d", i), State: stream.ShardRunning,
+			Owner: &stream.Owner{Worker: "w1", Host: "h1", PID: 41, Attempt: 1}})
+	}
+	r.Shards = append(r.Shards,
+		stream.ShardRecord{ID: "s0150", State: stream.ShardPending, Reason: "exit status 3; retry in 2s"},
+		stream.ShardRecord{ID: "s0200", State: stream.ShardFailed, Reason: "after 3 attempt(s): exit status 1"},
+		stream.ShardRecord{ID: "s0201", State: stream.ShardFailed, Reason: "after 3 attempt(s): exit status 2"})
+	var b strings.Builder
+	printStatus(&b, &coordinator.Status{Runs: []coordinator.RunStatus{r}, Workers: []stream.WorkerReport{{Name: "w1", Host: "h1", PID: 41}}})
+	var listed []string
+	for _, l := range strings.Split(b.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && strings.HasPrefix(l, "  s") {
+			listed = append(listed, f[0]+" "+f[1])
+		}
+	}
+	if len(listed) != maxShardLines {
+		t.Fatalf("%d shard lines, want %d:\n%s", len(listed), maxShardLines, b.String())
+	}
+	want := []string{"s0200 failed", "s0201 failed", "s0150 pending", "s0000 running", "s0001 running"}
+	if !slices.Equal(listed[:len(want)], want) || listed[maxShardLines-1] != "s0046 running" {
+		t.Errorf("shard lines begin %q and end %q; want %q first, then the running ones by ID to s0046\n%s", listed[:len(want)], listed[maxShardLines-1], want, b.String())
+	}
+	if !strings.Contains(b.String(), "  ... and 73 more shard(s) not validated: 73 running (status --json lists every one)") {
+		t.Errorf("the line of shards not listed does not say what they are:\n%s", b.String())
 	}
 }
 
