@@ -2832,11 +2832,5 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 		// what the waiting shard saw.
 		t.Errorf("admission.log does not say the second staged shard waited for scratch space:\n%s", log)
 	}
-	for _, id := range []string{"s0000", "s0001"} {
-		if rec, err := env.Shard("staged", id); err != nil {
-			t.Fatal(err)
-		} else if len(rec.Attempts) != 1 || rec.Interrupted != 0 {
-			t.Errorf("staged %s: %d attempt(s), %d handed back; want one attempt\n%s", id, len(rec.Attempts), rec.Interrupted, log)
-		}
-	}
+	oneAttemptEach(t, env, "staged", 2)
 }
