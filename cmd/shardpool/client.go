@@ -738,19 +738,20 @@ func worstFirst(shards []stream.ShardRecord) []stream.ShardRecord {
 	return out
 }
 
-// countStates says how many of shards are in each state, worst first:
-// "3 failed, 80 running".
+// countStates says how many of shards, in worstFirst's order, are in
+// each state, in that order: "3 failed, 80 running".
 func countStates(shards []stream.ShardRecord) string {
 	n := map[string]int{}
+	var states []string
 	for _, s := range shards {
+		if n[s.State] == 0 {
+			states = append(states, s.State)
+		}
 		n[s.State]++
 	}
-	var parts []string
-	for _, s := range worstFirst(shards) {
-		if n[s.State] > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", n[s.State], s.State))
-			n[s.State] = 0
-		}
+	parts := make([]string, len(states))
+	for i, state := range states {
+		parts[i] = fmt.Sprintf("%d %s", n[state], state)
 	}
 	return strings.Join(parts, ", ")
 }
