@@ -33,10 +33,16 @@ func writeFileNoSync(path string, b []byte) error { return writeNew(path, b, fal
 func writeFileSync(path string, b []byte) error { return writeNew(path, b, true, 0o644) }
 
 func writeNew(path string, b []byte, sync bool, perm os.FileMode) error {
-	return writeNewFrom(path, sync, perm, func(w io.Writer) error {
+	return writeNewFrom(path, sync, perm, writeBytes(b))
+}
+
+// writeBytes is the write function of writeNewFrom and WriteFileFrom that
+// writes b.
+func writeBytes(b []byte) func(io.Writer) error {
+	return func(w io.Writer) error {
 		_, err := w.Write(b)
 		return err
-	})
+	}
 }
 
 // writeNewFrom is writeNew of what write writes.
@@ -74,10 +80,7 @@ func tmpBeside(path string) string {
 // WriteFilePerm is WriteFile with the new file's permissions (before the
 // umask): 0600 for what only its user may read.
 func WriteFilePerm(path string, data []byte, perm os.FileMode) error {
-	return WriteFileFrom(path, perm, func(w io.Writer) error {
-		_, err := w.Write(data)
-		return err
-	})
+	return WriteFileFrom(path, perm, writeBytes(data))
 }
 
 // WriteFileFrom is WriteFilePerm of what write writes to the temporary
