@@ -75,6 +75,9 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintf(stdout, ", data %s (shardpool %s)\n", c.DataDir(), stream.ThisBuild().Version)
 		printAccess(stdout, c)
 		err = c.Run(ctx)
+		if err == nil && ctx.Err() != nil {
+			fmt.Fprintln(stdout, coordinatorStopped(ctx, c.DataDir()))
+		}
 		if !errors.Is(err, coordinator.ErrReload) {
 			return err
 		}
@@ -82,6 +85,19 @@ func cmdCoordinator(ctx context.Context, args []string, stdout, stderr io.Writer
 		// loads it afresh on the same listeners; workers reconnect.
 		fmt.Fprintf(stdout, "coordinator: the store met a write error and has room again: reloading it\n")
 	}
+}
+
+// coordinatorStopped is what a coordinator says once a signal has
+// stopped it: nothing of its runs is lost, and how to go on. Workers
+// print that they lost it; without this line its own output ended at
+// its last run state, as if it had died.
+func coordinatorStopped(ctx context.Context, data string) string {
+	why := "stopped"
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		why = "stopped by " + cause.Error()
+	}
+	return fmt.Sprintf("coordinator %s: the store and every run's state stay in %s; `shardpool coordinator --data %s` (with the same flags) goes on where it stopped, and workers reconnect by themselves",
+		why, data, shellQuote(data))
 }
 
 // absOrEmpty is absPath of a path given, "" of none.

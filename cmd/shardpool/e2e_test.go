@@ -115,6 +115,28 @@ func (c *cluster) bounceCoordinator(away time.Duration, leaseTTL string) {
 	c.startCoordinator(leaseTTL)
 }
 
+// TestStoppedCoordinatorSaysHowToGoOn: SIGTERM stops a coordinator
+// with exit 0 and a line that says its runs are kept and how to go on
+// (its output used to end at its last run state, as if it had died);
+// started again as the line says, its queued run completes.
+func TestStoppedCoordinatorSaysHowToGoOn(t *testing.T) {
+	c := startCluster(t, "20s")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})
+	c.submit(spec)
+	c.coord.SignalMain(syscall.SIGTERM)
+	if code := c.coord.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("coordinator stopped with SIGTERM: exit %d, want 0\n%s", code, c.coord.Output())
+	}
+	want := "coordinator stopped by SIGTERM: the store and every run's state stay in " + c.data +
+		"; `shardpool coordinator --data " + c.data + "` (with the same flags) goes on where it stopped"
+	if !strings.Contains(c.coord.Output(), want) {
+		t.Fatalf("coordinator output after SIGTERM:\n%s\nwant a line with %q", c.coord.Output(), want)
+	}
+	c.startCoordinator("20s")
+	c.worker("w1", "--slots", "cpu=1")
+	c.completesOnce(spec, 3, 60*time.Second)
+}
+
 // completesOnce waits for run t of spec to be COMPLETE with its n shards
 // validated, each once, every output verified (validatedOnce).
 func (c *cluster) completesOnce(spec string, n int, within time.Duration) {
