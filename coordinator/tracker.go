@@ -90,6 +90,9 @@ type tracker struct {
 	exhausted map[uint64]int
 	// seen is the last shard record revision applied.
 	seen uint64
+	// live is set once the runs watch has replayed the store: a run
+	// record after that is news (a submission), and is logged as such.
+	live bool
 }
 
 func newTracker(c *Coordinator) *tracker {
@@ -158,7 +161,10 @@ func (t *tracker) run(ctx context.Context) error {
 				return fmt.Errorf("tracker: runs watch closed")
 			}
 			if e == nil {
-				runsReplayed = true
+				runsReplayed, t.live = true, true
+				if shardsReplayed {
+					t.sayWhatItHolds()
+				}
 				flush(ctx)
 				continue
 			}
@@ -172,6 +178,9 @@ func (t *tracker) run(ctx context.Context) error {
 			}
 			if e == nil {
 				shardsReplayed = true
+				if runsReplayed {
+					t.sayWhatItHolds()
+				}
 				flush(ctx)
 				continue
 			}
@@ -188,7 +197,8 @@ func (t *tracker) run(ctx context.Context) error {
 		case <-replayed:
 			if !runsReplayed || !shardsReplayed {
 				t.c.log.Warn("tracker: no end-of-replay marker from the KV watches; judging runs from what arrived", "after", replayWait)
-				runsReplayed, shardsReplayed = true, true
+				runsReplayed, shardsReplayed, t.live = true, true, true
+				t.sayWhatItHolds()
 			}
 		case <-tick.C:
 			if len(t.exhausted) > 0 {
@@ -266,6 +276,9 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 		ri := newRunInfo()
 		ri.forgotten = true
 		t.runs[e.Key()] = ri
+		if t.live {
+			t.c.log.Info("run forgotten", "run", e.Key())
+		}
 		return
 	}
 	var r stream.RunRecord
@@ -275,6 +288,9 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 	}
 	ri := t.info(r.Name)
 	fpChanged := ri.rec.Fingerprint != r.Fingerprint
+	if t.live {
+		t.saySubmitted(ri, r, fpChanged)
+	}
 	ri.rec, ri.rev, ri.known, ri.dirty = r, e.Revision(), true, true
 	if fpChanged {
 		ri.n, ri.byClass = map[string]int{}, map[string]map[string]int{}
@@ -289,6 +305,57 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 	if ri.forgotten {
 		t.reload(ctx, r.Name, ri)
 	}
+}
+
+// saySubmitted logs a submission the runs watch brings while the
+// coordinator runs: a new run, a new generation of one, or a retry round
+// of its failed shards. Its own writes (state and counts) and a
+// resubmission that changes nothing are not news.
+func (t *tracker) saySubmitted(ri *runInfo, r stream.RunRecord, fpChanged bool) {
+	switch {
+	case !ri.known || ri.forgotten:
+		t.c.log.Info("run submitted", "run", r.Name, "fingerprint", r.Fingerprint, "shards", r.Counts.Total)
+	case fpChanged:
+		t.c.log.Info("run submitted: a new generation", "run", r.Name, "fingerprint", r.Fingerprint, "replaces", ri.rec.Fingerprint, "shards", r.Counts.Total)
+	case r.Retry > ri.rec.Retry:
+		t.c.log.Info("run's failed shards requeued", "run", r.Name, "retry_round", r.Retry)
+	}
+}
+
+// sayWhatItHolds logs, once the store has been read, the runs it holds:
+// each unfinished run by name with its state and counts as last recorded,
+// the BLOCKED ones by name, and how many are COMPLETE. A restarted
+// coordinator's output otherwise said nothing of the runs it goes on with.
+func (t *tracker) sayWhatItHolds() {
+	var active, blocked []string
+	complete := 0
+	for name, ri := range t.runs {
+		if !ri.known {
+			continue
+		}
+		switch c := ri.rec.Counts; ri.rec.State {
+		case stream.RunComplete:
+			complete++
+		case stream.RunBlocked:
+			blocked = append(blocked, name)
+		default:
+			active = append(active, fmt.Sprintf("%s %s %d/%d validated", name, ri.rec.State, c.Validated, c.Total))
+		}
+	}
+	if len(active)+len(blocked)+complete == 0 {
+		t.c.log.Info("runs in the store: none")
+		return
+	}
+	sort.Strings(active)
+	sort.Strings(blocked)
+	attrs := []any{"complete", complete}
+	if len(active) > 0 {
+		attrs = append(attrs, "unfinished", strings.Join(active, ", "))
+	}
+	if len(blocked) > 0 {
+		attrs = append(attrs, "blocked", strings.Join(blocked, ", "))
+	}
+	t.c.log.Info("runs in the store", attrs...)
 }
 
 // reload replaces what ri holds of its shards with the records in the

@@ -118,11 +118,18 @@ func (c *cluster) bounceCoordinator(away time.Duration, leaseTTL string) {
 // TestStoppedCoordinatorSaysHowToGoOn: SIGTERM stops a coordinator
 // with exit 0 and a line that says its runs are kept and how to go on
 // (its output used to end at its last run state, as if it had died);
-// started again as the line says, its queued run completes.
+// started again as the line says, it names the run it goes on with,
+// which completes. A submission is on its output too, once: the same
+// spec submitted again changes nothing and says nothing.
 func TestStoppedCoordinatorSaysHowToGoOn(t *testing.T) {
 	c := startCluster(t, "20s")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})
 	c.submit(spec)
+	c.submit(spec)
+	testenv.WaitState(t, c.js, "t", 20*time.Second, stream.RunQueued)
+	if n := strings.Count(c.coord.Output(), `msg="run submitted" component=coordinator run=t fingerprint=`); n != 1 {
+		t.Errorf("coordinator output after two submissions of one spec: %d 'run submitted' lines, want 1\n%s", n, c.coord.Output())
+	}
 	c.coord.SignalMain(syscall.SIGTERM)
 	if code := c.coord.Wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("coordinator stopped with SIGTERM: exit %d, want 0\n%s", code, c.coord.Output())
@@ -133,6 +140,10 @@ func TestStoppedCoordinatorSaysHowToGoOn(t *testing.T) {
 		t.Fatalf("coordinator output after SIGTERM:\n%s\nwant a line with %q", c.coord.Output(), want)
 	}
 	c.startCoordinator("20s")
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		return strings.Contains(c.coord.Output(), `msg="runs in the store" component=coordinator complete=0 unfinished="t QUEUED 0/3 validated"`),
+			"restarted coordinator's output, want the run it holds:\n" + c.coord.Output()
+	})
 	c.worker("w1", "--slots", "cpu=1")
 	c.completesOnce(spec, 3, 60*time.Second)
 }
