@@ -265,9 +265,10 @@ type Worker struct {
 	poke       chan struct{}       // reportSoon: a report ahead of the period
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
 	hurryOnce  sync.Once
-	drain      chan struct{}  // closed by Drain: fetch no more, let the running shards end
-	fixed      map[string]int // under mu, without Auto, for reports: the slots of each class served (Slots, and SlotsEach as classes appear)
-	ended      sync.Map       // run name -> *endedCount: shards this worker concluded (Ended)
+	drain      chan struct{}   // closed by Drain: fetch no more, let the running shards end
+	fixed      map[string]int  // under mu, without Auto, for reports: the slots of each class served (Slots, and SlotsEach as classes appear)
+	ended      sync.Map        // run name -> *endedCount: shards this worker concluded (Ended)
+	announced  map[string]bool // runs whose evidence directory was logged (admission; under mu)
 	drainOnce  sync.Once
 	drainWhy   string    // why Drain was called, for reports and the admission log
 	stopWhy    string    // under mu: why Run's context ended, for reports (Stopping); "" while it serves
@@ -458,7 +459,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Scratch = dir
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*openLog{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -567,6 +568,21 @@ func (w *Worker) Ended(run string) (validated, failed int64) {
 	}
 	n := c.(*endedCount)
 	return n.validated.Load(), n.failed.Load()
+}
+
+// EndedRuns names the runs of which this worker has concluded a shard
+// since it started (Ended), in order of name.
+func (w *Worker) EndedRuns() []string {
+	var runs []string
+	w.ended.Range(func(k, v any) bool {
+		n := v.(*endedCount)
+		if n.validated.Load()+n.failed.Load() > 0 {
+			runs = append(runs, k.(string))
+		}
+		return true
+	})
+	slices.Sort(runs)
+	return runs
 }
 
 // Failed is why the worker drained itself (StopAfterStartFailures,
@@ -1669,6 +1685,12 @@ func (w *Worker) admission(run, shard, class, decision, detail string) {
 		dir := w.evidenceDir(run)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return
+		}
+		if !w.announced[run] {
+			// Once a process: its output says where to look, where it
+			// would otherwise say nothing of the runs it serves.
+			w.announced[run] = true
+			w.log.Info("serving a run: its admission decisions and attempt logs on this host are in its evidence directory", "run", run, "evidence", dir)
 		}
 		f, err := os.OpenFile(filepath.Join(dir, w.evidenceFile("admission.log")), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {

@@ -305,6 +305,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := w.Run(wctx); err != nil {
 		return err
 	}
+	fmt.Fprintln(stdout, workerStopped(*name, w, *data))
 	if cause := context.Cause(wctx); ctx.Err() == nil && cause != nil {
 		return exitErr{code: exitFailure, msg: fmt.Sprintf("worker %s: %v", *name, cause)}
 	}
@@ -312,6 +313,27 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return exitErr{code: exitFailure, msg: fmt.Sprintf("worker %s: %s. Fix the host, then start the worker again (status names each shard's reason; --stop-after-start-failures 0 and --stop-when-failing-alone=false never stop)", *name, why)}
 	}
 	return nil
+}
+
+// workerStopped is a worker's last line: the shards it ended of each
+// run since it started (at most five runs named), and where their
+// evidence is on this host.
+func workerStopped(name string, w *worker.Worker, data string) string {
+	runs := w.EndedRuns()
+	if len(runs) == 0 {
+		return fmt.Sprintf("worker %s stopped; since it started it ended no shard", name)
+	}
+	const most = 5
+	parts := make([]string, 0, most+1)
+	for _, run := range runs[:min(len(runs), most)] {
+		validated, failed := w.Ended(run)
+		parts = append(parts, fmt.Sprintf("run %s %d validated, %d failed", run, validated, failed))
+	}
+	if len(runs) > most {
+		parts = append(parts, fmt.Sprintf("and %d more run(s)", len(runs)-most))
+	}
+	return fmt.Sprintf("worker %s stopped; since it started: %s; evidence on this host in %s",
+		name, strings.Join(parts, "; "), filepath.Join(absPath(data), "runs", "<run>"))
 }
 
 // access is what a client shows and checks: the file of the

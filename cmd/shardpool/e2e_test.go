@@ -115,13 +115,15 @@ func (c *cluster) bounceCoordinator(away time.Duration, leaseTTL string) {
 	c.startCoordinator(leaseTTL)
 }
 
-// TestStoppedCoordinatorSaysHowToGoOn: SIGTERM stops a coordinator
-// with exit 0 and a line that says its runs are kept and how to go on
-// (its output used to end at its last run state, as if it had died);
-// started again as the line says, it names the run it goes on with,
-// which completes. A submission is on its output too, once: the same
-// spec submitted again changes nothing and says nothing.
-func TestStoppedCoordinatorSaysHowToGoOn(t *testing.T) {
+// TestDaemonsSayWhatTheyHoldAndDid: SIGTERM stops a coordinator with
+// exit 0 and a line that says its runs are kept and how to go on (its
+// output used to end at its last run state, as if it had died); started
+// again as the line says, it names the run it goes on with, which
+// completes. A submission is on its output too, once: the same spec
+// submitted again changes nothing and says nothing. The worker, which
+// said nothing of the shards it ran, names the run's evidence directory
+// and, stopping, what it ended.
+func TestDaemonsSayWhatTheyHoldAndDid(t *testing.T) {
 	c := startCluster(t, "20s")
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})
 	c.submit(spec)
@@ -144,8 +146,23 @@ func TestStoppedCoordinatorSaysHowToGoOn(t *testing.T) {
 		return strings.Contains(c.coord.Output(), `msg="runs in the store" component=coordinator complete=0 unfinished="t QUEUED 0/3 validated"`),
 			"restarted coordinator's output, want the run it holds:\n" + c.coord.Output()
 	})
-	c.worker("w1", "--slots", "cpu=1")
+	w := c.worker("w1", "--slots", "cpu=1")
 	c.completesOnce(spec, 3, 60*time.Second)
+	// The worker names where the run's evidence is when it first decides
+	// about it, and what it ended when it stops.
+	evidence := filepath.Join(c.data, "w-w1", "runs")
+	w.SignalMain(syscall.SIGTERM)
+	if code := w.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("worker stopped with SIGTERM: exit %d\n%s", code, w.Output())
+	}
+	for _, want := range []string{
+		`msg="serving a run: its admission decisions and attempt logs on this host are in its evidence directory" component=worker worker=w1 run=t evidence=` + filepath.Join(evidence, "t"),
+		"worker w1 stopped; since it started: run t 3 validated, 0 failed; evidence on this host in " + filepath.Join(evidence, "<run>"),
+	} {
+		if !strings.Contains(w.Output(), want) {
+			t.Errorf("worker output:\n%s\nwant a line with %q", w.Output(), want)
+		}
+	}
 }
 
 // completesOnce waits for run t of spec to be COMPLETE with its n shards
