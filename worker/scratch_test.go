@@ -1,8 +1,10 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,10 +125,14 @@ func TestDeadWorkersPairsAreRemoved(t *testing.T) {
 // TestAdmissionLogsStayFew: a worker that serves run after run keeps at
 // most maxOpenLogs admission logs open (it kept one per run it ever
 // served, a descriptor each for its whole life), and a run whose log was
-// closed gets its later decisions appended all the same.
+// closed gets its later decisions appended all the same. The worker's
+// own output names each run's evidence directory once, a log opened
+// again included.
 func TestAdmissionLogsStayFew(t *testing.T) {
 	dir := t.TempDir()
-	w := &Worker{cfg: Config{StateDir: dir, Name: "w"}, logs: map[string]*openLog{}}
+	var out bytes.Buffer
+	w := &Worker{cfg: Config{StateDir: dir, Name: "w"}, logs: map[string]*openLog{}, announced: map[string]bool{},
+		log: slog.New(slog.NewTextHandler(&out, nil))}
 	defer w.closeLogs()
 	const runs = 3 * maxOpenLogs
 	for i := range runs {
@@ -144,6 +150,10 @@ func TestAdmissionLogsStayFew(t *testing.T) {
 		}
 		if err != nil || strings.Count(string(b), "\n") != want {
 			t.Fatalf("run r%02d's admission.log: %q (%v), want %d line(s)", i, b, err, want)
+		}
+		said := fmt.Sprintf("run=r%02d evidence=%s\n", i, filepath.Join(dir, "runs", fmt.Sprintf("r%02d", i)))
+		if n := strings.Count(out.String(), said); n != 1 {
+			t.Errorf("the worker's output names run r%02d's evidence %d time(s), want once:\n%s", i, n, out.String())
 		}
 	}
 }
