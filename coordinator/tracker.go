@@ -346,16 +346,25 @@ func (t *tracker) sayWhatItHolds() {
 		t.c.log.Info("runs in the store: none")
 		return
 	}
-	sort.Strings(active)
-	sort.Strings(blocked)
 	attrs := []any{"complete", complete}
 	if len(active) > 0 {
-		attrs = append(attrs, "unfinished", strings.Join(active, ", "))
+		attrs = append(attrs, "unfinished", firstFew(active))
 	}
 	if len(blocked) > 0 {
-		attrs = append(attrs, "blocked", strings.Join(blocked, ", "))
+		attrs = append(attrs, "blocked", firstFew(blocked))
 	}
 	t.c.log.Info("runs in the store", attrs...)
+}
+
+// firstFew is the first ten of names in order, joined, and how many more
+// there are: a store of thousands of runs gets a line, not a page.
+func firstFew(names []string) string {
+	const most = 10
+	sort.Strings(names)
+	if len(names) <= most {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:most], ", "), len(names)-most)
 }
 
 // reload replaces what ri holds of its shards with the records in the
