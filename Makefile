@@ -10,7 +10,7 @@ TESTFLAGS ?= -race -count=1 -timeout 15m -p 1
 # fails the build there.
 BUILDVCS := $(shell git rev-parse --git-dir >/dev/null 2>&1 && echo -buildvcs=auto)
 
-.PHONY: build demo test test-gpu gpu-bundle bench soak soak-powercut soak-cluster vet clean tools
+.PHONY: build demo test test-gpu gpu-bundle bench soak soak-powercut soak-cluster vet lint clean tools
 
 # The binary carries the NVML adapter (it loads libnvidia-ml at run time and
 # reports GPUs as unknown, never idle, where the library is missing).
@@ -23,17 +23,33 @@ demo: build
 	./examples/compress/make-corpus.sh 40
 	$(BIN) run --data .demo-state examples/compress/shardpool.toml
 
-# Tools the tests need: natscli v0.5.0 for the interop test.
+# Tools the tests need: natscli v0.5.0 for the interop test; staticcheck
+# and deadcode for lint, at the versions pinned here.
+GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
+STATICCHECK_VERSION := v0.8.2
+DEADCODE_VERSION := v0.52.0
 tools:
-	@command -v nats >/dev/null 2>&1 || [ -x "$$($(GO) env GOPATH)/bin/nats" ] || \
+	@command -v nats >/dev/null 2>&1 || [ -x "$(GOBIN_DIR)/nats" ] || \
 		$(GO) install github.com/nats-io/natscli/nats@v0.5.0
+	@$(GOBIN_DIR)/staticcheck -version 2>/dev/null | grep -qF "($(STATICCHECK_VERSION:v%=%))" || \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	@[ -x "$(GOBIN_DIR)/deadcode" ] || $(GO) install golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION)
+
+# staticcheck's checks (of the plain build, and of the NVML and devprof
+# builds), and no function that nothing, tests included, calls
+# (deadcode -test). Functions only tests call are allowed: packages
+# export what tests need.
+lint: tools
+	$(GOBIN_DIR)/staticcheck ./...
+	CGO_CFLAGS="-Wno-deprecated-declarations" $(GOBIN_DIR)/staticcheck -tags nvml,devprof ./...
+	@out="$$($(GOBIN_DIR)/deadcode -test ./...)"; [ -z "$$out" ] || { echo "$$out"; echo "deadcode -test: the functions above are called by nothing; remove them"; exit 1; }
 
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags devprof ./cmd/shardpool
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
-test: tools vet
+test: tools vet lint
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test $(TESTFLAGS) ./...
 
 # On a machine with NVIDIA GPUs (and PyTorch, for the example job): the real

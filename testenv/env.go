@@ -159,19 +159,6 @@ func (e *Env) Track() {
 	go func() { e.done <- c.Run(ctx) }()
 }
 
-// RestartCoordinator stops the in-process coordinator and starts a new one
-// on the same data directory and port. Workers keep their own connections
-// only if they use the TCP URL; in-process workers are restarted too.
-func (e *Env) RestartCoordinator() {
-	e.t.Helper()
-	names := e.stopWorkers()
-	e.stopCoordinator()
-	e.startCoordinator()
-	for _, n := range names {
-		e.StartWorker(n, e.opts.Slots)
-	}
-}
-
 func (e *Env) stopCoordinator() {
 	if e.cancel == nil {
 		return

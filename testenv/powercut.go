@@ -18,25 +18,18 @@ type PowerCutFS struct {
 	Dir string
 }
 
-// NewPowerCutFS makes and mounts an ext4 file system of size bytes at a
-// new directory; it is unmounted at cleanup. It needs root (RequireRoot),
-// mkfs.ext4 (which .ci/run installs) and a kernel with loop devices;
-// without loop devices the test is skipped (as a test that needs a GPU
-// is), naming why.
-func NewPowerCutFS(t testing.TB, size int64) *PowerCutFS {
-	t.Helper()
-	return NewPowerCutFSKind(t, size, powercut.Ext4)
-}
-
 // PowerCutKinds are the file systems power-cut tests run under: ext4
 // (with its journal) and XFS, whose metadata log and delayed allocation
 // order what reaches the disk differently.
 var PowerCutKinds = []string{powercut.Ext4, powercut.XFS}
 
-// NewPowerCutFSKind is NewPowerCutFS for a file system of kind
-// (powercut.Ext4, or powercut.XFS, which needs mkfs.xfs from xfsprogs,
-// which .ci/run installs; powercut.NewKind makes it at least
-// powercut.MinXFS large).
+// NewPowerCutFSKind makes and mounts a file system of kind and size bytes
+// at a new directory; it is unmounted at cleanup. kind is powercut.Ext4
+// (mkfs.ext4) or powercut.XFS (mkfs.xfs from xfsprogs; powercut.NewKind
+// makes it at least powercut.MinXFS large), both of which .ci/run
+// installs. It needs root (RequireRoot) and a kernel with loop devices;
+// without loop devices the test is skipped (as a test that needs a GPU
+// is), naming why.
 func NewPowerCutFSKind(t testing.TB, size int64, kind string) *PowerCutFS {
 	t.Helper()
 	RequireRoot(t)

@@ -265,15 +265,6 @@ func emptyDir(dir string) error {
 	return nil
 }
 
-// DefaultScratch is a worker's scratch directory when none is given:
-// $TMPDIR/shardpool-<name>-<uid>. The uid keeps the users of one host
-// apart: without it the first user's directory was another's, who could
-// not write in it (every shard failed) or, had it been open, could have
-// read and changed the first user's work.
-func DefaultScratch(name string) string {
-	return filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-%s-%d", name, os.Getuid()))
-}
-
 // ScratchBase is the directory in which the default scratch directories
 // are made: the first directory of the policy's scratch list that exists
 // on this host, or $TMPDIR where the policy lists none. One policy file
@@ -305,7 +296,11 @@ func ScratchBase(pol probe.Policy) (string, error) {
 }
 
 // DefaultScratchFor is the scratch directory of a worker named name when
-// none is given: shardpool-<name>-<uid> in ScratchBase(pol).
+// none is given: shardpool-<name>-<uid> in ScratchBase(pol) ($TMPDIR
+// where the policy lists no scratch). The uid keeps the users of one host
+// apart: without it the first user's directory was another's, who could
+// not write in it (every shard failed) or, had it been open, could have
+// read and changed the first user's work.
 func DefaultScratchFor(pol probe.Policy, name string) (string, error) {
 	base, err := ScratchBase(pol)
 	if err != nil {

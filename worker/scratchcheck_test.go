@@ -18,8 +18,8 @@ import (
 // after its retries. A default directory must be the user's own and a
 // directory; one given with --scratch only has to be writable.
 func TestCheckScratchRefusesWhatIsNotTheUsersOwn(t *testing.T) {
-	if got := worker.DefaultScratch("h1"); !strings.HasSuffix(got, fmt.Sprintf("shardpool-h1-%d", os.Getuid())) {
-		t.Fatalf("DefaultScratch = %s, want it to name the user's uid", got)
+	if got, err := worker.DefaultScratchFor(probe.Policy{}, "h1"); err != nil || got != filepath.Join(os.TempDir(), fmt.Sprintf("shardpool-h1-%d", os.Getuid())) {
+		t.Fatalf("DefaultScratchFor without a policy's scratch = %s (%v), want it in $TMPDIR, naming the user's uid", got, err)
 	}
 	root := t.TempDir()
 	fresh := filepath.Join(root, "a", "b")

@@ -1275,7 +1275,10 @@ func TestRunRefusesAScratchItCannotUse(t *testing.T) {
 	tmp := t.TempDir()
 	file := filepath.Join(tmp, "file")
 	os.WriteFile(file, nil, 0o644)
-	theirs := worker.DefaultScratch(worker.DefaultName()) // under TMPDIR, set below for the child
+	theirs, err := worker.DefaultScratchFor(probe.Policy{}, worker.DefaultName()) // under TMPDIR, set below for the child
+	if err != nil {
+		t.Fatal(err)
+	}
 	theirs = filepath.Join(tmp, filepath.Base(theirs))
 	cases := []struct {
 		name string

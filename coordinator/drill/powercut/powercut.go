@@ -73,12 +73,9 @@ func AvailableKind(kind string) error {
 	return nil
 }
 
-// New makes an ext4 file system of size bytes in an image file under base
-// and mounts it at base/mnt. Close unmounts it.
-func New(base string, size int64) (*FS, error) { return NewKind(base, size, Ext4) }
-
-// NewKind is New for a file system of kind, Ext4 or XFS; an XFS one is
-// made at least MinXFS large, the least mkfs.xfs makes.
+// NewKind makes a file system of kind, Ext4 or XFS, of size bytes in an
+// image file under base and mounts it at base/mnt; Close unmounts it. An
+// XFS one is made at least MinXFS large, the least mkfs.xfs makes.
 func NewKind(base string, size int64, kind string) (*FS, error) {
 	if err := AvailableKind(kind); err != nil {
 		return nil, err
