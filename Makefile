@@ -35,13 +35,13 @@ tools:
 		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	@[ -x "$(GOBIN_DIR)/deadcode" ] || $(GO) install golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION)
 
-# staticcheck's checks (of the plain build, and of the NVML and devprof
+# staticcheck's checks, all of them, style included (of the plain build, and of the NVML and devprof
 # builds), and no function that nothing, tests included, calls
 # (deadcode -test). Functions only tests call are allowed: packages
 # export what tests need.
 lint: tools
-	$(GOBIN_DIR)/staticcheck ./...
-	CGO_CFLAGS="-Wno-deprecated-declarations" $(GOBIN_DIR)/staticcheck -tags nvml,devprof ./...
+	$(GOBIN_DIR)/staticcheck -checks all ./...
+	CGO_CFLAGS="-Wno-deprecated-declarations" $(GOBIN_DIR)/staticcheck -checks all -tags nvml,devprof ./...
 	@out="$$($(GOBIN_DIR)/deadcode -test ./...)"; [ -z "$$out" ] || { echo "$$out"; echo "deadcode -test: the functions above are called by nothing; remove them"; exit 1; }
 
 vet:

@@ -113,8 +113,8 @@ func (b *Buckets) PurgeRun(ctx context.Context, run string, rev uint64) (Footpri
 	return f, nil
 }
 
-// ErrRunChanged: the run record was written while the run was being
-// purged (a submission of it at the same moment).
+// ErrRunChanged is returned when the run record was written while the run
+// was being purged (a submission of it at the same moment).
 var ErrRunChanged = errors.New("the run record was written meanwhile")
 
 // RemoveOrphans deletes the messages of run that no consumer will ever

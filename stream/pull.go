@@ -14,7 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// A worker fetches once per freed slot. nats.go's Fetch makes a new inbox
+// Puller fetches a consumer's messages for a worker, which fetches once
+// per freed slot. nats.go's Fetch makes a new inbox
 // subscription for every request and removes it at the end (a SUB and an
 // UNSUB through the server), starts a goroutine that copies each message
 // to a second channel, and arms a new timer for every message it waits

@@ -202,7 +202,7 @@ type shardCgroup struct {
 	ctl      ctlFiles
 	// home are the worker's own cgroup directories, one per directory of
 	// the shard's (v1): the starting thread returns to them (startIn).
-	homeMem, homeCpu string
+	homeMem, homeCPU string
 	// seenEmpty: killLeft found no process in the memory cgroup on its
 	// first read, so reset need not read it again.
 	seenEmpty bool
@@ -279,7 +279,7 @@ func (c *cgroups) newShardV2(name string, memLimit, cpuMillicores int64) (*shard
 // newShardV1 makes a memory cgroup, and a cpu one when the cpu hierarchy is
 // writable, each under the worker's own.
 func (c *cgroups) newShardV1(name string, memLimit, cpuMillicores int64) (*shardCgroup, error) {
-	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name), homeMem: c.v1mem, homeCpu: c.v1cpu, from: c}
+	sc := &shardCgroup{mem: filepath.Join(c.v1mem, "shardpool-"+name), homeMem: c.v1mem, homeCPU: c.v1cpu, from: c}
 	if err := os.Mkdir(sc.mem, 0o755); err != nil {
 		return nil, err
 	}
@@ -388,7 +388,7 @@ func (c *shardCgroup) startLocked(cmd *exec.Cmd, done chan<- error) {
 	tid := []byte(strconv.Itoa(unix.Gettid()))
 	var err error
 	var homes []string // of the cgroups the thread joined
-	for _, p := range [][2]string{{c.mem, c.homeMem}, {c.cpu, c.homeCpu}} {
+	for _, p := range [][2]string{{c.mem, c.homeMem}, {c.cpu, c.homeCPU}} {
 		if p[0] == "" {
 			continue
 		}

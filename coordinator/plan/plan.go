@@ -87,8 +87,8 @@ type Plan struct {
 	ProfileUnused string `json:"profile_unused,omitempty"`
 }
 
-// OutlierFactor: a shard costing more than this times its class's median
-// is listed as an outlier.
+// OutlierFactor is how many times its class's median a shard may cost
+// before it is listed as an outlier.
 const OutlierFactor = 4
 
 // Make plans spec's shards on one host: slots from the budget (headroom),
