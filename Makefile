@@ -35,10 +35,10 @@ tools:
 		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	@[ -x "$(GOBIN_DIR)/deadcode" ] || $(GO) install golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION)
 
-# staticcheck's checks, all of them, style included (of the plain build, and of the NVML and devprof
-# builds), and no function that nothing, tests included, calls
-# (deadcode -test). Functions only tests call are allowed: packages
-# export what tests need.
+# staticcheck with all its checks, style included, on the plain build
+# and on the NVML and devprof builds; and no function that nothing,
+# tests included, calls (deadcode -test). Functions only tests call are
+# allowed: packages export what their tests need.
 lint: tools
 	$(GOBIN_DIR)/staticcheck -checks all ./...
 	CGO_CFLAGS="-Wno-deprecated-declarations" $(GOBIN_DIR)/staticcheck -checks all -tags nvml,devprof ./...
