@@ -269,9 +269,11 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 		}
 	}
 	if v, ok := raw["params"]; ok {
-		if err := json.Unmarshal(v, &sh.Params); err != nil {
-			return nil, bad("params", "want an object of string values")
+		params, err := parseParams(v)
+		if err != nil {
+			return nil, bad("params", "%v", err)
 		}
+		sh.Params = params
 		if k, ok := repeatedKey(v, len(sh.Params)); ok {
 			return nil, bad("params", "key %q given twice (JSON would keep the last one only): give it once", k)
 		}
@@ -322,6 +324,46 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 		return nil, bad("inputs", "%v", err)
 	}
 	return sh, nil
+}
+
+// parseParams reads a manifest line's params: an object whose values
+// reach the command as environment variables. A string is taken as it
+// is; a number or a boolean as its JSON text, as written (`0.001`, `1e-3`,
+// `true`: a sweep's learning rate or flag needs no quotes); null as an
+// empty string. An object or an array, which no variable holds, and a
+// value with a NUL byte, which none can hold, are refused by key.
+func parseParams(v json.RawMessage) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(v, &raw); err != nil {
+		return nil, errors.New("want an object of strings, numbers or booleans")
+	}
+	params := make(map[string]string, len(raw))
+	for _, k := range slices.Sorted(maps.Keys(raw)) {
+		val := bytes.TrimSpace(raw[k])
+		switch {
+		case len(val) > 0 && val[0] == '"':
+			var str string
+			if err := json.Unmarshal(val, &str); err != nil {
+				return nil, fmt.Errorf("key %q: %v", k, err)
+			}
+			if strings.ContainsRune(str, 0) {
+				return nil, fmt.Errorf("key %q: the value holds a NUL character, which no environment variable can hold", k)
+			}
+			params[k] = str
+		case string(val) == "null":
+			params[k] = ""
+		case len(val) > 0 && (val[0] == '{' || val[0] == '['):
+			kind := "an object"
+			if val[0] == '[' {
+				kind = "an array"
+			}
+			return nil, fmt.Errorf("key %q holds %s: params reach the command as environment variables, "+
+				"so give a string, a number or a boolean (a structure can travel JSON-encoded in a string, or in a file the command reads)", k, kind)
+		default: // a number, true or false: valid JSON, so nothing else
+			params[k] = string(val)
+		}
+	}
+	return params, nil
 }
 
 // paramAsPlaceholder refuses a param whose key the spec's command or

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -618,6 +619,43 @@ func TestParamsBecomeShellVariables(t *testing.T) {
 		{`{"id":"a","params":{"x=y":"1"}}`, `m.jsonl:2: field "params": invalid manifest: key "x=y" cannot become an environment variable`},
 	} {
 		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte("{\"id\":\"ok\",\"params\":{\"batch-size\":\"1\",\"lr\":\"2\"}}\n"+tc.line+"\n"), 0o644)
+		_, err := LoadManifest(spec)
+		if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.line, err, tc.want)
+		}
+	}
+}
+
+// TestParamsTakeNumbersAndBooleans: a sweep's manifest written by a
+// JSON library has numbers and booleans for values ({"lr": 0.001}), and
+// every such line was refused ("want an object of string values"). They
+// reach the command as their JSON text, as written; null is an empty
+// string; an object, an array or a NUL character, which no variable can
+// hold, is refused naming the key.
+func TestParamsTakeNumbersAndBooleans(t *testing.T) {
+	dir := t.TempDir()
+	specPath := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"true\"]\n"), 0o644)
+	spec, err := LoadSpec(specPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(`{"id":"a","params":{"lr":0.001,"small":1e-3,"n":5,"big":12345678901234567890,"neg":-2,"flag":true,"off":false,"none":null,"s":"x y"}}`+"\n"), 0o644)
+	m, err := LoadManifest(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"lr": "0.001", "small": "1e-3", "n": "5", "big": "12345678901234567890", "neg": "-2", "flag": "true", "off": "false", "none": "", "s": "x y"}
+	if got := m.Shards[0].Params; !maps.Equal(got, want) {
+		t.Errorf("params: got %v, want %v", got, want)
+	}
+	for _, tc := range []struct{ line, want string }{
+		{`{"id":"a","params":{"cfg":{"a":1}}}`, `m.jsonl:1: field "params": invalid manifest: key "cfg" holds an object: params reach the command as environment variables`},
+		{`{"id":"a","params":{"ids":[1,2]}}`, `m.jsonl:1: field "params": invalid manifest: key "ids" holds an array`},
+		{`{"id":"a","params":{"z":"a\u0000b"}}`, `m.jsonl:1: field "params": invalid manifest: key "z": the value holds a NUL character`},
+		{`{"id":"a","params":["lr",1]}`, `m.jsonl:1: field "params": invalid manifest: want an object of strings, numbers or booleans`},
+	} {
+		os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(tc.line+"\n"), 0o644)
 		_, err := LoadManifest(spec)
 		if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.line, err, tc.want)
