@@ -362,9 +362,12 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 		}
 	}
 	s.Outputs = f.Outputs
-	for k := range f.Env {
+	for _, k := range slices.Sorted(maps.Keys(f.Env)) {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			bad("env", k, "not a valid environment variable name")
+		} else if strings.ContainsRune(f.Env[k], 0) {
+			// No variable can hold one: every attempt failed to start.
+			bad("env", k, "the value holds a NUL character, which no environment variable can hold")
 		}
 	}
 	s.Retries = DefaultRetries

@@ -129,6 +129,7 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"stage as a word", base + "stage = \"yes\"\n", `field "stage": invalid run spec: got a string, want true or false`},
 		{"env as an array", base + "env = [\"A=1\"]\n", `field "env": invalid run spec: got an array, want a table of strings such as { MODE = "fast" }`},
 		{"env number", base + "env = { A = 1 }\n", `field "env": invalid run spec: got an integer, want a string for each variable (quote numbers: { N = "4" })`},
+		{"env value with a NUL", base + "[env]\nB = \"ok\"\nA = \"a\\u0000b\"\n", `:7: field "env.A": invalid run spec: the value holds a NUL character, which no environment variable can hold`},
 		{"inputs inside an argument", base[:len(base)-len("command = [\"true\"]\n")] + "command = [\"cat\", \"x{inputs}\"]\n", "must stand alone"},
 		{"bad timeout", base + "timeout = \"soon\"\n", `:5: field "timeout"`},
 		{"retry delay as a number", base + "retry_delay = 30\n", `:5:15: field "retry_delay": invalid run spec: got an integer, want a duration such as "90s" or "2h"`},
