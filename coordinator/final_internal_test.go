@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,16 +20,16 @@ func TestFinalIsWrittenAsOnePieceWouldBe(t *testing.T) {
 		Counts: stream.Counts{Total: 3, Validated: 2, Failed: 1}, Resume: "shardpool run --retry-failed r.toml",
 		Output: "/o", Written: time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC), Shardpool: "v1"}
 	three := []FinalShard{
-		{ID: "s1", State: stream.ShardValidated, Checksum: "2b37a3d2213e3fea", Files: 2, Bytes: 10, Attempts: 1},
+		{ID: "s1", State: stream.ShardValidated, Checksum: "2b37a3d2213e3fea", Files: 2, Bytes: 10, Attempts: 1, Seconds: 0.5, PeakMemory: 1 << 20},
 		{ID: "s2", State: stream.ShardFailed, Attempts: 3, Reason: "exit status 3; last output: \"a\\tb <c>\" \u2028"},
-		{ID: "s3", State: stream.ShardValidated, Checksum: "0000000000000001", Attempts: 2},
+		{ID: "s3", State: stream.ShardValidated, Checksum: "0000000000000001", Attempts: 2, Seconds: 2.25},
 	}
 	for _, c := range []struct {
 		name   string
 		shards []FinalShard
 	}{{"none", nil}, {"empty", []FinalShard{}}, {"one", three[:1]}, {"three", three}} {
 		dir := t.TempDir()
-		f := Final{RunSummary: sum, Shards: c.shards}
+		f := Final{RunSummary: sum, Timing: timingOf(c.shards), Shards: c.shards}
 		if err := writeFinal(dir, &f); err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -41,8 +42,37 @@ func TestFinalIsWrittenAsOnePieceWouldBe(t *testing.T) {
 			t.Errorf("%s: final.json is\n%s\nwant\n%s", c.name, got, want)
 		}
 		back, err := ReadFinal(dir)
-		if err != nil || back.Run != "r" || len(back.Shards) != len(c.shards) {
+		if err != nil || back.Run != "r" || len(back.Shards) != len(c.shards) || (back.Timing == nil) != (f.Timing == nil) {
 			t.Errorf("%s: ReadFinal: %+v, %v", c.name, back, err)
 		}
+	}
+}
+
+// TestTimingSummarizesTheTimedShards: final.json's timing is the median,
+// 95th percentile (nearest rank) and maximum of the validated shards'
+// times and peaks, naming the shard of each maximum; shards without a
+// timed attempt (an output found committed) are left out, peaks not
+// measured too, and a run with no timed shard has no timing.
+func TestTimingSummarizesTheTimedShards(t *testing.T) {
+	var shards []FinalShard
+	for i := 1; i <= 20; i++ {
+		shards = append(shards, FinalShard{ID: fmt.Sprintf("s%02d", i), State: stream.ShardValidated, Seconds: float64(21 - i), PeakMemory: int64(i) << 20})
+	}
+	shards = append(shards,
+		FinalShard{ID: "skipped", State: stream.ShardValidated},                  // found committed: no attempt timed
+		FinalShard{ID: "unmeasured", State: stream.ShardValidated, Seconds: 0.5}, // timed, no peak
+		FinalShard{ID: "failed", State: stream.ShardFailed, Attempts: 3})
+	got := timingOf(shards)
+	want := &Timing{Shards: 21,
+		Seconds:    Spread[float64]{P50: 10, P95: 19, Max: 20, MaxShard: "s01"},
+		PeakMemory: &Spread[int64]{P50: 10 << 20, P95: 19 << 20, Max: 20 << 20, MaxShard: "s20"}}
+	if got == nil || got.Shards != want.Shards || got.Seconds != want.Seconds || got.PeakMemory == nil || *got.PeakMemory != *want.PeakMemory {
+		t.Errorf("timing of 20 timed shards and 3 others: %+v (peaks %+v), want %+v (peaks %+v)", got, got.PeakMemory, want, want.PeakMemory)
+	}
+	if got := timingOf(shards[20:]); got == nil || got.Shards != 1 || got.Seconds.Max != 0.5 || got.PeakMemory != nil {
+		t.Errorf("timing of one timed shard with no peak: %+v, want one shard of 0.5 s and no peak memory", got)
+	}
+	if got := timingOf(shards[20:21]); got != nil {
+		t.Errorf("timing of no timed shard: %+v, want none", got)
 	}
 }

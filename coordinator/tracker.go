@@ -10,8 +10,10 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -38,6 +40,10 @@ type shardInfo struct {
 	bytes                    int64
 	attempts, retry          int
 	rev                      uint64 // the record's revision
+	// took and peak are what the attempt that validated the shard took
+	// (stream.ShardTimes.Validated); zero where none was timed.
+	took time.Duration
+	peak int64
 }
 
 type runInfo struct {
@@ -451,6 +457,13 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 		attempts: len(r.Attempts), retry: r.Retry, rev: e.Revision()}
 	if r.Output != nil {
 		si.checksum, si.files, si.bytes = r.Output.Checksum, r.Output.Files, r.Output.Bytes
+	}
+	if si.state == stream.ShardValidated {
+		// Once a shard: its attempts decoded for what they took.
+		var tm stream.ShardTimes
+		if stream.Decode(e.Value(), &tm) == nil {
+			si.took, si.peak, _ = tm.Validated()
+		}
 	}
 	if old != nil && old.fp == si.fp && si.retry > old.retry {
 		ri.retried = true
@@ -1189,13 +1202,22 @@ func writeFinal(dir string, f *Final) error {
 	if err != nil {
 		return err
 	}
-	// The summary's fields, then the shards, as MarshalIndent of f writes
-	// them: summary is "{\n  ...\n}", or "{}" with no field.
+	// The summary's fields, the timing, then the shards, as MarshalIndent
+	// of f writes them: summary is "{\n  ...\n}", or "{}" with no field.
 	head := bytes.TrimSuffix(bytes.TrimSuffix(summary, []byte("}")), []byte("\n"))
 	return checkpoint.WriteFileFrom(filepath.Join(dir, FinalName), 0o644, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 64<<10)
 		bw.Write(head)
 		if len(head) > 1 {
+			bw.WriteString(",")
+		}
+		if f.Timing != nil {
+			b, err := json.MarshalIndent(f.Timing, "  ", "  ")
+			if err != nil {
+				return err
+			}
+			bw.WriteString("\n  \"timing\": ")
+			bw.Write(b)
 			bw.WriteString(",")
 		}
 		bw.WriteString("\n  \"shards\": ")
@@ -1268,6 +1290,8 @@ func ReadStopped(dir string) (*Stopped, error) { return readEvidence[Stopped](di
 // Final is final.json: what a run ended with.
 type Final struct {
 	RunSummary
+	// Timing is absent where no validated shard was timed.
+	Timing *Timing      `json:"timing,omitempty"`
 	Shards []FinalShard `json:"shards"`
 }
 
@@ -1280,6 +1304,71 @@ type FinalShard struct {
 	Bytes    int64  `json:"bytes,omitempty"`
 	Attempts int    `json:"attempts"`
 	Reason   string `json:"reason,omitempty"`
+	// Seconds and PeakMemory are what the attempt that validated the
+	// shard took: its command's wall time, and the peak of its process
+	// tree's memory (the shard cgroup's where it had one, else the
+	// command's peak RSS). Absent where no attempt was timed (an output
+	// already committed, found and recorded) or nothing was measured.
+	Seconds    float64 `json:"seconds,omitempty"`
+	PeakMemory int64   `json:"peak_memory,omitempty"`
+}
+
+// Timing is final.json's summary of what the validated shards took,
+// over those with a timed attempt: what the next plan of such a run,
+// or a class for its outliers, goes by.
+type Timing struct {
+	Shards     int             `json:"shards"`
+	Seconds    Spread[float64] `json:"seconds"`
+	PeakMemory *Spread[int64]  `json:"peak_memory,omitempty"` // absent where no peak was measured
+}
+
+// Spread is the median, 95th percentile (nearest rank) and maximum of a
+// measure over shards, and the shard that had the maximum.
+type Spread[T int64 | float64] struct {
+	P50      T      `json:"p50"`
+	P95      T      `json:"p95"`
+	Max      T      `json:"max"`
+	MaxShard string `json:"max_shard"`
+}
+
+// timingOf summarizes the timed shards of shards (in order of ID), nil
+// where none was timed. Of shards with the same maximum, the first names
+// it.
+func timingOf(shards []FinalShard) *Timing {
+	var secs []float64
+	var peaks []int64
+	var slowest, biggest FinalShard
+	for _, s := range shards {
+		if s.Seconds <= 0 {
+			continue
+		}
+		secs = append(secs, s.Seconds)
+		if s.Seconds > slowest.Seconds {
+			slowest = s
+		}
+		if s.PeakMemory > 0 {
+			peaks = append(peaks, s.PeakMemory)
+			if s.PeakMemory > biggest.PeakMemory {
+				biggest = s
+			}
+		}
+	}
+	if len(secs) == 0 {
+		return nil
+	}
+	t := &Timing{Shards: len(secs), Seconds: spreadOf(secs, slowest.ID)}
+	if len(peaks) > 0 {
+		p := spreadOf(peaks, biggest.ID)
+		t.PeakMemory = &p
+	}
+	return t
+}
+
+// spreadOf is the spread of vs, whose maximum was the shard maxShard.
+func spreadOf[T int64 | float64](vs []T, maxShard string) Spread[T] {
+	slices.Sort(vs)
+	rank := func(q float64) T { return vs[int(math.Ceil(q*float64(len(vs))))-1] }
+	return Spread[T]{P50: rank(0.5), P95: rank(0.95), Max: vs[len(vs)-1], MaxShard: maxShard}
 }
 
 func (t *tracker) maybeEvidence(ri *runInfo) {
@@ -1293,10 +1382,12 @@ func (t *tracker) maybeEvidence(ri *runInfo) {
 		if si.fp != ri.rec.Fingerprint {
 			continue
 		}
-		fs := FinalShard{ID: id, State: si.state, Attempts: si.attempts, Reason: si.reason, Checksum: si.checksum, Files: si.files, Bytes: si.bytes}
+		fs := FinalShard{ID: id, State: si.state, Attempts: si.attempts, Reason: si.reason, Checksum: si.checksum, Files: si.files, Bytes: si.bytes,
+			Seconds: si.took.Seconds(), PeakMemory: si.peak}
 		f.Shards = append(f.Shards, fs)
 	}
 	sort.Slice(f.Shards, func(i, j int) bool { return f.Shards[i].ID < f.Shards[j].ID })
+	f.Timing = timingOf(f.Shards)
 	if err := writeFinal(t.c.EvidenceDir(ri.rec.Name), &f); err != nil {
 		t.c.log.Error("write final.json", "run", ri.rec.Name, "err", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestOpenAttemptsNamesEveryAttemptWithoutOutcome: the drill and the soak
@@ -52,5 +53,41 @@ func TestCheckClosedNamesWhatIsLeftOpen(t *testing.T) {
 	}
 	if err := CheckClosed([]byte("{")); err == nil || !strings.HasPrefix(err.Error(), "record: ") {
 		t.Fatalf("a record that does not decode: %v", err)
+	}
+}
+
+// TestShardTimesReadTheValidatingAttempt: what a validated shard took is
+// its last attempt's, where that ended ok with its command timed; its
+// peak is the cgroup's where measured, else the command's RSS; a shard
+// validated with no such attempt (an output found committed) has none.
+func TestShardTimesReadTheValidatingAttempt(t *testing.T) {
+	rec := func(attempts ...Attempt) []byte {
+		b, err := Encode(&ShardRecord{Run: "r", ID: "s", State: ShardValidated, Attempts: attempts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	failed := Attempt{N: 1, Outcome: OutcomeExit, Duration: Seconds(9 * time.Second), PeakRSS: 9 << 20}
+	for _, c := range []struct {
+		name string
+		data []byte
+		d    time.Duration
+		peak int64
+		ok   bool
+	}{
+		{"cgroup peak", rec(failed, Attempt{N: 2, Outcome: OutcomeOK, Duration: Seconds(1500 * time.Millisecond), PeakRSS: 1 << 20, PeakMemory: 3 << 20}), 1500 * time.Millisecond, 3 << 20, true},
+		{"RSS alone", rec(Attempt{N: 1, Outcome: OutcomeOK, Duration: Seconds(time.Second), PeakRSS: 2 << 20}), time.Second, 2 << 20, true},
+		{"no attempt", rec(), 0, 0, false},
+		{"closed lost, found committed", rec(Attempt{N: 1, Outcome: OutcomeLost}), 0, 0, false},
+		{"ok, untimed", rec(Attempt{N: 1, Outcome: OutcomeOK}), 0, 0, false},
+	} {
+		var tm ShardTimes
+		if err := Decode(c.data, &tm); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if d, peak, ok := tm.Validated(); d != c.d || peak != c.peak || ok != c.ok {
+			t.Errorf("%s: %v, %d, %v; want %v, %d, %v", c.name, d, peak, ok, c.d, c.peak, c.ok)
+		}
 	}
 }

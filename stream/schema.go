@@ -175,6 +175,39 @@ type ShardBrief struct {
 	Reason      string     `json:"reason,omitempty"`
 }
 
+// ShardTimes is the part of a ShardRecord that says what its attempts
+// took, which the tracker decodes of a validated record only (once a
+// shard): ShardBrief counts attempts without decoding them.
+type ShardTimes struct {
+	V        int `json:"v"`
+	Attempts []struct {
+		Duration   Seconds `json:"duration"`
+		Outcome    string  `json:"outcome"`
+		PeakRSS    int64   `json:"peak_rss"`
+		PeakMemory int64   `json:"peak_memory"`
+	} `json:"attempts,omitempty"`
+}
+
+// Validated is what the attempt that validated the shard took: the last
+// attempt, where it ended ok with its command timed. Its peak memory is
+// the shard cgroup's (the whole process tree) where it was measured, else
+// the command's peak RSS. ok is false for a shard validated without such
+// an attempt (an output already committed, found and recorded).
+func (r *ShardTimes) Validated() (d time.Duration, peak int64, ok bool) {
+	if len(r.Attempts) == 0 {
+		return 0, 0, false
+	}
+	a := r.Attempts[len(r.Attempts)-1]
+	if a.Outcome != OutcomeOK || a.Duration <= 0 {
+		return 0, 0, false
+	}
+	peak = a.PeakRSS
+	if a.PeakMemory > 0 {
+		peak = a.PeakMemory
+	}
+	return time.Duration(a.Duration), peak, true
+}
+
 // OpenAttempt reports whether the record is running an attempt whose
 // end it does not hold.
 func (r *ShardRecord) OpenAttempt() bool {

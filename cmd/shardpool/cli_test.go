@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -69,6 +70,23 @@ func TestRunExitCodes(t *testing.T) {
 	}
 	if strings.Contains(p.Output(), "one shard at a time") {
 		t.Errorf("--slots 2 run says it runs one shard at a time:\n%s", p.Output())
+	}
+	// What the shards took: each in final.json, summarized there and in
+	// the verdict's shards: line.
+	if !regexp.MustCompile(`(?m)^shards:   3 timed: \d+\.\d\ds p50, \d+\.\d\ds p95, \d+\.\d\ds max \(s000[0-2]\)`).MatchString(p.Output()) {
+		t.Errorf("run output lacks the shards' timing line:\n%s", p.Output())
+	}
+	if f, err := coordinator.ReadFinal(filepath.Join(data, "runs", "good")); err != nil || f.Timing == nil || f.Timing.Shards != 3 || f.Timing.Seconds.Max <= 0 ||
+		!slices.ContainsFunc(f.Shards, func(s coordinator.FinalShard) bool {
+			return s.ID == f.Timing.Seconds.MaxShard && s.Seconds == f.Timing.Seconds.Max
+		}) {
+		t.Errorf("final.json: %+v, %v; want the timing of 3 shards, its slowest named with its time", f, err)
+	}
+	// The same spec from another state directory finds every output
+	// committed: nothing ran, nothing is timed, and no line says otherwise.
+	again := testenv.Start(t, "run", "--data", t.TempDir(), ok)
+	if code := again.Wait(t, 60*time.Second); code != 0 || strings.Contains(again.Output(), "shards:   ") {
+		t.Errorf("run of committed outputs from another state directory: exit %d, want 0 and no shards: line\n%s", code, again.Output())
 	}
 	// `ckpt verify` of a committed output reads it back against its marker.
 	out0 := filepath.Join(filepath.Dir(ok), "out", "s0000")

@@ -344,6 +344,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if final.Reason != "" {
 		fmt.Fprintf(stdout, "reason: %s\n", final.Reason)
 	}
+	if f, err := coordinator.ReadFinal(evidence); err == nil && f.Fingerprint == final.Fingerprint && f.State == final.State {
+		if line := timingLine(f.Timing); line != "" {
+			fmt.Fprintln(stdout, line)
+		}
+	}
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
 	if n, first := wk.LeftRunning(spec.Name); n > 0 {
 		fmt.Fprintf(stdout, "left running: %d attempt(s) left processes running when their command ended, killed then (the first, %s); a job that starts a daemon or a server must stop it before it exits (decision=left-running in %s)\n",
@@ -1026,6 +1031,28 @@ func (p *progress) done() {
 	if p.tty && p.drawn {
 		fmt.Fprintln(p.w)
 	}
+}
+
+// timingLine is what final.json says the validated shards took, on one
+// line: "shards:   40 timed: 0.08s p50, 0.12s p95, 0.15s max (doc-0007);
+// peak memory 5.1MiB p50, 6.0MiB p95, 7.2MiB max (doc-0031)"; "" where
+// no shard was timed.
+func timingLine(t *coordinator.Timing) string {
+	if t == nil {
+		return ""
+	}
+	secs := func(f float64) string {
+		if f < 10 {
+			return fmt.Sprintf("%.2fs", f)
+		}
+		return time.Duration(f * float64(time.Second)).Round(100 * time.Millisecond).String()
+	}
+	line := fmt.Sprintf("shards:   %d timed: %s p50, %s p95, %s max (%s)", t.Shards,
+		secs(t.Seconds.P50), secs(t.Seconds.P95), secs(t.Seconds.Max), t.Seconds.MaxShard)
+	if m := t.PeakMemory; m != nil {
+		line += fmt.Sprintf("; peak memory %s p50, %s p95, %s max (%s)", stream.FormatSize(m.P50), stream.FormatSize(m.P95), stream.FormatSize(m.Max), m.MaxShard)
+	}
+	return line
 }
 
 // shellQuote quotes s for the resume command a person pastes into a shell.
