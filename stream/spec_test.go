@@ -42,6 +42,19 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+// specWithCommand writes and loads a spec of run x, manifest m.jsonl and
+// output o beside it, with command (TOML), and returns it and its
+// directory.
+func specWithCommand(t *testing.T, command string) (*Spec, string) {
+	t.Helper()
+	p := writeSpec(t, "name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = "+command+"\n")
+	spec, err := LoadSpec(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec, filepath.Dir(p)
+}
+
 func writeSpec(t *testing.T, body string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -542,15 +555,9 @@ func TestByteOrderMarkAndCRLF(t *testing.T) {
 // before anything is published: before, the publish failed half way with
 // "maximum payload exceeded".
 func TestShardTooBigForAMessage(t *testing.T) {
-	dir := t.TempDir()
-	specPath := filepath.Join(dir, "shardpool.toml")
-	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"cat\", \"{inputs}\"]\n"), 0o644)
+	spec, dir := specWithCommand(t, `["cat", "{inputs}"]`)
 	name := strings.Repeat("n", 60)
 	os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644)
-	spec, err := LoadSpec(specPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	line := func(id string, n int) string {
 		b, _ := json.Marshal(map[string]any{"id": id, "inputs": slices.Repeat([]string{name}, n)})
 		return string(b)
@@ -558,7 +565,7 @@ func TestShardTooBigForAMessage(t *testing.T) {
 	// Each input resolves to an absolute path of len(dir)+61 bytes.
 	fits := MaxShardBytes/(len(dir)+61+3) - 1
 	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(line("fits", fits)+"\n"+line("huge", 4*fits)+"\n"), 0o644)
-	_, err = LoadManifest(spec)
+	_, err := LoadManifest(spec)
 	if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), `m.jsonl:2: field "inputs"`) ||
 		!strings.Contains(err.Error(), "a shard's message holds at most 1.0MiB") || strings.Contains(err.Error(), ":1:") {
 		t.Fatalf("got %v, want line 2 alone refused for its size", err)
@@ -607,13 +614,7 @@ func TestParamsBecomeShellVariables(t *testing.T) {
 			t.Errorf("ParamEnv(%q): got %q, want %q", key, got, want)
 		}
 	}
-	dir := t.TempDir()
-	specPath := filepath.Join(dir, "shardpool.toml")
-	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"true\"]\n"), 0o644)
-	spec, err := LoadSpec(specPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, dir := specWithCommand(t, `["true"]`)
 	for _, tc := range []struct{ line, want string }{
 		{`{"id":"a","params":{"batch-size":"1","batch_size":"2"}}`, `m.jsonl:2: field "params": invalid manifest: keys "batch-size" and "batch_size" both become the variable SHARDPOOL_PARAM_BATCH_SIZE`},
 		{`{"id":"a","params":{"lr":"1","LR":"2"}}`, `m.jsonl:2: field "params": invalid manifest: keys "LR" and "lr" both become the variable SHARDPOOL_PARAM_LR`},
@@ -634,13 +635,7 @@ func TestParamsBecomeShellVariables(t *testing.T) {
 // string; an object, an array or a NUL character, which no variable can
 // hold, is refused naming the key.
 func TestParamsTakeNumbersAndBooleans(t *testing.T) {
-	dir := t.TempDir()
-	specPath := filepath.Join(dir, "shardpool.toml")
-	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"true\"]\n"), 0o644)
-	spec, err := LoadSpec(specPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, dir := specWithCommand(t, `["true"]`)
 	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(`{"id":"a","params":{"lr":0.001,"small":1e-3,"n":5,"big":12345678901234567890,"neg":-2,"flag":true,"off":false,"none":null,"s":"x y"}}`+"\n"), 0o644)
 	m, err := LoadManifest(spec)
 	if err != nil {
@@ -707,15 +702,9 @@ func TestParamNamedAsAPlaceholderIsRefused(t *testing.T) {
 // line and field; keys that only look alike (escaped, nested, inside
 // strings) are not taken for repeats.
 func TestRepeatedKeysAreRefused(t *testing.T) {
-	dir := t.TempDir()
-	specPath := filepath.Join(dir, "shardpool.toml")
-	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"true\"]\n"), 0o644)
+	spec, dir := specWithCommand(t, `["true"]`)
 	os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
 	os.WriteFile(filepath.Join(dir, "b"), []byte("b"), 0o644)
-	spec, err := LoadSpec(specPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct{ line, want string }{
 		{`{"id":"s","inputs":["a"],"inputs":["b"]}`, `m.jsonl:2: field "inputs": invalid manifest: given twice on this line`},
 		{`{"id":"s","params":{"lr":"1","lr":"2"}}`, `m.jsonl:2: field "params": invalid manifest: key "lr" given twice`},
@@ -777,13 +766,7 @@ func FuzzCountKeys(f *testing.F) {
 // to the spec's directory. The error says so instead of naming a path
 // the user never meant.
 func TestUnexpandedInputPathsAreExplained(t *testing.T) {
-	dir := t.TempDir()
-	specPath := filepath.Join(dir, "shardpool.toml")
-	os.WriteFile(specPath, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"cat\", \"{inputs}\"]\n"), 0o644)
-	spec, err := LoadSpec(specPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, dir := specWithCommand(t, `["cat", "{inputs}"]`)
 	for _, tc := range []struct{ input, want string }{
 		{"~/x.txt", "a leading ~ is not expanded"},
 		{"~alice/x.txt", "a leading ~ is not expanded"},
