@@ -73,7 +73,7 @@ func TestRunExitCodes(t *testing.T) {
 	}
 	// What the shards took: each in final.json, summarized there and in
 	// the verdict's shards: line.
-	if !regexp.MustCompile(`(?m)^shards:   3 timed: \d+\.\d\ds p50, \d+\.\d\ds p95, \d+\.\d\ds max \(s000[0-2]\)`).MatchString(p.Output()) {
+	if !regexp.MustCompile(`(?m)^shards:   3 timed: \d+\.\d+m?s p50, \d+\.\d+m?s p95, \d+\.\d+m?s max \(s000[0-2]\)`).MatchString(p.Output()) {
 		t.Errorf("run output lacks the shards' timing line:\n%s", p.Output())
 	}
 	if f, err := coordinator.ReadFinal(filepath.Join(data, "runs", "good")); err != nil || f.Timing == nil || f.Timing.Shards != 3 || f.Timing.Seconds.Max <= 0 ||

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -96,5 +97,23 @@ func TestProgressSaysWhatIsCommitting(t *testing.T) {
 	}
 	if got := (&progress{}).counts(r); got != "RUNNING 2/10 validated, 4 running, 0 failed, 4 pending" {
 		t.Errorf("no local worker: %q", got)
+	}
+}
+
+// TestTimingLineReadsAtAGlance: run's shards: line gives short shards in
+// milliseconds (not 0.00s), long ones as durations, and leaves out a
+// peak memory nobody measured.
+func TestTimingLineReadsAtAGlance(t *testing.T) {
+	tm := &coordinator.Timing{Shards: 3, Seconds: coordinator.Spread[float64]{P50: 0.0012, P95: 0.5, Max: 75.26, MaxShard: "s2"},
+		PeakMemory: &coordinator.Spread[int64]{P50: 1 << 20, P95: 2 << 20, Max: 3 << 20, MaxShard: "s1"}}
+	if got, want := timingLine(tm), "shards:   3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1)"; got != want {
+		t.Errorf("timingLine:\n got %q\nwant %q", got, want)
+	}
+	tm.PeakMemory = nil
+	if got, want := timingLine(tm), "shards:   3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2)"; got != want {
+		t.Errorf("timingLine without peaks:\n got %q\nwant %q", got, want)
+	}
+	if got := timingLine(nil); got != "" {
+		t.Errorf("timingLine of no timing: %q, want nothing", got)
 	}
 }

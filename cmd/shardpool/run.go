@@ -1042,7 +1042,10 @@ func timingLine(t *coordinator.Timing) string {
 		return ""
 	}
 	secs := func(f float64) string {
-		if f < 10 {
+		switch {
+		case f < 0.01:
+			return fmt.Sprintf("%.1fms", f*1000) // /bin/true: 1.2ms, not 0.00s
+		case f < 10:
 			return fmt.Sprintf("%.2fs", f)
 		}
 		return time.Duration(f * float64(time.Second)).Round(100 * time.Millisecond).String()
