@@ -973,9 +973,13 @@ func queuedRounds(ctx context.Context, s jetstream.Stream, run *stream.RunRecord
 
 // inputNames names a shard's inputs for a reason: the first three, and how
 // many more.
-func inputNames(paths []string) string {
-	if len(paths) <= 3 {
-		return strings.Join(paths, ", ")
+func inputNames(paths []string) string { return joinFirst(paths, 3) }
+
+// joinFirst joins the first most of names as they are ordered, and says
+// how many more there are.
+func joinFirst(names []string, most int) string {
+	if len(names) <= most {
+		return strings.Join(names, ", ")
 	}
-	return fmt.Sprintf("%s and %d more", strings.Join(paths[:3], ", "), len(paths)-3)
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:most], ", "), len(names)-most)
 }

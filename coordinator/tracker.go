@@ -365,12 +365,8 @@ func (t *tracker) sayWhatItHolds() {
 // firstFew is the first ten of names in order, joined, and how many more
 // there are: a store of thousands of runs gets a line, not a page.
 func firstFew(names []string) string {
-	const most = 10
 	sort.Strings(names)
-	if len(names) <= most {
-		return strings.Join(names, ", ")
-	}
-	return fmt.Sprintf("%s and %d more", strings.Join(names[:most], ", "), len(names)-most)
+	return joinFirst(names, 10)
 }
 
 // reload replaces what ri holds of its shards with the records in the
