@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -45,6 +46,14 @@ func TestFinalIsWrittenAsOnePieceWouldBe(t *testing.T) {
 		if err != nil || back.Run != "r" || len(back.Shards) != len(c.shards) || (back.Timing == nil) != (f.Timing == nil) {
 			t.Errorf("%s: ReadFinal: %+v, %v", c.name, back, err)
 		}
+		// The head alone: summary and timing as written, no shards.
+		head, err := ReadFinalHead(dir)
+		if err != nil || head == nil || head.RunSummary != f.RunSummary || head.Shards != nil || !reflect.DeepEqual(head.Timing, f.Timing) {
+			t.Errorf("%s: ReadFinalHead: %+v, %v; want the summary and timing of %+v and no shards", c.name, head, err, f)
+		}
+	}
+	if head, err := ReadFinalHead(t.TempDir()); head != nil || err != nil {
+		t.Errorf("ReadFinalHead of a folder without final.json: %+v, %v; want nothing, no error", head, err)
 	}
 }
 

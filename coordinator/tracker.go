@@ -1157,6 +1157,51 @@ func ReadProgress(dir string) (*Progress, error) { return readEvidence[Progress]
 // nil and no error when there is none.
 func ReadFinal(dir string) (*Final, error) { return readEvidence[Final](dir, FinalName) }
 
+// ReadFinalHead is ReadFinal without the shards: it reads final.json's
+// summary and timing, which writeFinal puts before them, and stops there.
+// A run of 200,000 shards lists tens of megabytes of them, which a reader
+// of its verdict alone (run's last lines) need not decode.
+func ReadFinalHead(dir string) (*Final, error) {
+	path := filepath.Join(dir, FinalName)
+	file, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
+	dec := json.NewDecoder(bufio.NewReader(file))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("%s: not a JSON object (%v)", path, err)
+	}
+	head := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		key, _ := tok.(string)
+		if key == "shards" {
+			break
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		head[key] = v
+	}
+	b, err := json.Marshal(head)
+	if err != nil {
+		return nil, err
+	}
+	var f Final
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &f, nil
+}
+
 func readEvidence[T any](dir, name string) (*T, error) {
 	path := filepath.Join(dir, name)
 	b, err := os.ReadFile(path)

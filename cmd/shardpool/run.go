@@ -344,7 +344,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if final.Reason != "" {
 		fmt.Fprintf(stdout, "reason: %s\n", final.Reason)
 	}
-	if f, err := coordinator.ReadFinal(evidence); err == nil && f.Fingerprint == final.Fingerprint && f.State == final.State {
+	if f, err := coordinator.ReadFinalHead(evidence); err == nil && f != nil && f.Fingerprint == final.Fingerprint && f.State == final.State {
 		if line := timingLine(f.Timing); line != "" {
 			fmt.Fprintln(stdout, line)
 		}
