@@ -25,7 +25,8 @@ demo: build
 
 # Tools the tests need: natscli v0.5.0 for the interop test; staticcheck
 # and deadcode for lint, at the versions pinned here.
-GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
+# Where go install puts them: GOBIN when set, else GOPATH/bin.
+GOBIN_DIR := $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)
 STATICCHECK_VERSION := v0.8.2
 DEADCODE_VERSION := v0.52.0
 tools:
@@ -50,7 +51,7 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 
 test: tools vet lint
-	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test $(TESTFLAGS) ./...
+	PATH="$(GOBIN_DIR):$$PATH" $(GO) test $(TESTFLAGS) ./...
 
 # On a machine with NVIDIA GPUs (and PyTorch, for the example job): the real
 # NVML adapter against the devices, then examples/gpu/check.sh: preflight,
