@@ -229,25 +229,15 @@ func commitsSurvivePowerCuts(t *testing.T, kind string) {
 			checkAfterCut(t, round, dir, committed)
 			continue
 		}
-		before := map[string]bool{}
-		for _, name := range tempDirs(dir) {
-			before[name] = true
-		}
-		p := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
-	wait:
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !p.Exited(); time.Sleep(200 * time.Microsecond) {
-			for _, name := range tempDirs(dir) {
-				if !before[name] {
-					break wait
-				}
+		// A commit that ends before its random moment is one more
+		// committed generation; up to three more commits are tried for a
+		// moment within one (a fast disk finished most of them first, and
+		// the round then cut no commit at all).
+		for try := 0; try < 4; try++ {
+			if killMidCommit(t, rng, dir, files, committed) {
+				interrupted++
+				break
 			}
-		}
-		time.Sleep(time.Duration(rng.IntN(8000)) * time.Microsecond)
-		p.Signal(syscall.SIGKILL)
-		if code := p.Wait(t, 10*time.Second); code == 0 {
-			committed[strings.TrimSpace(p.Output())] = true
-		} else {
-			interrupted++
 		}
 		fs.Cut()
 		checkAfterCut(t, round, dir, committed)
@@ -256,6 +246,32 @@ func commitsSurvivePowerCuts(t *testing.T, kind string) {
 		t.Fatalf("only %d of 4 cuts came while a commit ran; the test did not exercise a cut mid-commit", interrupted)
 	}
 	t.Logf("%d generations reported committed, all kept; %d cuts mid-commit", len(committed), interrupted)
+}
+
+// killMidCommit starts a commit of files into dir and SIGKILLs it at a
+// random moment once its temporary directory is there. It reports whether
+// the kill came first; a commit that ended before it is noted committed.
+func killMidCommit(t *testing.T, rng *mrand.Rand, dir string, files []string, committed map[string]bool) bool {
+	before := map[string]bool{}
+	for _, name := range tempDirs(dir) {
+		before[name] = true
+	}
+	p := testenv.Start(t, append([]string{"ckpt", "commit", dir}, files...)...)
+wait:
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !p.Exited(); time.Sleep(200 * time.Microsecond) {
+		for _, name := range tempDirs(dir) {
+			if !before[name] {
+				break wait
+			}
+		}
+	}
+	time.Sleep(time.Duration(rng.IntN(8000)) * time.Microsecond)
+	p.Signal(syscall.SIGKILL)
+	if code := p.Wait(t, 10*time.Second); code == 0 {
+		committed[strings.TrimSpace(p.Output())] = true
+		return false
+	}
+	return true
 }
 
 // tempDirs are the names of dir's temporary generation directories.
