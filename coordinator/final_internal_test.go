@@ -73,8 +73,8 @@ func TestTimingSummarizesTheTimedShards(t *testing.T) {
 		FinalShard{ID: "failed", State: stream.ShardFailed, Attempts: 3})
 	got := timingOf(shards)
 	want := &Timing{Shards: 21,
-		Seconds:    Spread[float64]{P50: 10, P95: 19, Max: 20, MaxShard: "s01"},
-		PeakMemory: &Spread[int64]{P50: 10 << 20, P95: 19 << 20, Max: 20 << 20, MaxShard: "s20"}}
+		Seconds:    Spread[float64]{Shards: 21, P50: 10, P95: 19, Max: 20, MaxShard: "s01"},
+		PeakMemory: &Spread[int64]{Shards: 20, P50: 10 << 20, P95: 19 << 20, Max: 20 << 20, MaxShard: "s20"}}
 	if got == nil || got.Shards != want.Shards || got.Seconds != want.Seconds || got.PeakMemory == nil || *got.PeakMemory != *want.PeakMemory {
 		t.Errorf("timing of 20 timed shards and 3 others: %+v (peaks %+v), want %+v (peaks %+v)", got, got.PeakMemory, want, want.PeakMemory)
 	}

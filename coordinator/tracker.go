@@ -1358,14 +1358,20 @@ type FinalShard struct {
 // over those with a timed attempt: what the next plan of such a run,
 // or a class for its outliers, goes by.
 type Timing struct {
-	Shards     int             `json:"shards"`
-	Seconds    Spread[float64] `json:"seconds"`
-	PeakMemory *Spread[int64]  `json:"peak_memory,omitempty"` // absent where no peak was measured
+	Shards  int             `json:"shards"`
+	Seconds Spread[float64] `json:"seconds"`
+	// PeakMemory is over the timed shards whose peak was measured (its
+	// Shards of them), absent where none was: a command's peak RSS is
+	// unknown where it is not above the worker's own and the shard had no
+	// cgroup (docs/status-json.md), so the measured ones may be the
+	// largest, not a sample.
+	PeakMemory *Spread[int64] `json:"peak_memory,omitempty"`
 }
 
 // Spread is the median, 95th percentile (nearest rank) and maximum of a
-// measure over shards, and the shard that had the maximum.
+// measure over Shards shards, and the shard that had the maximum.
 type Spread[T int64 | float64] struct {
+	Shards   int    `json:"shards"`
 	P50      T      `json:"p50"`
 	P95      T      `json:"p95"`
 	Max      T      `json:"max"`
@@ -1409,7 +1415,7 @@ func timingOf(shards []FinalShard) *Timing {
 func spreadOf[T int64 | float64](vs []T, maxShard string) Spread[T] {
 	slices.Sort(vs)
 	rank := func(q float64) T { return vs[int(math.Ceil(q*float64(len(vs))))-1] }
-	return Spread[T]{P50: rank(0.5), P95: rank(0.95), Max: vs[len(vs)-1], MaxShard: maxShard}
+	return Spread[T]{Shards: len(vs), P50: rank(0.5), P95: rank(0.95), Max: vs[len(vs)-1], MaxShard: maxShard}
 }
 
 func (t *tracker) maybeEvidence(ri *runInfo) {
