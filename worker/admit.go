@@ -230,9 +230,15 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 	if o.Memory > 0 {
 		growthOf = fmt.Sprintf("growth of running shards (%s of them other workers')", stream.FormatSize(o.Memory))
 	}
-	detail = fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - %s %s = %s; peak %s (%s): fetch %d",
+	peakOf := fmt.Sprintf("peak %s (%s)", stream.FormatSize(peak.Memory), peak.Source)
+	if peak.Memory <= 0 {
+		// Not a declared 0B: none is known, and the slots above say what
+		// that costs.
+		peakOf = "peak memory neither declared nor measured"
+	}
+	detail = fmt.Sprintf("class %s: slots %d (%s); in flight %d; headroom %s (%s) - %s %s = %s; %s: fetch %d",
 		class, n, reason, inflight, stream.FormatSize(headroom), src, growthOf, stream.FormatSize(growth), stream.FormatSize(headroom-growth),
-		stream.FormatSize(peak.Memory), peak.Source, k)
+		peakOf, k)
 	if scratchNote != "" {
 		detail += "; " + scratchNote
 	}

@@ -124,6 +124,10 @@ func TestRunExitCodes(t *testing.T) {
 	if !strings.Contains(p.Output(), "slots: class cpu runs one shard at a time") || !strings.Contains(p.Output(), "shardpool profile --data "+data+" ") {
 		t.Fatalf("auto run of a class without a memory peak does not say it runs one at a time:\n%s", p.Output())
 	}
+	// Its admission log says the same, not that 0B was declared.
+	if b, _ := os.ReadFile(filepath.Join(data, "runs", "good", "admission.log")); !strings.Contains(string(b), "; peak memory neither declared nor measured: fetch 1") || strings.Contains(string(b), "peak 0B") {
+		t.Errorf("admission.log of a class without a memory peak, want its admit line to say none is known:\n%s", b)
+	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(ok), "out", "s0001", "COMPLETE")); err != nil {
 		t.Fatalf("deleted output not redone: %v", err)
 	}
