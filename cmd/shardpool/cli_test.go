@@ -1562,6 +1562,26 @@ func TestProfileCommand(t *testing.T) {
 	if code := p.Wait(t, 120*time.Second); code != 0 || !strings.Contains(p.Output(), "malformed-0") || strings.Contains(p.Output(), "none declared") {
 		t.Fatalf("profile with a malformed input declared: exit %d, want 0 with its sample and no hint\n%s", code, p.Output())
 	}
+
+	// An edited command: the profile measured another version, and both
+	// plan and run say so with the profile command that writes where they
+	// read (this --data, not the default state directory), run before its
+	// class's one-at-a-time slots, which that explains.
+	b, _ := os.ReadFile(job)
+	if edited := strings.Replace(string(b), "grep -q shard", "grep -q -- shard", 1); edited == string(b) {
+		t.Fatalf("the command to edit is not in the spec:\n%s", b)
+	} else if err := os.WriteFile(job, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again := "profile.json is not used: it measured another version of this job: its command, env, classes, validator, code_rev or a file the command names changed since; run `shardpool profile --data " + data + " " + job + "` again"
+	p = testenv.Start(t, "plan", "--data", data, job)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), again) {
+		t.Fatalf("plan of an edited job: exit %d, want 0 and %q\n%s", code, again, p.Output())
+	}
+	p = testenv.Start(t, "run", "--data", data, job)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), again+"\nslots: class cpu runs one shard at a time") {
+		t.Fatalf("run of an edited job: exit %d, want 0 and %q before its slots line\n%s", code, again, p.Output())
+	}
 }
 
 // TestAddedShardsCanRunAlone: lines added to a finished run's manifest
@@ -2214,7 +2234,8 @@ func TestSubmitPassesTheProfilesPeaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	p = testenv.StartEnv(t, xdg, "submit", "--server", env.URL, spec)
-	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), prof+" is not used: it measured another version of this job") {
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), prof+" is not used: it measured another version of this job") ||
+		!strings.Contains(p.Output(), "; run `shardpool profile "+spec+"` again") {
 		t.Fatalf("submit of an edited job: exit %d, want 0 saying its profile is not used\n%s", code, p.Output())
 	}
 	if r, err := env.Run("t"); err != nil || len(r.MeasuredMemory) != 0 {

@@ -898,7 +898,13 @@ func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (mem, v
 	// each class of the manifest (outlier classes included).
 	p := plan.Make(spec, man, "", plan.Budget{}, plan.Budget{}, prof, "")
 	if p.ProfileUnused != "" {
-		return nil, nil, strings.Replace(p.ProfileUnused, "profile.json", path, 1), nil
+		// A profile writes DATA/runs/<run>/profile.json: the command that
+		// replaces this one, where it is so named, else the default's.
+		data := worker.DefaultStateDir()
+		if dir := filepath.Dir(path); filepath.Base(dir) == spec.Name && filepath.Base(filepath.Dir(dir)) == "runs" {
+			data = filepath.Dir(filepath.Dir(dir))
+		}
+		return nil, nil, fmt.Sprintf("%s; run `%s` again", strings.Replace(p.ProfileUnused, "profile.json", path, 1), profileCommand(spec, data)), nil
 	}
 	mem, vram = measured(spec, p)
 	maps.DeleteFunc(mem, func(_ string, m int64) bool { return m <= 0 }) // none caught: the declared stays

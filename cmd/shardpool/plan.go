@@ -32,6 +32,10 @@ func makePlan(ctx context.Context, spec *stream.Spec, man *stream.Manifest, data
 		return nil, err
 	}
 	p := plan.Make(spec, man, snap.Hostname, plan.FromProbe(snap.Budget), plan.HardFromProbe(snap.Budget), prof, worker.LimitsMode())
+	if p.ProfileUnused != "" {
+		// The profile that replaces it goes where this plan reads it.
+		p.ProfileUnused += fmt.Sprintf("; run `%s` again", profileCommand(spec, data))
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}

@@ -161,6 +161,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer stopCoord()
 	g.Go(func() error { return coord.Run(coordCtx) })
 	fmt.Fprintf(stdout, "run %s fingerprint %s: %d shard(s), %d published, state %s\n", res.Run, res.Fingerprint, len(man.Shards), res.Published, res.State)
+	if pl.ProfileUnused != "" {
+		// Before the slots it leaves to one a class: it says why.
+		fmt.Fprintln(stdout, pl.ProfileUnused)
+	}
 	if slots.auto {
 		var profile, elsewhere string // the hint, made once, where needed
 		for _, c := range pl.Classes {
@@ -172,9 +176,6 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 					c.Class, profile, c.Class, elsewhere)
 			}
 		}
-	}
-	if pl.ProfileUnused != "" {
-		fmt.Fprintln(stdout, pl.ProfileUnused)
 	}
 	printReplaced(stdout, res)
 	printRetried(stdout, res)

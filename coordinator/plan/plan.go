@@ -83,7 +83,8 @@ type Plan struct {
 	Classes  []ClassPlan `json:"classes"`
 	Blocked  string      `json:"blocked,omitempty"`
 	Enforced string      `json:"limits"`
-	// ProfileUnused says why profile.json's peaks were not used.
+	// ProfileUnused says why profile.json's peaks were not used (and,
+	// from makePlan, the command that measures them again).
 	ProfileUnused string `json:"profile_unused,omitempty"`
 }
 
@@ -101,7 +102,7 @@ func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, 
 		if prof.Job == "" {
 			why = "it does not say which version of the job it measured (written before 2026-12-01)"
 		}
-		p.ProfileUnused = fmt.Sprintf("profile.json is not used: %s; run `shardpool profile %s` again", why, spec.SpecPath)
+		p.ProfileUnused = "profile.json is not used: " + why // the caller adds the profile command, which knows the state directory
 		prof = nil
 	}
 	by := map[string][]stream.Shard{}
