@@ -478,6 +478,19 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			detail := s.Reason
 			if s.Owner != nil {
 				detail = strings.TrimSpace(fmt.Sprintf("attempt %d on %s (%s pid %d) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.Host, s.Owner.PID, detail))
+				if at, ok := openAttempt(s); ok {
+					// How long it has run (a straggler stands out), and the
+					// log it writes, which a person tails.
+					now := cmp.Or(st.Time, time.Now())
+					detail += fmt.Sprintf(" for %s", max(now.Sub(at.Start), 0).Round(time.Second))
+					if at.Log != "" {
+						where := at.Log
+						if at.Host != "" && at.Host != here {
+							where += " on " + at.Host
+						}
+						detail += " (log as it prints: " + where + ")"
+					}
+				}
 				if s.State == stream.ShardRunning {
 					switch wk := reportOf(st.Workers, s.Owner); {
 					case wk == nil:
@@ -717,8 +730,8 @@ func printFailingWorker(w io.Writer, wk stream.WorkerReport, all []stream.Worker
 const maxShardLines = 50
 
 // worstFirst orders a run's shards not validated for reading: failed,
-// then pending (a retry's delay, a reason to wait), then running, each by
-// ID. By ID alone, a run of short shards lists its 50 lines of running
+// then pending (a retry's delay, a reason to wait), then running, the
+// longest running first, otherwise by ID. By ID alone, a run of short shards lists its 50 lines of running
 // ones (up to 256 a worker are committing) and the failed shard whose
 // reason a person looked for fell among the "... and 80 more".
 func worstFirst(shards []stream.ShardRecord) []stream.ShardRecord {
@@ -733,9 +746,31 @@ func worstFirst(shards []stream.ShardRecord) []stream.ShardRecord {
 		}
 		return 3
 	}
+	started := func(s stream.ShardRecord) time.Time {
+		if at, ok := openAttempt(s); ok {
+			return at.Start
+		}
+		return time.Time{}
+	}
 	out := slices.Clone(shards)
-	slices.SortStableFunc(out, func(a, b stream.ShardRecord) int { return cmp.Compare(rank(a.State), rank(b.State)) })
+	slices.SortStableFunc(out, func(a, b stream.ShardRecord) int {
+		// Running ones longest first: a straggler is what a person looks for.
+		return cmp.Or(cmp.Compare(rank(a.State), rank(b.State)), started(a).Compare(started(b)))
+	})
 	return out
+}
+
+// openAttempt is the attempt a running shard's owner runs now, where its
+// record holds it with its start.
+func openAttempt(s stream.ShardRecord) (stream.Attempt, bool) {
+	if s.State != stream.ShardRunning || s.Owner == nil || len(s.Attempts) == 0 {
+		return stream.Attempt{}, false
+	}
+	at := s.Attempts[len(s.Attempts)-1]
+	if at.Outcome != "" || at.N != s.Owner.Attempt || at.Start.IsZero() {
+		return stream.Attempt{}, false
+	}
+	return at, true
 }
 
 // countStates says how many of shards, in worstFirst's order, are in

@@ -160,30 +160,38 @@ func TestStatusListsFailedShardsFirst(t *testing.T) {
 
 // TestStatusNamesTheLastAttemptsLog: a shard that is not running is
 // listed with its last attempt's log, and the host it is on when that is
-// not this one; an attempt that printed nothing has none to name.
+// not this one; an attempt that printed nothing has none to name. A
+// running shard says how long it has run and the log it writes (not as
+// its last), the longest running first.
 func TestStatusNamesTheLastAttemptsLog(t *testing.T) {
 	here, _ := os.Hostname()
-	r := coordinator.RunStatus{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 4, Failed: 2, Pending: 1, Running: 1}, Shards: []stream.ShardRecord{
+	now := time.Now().UTC()
+	r := coordinator.RunStatus{Name: "r", State: stream.RunRunning, Counts: stream.Counts{Total: 5, Failed: 2, Pending: 1, Running: 2}, Shards: []stream.ShardRecord{
 		{ID: "a", State: stream.ShardFailed, Reason: "after 2 attempt(s): exit status 1",
 			Attempts: []stream.Attempt{{N: 1, Host: here, Log: "/ev/a.1.log"}, {N: 2, Host: "far", Log: "/ev/a.2.log"}}},
 		{ID: "b", State: stream.ShardFailed, Reason: "after 1 attempt(s): exit status 1", Attempts: []stream.Attempt{{N: 1, Host: here}}},
 		{ID: "c", State: stream.ShardPending, Reason: "exit status 1; retry in 3s", Attempts: []stream.Attempt{{N: 1, Host: here, Log: "/ev/c.1.log"}}},
 		{ID: "d", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w1", Host: here, PID: 1, Attempt: 2},
-			Attempts: []stream.Attempt{{N: 1, Host: here, Log: "/ev/d.1.log"}, {N: 2, Host: here, Log: "/ev/d.2.log"}}},
+			Attempts: []stream.Attempt{{N: 1, Host: here, Log: "/ev/d.1.log", Outcome: stream.OutcomeExit},
+				{N: 2, Host: here, Log: "/ev/d.2.log", Start: now.Add(-95 * time.Second)}}},
+		{ID: "e", State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w2", Host: "far", PID: 2, Attempt: 1},
+			Attempts: []stream.Attempt{{N: 1, Host: "far", Log: "/ev/e.1.log", Start: now.Add(-2 * time.Hour)}}},
 	}}
 	var b strings.Builder
-	printStatus(&b, &coordinator.Status{Runs: []coordinator.RunStatus{r}})
+	printStatus(&b, &coordinator.Status{Time: now, Runs: []coordinator.RunStatus{r}})
 	for _, want := range []string{
 		"  a failed after 2 attempt(s): exit status 1 (log: /ev/a.2.log on far)\n",
 		"  b failed after 1 attempt(s): exit status 1\n",
 		"  c pending exit status 1; retry in 3s (log: /ev/c.1.log)\n",
+		"  e running attempt 1 on w2 (far pid 2) for 2h0m0s (log as it prints: /ev/e.1.log on far); that worker is not reporting",
+		"  d running attempt 2 on w1 (" + here + " pid 1) for 1m35s (log as it prints: /ev/d.2.log); that worker is not reporting",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("printed:\n%s\nwant the line %q", b.String(), want)
 		}
 	}
-	if strings.Contains(b.String(), "d.2.log") {
-		t.Errorf("a running attempt's log named as its last:\n%s", b.String())
+	if strings.Contains(b.String(), "(log: /ev/d.") || strings.Index(b.String(), "  e running") > strings.Index(b.String(), "  d running") {
+		t.Errorf("a running attempt's log named as its last, or the shorter running shard listed first:\n%s", b.String())
 	}
 }
 
