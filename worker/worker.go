@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -653,6 +654,25 @@ func (w *Worker) Running() int {
 		n += k
 	}
 	return n
+}
+
+// Commands names the shards of run whose command runs now, the longest
+// running first.
+func (w *Worker) Commands(run string) []string {
+	w.mu.Lock()
+	var rs []*running
+	for _, r := range w.active {
+		if r.run == run {
+			rs = append(rs, r)
+		}
+	}
+	w.mu.Unlock()
+	slices.SortFunc(rs, func(a, b *running) int { return cmp.Or(a.started.Compare(b.started), cmp.Compare(a.id, b.id)) })
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = r.id
+	}
+	return ids
 }
 
 // Concluding is the number of shards whose command has exited and that

@@ -56,6 +56,21 @@ func TestEveryOutputEmptyIsSaid(t *testing.T) {
 	}
 }
 
+// TestRunNamesItsTail: once no shard is pending, run's progress names
+// the shards whose command still runs, so that a run at 2/3 for minutes
+// says which shard it waits for; the line comes even though no record
+// changes while that shard runs.
+func TestRunNamesItsTail(t *testing.T) {
+	spec := testenv.WriteJob(t, testenv.Job{Name: "tail", Shards: 3, Command: []string{"sh", "-c", `[ "$0" != s0001 ] || sleep 4`, "{id}"}})
+	p := testenv.Start(t, "run", "--data", t.TempDir(), "--slots", "3", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d, want 0\n%s", code, p.Output())
+	}
+	if !strings.Contains(p.Output(), "RUNNING 2/3 validated, 1 running: s0001, 0 failed, 0 pending") {
+		t.Errorf("run's progress does not name the shard it waits for:\n%s", p.Output())
+	}
+}
+
 func TestRunExitCodes(t *testing.T) {
 	data := t.TempDir()
 	ok := testenv.WriteJob(t, testenv.Job{Name: "good", Shards: 3, Command: []string{"cp", "{input}", "{out}/"}})

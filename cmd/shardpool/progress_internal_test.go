@@ -100,6 +100,30 @@ func TestProgressSaysWhatIsCommitting(t *testing.T) {
 	}
 }
 
+// TestProgressNamesTheTail: once no shard is pending, the line names the
+// few whose command still runs, the run's tail; not before, and not a
+// long list.
+func TestProgressNamesTheTail(t *testing.T) {
+	var ids []string
+	p := &progress{committing: func() int { return 1 }, commands: func() []string { return ids }}
+	for _, c := range []struct {
+		counts stream.Counts
+		ids    []string
+		want   string
+	}{
+		{stream.Counts{Total: 10, Validated: 8, Running: 2}, []string{"s7"}, "RUNNING 8/10 validated, 2 running (1 committing): s7, 0 failed, 0 pending"},
+		{stream.Counts{Total: 10, Validated: 7, Running: 3}, []string{"s7", "s2", "s9"}, "RUNNING 7/10 validated, 3 running (1 committing): s7, s2, s9, 0 failed, 0 pending"},
+		{stream.Counts{Total: 10, Validated: 6, Running: 3, Pending: 1}, []string{"s7"}, "RUNNING 6/10 validated, 3 running (1 committing), 0 failed, 1 pending"},
+		{stream.Counts{Total: 10, Validated: 6, Running: 4}, []string{"s7", "s2", "s9", "s1"}, "RUNNING 6/10 validated, 4 running (1 committing), 0 failed, 0 pending"},
+		{stream.Counts{Total: 10, Validated: 9, Running: 1}, nil, "RUNNING 9/10 validated, 1 running (1 committing), 0 failed, 0 pending"},
+	} {
+		ids = c.ids
+		if got := p.counts(&stream.RunRecord{State: stream.RunRunning, Counts: c.counts}); got != c.want {
+			t.Errorf("%+v with %q running:\n got %q\nwant %q", c.counts, c.ids, got, c.want)
+		}
+	}
+}
+
 // TestTimingLineReadsAtAGlance: run's shards: line gives short shards in
 // milliseconds (not 0.00s), long ones as durations, and says where peak
 // memory was measured for some shards only, or for none.

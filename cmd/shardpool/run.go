@@ -247,7 +247,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		since = submitted
 	}
 	wo := waitOpts{follow: follow, since: since, progress: progressOut(stderr, *quiet), full: coord.StoreFull, cpuLimit: wk.OthersLimit,
-		ended: func() (int64, int64) { return wk.Ended(spec.Name) }, haltAt: *halt, committing: wk.Concluding}
+		ended: func() (int64, int64) { return wk.Ended(spec.Name) }, haltAt: *halt, committing: wk.Concluding,
+		commands: func() []string { return wk.Commands(spec.Name) }}
 	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, wo)
 	var halted errHalted
 	var haltedWhy []string
@@ -680,8 +681,10 @@ type waitOpts struct {
 	ended  func() (validated, failed int64)
 	haltAt int64
 	// committing is how many shards the local worker concludes now
-	// (worker.Concluding), for the progress line.
+	// (worker.Concluding), and commands the shards whose command it runs
+	// (worker.Commands), for the progress line.
 	committing func() int
+	commands   func() []string
 }
 
 // failedReasons lists up to most failed shards of run with their reasons
@@ -746,11 +749,12 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 	}
 	defer stream.StopWatch(w)
 	p := newProgress(o.progress)
-	p.committing = o.committing
+	p.committing, p.commands = o.committing, o.commands
 	defer p.done()
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
 	var fullSince time.Time
+	var shown *stream.RunRecord // the last record shown
 	var last stream.Counts
 	var lastAt time.Time
 	stalled := ""                       // the reason last printed for pending shards that do not run
@@ -787,6 +791,12 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 				return nil, err
 			}
 		case <-check.C:
+			if shown != nil {
+				// A change that came within 2 s of the last plain line,
+				// with no record since (the run's tail), is printed now,
+				// and a terminal's bar follows the commands that end.
+				p.show(shown)
+			}
 			why := ""
 			if o.full != nil {
 				why = o.full()
@@ -852,6 +862,7 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 			if done {
 				return &r, nil
 			}
+			shown = &r
 		}
 	}
 }
@@ -889,7 +900,14 @@ type progress struct {
 	// committing is how many shards the local worker concludes now, their
 	// command ended (worker.Concluding); nil where there is none.
 	committing func() int
+	// commands names the shards whose command the local worker runs now
+	// (worker.Commands); nil where there is none.
+	commands func() []string
 }
+
+// tailNames is how many running shards, at most, the progress line names
+// once none is pending: the tail a run waits for.
+const tailNames = 3
 
 // progressSample is how many shards had ended at a moment.
 type progressSample struct {
@@ -1001,13 +1019,21 @@ func (p *progress) show(r *stream.RunRecord) {
 // outnumber its slots: those the local worker is committing now are said
 // ("9 running (6 committing)"), lest "runs one shard at a time" above
 // read as broken. Read at another moment than the record's count, the
-// number is capped at it.
+// number is capped at it. Once none is pending, the last few running are
+// named ("1 running: doc-0007").
 func (p *progress) counts(r *stream.RunRecord) string {
 	c := r.Counts
 	running := fmt.Sprintf("%d running", c.Running)
 	if p.committing != nil {
 		if k := min(p.committing(), c.Running); k > 0 {
 			running += fmt.Sprintf(" (%d committing)", k)
+		}
+	}
+	if p.commands != nil && c.Pending == 0 && c.Running > 0 && c.Running <= tailNames {
+		// The last shards: which ones the run waits for (status --data
+		// says for how long).
+		if ids := p.commands(); len(ids) > 0 && len(ids) <= tailNames {
+			running += ": " + strings.Join(ids, ", ")
 		}
 	}
 	return fmt.Sprintf("%s %d/%d validated, %s, %d failed, %d pending", r.State, c.Validated, c.Total, running, c.Failed, c.Pending)
