@@ -122,8 +122,11 @@ type RunStatus struct {
 	Halt   int    `json:"halt,omitempty"`
 	Halted string `json:"halted,omitempty"`
 	// Waiting says why queued shards are not running, per class.
-	Waiting []string             `json:"waiting,omitempty"`
-	Shards  []stream.ShardRecord `json:"shards,omitempty"`
+	Waiting []string `json:"waiting,omitempty"`
+	// Timing is, with a verdict, what the validated shards took (the run
+	// record's, final.json's in the evidence form).
+	Timing *stream.Timing       `json:"timing,omitempty"`
+	Shards []stream.ShardRecord `json:"shards,omitempty"`
 }
 
 // ReadStatus reads runs and workers from the KV buckets. With run set, it
@@ -238,6 +241,9 @@ func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shard
 	rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
 		Resume: resumeCommand(r), Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
 		ClassCounts: r.ClassCounts, Halt: r.Halt, Halted: r.Halted}
+	if r.State == stream.RunComplete || r.State == stream.RunBlocked {
+		rs.Timing = r.Timing
+	}
 	if shards {
 		var err error
 		if rs.Shards, err = unfinished(ctx, b, r); err != nil {

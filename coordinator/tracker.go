@@ -963,6 +963,12 @@ func (t *tracker) flushRun(ctx context.Context, name string, ri *runInfo) {
 // the next flush judges again from it.
 func (t *tracker) writeRun(ctx context.Context, ri *runInfo, r stream.RunRecord) bool {
 	r.Updated, r.Evidence = time.Now().UTC(), t.c.EvidenceDir(r.Name)
+	r.Timing = nil
+	if r.State == stream.RunComplete || r.State == stream.RunBlocked {
+		// With the verdict, what its shards took, as final.json has it:
+		// status shows it wherever it runs (final.json is on this host).
+		r.Timing = timingOf(ri.finalShards())
+	}
 	data, err := stream.Encode(&r)
 	if err != nil {
 		return false
@@ -1157,51 +1163,6 @@ func ReadProgress(dir string) (*Progress, error) { return readEvidence[Progress]
 // nil and no error when there is none.
 func ReadFinal(dir string) (*Final, error) { return readEvidence[Final](dir, FinalName) }
 
-// ReadFinalHead is ReadFinal without the shards: it reads final.json's
-// summary and timing, which writeFinal puts before them, and stops there.
-// A run of 200,000 shards lists tens of megabytes of them, which a reader
-// of its verdict alone (run's last lines) need not decode.
-func ReadFinalHead(dir string) (*Final, error) {
-	path := filepath.Join(dir, FinalName)
-	file, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer file.Close()
-	dec := json.NewDecoder(bufio.NewReader(file))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, fmt.Errorf("%s: not a JSON object (%v)", path, err)
-	}
-	head := map[string]json.RawMessage{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		key, _ := tok.(string)
-		if key == "shards" {
-			break
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		head[key] = v
-	}
-	b, err := json.Marshal(head)
-	if err != nil {
-		return nil, err
-	}
-	var f Final
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return &f, nil
-}
-
 func readEvidence[T any](dir, name string) (*T, error) {
 	path := filepath.Join(dir, name)
 	b, err := os.ReadFile(path)
@@ -1332,7 +1293,7 @@ func ReadStopped(dir string) (*Stopped, error) { return readEvidence[Stopped](di
 type Final struct {
 	RunSummary
 	// Timing is absent where no validated shard was timed.
-	Timing *Timing      `json:"timing,omitempty"`
+	Timing *stream.Timing `json:"timing,omitempty"`
 	Shards []FinalShard `json:"shards"`
 }
 
@@ -1354,34 +1315,10 @@ type FinalShard struct {
 	PeakMemory int64   `json:"peak_memory,omitempty"`
 }
 
-// Timing is final.json's summary of what the validated shards took,
-// over those with a timed attempt: what the next plan of such a run,
-// or a class for its outliers, goes by.
-type Timing struct {
-	Shards  int             `json:"shards"`
-	Seconds Spread[float64] `json:"seconds"`
-	// PeakMemory is over the timed shards whose peak was measured (its
-	// Shards of them), absent where none was: a command's peak RSS is
-	// unknown where it is not above the worker's own and the shard had no
-	// cgroup (docs/status-json.md), so the measured ones may be the
-	// largest, not a sample.
-	PeakMemory *Spread[int64] `json:"peak_memory,omitempty"`
-}
-
-// Spread is the median, 95th percentile (nearest rank) and maximum of a
-// measure over Shards shards, and the shard that had the maximum.
-type Spread[T int64 | float64] struct {
-	Shards   int    `json:"shards"`
-	P50      T      `json:"p50"`
-	P95      T      `json:"p95"`
-	Max      T      `json:"max"`
-	MaxShard string `json:"max_shard"`
-}
-
 // timingOf summarizes the timed shards of shards (in order of ID), nil
 // where none was timed. Of shards with the same maximum, the first names
 // it.
-func timingOf(shards []FinalShard) *Timing {
+func timingOf(shards []FinalShard) *stream.Timing {
 	var secs []float64
 	var peaks []int64
 	var slowest, biggest FinalShard
@@ -1403,7 +1340,7 @@ func timingOf(shards []FinalShard) *Timing {
 	if len(secs) == 0 {
 		return nil
 	}
-	t := &Timing{Shards: len(secs), Seconds: spreadOf(secs, slowest.ID)}
+	t := &stream.Timing{Shards: len(secs), Seconds: spreadOf(secs, slowest.ID)}
 	if len(peaks) > 0 {
 		p := spreadOf(peaks, biggest.ID)
 		t.PeakMemory = &p
@@ -1412,10 +1349,25 @@ func timingOf(shards []FinalShard) *Timing {
 }
 
 // spreadOf is the spread of vs, whose maximum was the shard maxShard.
-func spreadOf[T int64 | float64](vs []T, maxShard string) Spread[T] {
+func spreadOf[T int64 | float64](vs []T, maxShard string) stream.Spread[T] {
 	slices.Sort(vs)
 	rank := func(q float64) T { return vs[int(math.Ceil(q*float64(len(vs))))-1] }
-	return Spread[T]{Shards: len(vs), P50: rank(0.5), P95: rank(0.95), Max: vs[len(vs)-1], MaxShard: maxShard}
+	return stream.Spread[T]{Shards: len(vs), P50: rank(0.5), P95: rank(0.95), Max: vs[len(vs)-1], MaxShard: maxShard}
+}
+
+// finalShards is final.json's list of the run's shards of its
+// generation, by ID.
+func (ri *runInfo) finalShards() []FinalShard {
+	var out []FinalShard
+	for id, si := range ri.shards {
+		if si.fp != ri.rec.Fingerprint {
+			continue
+		}
+		out = append(out, FinalShard{ID: id, State: si.state, Attempts: si.attempts, Reason: si.reason, Checksum: si.checksum, Files: si.files, Bytes: si.bytes,
+			Seconds: si.took.Seconds(), PeakMemory: si.peak})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
 }
 
 func (t *tracker) maybeEvidence(ri *runInfo) {
@@ -1424,16 +1376,7 @@ func (t *tracker) maybeEvidence(ri *runInfo) {
 		return
 	}
 	ri.evidence = st + ri.rec.Reason
-	f := Final{RunSummary: summaryOf(&ri.rec)}
-	for id, si := range ri.shards {
-		if si.fp != ri.rec.Fingerprint {
-			continue
-		}
-		fs := FinalShard{ID: id, State: si.state, Attempts: si.attempts, Reason: si.reason, Checksum: si.checksum, Files: si.files, Bytes: si.bytes,
-			Seconds: si.took.Seconds(), PeakMemory: si.peak}
-		f.Shards = append(f.Shards, fs)
-	}
-	sort.Slice(f.Shards, func(i, j int) bool { return f.Shards[i].ID < f.Shards[j].ID })
+	f := Final{RunSummary: summaryOf(&ri.rec), Shards: ri.finalShards()}
 	f.Timing = timingOf(f.Shards)
 	if err := writeFinal(t.c.EvidenceDir(ri.rec.Name), &f); err != nil {
 		t.c.log.Error("write final.json", "run", ri.rec.Name, "err", err)

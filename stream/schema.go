@@ -297,6 +297,10 @@ type RunRecord struct {
 	// (boot) that sees the directory on a local disk of its own commits
 	// nothing there: outputs would lie scattered over the workers' disks.
 	OutputOn *OutputStorage `json:"output_on,omitempty"`
+	// Timing is, with a verdict (COMPLETE or BLOCKED), what the run's
+	// validated shards took (final.json's timing); absent otherwise, and
+	// where none was timed.
+	Timing *Timing `json:"timing,omitempty"`
 }
 
 // OutputStorage is where a run's output directory was seen (RunRecord's

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -99,6 +100,10 @@ func TestRunExitCodes(t *testing.T) {
 			return s.ID == f.Timing.Seconds.MaxShard && s.Seconds == f.Timing.Seconds.Max
 		}) {
 		t.Errorf("final.json: %+v, %v; want the timing of 3 shards, its slowest named with its time, and no peak memory", f, err)
+	}
+	// status of the stopped run reads it from final.json.
+	if st := testenv.Start(t, "status", "--data", data, "good"); st.Wait(t, 30*time.Second) != 0 || !strings.Contains(st.Output(), "\ngood: shards 3 timed: ") {
+		t.Errorf("status from the evidence of a COMPLETE run does not say what its shards took:\n%s", st.Output())
 	}
 	// The same spec from another state directory finds every output
 	// committed: nothing ran, nothing is timed, and no line says otherwise.
@@ -745,6 +750,19 @@ func TestNatsCLIAgreesWithStatus(t *testing.T) {
 	}
 	if len(st.Runs) != 1 || st.Runs[0].State != stream.RunComplete || st.Runs[0].Counts.Validated != 4 {
 		t.Fatalf("status: got %+v, want t COMPLETE with 4 validated", st.Runs)
+	}
+	// With the verdict, what the shards took: in the run record, which
+	// the nats CLI reads as status does, and on status's text.
+	if tm := st.Runs[0].Timing; tm == nil || tm.Shards != 4 || tm.Seconds.Max <= 0 || tm.Seconds.MaxShard == "" {
+		t.Fatalf("status --json: timing %+v, want that of 4 shards", tm)
+	}
+	raw, err = exec.Command(natsBin, "-s", env.URL, "kv", "get", stream.BucketRuns, "t", "--raw").CombinedOutput()
+	var run stream.RunRecord
+	if err != nil || stream.Decode(raw, &run) != nil || !reflect.DeepEqual(run.Timing, st.Runs[0].Timing) {
+		t.Fatalf("nats kv get %s t: timing %+v (%v), status says %+v\n%s", stream.BucketRuns, run.Timing, err, st.Runs[0].Timing, raw)
+	}
+	if p := testenv.Start(t, "status", "--server", env.URL, "t"); p.Wait(t, 20*time.Second) != 0 || !strings.Contains(p.Output(), "\nt: shards 4 timed: ") {
+		t.Fatalf("status of a COMPLETE run does not say what its shards took:\n%s", p.Output())
 	}
 	if c := st.Coordinator; c == nil || c.Sync != stream.SyncGroup || c.BootID != stream.BootID("/proc") {
 		t.Fatalf("status coordinator: got %+v, want this host's boot with group sync", c)

@@ -450,6 +450,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if r.Reason != "" {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, r.Reason)
 		}
+		if t := timingText(r.Timing); t != "" {
+			fmt.Fprintf(w, "%s: shards %s\n", r.Name, t)
+		}
 		for _, why := range r.Waiting {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, why)
 		}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/stream"
 )
 
@@ -128,24 +127,24 @@ func TestProgressNamesTheTail(t *testing.T) {
 // milliseconds (not 0.00s), long ones as durations, and says where peak
 // memory was measured for some shards only, or for none.
 func TestTimingLineReadsAtAGlance(t *testing.T) {
-	tm := &coordinator.Timing{Shards: 3, Seconds: coordinator.Spread[float64]{Shards: 3, P50: 0.0012, P95: 0.5, Max: 75.26, MaxShard: "s2"},
-		PeakMemory: &coordinator.Spread[int64]{Shards: 3, P50: 1 << 20, P95: 2 << 20, Max: 3 << 20, MaxShard: "s1"}}
-	if got, want := timingLine(tm), "shards:   3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1)"; got != want {
-		t.Errorf("timingLine:\n got %q\nwant %q", got, want)
+	tm := &stream.Timing{Shards: 3, Seconds: stream.Spread[float64]{Shards: 3, P50: 0.0012, P95: 0.5, Max: 75.26, MaxShard: "s2"},
+		PeakMemory: &stream.Spread[int64]{Shards: 3, P50: 1 << 20, P95: 2 << 20, Max: 3 << 20, MaxShard: "s1"}}
+	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1)"; got != want {
+		t.Errorf("timingText:\n got %q\nwant %q", got, want)
 	}
 	tm.PeakMemory.Shards = 0 // final.json of a build before the count: all of them
-	if got, want := timingLine(tm), "shards:   3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1)"; got != want {
-		t.Errorf("timingLine of a final.json without the count:\n got %q\nwant %q", got, want)
+	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1)"; got != want {
+		t.Errorf("timingText of a final.json without the count:\n got %q\nwant %q", got, want)
 	}
 	tm.PeakMemory.Shards = 2
-	if got, want := timingLine(tm), "shards:   3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1) of the 2 measured (the others' peak RSS within the worker's own)"; got != want {
-		t.Errorf("timingLine with peaks of some shards:\n got %q\nwant %q", got, want)
+	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1) of the 2 measured (the others' peak RSS within the worker's own)"; got != want {
+		t.Errorf("timingText with peaks of some shards:\n got %q\nwant %q", got, want)
 	}
 	tm.PeakMemory = nil
-	if got, want := timingLine(tm), "shards:   3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory not measured (each command's peak RSS was within the worker's own: docs/cli.md)"; got != want {
-		t.Errorf("timingLine without peaks:\n got %q\nwant %q", got, want)
+	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory not measured (each command's peak RSS was within the worker's own: docs/cli.md)"; got != want {
+		t.Errorf("timingText without peaks:\n got %q\nwant %q", got, want)
 	}
-	if got := timingLine(nil); got != "" {
-		t.Errorf("timingLine of no timing: %q, want nothing", got)
+	if got := timingText(nil); got != "" {
+		t.Errorf("timingText of no timing: %q, want nothing", got)
 	}
 }

@@ -346,10 +346,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if final.Reason != "" {
 		fmt.Fprintf(stdout, "reason: %s\n", final.Reason)
 	}
-	if f, err := coordinator.ReadFinalHead(evidence); err == nil && f != nil && f.Fingerprint == final.Fingerprint && f.State == final.State {
-		if line := timingLine(f.Timing); line != "" {
-			fmt.Fprintln(stdout, line)
-		}
+	if t := timingText(final.Timing); t != "" {
+		fmt.Fprintln(stdout, "shards:   "+t)
 	}
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
 	if n, first := wk.LeftRunning(spec.Name); n > 0 {
@@ -1060,11 +1058,12 @@ func (p *progress) done() {
 	}
 }
 
-// timingLine is what final.json says the validated shards took, on one
-// line: "shards:   40 timed: 0.08s p50, 0.12s p95, 0.15s max (doc-0007);
-// peak memory 5.1MiB p50, 6.0MiB p95, 7.2MiB max (doc-0031)"; "" where
-// no shard was timed.
-func timingLine(t *coordinator.Timing) string {
+// timingText is what a run's validated shards took (its record's timing,
+// as final.json has it), for one line: "40 timed: 0.08s p50, 0.12s p95,
+// 0.15s max (doc-0007); peak memory 5.1MiB p50, 6.0MiB p95, 7.2MiB max
+// (doc-0031)"; "" where no shard was timed. run's verdict prints it as
+// its shards: line, status beside the run's reason.
+func timingText(t *stream.Timing) string {
 	if t == nil {
 		return ""
 	}
@@ -1077,7 +1076,7 @@ func timingLine(t *coordinator.Timing) string {
 		}
 		return time.Duration(f * float64(time.Second)).Round(100 * time.Millisecond).String()
 	}
-	line := fmt.Sprintf("shards:   %d timed: %s p50, %s p95, %s max (%s)", t.Shards,
+	line := fmt.Sprintf("%d timed: %s p50, %s p95, %s max (%s)", t.Shards,
 		secs(t.Seconds.P50), secs(t.Seconds.P95), secs(t.Seconds.Max), t.Seconds.MaxShard)
 	switch m := t.PeakMemory; {
 	case m == nil:

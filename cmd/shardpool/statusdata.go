@@ -213,13 +213,17 @@ func runFromEvidence(evidence, name string, shards bool) (*coordinator.RunStatus
 		// was and progress.json was written after it (as a run's
 		// coordinator does when it stops).
 		rs := verdictOf(name, evidence, progress.RunSummary)
-		if shards && final != nil && final.Fingerprint == progress.Fingerprint && final.State == progress.State && final.Counts == progress.Counts {
-			rs.Shards = notValidated(final)
+		if final != nil && final.Fingerprint == progress.Fingerprint && final.State == progress.State && final.Counts == progress.Counts {
+			rs.Timing = final.Timing
+			if shards {
+				rs.Shards = notValidated(final)
+			}
 		}
 		return &rs, nil
 	}
 	if progress == nil && final != nil {
 		rs := verdictOf(name, evidence, final.RunSummary)
+		rs.Timing = final.Timing
 		if shards {
 			rs.Shards = notValidated(final)
 		}
@@ -314,6 +318,9 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", r.Name, r.State, c.Total, c.Validated, c.Failed, r.Updated.Local().Format("2006-01-02 15:04:05"), r.Fingerprint)
 		if r.Reason != "" {
 			notes = append(notes, fmt.Sprintf("%s: %s", r.Name, r.Reason))
+		}
+		if t := timingText(r.Timing); t != "" {
+			notes = append(notes, fmt.Sprintf("%s: shards %s", r.Name, t))
 		}
 		if resumeApart(r) {
 			notes = append(notes, fmt.Sprintf("%s: resume with: %s", r.Name, r.Resume))

@@ -1,0 +1,26 @@
+package stream
+
+// Timing is what a run's validated shards took, over those with a timed
+// attempt: final.json's timing and, with a verdict, its run record's. It
+// is what the next plan of such a run, or a class for its outliers, goes
+// by.
+type Timing struct {
+	Shards  int             `json:"shards"`
+	Seconds Spread[float64] `json:"seconds"`
+	// PeakMemory is over the timed shards whose peak was measured (its
+	// Shards of them), absent where none was: a command's peak RSS is
+	// unknown where it is not above the worker's own and the shard had no
+	// cgroup (docs/status-json.md), so the measured ones may be the
+	// largest, not a sample.
+	PeakMemory *Spread[int64] `json:"peak_memory,omitempty"`
+}
+
+// Spread is the median, 95th percentile (nearest rank) and maximum of a
+// measure over Shards shards, and the shard that had the maximum.
+type Spread[T int64 | float64] struct {
+	Shards   int    `json:"shards"`
+	P50      T      `json:"p50"`
+	P95      T      `json:"p95"`
+	Max      T      `json:"max"`
+	MaxShard string `json:"max_shard"`
+}
