@@ -382,6 +382,11 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir()
 	}
+	// The records name attempt logs and evidence by it, which status
+	// prints wherever it runs: `--data wdata` named none a reader found.
+	if abs, err := filepath.Abs(cfg.StateDir); err == nil {
+		cfg.StateDir = abs
+	}
 	if cfg.Grace <= 0 {
 		cfg.Grace = 10 * time.Second
 	}

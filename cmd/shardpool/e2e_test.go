@@ -146,7 +146,11 @@ func TestDaemonsSayWhatTheyHoldAndDid(t *testing.T) {
 		return strings.Contains(c.coord.Output(), `msg="runs in the store" component=coordinator complete=0 unfinished="t QUEUED 0/3 validated"`),
 			"restarted coordinator's output, want the run it holds:\n" + c.coord.Output()
 	})
-	w := c.worker("w1", "--slots", "cpu=1")
+	// A worker given a relative --data (started in c.data): what it
+	// records and prints names its evidence by the absolute path, which
+	// status prints on other hosts and in other directories.
+	w := testenv.StartCmd(t, "/bin/sh", "-c", `cd "$0" && exec "$@"`, c.data, testenv.Binary(t), "worker", "--server", c.url, "--token-file", c.token(),
+		"--name", "w1", "--data", "w-w1", "--scratch", filepath.Join(c.data, "scratch-w1"), "--grace", "2s", "--slots", "cpu=1")
 	c.completesOnce(spec, 3, 60*time.Second)
 	// The worker names where the run's evidence is when it first decides
 	// about it, and what it ended when it stops.
