@@ -1294,7 +1294,7 @@ type Final struct {
 	RunSummary
 	// Timing is absent where no validated shard was timed.
 	Timing *stream.Timing `json:"timing,omitempty"`
-	Shards []FinalShard `json:"shards"`
+	Shards []FinalShard   `json:"shards"`
 }
 
 // FinalShard is one shard in final.json.
