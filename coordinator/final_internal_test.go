@@ -70,6 +70,17 @@ func TestTimingSummarizesTheTimedShards(t *testing.T) {
 	if got == nil || got.Shards != want.Shards || got.Seconds != want.Seconds || got.PeakMemory == nil || *got.PeakMemory != *want.PeakMemory {
 		t.Errorf("timing of 20 timed shards and 3 others: %+v (peaks %+v), want %+v (peaks %+v)", got, got.PeakMemory, want, want.PeakMemory)
 	}
+	// The run record's timing, made from the tracker's shards (a map, in
+	// no order) rather than final.json's list, is the same; with a tie
+	// for the maximum, the lowest ID names it either way, and a shard of
+	// another generation counts in neither.
+	ri := &runInfo{rec: stream.RunRecord{Fingerprint: "fp"}, shards: map[string]*shardInfo{"old": {fp: "older", took: time.Hour}}}
+	for _, s := range append(shards, FinalShard{ID: "s00", Seconds: 20, PeakMemory: 20 << 20}) {
+		ri.shards[s.ID] = &shardInfo{fp: "fp", state: s.State, took: time.Duration(s.Seconds * float64(time.Second)), peak: s.PeakMemory}
+	}
+	if got, want := ri.timing(), timingOf(ri.finalShards()); !reflect.DeepEqual(got, want) || got.Seconds.MaxShard != "s00" || got.PeakMemory.MaxShard != "s00" {
+		t.Errorf("the run record's timing: %+v (peaks %+v), want final.json's %+v (peaks %+v), s00 named for both ties", got, got.PeakMemory, want, want.PeakMemory)
+	}
 	if got := timingOf(shards[20:]); got == nil || got.Shards != 1 || got.Seconds.Max != 0.5 || got.PeakMemory != nil {
 		t.Errorf("timing of one timed shard with no peak: %+v, want one shard of 0.5 s and no peak memory", got)
 	}

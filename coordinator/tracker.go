@@ -967,7 +967,7 @@ func (t *tracker) writeRun(ctx context.Context, ri *runInfo, r stream.RunRecord)
 	if r.State == stream.RunComplete || r.State == stream.RunBlocked {
 		// With the verdict, what its shards took, as final.json has it:
 		// status shows it wherever it runs (final.json is on this host).
-		r.Timing = timingOf(ri.finalShards())
+		r.Timing = ri.timing()
 	}
 	data, err := stream.Encode(&r)
 	if err != nil {
@@ -1315,34 +1315,57 @@ type FinalShard struct {
 	PeakMemory int64   `json:"peak_memory,omitempty"`
 }
 
-// timingOf summarizes the timed shards of shards (in order of ID), nil
-// where none was timed. Of shards with the same maximum, the first names
+// timingOf summarizes the timed shards of shards, nil where none was
+// timed. Of shards with the same maximum, the one of the lowest ID names
 // it.
 func timingOf(shards []FinalShard) *stream.Timing {
-	var secs []float64
-	var peaks []int64
-	var slowest, biggest FinalShard
-	for _, s := range shards {
-		if s.Seconds <= 0 {
-			continue
+	return timingOfEach(func(yield func(id string, secs float64, peak int64)) {
+		for _, s := range shards {
+			yield(s.ID, s.Seconds, s.PeakMemory)
 		}
-		secs = append(secs, s.Seconds)
-		if s.Seconds > slowest.Seconds {
-			slowest = s
-		}
-		if s.PeakMemory > 0 {
-			peaks = append(peaks, s.PeakMemory)
-			if s.PeakMemory > biggest.PeakMemory {
-				biggest = s
+	})
+}
+
+// timing is timingOf(ri.finalShards()) without building that list,
+// which the run record's timing is made from at each write of a verdict.
+func (ri *runInfo) timing() *stream.Timing {
+	return timingOfEach(func(yield func(id string, secs float64, peak int64)) {
+		for id, si := range ri.shards {
+			if si.fp == ri.rec.Fingerprint {
+				yield(id, si.took.Seconds(), si.peak)
 			}
 		}
-	}
+	})
+}
+
+// timingOfEach is timingOf over what each yields, in any order.
+func timingOfEach(each func(yield func(id string, secs float64, peak int64))) *stream.Timing {
+	var secs []float64
+	var peaks []int64
+	var slowest, biggest string
+	var slowestSecs float64
+	var biggestPeak int64
+	each(func(id string, s float64, peak int64) {
+		if s <= 0 {
+			return
+		}
+		secs = append(secs, s)
+		if s > slowestSecs || (s == slowestSecs && id < slowest) {
+			slowest, slowestSecs = id, s
+		}
+		if peak > 0 {
+			peaks = append(peaks, peak)
+			if peak > biggestPeak || (peak == biggestPeak && id < biggest) {
+				biggest, biggestPeak = id, peak
+			}
+		}
+	})
 	if len(secs) == 0 {
 		return nil
 	}
-	t := &stream.Timing{Shards: len(secs), Seconds: spreadOf(secs, slowest.ID)}
+	t := &stream.Timing{Shards: len(secs), Seconds: spreadOf(secs, slowest)}
 	if len(peaks) > 0 {
-		p := spreadOf(peaks, biggest.ID)
+		p := spreadOf(peaks, biggest)
 		t.PeakMemory = &p
 	}
 	return t
