@@ -10,7 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1374,8 +1373,7 @@ func timingOfEach(each func(yield func(id string, secs float64, peak int64))) *s
 // spreadOf is the spread of vs, whose maximum was the shard maxShard.
 func spreadOf[T int64 | float64](vs []T, maxShard string) stream.Spread[T] {
 	slices.Sort(vs)
-	rank := func(q float64) T { return vs[int(math.Ceil(q*float64(len(vs))))-1] }
-	return stream.Spread[T]{Shards: len(vs), P50: rank(0.5), P95: rank(0.95), Max: vs[len(vs)-1], MaxShard: maxShard}
+	return stream.Spread[T]{Shards: len(vs), P50: stream.NearestRank(vs, 0.5), P95: stream.NearestRank(vs, 0.95), Max: vs[len(vs)-1], MaxShard: maxShard}
 }
 
 // finalShards is final.json's list of the run's shards of its

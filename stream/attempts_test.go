@@ -91,3 +91,31 @@ func TestShardTimesReadTheValidatingAttempt(t *testing.T) {
 		}
 	}
 }
+
+// TestNearestRankIsTheLowerMedian: the quantiles final.json's timing and
+// profile's sustained figures both give: the lower median of an even
+// count, the 95th percentile of 20 values the 19th, of one value that
+// value.
+func TestNearestRankIsTheLowerMedian(t *testing.T) {
+	var twenty []float64
+	for i := 1; i <= 20; i++ {
+		twenty = append(twenty, float64(i))
+	}
+	for _, c := range []struct {
+		vs        []float64
+		q         float64
+		want      float64
+		aboutWhat string
+	}{
+		{[]float64{1, 2, 3, 4}, 0.5, 2, "median of 4"},
+		{[]float64{1, 2, 3}, 0.5, 2, "median of 3"},
+		{twenty, 0.95, 19, "p95 of 20"},
+		{twenty, 1, 20, "maximum"},
+		{[]float64{7}, 0.95, 7, "p95 of one"},
+		{[]float64{7}, 0.01, 7, "a low quantile of one"},
+	} {
+		if got := NearestRank(c.vs, c.q); got != c.want {
+			t.Errorf("%s: NearestRank(%v, %v) = %v, want %v", c.aboutWhat, c.vs, c.q, got, c.want)
+		}
+	}
+}

@@ -1,5 +1,7 @@
 package stream
 
+import "math"
+
 // Timing is what a run's validated shards took, over those with a timed
 // attempt: final.json's timing and, with a verdict, its run record's. It
 // is what the next plan of such a run, or a class for its outliers, goes
@@ -23,4 +25,12 @@ type Spread[T int64 | float64] struct {
 	P95      T      `json:"p95"`
 	Max      T      `json:"max"`
 	MaxShard string `json:"max_shard"`
+}
+
+// NearestRank is the q quantile (0 < q <= 1) of sorted, by the nearest
+// rank: the smallest value with at least q of them at or below it (the
+// lower median of an even count). final.json's timing and profile's
+// sustained p50 and p95 both take it.
+func NearestRank[T int64 | float64](sorted []T, q float64) T {
+	return sorted[max(int(math.Ceil(q*float64(len(sorted))))-1, 0)]
 }

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -260,7 +259,7 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 	}
 	if len(durs) > 0 {
 		sort.Float64s(durs)
-		rep.Sustained = &Sustained{Shards: len(durs), P50: durs[len(durs)/2], P95: durs[min(len(durs)-1, int(math.Ceil(0.95*float64(len(durs))))-1)], Overhead: gaps / float64(n)}
+		rep.Sustained = &Sustained{Shards: len(durs), P50: stream.NearestRank(durs, 0.5), P95: stream.NearestRank(durs, 0.95), Overhead: gaps / float64(n)}
 	}
 	// Profiler overhead: the median shard without sampling.
 	with := w.sample(ctx, cfg, "median-sampled", median, true)
