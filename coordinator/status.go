@@ -125,7 +125,10 @@ type RunStatus struct {
 	Waiting []string `json:"waiting,omitempty"`
 	// Timing is, with a verdict, what the validated shards took (the run
 	// record's, final.json's in the evidence form).
-	Timing *stream.Timing       `json:"timing,omitempty"`
+	Timing *stream.Timing `json:"timing,omitempty"`
+	// Pace is, before the verdict, how fast the run's shards end, as of
+	// Updated (the run record's).
+	Pace   *stream.RunPace      `json:"pace,omitempty"`
 	Shards []stream.ShardRecord `json:"shards,omitempty"`
 }
 
@@ -243,6 +246,8 @@ func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shard
 		ClassCounts: r.ClassCounts, Halt: r.Halt, Halted: r.Halted}
 	if r.State == stream.RunComplete || r.State == stream.RunBlocked {
 		rs.Timing = r.Timing
+	} else {
+		rs.Pace = r.Pace
 	}
 	if shards {
 		var err error

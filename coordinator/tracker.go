@@ -46,6 +46,7 @@ type shardInfo struct {
 }
 
 type runInfo struct {
+	ending  Pace // how fast its shards end, for the record's pace
 	rec     stream.RunRecord
 	rev     uint64
 	known   bool
@@ -962,11 +963,15 @@ func (t *tracker) flushRun(ctx context.Context, name string, ri *runInfo) {
 // the next flush judges again from it.
 func (t *tracker) writeRun(ctx context.Context, ri *runInfo, r stream.RunRecord) bool {
 	r.Updated, r.Evidence = time.Now().UTC(), t.c.EvidenceDir(r.Name)
-	r.Timing = nil
+	r.Timing, r.Pace = nil, nil
 	if r.State == stream.RunComplete || r.State == stream.RunBlocked {
 		// With the verdict, what its shards took, as final.json has it:
 		// status shows it wherever it runs (final.json is on this host).
 		r.Timing = ri.timing()
+	} else if perSec, left, ok := ri.ending.Observe(r.Updated, r.Counts.Validated+r.Counts.Failed, r.Counts.Pending+r.Counts.Running); ok {
+		// Before it, how fast shards end, which status gives with the
+		// time left, as run's progress line does.
+		r.Pace = &stream.RunPace{PerSecond: perSec, LeftSeconds: left.Seconds()}
 	}
 	data, err := stream.Encode(&r)
 	if err != nil {

@@ -301,6 +301,18 @@ type RunRecord struct {
 	// validated shards took (final.json's timing); absent otherwise, and
 	// where none was timed.
 	Timing *Timing `json:"timing,omitempty"`
+	// Pace is, before the verdict, how fast the run's shards end
+	// (validated, or failed after their retries) over the tracker's last
+	// minute of it, as of Updated: absent until a few seconds of it saw
+	// shards end.
+	Pace *RunPace `json:"pace,omitempty"`
+}
+
+// RunPace is a run's pace: shards ended a second, and the seconds the
+// shards left (pending and running) need at it.
+type RunPace struct {
+	PerSecond   float64 `json:"per_second"`
+	LeftSeconds float64 `json:"left_seconds"`
 }
 
 // OutputStorage is where a run's output directory was seen (RunRecord's

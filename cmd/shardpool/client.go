@@ -453,6 +453,15 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if t := timingText(r.Timing); t != "" {
 			fmt.Fprintf(w, "%s: shards %s\n", r.Name, t)
 		}
+		if p := r.Pace; p != nil && r.State != stream.RunComplete && r.State != stream.RunBlocked {
+			// As run's progress line has it, from the coordinator's
+			// record: as of its last change.
+			line := fmt.Sprintf("%s: shards end at %s, about %s left", r.Name, rate(p.PerSecond), roughly(time.Duration(p.LeftSeconds*float64(time.Second))))
+			if age := cmp.Or(st.Time, time.Now()).Sub(r.Updated); age >= 10*time.Second {
+				line += fmt.Sprintf(" (as of %s ago, when its counts last changed)", roughly(age))
+			}
+			fmt.Fprintln(w, line)
+		}
 		for _, why := range r.Waiting {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, why)
 		}

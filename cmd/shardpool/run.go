@@ -892,9 +892,8 @@ type progress struct {
 	line  string
 	bar   string // the bar last drawn, on a terminal
 	drawn bool
-	// seen is shards ended (validated or failed) over the last
-	// rateWindow, for the rate and the time left.
-	seen []progressSample
+	// ending is how fast shards end, for the rate and the time left.
+	ending coordinator.Pace
 	// committing is how many shards the local worker concludes now, their
 	// command ended (worker.Concluding); nil where there is none.
 	committing func() int
@@ -907,48 +906,29 @@ type progress struct {
 // once none is pending: the tail a run waits for.
 const tailNames = 3
 
-// progressSample is how many shards had ended at a moment.
-type progressSample struct {
-	at    time.Time
-	ended int
-}
-
-// rateWindow is how far back the rate looks: long enough to smooth
-// shards that end in bursts, short enough to follow a change of pace.
-const rateWindow = 60 * time.Second
-
 // pace is the rate at which shards end and the time the pending and
 // running ones need at it (", 12.5/s, about 3m left"), or "" until a few
 // seconds of this run have seen shards end, and once none is left.
 func (p *progress) pace(c stream.Counts, now time.Time) string {
-	ended := c.Validated + c.Failed
-	if n := len(p.seen); n == 0 || now.Sub(p.seen[n-1].at) >= time.Second || ended < p.seen[n-1].ended {
-		p.seen = append(p.seen, progressSample{now, ended})
-	}
-	// Keep one sample at or beyond the window's start.
-	for len(p.seen) > 2 && now.Sub(p.seen[1].at) >= rateWindow {
-		p.seen = p.seen[1:]
-	}
-	first := p.seen[0]
-	span := now.Sub(first.at)
-	done := ended - first.ended
-	left := c.Pending + c.Running
-	if span < 3*time.Second || done <= 0 || left == 0 {
+	perSec, left, ok := p.ending.Observe(now, c.Validated+c.Failed, c.Pending+c.Running)
+	if !ok {
 		return ""
 	}
-	perSec := float64(done) / span.Seconds()
-	var rate string
+	return fmt.Sprintf(", %s, about %s left", rate(perSec), roughly(left))
+}
+
+// rate is a rate of shards a person reads at a glance: "16/s", "1.5/s",
+// "2.0/min", "1.0/h".
+func rate(perSec float64) string {
 	switch {
 	case perSec >= 10:
-		rate = fmt.Sprintf("%.0f/s", perSec)
+		return fmt.Sprintf("%.0f/s", perSec)
 	case perSec >= 1:
-		rate = fmt.Sprintf("%.1f/s", perSec)
+		return fmt.Sprintf("%.1f/s", perSec)
 	case perSec*60 >= 1:
-		rate = fmt.Sprintf("%.1f/min", perSec*60)
-	default:
-		rate = fmt.Sprintf("%.1f/h", perSec*3600)
+		return fmt.Sprintf("%.1f/min", perSec*60)
 	}
-	return fmt.Sprintf(", %s, about %s left", rate, roughly(time.Duration(float64(left)/perSec*float64(time.Second))))
+	return fmt.Sprintf("%.1f/h", perSec*3600)
 }
 
 // roughly rounds a time left to what a person reads at a glance: "45s",

@@ -106,6 +106,30 @@ func TestStatusNamesSlotsHeldForAnotherWorkersShard(t *testing.T) {
 	}
 }
 
+// TestStatusSaysThePace: a running run's pace (from its record) is
+// printed as run's progress line has it, with its age once the record
+// has not changed for a while; a run with a verdict has none.
+func TestStatusSaysThePace(t *testing.T) {
+	now := time.Now().UTC()
+	pace := &stream.RunPace{PerSecond: 12.5, LeftSeconds: 300}
+	st := &coordinator.Status{Time: now, Runs: []coordinator.RunStatus{
+		{Name: "fresh", State: stream.RunRunning, Updated: now.Add(-time.Second), Pace: pace},
+		{Name: "still", State: stream.RunRunning, Updated: now.Add(-3 * time.Minute), Pace: pace},
+		{Name: "done", State: stream.RunComplete, Updated: now, Pace: pace},
+	}}
+	var b strings.Builder
+	printStatus(&b, st)
+	for _, want := range []string{"\nfresh: shards end at 12/s, about 5m left\n",
+		"\nstill: shards end at 12/s, about 5m left (as of 3m ago, when its counts last changed)\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("printed:\n%s\nwant %q", b.String(), want)
+		}
+	}
+	if strings.Contains(b.String(), "done: shards end") {
+		t.Errorf("a COMPLETE run given a pace:\n%s", b.String())
+	}
+}
+
 // TestStatusBoundsShardLines: a run with thousands of shards not validated
 // prints the first ones and how many more there are, not thousands of lines.
 func TestStatusBoundsShardLines(t *testing.T) {
