@@ -77,7 +77,7 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	head := "SAMPLE\tSHARD\tCOST\tSECONDS\tITEMS/S\tPEAK MEMORY\tCPU DUTY"
+	head := "SAMPLE\tSHARD\tCOST\tSECONDS\tCOST/S\tPEAK MEMORY\tCPU DUTY"
 	if gpu {
 		head += "\tPEAK VRAM\tGPU DUTY"
 	}
