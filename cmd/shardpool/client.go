@@ -436,6 +436,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func printStatus(w io.Writer, st *coordinator.Status) {
+	// The status's moment (the coordinator's clock), for how long shards
+	// have run and how old a pace is; this host, for where logs are.
+	now := cmp.Or(st.Time, time.Now())
+	here, _ := os.Hostname()
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tSTATE\tTOTAL\tPENDING\tRUNNING\tVALIDATED\tFAILED\tFINGERPRINT")
 	for _, r := range st.Runs {
@@ -457,7 +461,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			// As run's progress line has it, from the coordinator's
 			// record: as of its last change.
 			line := fmt.Sprintf("%s: shards end at %s, about %s left", r.Name, rate(p.PerSecond), roughly(time.Duration(p.LeftSeconds*float64(time.Second))))
-			if age := cmp.Or(st.Time, time.Now()).Sub(r.Updated); age >= 10*time.Second {
+			if age := now.Sub(r.Updated); age >= 10*time.Second {
 				line += fmt.Sprintf(" (as of %s ago, when its counts last changed)", roughly(age))
 			}
 			fmt.Fprintln(w, line)
@@ -480,7 +484,6 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if r.State == stream.RunBlocked && resumeApart(r) {
 			fmt.Fprintf(w, "%s: resume with: %s\n", r.Name, r.Resume)
 		}
-		here, _ := os.Hostname() // a log on another host is named with it
 		shards := worstFirst(r.Shards)
 		for i, s := range shards {
 			if i == maxShardLines {
@@ -493,14 +496,9 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 				if at, ok := openAttempt(s); ok {
 					// How long it has run (a straggler stands out), and the
 					// log it writes, which a person tails.
-					now := cmp.Or(st.Time, time.Now())
 					detail += fmt.Sprintf(" for %s", max(now.Sub(at.Start), 0).Round(time.Second))
 					if at.Log != "" {
-						where := at.Log
-						if at.Host != "" && at.Host != here {
-							where += " on " + at.Host
-						}
-						detail += " (log as it prints: " + where + ")"
+						detail += " (log as it prints: " + logOn(at, here) + ")"
 					}
 				}
 				if s.State == stream.ShardRunning {
@@ -524,12 +522,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			}
 			if n := len(s.Attempts); n > 0 && s.State != stream.ShardRunning && s.Attempts[n-1].Log != "" {
 				// Where the last attempt's output is: on its worker's host.
-				at := s.Attempts[n-1]
-				where := at.Log
-				if at.Host != "" && at.Host != here {
-					where += " on " + at.Host
-				}
-				detail += " (log: " + where + ")"
+				detail += " (log: " + logOn(s.Attempts[n-1], here) + ")"
 			}
 			fmt.Fprintf(w, "  %s %s %s\n", s.ID, s.State, strings.TrimSpace(detail))
 		}
@@ -775,14 +768,23 @@ func worstFirst(shards []stream.ShardRecord) []stream.ShardRecord {
 // openAttempt is the attempt a running shard's owner runs now, where its
 // record holds it with its start.
 func openAttempt(s stream.ShardRecord) (stream.Attempt, bool) {
-	if s.State != stream.ShardRunning || s.Owner == nil || len(s.Attempts) == 0 {
+	if !s.OpenAttempt() || s.Owner == nil {
 		return stream.Attempt{}, false
 	}
 	at := s.Attempts[len(s.Attempts)-1]
-	if at.Outcome != "" || at.N != s.Owner.Attempt || at.Start.IsZero() {
+	if at.N != s.Owner.Attempt || at.Start.IsZero() {
 		return stream.Attempt{}, false
 	}
 	return at, true
+}
+
+// logOn is where an attempt's log is: its path, and its worker's host
+// when that is not here.
+func logOn(at stream.Attempt, here string) string {
+	if at.Host != "" && at.Host != here {
+		return at.Log + " on " + at.Host
+	}
+	return at.Log
 }
 
 // countStates says how many of shards, in worstFirst's order, are in
