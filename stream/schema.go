@@ -91,7 +91,11 @@ type Attempt struct {
 	Signal   string    `json:"signal,omitempty"`
 	Outcome  string    `json:"outcome"`
 	Reason   string    `json:"reason,omitempty"`
-	PeakRSS  int64     `json:"peak_rss,omitempty"`
+	// PeakRSS is the command's peak RSS where it had no cgroup: the
+	// kernel's figure where above the worker's own, or the largest sum of
+	// its process group's RSS sampled while it ran, the larger; 0 where
+	// neither measured it (docs/status-json.md).
+	PeakRSS int64 `json:"peak_rss,omitempty"`
 	// PeakMemory is the shard cgroup's peak (the whole process tree) where
 	// per-shard cgroups are enforced.
 	PeakMemory int64  `json:"peak_memory,omitempty"`

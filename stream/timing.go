@@ -10,10 +10,10 @@ type Timing struct {
 	Shards  int             `json:"shards"`
 	Seconds Spread[float64] `json:"seconds"`
 	// PeakMemory is over the timed shards whose peak was measured (its
-	// Shards of them), absent where none was: a command's peak RSS is
-	// unknown where it is not above the worker's own and the shard had no
-	// cgroup (docs/status-json.md), so the measured ones may be the
-	// largest, not a sample.
+	// Shards of them), absent where none was: without a cgroup, a
+	// command's peak is unknown where it was too short to sample and not
+	// above the worker's own RSS (docs/status-json.md), so the measured
+	// ones may be the longest and largest, not a sample.
 	PeakMemory *Spread[int64] `json:"peak_memory,omitempty"`
 }
 

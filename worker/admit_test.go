@@ -262,6 +262,36 @@ func TestPeakRSSIsTheCommandsOwn(t *testing.T) {
 	}
 }
 
+// TestPeakOfALongerCommandIsSampled: a command without a cgroup that
+// holds less than the worker's own RSS for seconds gets the peak of its
+// process group sampled from /proc, where the kernel's figure would say
+// only the worker's size (TestPeakRSSIsTheCommandsOwn leaves that out).
+func TestPeakOfALongerCommandIsSampled(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	var self syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
+		t.Fatal(err)
+	}
+	// Below this test binary's own peak, so that only the samples can
+	// have measured it.
+	mib := min(self.Maxrss/1024/2, 64)
+	if mib < 8 {
+		t.Fatalf("this test binary's peak RSS is %d KiB; the test needs a command of at least 8 MiB below it", self.Maxrss)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"long","inputs":[%q],"params":{"mib":"%d"}}`, in, mib)
+		},
+		// tail holds its one line, all of it, until the sleep ends.
+		Command: []string{"sh", "-c", `{ head -c "${SHARDPOOL_PARAM_MIB}M" /dev/zero; sleep 3; } | tail -n 1 > /dev/null`}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 60*time.Second, stream.RunComplete)
+	rec, _ := env.Shard("t", "long")
+	if got := rec.Attempts[0].PeakRSS; got < mib<<20 || got > (mib+32)<<20 {
+		t.Errorf("a command holding %d MiB for 3 s (below the worker's own %d MiB) recorded peak_rss %s; want about %d MiB, sampled", mib, self.Maxrss/1024, stream.FormatSize(got), mib)
+	}
+}
+
 // TestWorkersOfOneHostShareItsBudget: two auto-mode workers on one host
 // (the fixture: 4 CPUs of quota) share its budget through the host
 // ledger. Each alone would admit 4 one-CPU shards, 8 at once together;

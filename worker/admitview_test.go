@@ -42,7 +42,8 @@ func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 	w := autoWorkerOnFixture(t)
 	w.viewFor = time.Minute // the cases below are about which looks are shared, not for how long
 	const gib = int64(1) << 30
-	w.trackLive("cpu", 2*gib)(999_991) // running before the look; no such process, so it may grow by its whole peak
+	onStart, _ := w.trackLive("cpu", 2*gib, false)
+	onStart(999_991) // running before the look; no such process, so it may grow by its whole peak
 
 	v1, err := w.admissionView(ctx, false, false)
 	if err != nil || !v1.fresh || v1.growth != 2*gib {
@@ -64,7 +65,7 @@ func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 	}
 
 	peak := plan.Peak{CPU: 1000, Memory: 2 * gib, Source: "declared"}
-	w.trackLive("cpu", 2*gib)(999_992) // started after the look
+	onStart(999_992) // started after the look
 	// 6 GiB - 2 GiB (the first shard's growth) - 2 GiB (the second's whole peak) leaves room for one.
 	if k, detail, short, _ := w.decide(v, "cpu", 2, peak, false, others{}); k != 1 || !short {
 		t.Fatalf("two running, one since the look: fetch %d (short %v), want 1 and short\n%s", k, short, detail)
@@ -72,7 +73,7 @@ func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 	// The first shard ends and a new one gets its process group id: it too
 	// started after the look.
 	w.liveEnd(999_991)
-	w.trackLive("cpu", 2*gib)(999_991)
+	onStart(999_991)
 	if k, detail, _, _ := w.decide(v, "cpu", 2, peak, false, others{}); k != 0 {
 		t.Fatalf("a reused process group id counted as the look's shard: fetch %d, want 0\n%s", k, detail)
 	}

@@ -998,7 +998,6 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if p, _, ok := w.peakFor(a.m.Class); ok {
 		peak = max(peak, p.Memory)
 	}
-	onStart := w.trackLive(a.m.Class, peak)
 	var cg *shardCgroup
 	if w.enforce && cls.Memory > 0 {
 		// The class's memory is a hard per-shard limit here; CPU is capped at
@@ -1010,6 +1009,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			w.log.Warn("shard cgroup", "shard", a.key, "err", err)
 		}
 	}
+	// Without a cgroup the process group's RSS is sampled while the
+	// command runs: its peak where the kernel's figure says nothing.
+	onStart, sampled := w.trackLive(a.m.Class, peak, cg == nil)
 	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
 	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, onStart, cg, a.held)
@@ -1020,6 +1022,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			res.outcome, res.reason = stream.OutcomePreempted, rr.why
 		}
 	default:
+	}
+	if cg == nil {
+		res.peakRSS = max(res.peakRSS, sampled())
 	}
 	if cg != nil {
 		res.peakMemory = cg.peak()

@@ -854,6 +854,15 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer close(reported)
 		w.report(repCtx, gctx.Done(), ctx)
 	}()
+	// Peaks of the running shards without a cgroup, until the last of
+	// them has ended (after a stop, their grace period).
+	sampleCtx, stopSampling := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSampling()
+	sampling := make(chan struct{})
+	go func() {
+		defer close(sampling)
+		_ = w.sampleLive(sampleCtx)
+	}()
 	g.Go(func() error { return w.watchPressure(gctx) })
 	if w.ledger != nil && w.cfg.Auto {
 		w.ledgerWatched.Store(true)
@@ -1009,6 +1018,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	err = g.Wait()
 	shards.Wait()
+	stopSampling()
+	<-sampling
 	w.bg.Wait()
 	endReports()
 	<-reported

@@ -137,11 +137,11 @@ func TestTimingLineReadsAtAGlance(t *testing.T) {
 		t.Errorf("timingText of a final.json without the count:\n got %q\nwant %q", got, want)
 	}
 	tm.PeakMemory.Shards = 2
-	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1) of the 2 measured (the others' peak RSS within the worker's own)"; got != want {
+	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory 1.0MiB p50, 2.0MiB p95, 3.0MiB max (s1) of the 2 measured (the others too short to sample, and below the worker's own size)"; got != want {
 		t.Errorf("timingText with peaks of some shards:\n got %q\nwant %q", got, want)
 	}
 	tm.PeakMemory = nil
-	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory not measured (each command's peak RSS was within the worker's own: docs/cli.md)"; got != want {
+	if got, want := timingText(tm), "3 timed: 1.2ms p50, 0.50s p95, 1m15.3s max (s2); peak memory not measured (each command too short to sample, and below the worker's own size: docs/cli.md)"; got != want {
 		t.Errorf("timingText without peaks:\n got %q\nwant %q", got, want)
 	}
 	if got := timingText(nil); got != "" {

@@ -1061,11 +1061,11 @@ func timingText(t *stream.Timing) string {
 	switch m := t.PeakMemory; {
 	case m == nil:
 		// Not a zero: unknown, and why (docs/cli.md).
-		line += "; peak memory not measured (each command's peak RSS was within the worker's own: docs/cli.md)"
+		line += "; peak memory not measured (each command too short to sample, and below the worker's own size: docs/cli.md)"
 	case m.Shards > 0 && m.Shards < t.Shards:
 		// Those measured may be the largest (a peak above the worker's
 		// own): say they are not all.
-		line += fmt.Sprintf("; peak memory %s p50, %s p95, %s max (%s) of the %d measured (the others' peak RSS within the worker's own)", stream.FormatSize(m.P50), stream.FormatSize(m.P95), stream.FormatSize(m.Max), m.MaxShard, m.Shards)
+		line += fmt.Sprintf("; peak memory %s p50, %s p95, %s max (%s) of the %d measured (the others too short to sample, and below the worker's own size)", stream.FormatSize(m.P50), stream.FormatSize(m.P95), stream.FormatSize(m.Max), m.MaxShard, m.Shards)
 	default:
 		line += fmt.Sprintf("; peak memory %s p50, %s p95, %s max (%s)", stream.FormatSize(m.P50), stream.FormatSize(m.P95), stream.FormatSize(m.Max), m.MaxShard)
 	}
