@@ -124,7 +124,8 @@ type RunStatus struct {
 	// Waiting says why queued shards are not running, per class.
 	Waiting []string `json:"waiting,omitempty"`
 	// Timing is, with a verdict, what the validated shards took (the run
-	// record's, final.json's in the evidence form).
+	// record's, final.json's in the evidence form); before it, what those
+	// validated so far took, as of up to 10 s before Updated.
 	Timing *stream.Timing `json:"timing,omitempty"`
 	// Pace is, before the verdict, how fast the run's shards end, as of
 	// Updated (the run record's).
@@ -244,9 +245,8 @@ func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shard
 	rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
 		Resume: resumeCommand(r), Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
 		ClassCounts: r.ClassCounts, Halt: r.Halt, Halted: r.Halted}
-	if r.State == stream.RunComplete || r.State == stream.RunBlocked {
-		rs.Timing = r.Timing
-	} else {
+	rs.Timing = r.Timing // before the verdict, of the shards validated so far
+	if r.State != stream.RunComplete && r.State != stream.RunBlocked {
 		rs.Pace = r.Pace
 	}
 	if shards {

@@ -46,7 +46,16 @@ type shardInfo struct {
 }
 
 type runInfo struct {
-	ending  Pace // how fast its shards end, for the record's pace
+	ending Pace // how fast its shards end, for the record's pace
+	// soFar is the timing of the shards validated before the verdict,
+	// computed at soFarAt for the generation soFarFP with soFarN
+	// validated; again once 10% more are validated, or timingEvery
+	// later. Each is a pass over the run's shards and a sort: a run of
+	// 100,000 shards makes about 120 of them, not one per record write.
+	soFar   *stream.Timing
+	soFarAt time.Time
+	soFarFP string
+	soFarN  int
 	rec     stream.RunRecord
 	rev     uint64
 	known   bool
@@ -968,10 +977,21 @@ func (t *tracker) writeRun(ctx context.Context, ri *runInfo, r stream.RunRecord)
 		// With the verdict, what its shards took, as final.json has it:
 		// status shows it wherever it runs (final.json is on this host).
 		r.Timing = ri.timing()
-	} else if perSec, left, ok := ri.ending.Observe(r.Updated, r.Counts.Validated+r.Counts.Failed, r.Counts.Pending+r.Counts.Running); ok {
-		// Before it, how fast shards end, which status gives with the
-		// time left, as run's progress line does.
-		r.Pace = &stream.RunPace{PerSecond: perSec, LeftSeconds: left.Seconds()}
+	} else {
+		if perSec, left, ok := ri.ending.Observe(r.Updated, r.Counts.Validated+r.Counts.Failed, r.Counts.Pending+r.Counts.Running); ok {
+			// Before it, how fast shards end, which status gives with the
+			// time left, as run's progress line does.
+			r.Pace = &stream.RunPace{PerSecond: perSec, LeftSeconds: left.Seconds()}
+		}
+		// And what the shards validated so far took: status compares its
+		// running shards with them (a straggler stands out).
+		if n := r.Counts.Validated; n > 0 && (ri.soFarAt.IsZero() || ri.soFarFP != r.Fingerprint || n < ri.soFarN ||
+			n*10 >= ri.soFarN*11 || (n != ri.soFarN && r.Updated.Sub(ri.soFarAt) >= timingEvery)) {
+			ri.soFar, ri.soFarAt, ri.soFarFP, ri.soFarN = ri.timing(), r.Updated, r.Fingerprint, n
+		}
+		if r.Counts.Validated > 0 {
+			r.Timing = ri.soFar
+		}
 	}
 	data, err := stream.Encode(&r)
 	if err != nil {
@@ -1318,6 +1338,10 @@ type FinalShard struct {
 	Seconds    float64 `json:"seconds,omitempty"`
 	PeakMemory int64   `json:"peak_memory,omitempty"`
 }
+
+// timingEvery is how often a running run's record has the timing of its
+// shards validated so far computed again, at least, while more are.
+const timingEvery = 10 * time.Second
 
 // timingOf summarizes the timed shards of shards, nil where none was
 // timed. Of shards with the same maximum, the one of the lowest ID names

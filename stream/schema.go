@@ -302,8 +302,9 @@ type RunRecord struct {
 	// nothing there: outputs would lie scattered over the workers' disks.
 	OutputOn *OutputStorage `json:"output_on,omitempty"`
 	// Timing is, with a verdict (COMPLETE or BLOCKED), what the run's
-	// validated shards took (final.json's timing); absent otherwise, and
-	// where none was timed.
+	// validated shards took (final.json's timing); before it, what those
+	// validated so far took, as of a moment up to 10 s before Updated;
+	// absent where none was timed.
 	Timing *Timing `json:"timing,omitempty"`
 	// Pace is, before the verdict, how fast the run's shards end
 	// (validated, or failed after their retries) over the tracker's last

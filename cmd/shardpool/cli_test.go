@@ -73,16 +73,19 @@ func TestRunNamesItsTail(t *testing.T) {
 }
 
 // TestStatusSaysHowFastARunGoes: status of a running run gives the pace
-// its coordinator measured and the time left, as run's progress does.
+// its coordinator measured and the time left, as run's progress does,
+// and what the shards validated so far took.
 func TestStatusSaysHowFastARunGoes(t *testing.T) {
 	data := t.TempDir()
-	spec := testenv.WriteJob(t, testenv.Job{Name: "pace", Shards: 40, Command: []string{"sleep", "0.3"}})
+	spec := testenv.WriteJob(t, testenv.Job{Name: "pace", Shards: 80, Command: []string{"sleep", "0.3"}})
 	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
 	pace := regexp.MustCompile(`(?m)^pace: shards end at [0-9.]+/(s|min|h), about [0-9hms]+ left$`)
+	soFar := regexp.MustCompile(`(?m)^pace: shards validated so far, \d+ timed: 0\.\d\ds p50, `)
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		st := testenv.Start(t, "status", "--data", data, "pace")
 		st.Wait(t, 10*time.Second)
-		return pace.MatchString(st.Output()), "status of the running run, want its pace:\n" + st.Output()
+		return pace.MatchString(st.Output()) && soFar.MatchString(st.Output()) && strings.Contains(st.Output(), "RUNNING"),
+			"status of the running run, want its pace and what its validated shards took so far:\n" + st.Output()
 	})
 	if code := p.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, p.Output())

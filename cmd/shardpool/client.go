@@ -454,13 +454,21 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if r.Reason != "" {
 			fmt.Fprintf(w, "%s: %s\n", r.Name, r.Reason)
 		}
+		verdict := r.State == stream.RunComplete || r.State == stream.RunBlocked
 		if t := timingText(r.Timing); t != "" {
+			if !verdict {
+				t = "validated so far, " + t
+			}
 			fmt.Fprintf(w, "%s: shards %s\n", r.Name, t)
 		}
-		if p := r.Pace; p != nil && r.State != stream.RunComplete && r.State != stream.RunBlocked {
+		if p := r.Pace; p != nil && !verdict {
 			// As run's progress line has it, from the coordinator's
 			// record: as of its last change.
 			line := fmt.Sprintf("%s: shards end at %s, about %s left", r.Name, rate(p.PerSecond), roughly(time.Duration(p.LeftSeconds*float64(time.Second))))
+			if r.Counts.Pending == 0 {
+				// The running ones end when they end (as run's progress).
+				line = fmt.Sprintf("%s: shards end at %s; none pending, the rest are running", r.Name, rate(p.PerSecond))
+			}
 			if age := now.Sub(r.Updated); age >= 10*time.Second {
 				line += fmt.Sprintf(" (as of %s ago, when its counts last changed)", roughly(age))
 			}
@@ -496,7 +504,8 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 				if at, ok := openAttempt(s); ok {
 					// How long it has run (a straggler stands out), and the
 					// log it writes, which a person tails.
-					detail += fmt.Sprintf(" for %s", max(now.Sub(at.Start), 0).Round(time.Second))
+					took := max(now.Sub(at.Start), 0)
+					detail += fmt.Sprintf(" for %s", took.Round(time.Second)) + longerThan(took, r.Timing)
 					if at.Log != "" {
 						detail += " (log as it prints: " + logOn(at, here) + ")"
 					}
@@ -733,6 +742,24 @@ func printFailingWorker(w io.Writer, wk stream.WorkerReport, all []stream.Worker
 // maxShardLines bounds the shards status RUN prints per run; --json has
 // them all.
 const maxShardLines = 50
+
+// longerThan says, for a shard that has run for took, when that is
+// longer than every validated shard of timing took, or than 95% of them
+// where they are enough for a 95th percentile to mean something ("" where
+// neither).
+func longerThan(took time.Duration, t *stream.Timing) string {
+	if t == nil {
+		return ""
+	}
+	secs := took.Seconds()
+	switch {
+	case secs > t.Seconds.Max:
+		return fmt.Sprintf(", longer than any of the %d validated took (the longest %s)", t.Shards, shardSeconds(t.Seconds.Max))
+	case t.Shards >= 20 && secs > t.Seconds.P95:
+		return fmt.Sprintf(", longer than 95%% of the %d validated took (p95 %s)", t.Shards, shardSeconds(t.Seconds.P95))
+	}
+	return ""
+}
 
 // worstFirst orders a run's shards not validated for reading: failed,
 // then pending (a retry's delay, a reason to wait), then running, the

@@ -11,8 +11,9 @@ import (
 // TestProgressSaysThePaceAndTimeLeft: the progress line gains the rate
 // at which shards end and the time the rest need at it once a few
 // seconds have seen shards end; the rate follows the last minute, not
-// the whole run; slow shards are counted per minute or hour; nothing is
-// said before there is a pace or once no shard is left.
+// the whole run; slow shards are counted per minute or hour; with none
+// pending, the rate alone; nothing is said before there is a pace or once
+// no shard is left.
 func TestProgressSaysThePaceAndTimeLeft(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
 	counts := func(ended, left int) stream.Counts {
@@ -35,6 +36,11 @@ func TestProgressSaysThePaceAndTimeLeft(t *testing.T) {
 	}
 	if got != ", 1.0/s, about 13m left" {
 		t.Fatalf("1 a second for two minutes, 780 left: %q", got)
+	}
+	// None pending, 2 running: the rate, and no time left, which the
+	// rate cannot tell (the tail of a run waits on its slowest).
+	if got := p.pace(stream.Counts{Total: 1000, Validated: 221, Running: 2}, t0.Add(131*time.Second)); got != ", 1.0/s" {
+		t.Fatalf("none pending, 2 running: %q, want the rate alone", got)
 	}
 	if got := p.pace(counts(1000, 0), t0.Add(200*time.Second)); got != "" {
 		t.Fatalf("none left: %q, want nothing", got)

@@ -908,11 +908,17 @@ const tailNames = 3
 
 // pace is the rate at which shards end and the time the pending and
 // running ones need at it (", 12.5/s, about 3m left"), or "" until a few
-// seconds of this run have seen shards end, and once none is left.
+// seconds of this run have seen shards end, and once none is left. With
+// none pending it gives no time left: the running ones end when they
+// end, not at the rate of the run (the tail of 2 stragglers was "about
+// 0s left" for as long as they ran).
 func (p *progress) pace(c stream.Counts, now time.Time) string {
 	perSec, left, ok := p.ending.Observe(now, c.Validated+c.Failed, c.Pending+c.Running)
 	if !ok {
 		return ""
+	}
+	if c.Pending == 0 {
+		return ", " + rate(perSec)
 	}
 	return fmt.Sprintf(", %s, about %s left", rate(perSec), roughly(left))
 }
@@ -1038,6 +1044,18 @@ func (p *progress) done() {
 	}
 }
 
+// shardSeconds is f seconds of a shard's command as the timing line
+// gives them: under 10 ms in milliseconds, over 10 s as a duration.
+func shardSeconds(f float64) string {
+	switch {
+	case f < 0.01:
+		return fmt.Sprintf("%.1fms", f*1000) // /bin/true: 1.2ms, not 0.00s
+	case f < 10:
+		return fmt.Sprintf("%.2fs", f)
+	}
+	return time.Duration(f * float64(time.Second)).Round(100 * time.Millisecond).String()
+}
+
 // timingText is what a run's validated shards took (its record's timing,
 // as final.json has it), for one line: "40 timed: 0.08s p50, 0.12s p95,
 // 0.15s max (doc-0007); peak memory 5.1MiB p50, 6.0MiB p95, 7.2MiB max
@@ -1047,17 +1065,8 @@ func timingText(t *stream.Timing) string {
 	if t == nil {
 		return ""
 	}
-	secs := func(f float64) string {
-		switch {
-		case f < 0.01:
-			return fmt.Sprintf("%.1fms", f*1000) // /bin/true: 1.2ms, not 0.00s
-		case f < 10:
-			return fmt.Sprintf("%.2fs", f)
-		}
-		return time.Duration(f * float64(time.Second)).Round(100 * time.Millisecond).String()
-	}
 	line := fmt.Sprintf("%d timed: %s p50, %s p95, %s max (%s)", t.Shards,
-		secs(t.Seconds.P50), secs(t.Seconds.P95), secs(t.Seconds.Max), t.Seconds.MaxShard)
+		shardSeconds(t.Seconds.P50), shardSeconds(t.Seconds.P95), shardSeconds(t.Seconds.Max), t.Seconds.MaxShard)
 	switch m := t.PeakMemory; {
 	case m == nil:
 		// Not a zero: unknown, and why (docs/cli.md).

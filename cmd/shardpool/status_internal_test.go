@@ -108,25 +108,68 @@ func TestStatusNamesSlotsHeldForAnotherWorkersShard(t *testing.T) {
 
 // TestStatusSaysThePace: a running run's pace (from its record) is
 // printed as run's progress line has it, with its age once the record
-// has not changed for a while; a run with a verdict has none.
+// has not changed for a while, and without a time left once none is
+// pending; a run with a verdict has none.
 func TestStatusSaysThePace(t *testing.T) {
 	now := time.Now().UTC()
 	pace := &stream.RunPace{PerSecond: 12.5, LeftSeconds: 300}
+	going := stream.Counts{Total: 4000, Validated: 246, Running: 4, Pending: 3750}
 	st := &coordinator.Status{Time: now, Runs: []coordinator.RunStatus{
-		{Name: "fresh", State: stream.RunRunning, Updated: now.Add(-time.Second), Pace: pace},
-		{Name: "still", State: stream.RunRunning, Updated: now.Add(-3 * time.Minute), Pace: pace},
+		{Name: "fresh", State: stream.RunRunning, Updated: now.Add(-time.Second), Counts: going, Pace: pace},
+		{Name: "still", State: stream.RunRunning, Updated: now.Add(-3 * time.Minute), Counts: going, Pace: pace},
 		{Name: "done", State: stream.RunComplete, Updated: now, Pace: pace},
+		{Name: "tail", State: stream.RunRunning, Updated: now, Counts: stream.Counts{Total: 9, Validated: 7, Running: 2}, Pace: pace},
 	}}
 	var b strings.Builder
 	printStatus(&b, st)
 	for _, want := range []string{"\nfresh: shards end at 12/s, about 5m left\n",
-		"\nstill: shards end at 12/s, about 5m left (as of 3m ago, when its counts last changed)\n"} {
+		"\nstill: shards end at 12/s, about 5m left (as of 3m ago, when its counts last changed)\n",
+		"\ntail: shards end at 12/s; none pending, the rest are running\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("printed:\n%s\nwant %q", b.String(), want)
 		}
 	}
 	if strings.Contains(b.String(), "done: shards end") {
 		t.Errorf("a COMPLETE run given a pace:\n%s", b.String())
+	}
+}
+
+// TestStatusComparesRunningShardsWithTheValidated: before its verdict a
+// run's record has what its shards validated so far took; status prints
+// it as such, and a running shard that has run longer than 95% of them,
+// or than any, says so: a straggler stands out among its running
+// shards. Below 20 validated shards no 95th percentile is compared.
+func TestStatusComparesRunningShardsWithTheValidated(t *testing.T) {
+	now := time.Now().UTC()
+	running := func(id string, d time.Duration) stream.ShardRecord {
+		return stream.ShardRecord{ID: id, State: stream.ShardRunning, Owner: &stream.Owner{Worker: "w1", Host: "h1", PID: 41, Attempt: 1},
+			Attempts: []stream.Attempt{{N: 1, Worker: "w1", Host: "h1", Start: now.Add(-d)}}}
+	}
+	timing := func(n int) *stream.Timing {
+		return &stream.Timing{Shards: n, Seconds: stream.Spread[float64]{Shards: n, P50: 1, P95: 2, Max: 3, MaxShard: "s07"}}
+	}
+	st := &coordinator.Status{Time: now, Runs: []coordinator.RunStatus{
+		{Name: "r", State: stream.RunRunning, Updated: now, Counts: stream.Counts{Total: 50, Validated: 40, Running: 3}, Timing: timing(40),
+			Shards: []stream.ShardRecord{running("a", time.Second), running("b", 2500*time.Millisecond), running("c", 10*time.Second)}},
+		{Name: "few", State: stream.RunRunning, Updated: now, Counts: stream.Counts{Total: 12, Validated: 10, Running: 1}, Timing: timing(10),
+			Shards: []stream.ShardRecord{running("d", 2500*time.Millisecond)}},
+	}, Workers: []stream.WorkerReport{{Name: "w1", Host: "h1", PID: 41, Reported: now}}}
+	var b strings.Builder
+	printStatus(&b, st)
+	out := b.String()
+	lines := rowsByFirstWord(out)
+	if !strings.Contains(out, "\nr: shards validated so far, 40 timed: 1.00s p50, 2.00s p95, 3.00s max (s07); peak memory not measured") {
+		t.Errorf("status of a running run lacks what its validated shards took so far:\n%s", out)
+	}
+	for id, want := range map[string]string{
+		"a": "for 1s",
+		"b": "for 3s, longer than 95% of the 40 validated took (p95 2.00s)",
+		"c": "for 10s, longer than any of the 40 validated took (the longest 3.00s)",
+		"d": "for 3s",
+	} {
+		if !strings.HasSuffix(lines[id], " "+want) {
+			t.Errorf("shard %s: got %q, want it to end %q", id, lines[id], want)
+		}
 	}
 }
 
