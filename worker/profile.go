@@ -105,6 +105,9 @@ type ProfileReport struct {
 	Job    string `json:"job_fingerprint"`
 	Limits string `json:"limits"`
 	Error  string `json:"error,omitempty"`
+	// Notes say what the samples cannot tell, such as a class whose
+	// shards all have one cost (its "largest" is then no extreme).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Sustained is several shards in a row after a warm-up.
@@ -184,6 +187,13 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 		}{{"smallest", shards[0]}, {"median", shards[len(shards)/2]}, {"largest", shards[len(shards)-1]}}
 		if class == stream.DefaultClass || median.ID == "" {
 			median = shards[len(shards)/2]
+		}
+		if len(shards) > len(picks) && shards[0].Cost == shards[len(shards)-1].Cost {
+			// Sorted by one cost, the picks are the manifest's first,
+			// middle and last lines: the measured peak may be below
+			// the largest shard's, and admission would go by it.
+			rep.Notes = append(rep.Notes, fmt.Sprintf("class %s: its %d shards have one cost (%d%s), so its smallest, median and largest samples are the manifest's first, middle and last lines, not its extremes, and its measured peak may be below what its largest shard needs: where shards differ in the work they do, give each manifest line a \"cost\" (its relative size) and profile again",
+				class, len(shards), shards[0].Cost, costKind(shards[0].Cost)))
 		}
 		seen := map[string]bool{}
 		// CPU stays the declared allocation (the thread variables follow it;
@@ -269,6 +279,14 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 		w.sweep(ctx, cfg, rep)
 	}
 	return rep, nil
+}
+
+// costKind says where a cost of a class's shards came from, for its note.
+func costKind(cost int64) string {
+	if cost == 0 {
+		return ": no input bytes and no \"cost\" in the manifest"
+	}
+	return ""
 }
 
 // sample runs one shard's command; with measure, its process tree's peak

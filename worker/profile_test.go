@@ -60,6 +60,30 @@ func TestProfileMeasuresPeaksAndSweeps(t *testing.T) {
 	if rep.Job == "" || rep.Job != plan.JobFingerprint(spec) {
 		t.Fatalf("profile's job fingerprint %q, want the spec's %q", rep.Job, plan.JobFingerprint(spec))
 	}
+	if len(rep.Notes) != 0 {
+		t.Errorf("shards of five costs: notes %q, want none", rep.Notes)
+	}
+}
+
+// TestProfileSaysWhenCostsCannotPickTheLargest: shards of one cost (a
+// parameter sweep without inputs or costs) give profile no largest
+// shard; it says so, with what to do, since the class's measured peak
+// may then be far below the largest shard's and admission would go by
+// it.
+func TestProfileSaysWhenCostsCannotPickTheLargest(t *testing.T) {
+	path := testenv.WriteJob(t, testenv.Job{Shards: 5, Command: []string{"sh", "-c", `echo ok > "$1/r"`, "sh", "{out}"},
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"p%d","inputs":[],"params":{"n":"%d"}}`, i, i)
+		}})
+	spec, man := testenv.LoadJob(t, path)
+	rep, err := runProfile(t, spec, man, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Notes) != 1 || !strings.Contains(rep.Notes[0], `class cpu: its 5 shards have one cost (0: no input bytes and no "cost" in the manifest)`) ||
+		!strings.Contains(rep.Notes[0], `give each manifest line a "cost"`) {
+		t.Errorf("notes %q, want one saying class cpu's shards have one cost and how to give them theirs", rep.Notes)
+	}
 }
 
 func TestProfileStopsOnCorrectness(t *testing.T) {

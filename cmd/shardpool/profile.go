@@ -139,7 +139,7 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		fmt.Fprintf(w, "profiler overhead: %.3fs with sampling, %.3fs without (%+.3fs)\n", o.With, o.Without, o.Diff)
 	}
 	for _, p := range r.Sweep {
-		fmt.Fprintf(w, "sweep: concurrency %d, %d shards in %.2fs, %.0f items/s\n", p.Concurrency, p.Shards, p.Seconds, p.Throughput)
+		fmt.Fprintf(w, "sweep: concurrency %d, %d shards in %.2fs, %.0f cost/s\n", p.Concurrency, p.Shards, p.Seconds, p.Throughput)
 	}
 	if r.SweepStop != "" {
 		fmt.Fprintf(w, "sweep stopped: %s; knee at %d\n", r.SweepStop, r.Knee)
@@ -154,6 +154,9 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 			gpus = fmt.Sprintf(", %d GPU(s) with %s of VRAM over them (as declared, or as measured where above it)", p.GPUs, stream.FormatSize(p.VRAM))
 		}
 		fmt.Fprintf(w, "class %s: measured peak memory %s, cpu %.2f%s\n", c, mem, float64(p.CPU)/1000, gpus)
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
 	}
 	if r.Error != "" {
 		fmt.Fprintf(w, "STOPPED: %s\n", r.Error)
