@@ -266,6 +266,9 @@ func TestPeakRSSIsTheCommandsOwn(t *testing.T) {
 // holds less than the worker's own RSS for seconds gets the peak of its
 // process group sampled from /proc, where the kernel's figure would say
 // only the worker's size (TestPeakRSSIsTheCommandsOwn leaves that out).
+// Its class's profile measured far less (a sample that missed the large
+// shards): the worker warns, once for the run and class, in the run's
+// admission.log.
 func TestPeakOfALongerCommandIsSampled(t *testing.T) {
 	env := testenv.New(t, testenv.Options{})
 	var self syscall.Rusage
@@ -275,20 +278,27 @@ func TestPeakOfALongerCommandIsSampled(t *testing.T) {
 	// Below this test binary's own peak, so that only the samples can
 	// have measured it.
 	mib := min(self.Maxrss/1024/2, 64)
-	if mib < 8 {
-		t.Fatalf("this test binary's peak RSS is %d KiB; the test needs a command of at least 8 MiB below it", self.Maxrss)
+	if mib < 24 {
+		t.Fatalf("this test binary's peak RSS is %d KiB; the test needs a command of at least 24 MiB below it", self.Maxrss)
 	}
-	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
 		Line: func(i int, in string) string {
-			return fmt.Sprintf(`{"id":"long","inputs":[%q],"params":{"mib":"%d"}}`, in, mib)
+			return fmt.Sprintf(`{"id":"long%d","inputs":[%q],"params":{"mib":"%d"}}`, i, in, mib)
 		},
 		// tail holds its one line, all of it, until the sleep ends.
 		Command: []string{"sh", "-c", `{ head -c "${SHARDPOOL_PARAM_MIB}M" /dev/zero; sleep 3; } | tail -n 1 > /dev/null`}})
-	env.Submit(spec, coordinator.SubmitOptions{})
+	env.Submit(spec, coordinator.SubmitOptions{MeasuredMemory: map[string]int64{"cpu": 4 << 20}})
 	env.WaitState("t", 60*time.Second, stream.RunComplete)
-	rec, _ := env.Shard("t", "long")
-	if got := rec.Attempts[0].PeakRSS; got < mib<<20 || got > (mib+32)<<20 {
-		t.Errorf("a command holding %d MiB for 3 s (below the worker's own %d MiB) recorded peak_rss %s; want about %d MiB, sampled", mib, self.Maxrss/1024, stream.FormatSize(got), mib)
+	for _, id := range []string{"long0", "long1"} {
+		rec, _ := env.Shard("t", id)
+		if got := rec.Attempts[0].PeakRSS; got < mib<<20 || got > (mib+32)<<20 {
+			t.Errorf("%s, a command holding %d MiB for 3 s (below the worker's own %d MiB), recorded peak_rss %s; want about %d MiB, sampled", id, mib, self.Maxrss/1024, stream.FormatSize(got), mib)
+		}
+	}
+	runLog, _ := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	if n := strings.Count(string(runLog), "decision=peak-above"); n != 1 ||
+		!strings.Contains(string(runLog), "above the 4.0MiB per shard its admission reserves (measured (profile.json)): more shards may be started than this host can hold once they grow; profile again") {
+		t.Errorf("the run's admission.log has %d peak-above line(s), want 1 naming the profile's 4 MiB and what to do:\n%s", n, runLog)
 	}
 }
 

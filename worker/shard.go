@@ -994,9 +994,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	// The growth estimate reserves the peak admission used: the declared
 	// or, when larger, the measured one (a run profiled and not declared
 	// has only the latter).
-	peak := cls.Memory
-	if p, _, ok := w.peakFor(a.m.Class); ok {
-		peak = max(peak, p.Memory)
+	peak, source := cls.Memory, "declared in the spec"
+	if p, _, ok := w.peakFor(a.m.Class); ok && p.Memory > peak {
+		peak, source = p.Memory, p.Source
 	}
 	var cg *shardCgroup
 	if w.enforce && cls.Memory > 0 {
@@ -1026,6 +1026,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if cg == nil {
 		res.peakRSS = max(res.peakRSS, sampled())
 	}
+	defer func() { w.warnPeakAbove(a, peak, source, max(res.peakMemory, res.peakRSS)) }()
 	if cg != nil {
 		res.peakMemory = cg.peak()
 		if n := cg.oomKills(); n > 0 && res.outcome != stream.OutcomeOK {
@@ -1044,6 +1045,40 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	stopHB()
 	return res
+}
+
+// peakAboveMin is the least excess of a shard's peak over its class's
+// reserved peak that warnPeakAbove warns of.
+const peakAboveMin = 16 << 20
+
+// warnPeakAbove says, once per run and class, that a shard's measured
+// peak went well above (a quarter) the peak its class's admission
+// reserves for each shard, from source: admission starts shards by that
+// figure, so more of them may be started than the host can hold once
+// they grow. A profile whose samples missed the largest shards (shards
+// of one cost) is the usual cause. The margins keep apart two ways of
+// measuring one peak (a cgroup's; sampled RSS, which counts the shared
+// libraries of a pipeline's processes once each).
+func (w *Worker) warnPeakAbove(a *attemptState, reserved int64, source string, got int64) {
+	if reserved <= 0 || got <= reserved+reserved/4 || got-reserved < peakAboveMin {
+		return
+	}
+	key := a.m.Run + "\x00" + a.m.Class
+	w.mu.Lock()
+	warned := w.peakWarned[key]
+	w.peakWarned[key] = true
+	w.mu.Unlock()
+	if warned {
+		return
+	}
+	todo := "profile again, with a \"cost\" on each manifest line where shards differ in the work they do (docs/admission.md)"
+	if !strings.HasPrefix(source, "measured") {
+		todo = "declare the class's memory as its largest shard needs it"
+	}
+	msg := fmt.Sprintf("shard %s of class %s peaked at %s, above the %s per shard its admission reserves (%s): more shards may be started than this host can hold once they grow; %s",
+		a.m.ID, a.m.Class, stream.FormatSize(got), stream.FormatSize(reserved), source, todo)
+	w.log.Warn(msg, "run", a.m.Run)
+	w.admission(a.m.Run, a.m.ID, a.m.Class, "peak-above", msg)
 }
 
 // invalidOutput judges what a command that exited 0 left in v.Out, as a

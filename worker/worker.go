@@ -231,11 +231,13 @@ type Worker struct {
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
 	live     map[int]liveShard
-	liveSeq  uint64
-	gates    map[string]*gate  // per class served: its shards in flight
-	gpuRes   map[string]string // GPU UUID -> shard key holding it
-	ledger   *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
-	sharing  atomic.Bool       // the last admission decision saw other active workers in the ledger
+	// peakWarned holds the run and class pairs warnPeakAbove has warned of.
+	peakWarned map[string]bool
+	liveSeq    uint64
+	gates      map[string]*gate  // per class served: its shards in flight
+	gpuRes     map[string]string // GPU UUID -> shard key holding it
+	ledger     *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
+	sharing    atomic.Bool       // the last admission decision saw other active workers in the ledger
 
 	// scratchNeed is, per class, what the active runs that declare
 	// scratch or stage their inputs need of it; scratchHeld counts its
@@ -465,7 +467,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Scratch = dir
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[string]bool{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
