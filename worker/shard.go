@@ -1026,7 +1026,6 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if cg == nil {
 		res.peakRSS = max(res.peakRSS, sampled())
 	}
-	defer func() { w.warnPeakAbove(a, peak, source, max(res.peakMemory, res.peakRSS)) }()
 	if cg != nil {
 		res.peakMemory = cg.peak()
 		if n := cg.oomKills(); n > 0 && res.outcome != stream.OutcomeOK {
@@ -1034,6 +1033,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			res.reason = fmt.Sprintf("killed by the OOM killer at the class's memory limit of %s (its own cgroup)", stream.FormatSize(cls.Memory))
 		}
 	}
+	w.warnPeakAbove(a, peak, source, max(res.peakMemory, res.peakRSS))
 	if res.outcome == stream.OutcomeOK {
 		vlog := logPath
 		if res.log != "" {
