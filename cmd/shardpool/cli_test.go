@@ -1573,6 +1573,31 @@ func TestBlockedReasonOnceOnOneScreen(t *testing.T) {
 	}
 }
 
+// TestProfileNoteReachesPlanAndRun: a profile of shards of one cost says
+// that its "largest" sample is no extreme, and plan and run, which go by
+// its peaks, repeat the note where they start.
+func TestProfileNoteReachesPlanAndRun(t *testing.T) {
+	data := t.TempDir()
+	job := testenv.WriteJob(t, testenv.Job{Name: "sweep", Shards: 5, Command: []string{"sh", "-c", `echo "$SHARDPOOL_PARAM_N" > "$1/n"`, "job", "{out}"},
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"s%d","inputs":[],"params":{"n":"%d"}}`, i, i)
+		}})
+	const note = `note: class cpu: its 5 shards have one cost (0: no input bytes and no "cost" in the manifest)`
+	for _, args := range [][]string{{"profile"}, {"plan"}, {"run", "--slots", "auto"}} {
+		p := testenv.Start(t, append(append(args, "--data", data), job)...)
+		if code := p.Wait(t, 120*time.Second); code != 0 {
+			t.Fatalf("%s: exit %d\n%s", args[0], code, p.Output())
+		}
+		want := note
+		if args[0] != "profile" {
+			want = "profile.json " + note
+		}
+		if !strings.Contains(p.Output(), want) {
+			t.Errorf("%s output lacks %q:\n%s", args[0], want, p.Output())
+		}
+	}
+}
+
 // TestProfileCommand: `shardpool profile` measures the smallest, median
 // and largest shard, writes profile.json, and where the spec names no
 // malformed input says how to add one; with one declared it runs it as

@@ -87,6 +87,9 @@ func printPlan(w io.Writer, p *plan.Plan) {
 	if p.ProfileUnused != "" {
 		fmt.Fprintln(w, p.ProfileUnused)
 	}
+	for _, n := range p.ProfileNotes {
+		fmt.Fprintf(w, "profile.json note: %s\n", n)
+	}
 	if p.Blocked != "" {
 		fmt.Fprintf(w, "BLOCKED: %s\n", p.Blocked)
 	}

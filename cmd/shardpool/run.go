@@ -165,6 +165,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		// Before the slots it leaves to one a class: it says why.
 		fmt.Fprintln(stdout, pl.ProfileUnused)
 	}
+	for _, n := range pl.ProfileNotes {
+		// The peaks admission goes by may be a sample's that missed the
+		// largest shards: said where it starts, not only by profile.
+		fmt.Fprintf(stdout, "profile.json note: %s\n", n)
+	}
 	if slots.auto {
 		var profile, elsewhere string // the hint, made once, where needed
 		for _, c := range pl.Classes {

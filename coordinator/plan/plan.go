@@ -19,6 +19,8 @@ type Profile struct {
 	Classes map[string]Peak `json:"classes"`
 	// Job is the JobFingerprint of the spec it measured.
 	Job string `json:"job_fingerprint"`
+	// Notes say what its samples could not tell (worker.ProfileReport).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // JobFingerprint identifies the job a profile measured: the run's
@@ -86,6 +88,9 @@ type Plan struct {
 	// ProfileUnused says why profile.json's peaks were not used (and,
 	// from makePlan, the command that measures them again).
 	ProfileUnused string `json:"profile_unused,omitempty"`
+	// ProfileNotes are the notes of the profile whose peaks it uses, such
+	// as a class whose shards all had one cost.
+	ProfileNotes []string `json:"profile_notes,omitempty"`
 }
 
 // OutlierFactor is how many times its class's median a shard may cost
@@ -104,6 +109,9 @@ func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, 
 		}
 		p.ProfileUnused = "profile.json is not used: " + why // the caller adds the profile command, which knows the state directory
 		prof = nil
+	}
+	if prof != nil {
+		p.ProfileNotes = prof.Notes
 	}
 	by := map[string][]stream.Shard{}
 	for _, sh := range man.Shards {
