@@ -1574,8 +1574,8 @@ func TestBlockedReasonOnceOnOneScreen(t *testing.T) {
 }
 
 // TestProfileNoteReachesPlanAndRun: a profile of shards of one cost says
-// that its "largest" sample is no extreme, and plan and run, which go by
-// its peaks, repeat the note where they start.
+// that its "largest" sample is no extreme, and plan, run and submit,
+// which go by its peaks, repeat the note where they start.
 func TestProfileNoteReachesPlanAndRun(t *testing.T) {
 	data := t.TempDir()
 	job := testenv.WriteJob(t, testenv.Job{Name: "sweep", Shards: 5, Command: []string{"sh", "-c", `echo "$SHARDPOOL_PARAM_N" > "$1/n"`, "job", "{out}"},
@@ -1595,6 +1595,12 @@ func TestProfileNoteReachesPlanAndRun(t *testing.T) {
 		if !strings.Contains(p.Output(), want) {
 			t.Errorf("%s output lacks %q:\n%s", args[0], want, p.Output())
 		}
+	}
+	// submit, which passes its peaks to the workers, repeats it too.
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	p := testenv.Start(t, "submit", "--server", env.URL, "--profile", filepath.Join(data, "runs", "sweep", "profile.json"), job)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "profile.json "+note) {
+		t.Errorf("submit: exit %d, want 0 with the profile's note\n%s", code, p.Output())
 	}
 }
 

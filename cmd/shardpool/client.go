@@ -994,5 +994,9 @@ func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (mem, v
 	if len(said) == 0 {
 		return nil, nil, "", nil
 	}
-	return mem, vram, fmt.Sprintf("measured peaks (%s), which the workers admit by: %s", path, strings.Join(said, ", ")), nil
+	note = fmt.Sprintf("measured peaks (%s), which the workers admit by: %s", path, strings.Join(said, ", "))
+	for _, n := range p.ProfileNotes {
+		note += fmt.Sprintf("\nprofile.json note: %s", n) // as plan and run repeat it
+	}
+	return mem, vram, note, nil
 }
