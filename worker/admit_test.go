@@ -300,6 +300,13 @@ func TestPeakOfALongerCommandIsSampled(t *testing.T) {
 		!strings.Contains(string(runLog), "above the 4.0MiB per shard its admission reserves (measured (profile.json)): more shards may be started than this host can hold once they grow; profile again") {
 		t.Errorf("the run's admission.log has %d peak-above line(s), want 1 naming the profile's 4 MiB and what to do:\n%s", n, runLog)
 	}
+	// What run's verdict repeats: the same, once, for this run alone.
+	if said := env.Worker("w1").W.PeaksAbove("t"); len(said) != 1 || !strings.Contains(string(runLog), said[0]) {
+		t.Errorf("PeaksAbove(t) = %q, want the one line of the run's admission.log", said)
+	}
+	if said := env.Worker("w1").W.PeaksAbove("other"); len(said) != 0 {
+		t.Errorf("PeaksAbove of another run = %q, want none", said)
+	}
 }
 
 // TestWorkersOfOneHostShareItsBudget: two auto-mode workers on one host

@@ -1063,20 +1063,22 @@ func (w *Worker) warnPeakAbove(a *attemptState, reserved int64, source string, g
 	if reserved <= 0 || got <= reserved+reserved/4 || got-reserved < peakAboveMin {
 		return
 	}
-	key := a.m.Run + "\x00" + a.m.Class
-	w.mu.Lock()
-	warned := w.peakWarned[key]
-	w.peakWarned[key] = true
-	w.mu.Unlock()
-	if warned {
-		return
-	}
 	todo := "profile again, with a \"cost\" on each manifest line where shards differ in the work they do (docs/admission.md)"
 	if !strings.HasPrefix(source, "measured") {
 		todo = "declare the class's memory as its largest shard needs it"
 	}
 	msg := fmt.Sprintf("shard %s of class %s peaked at %s, above the %s per shard its admission reserves (%s): more shards may be started than this host can hold once they grow; %s",
 		a.m.ID, a.m.Class, stream.FormatSize(got), stream.FormatSize(reserved), source, todo)
+	key := a.m.Run + "\x00" + a.m.Class
+	w.mu.Lock()
+	_, warned := w.peakWarned[key]
+	if !warned {
+		w.peakWarned[key] = msg
+	}
+	w.mu.Unlock()
+	if warned {
+		return
+	}
 	w.log.Warn(msg, "run", a.m.Run)
 	w.admission(a.m.Run, a.m.ID, a.m.Class, "peak-above", msg)
 }

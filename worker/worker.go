@@ -231,8 +231,9 @@ type Worker struct {
 	peaks    map[string]plan.Peak
 	gpuClass map[string]bool
 	live     map[int]liveShard
-	// peakWarned holds the run and class pairs warnPeakAbove has warned of.
-	peakWarned map[string]bool
+	// peakWarned holds, per run and class warnPeakAbove has warned of,
+	// what it said.
+	peakWarned map[string]string
 	liveSeq    uint64
 	gates      map[string]*gate  // per class served: its shards in flight
 	gpuRes     map[string]string // GPU UUID -> shard key holding it
@@ -467,7 +468,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Scratch = dir
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[string]bool{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[string]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -552,6 +553,21 @@ func (w *Worker) LeftRunning(run string) (int64, string) {
 		return n.left.Load(), *f
 	}
 	return n.left.Load(), ""
+}
+
+// PeaksAbove is what this worker warned of run's shards whose measured
+// peak went well above what their class's admission reserves
+// (warnPeakAbove), one line per class, by class.
+func (w *Worker) PeaksAbove(run string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(w.peakWarned)) {
+		if r, _, _ := strings.Cut(k, "\x00"); r == run {
+			out = append(out, w.peakWarned[k])
+		}
+	}
+	return out
 }
 
 // countEnded notes a shard of run that this worker concluded in state.

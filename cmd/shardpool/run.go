@@ -355,6 +355,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintln(stdout, "shards:   "+t)
 	}
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
+	for _, msg := range wk.PeaksAbove(spec.Name) {
+		// Said on stderr when it happened, among the progress lines: again
+		// with the verdict, where it is read.
+		fmt.Fprintf(stdout, "memory:   %s (decision=peak-above in %s)\n", msg, filepath.Join(evidence, "admission.log"))
+	}
 	if n, first := wk.LeftRunning(spec.Name); n > 0 {
 		fmt.Fprintf(stdout, "left running: %d attempt(s) left processes running when their command ended, killed then (the first, %s); a job that starts a daemon or a server must stop it before it exits (decision=left-running in %s)\n",
 			n, first, filepath.Join(evidence, "admission.log"))
