@@ -21,6 +21,7 @@ import (
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 	"github.com/shardpool/shardpool/worker"
@@ -1601,6 +1602,29 @@ func TestProfileNoteReachesPlanAndRun(t *testing.T) {
 	p := testenv.Start(t, "submit", "--server", env.URL, "--profile", filepath.Join(data, "runs", "sweep", "profile.json"), job)
 	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "profile.json "+note) {
 		t.Errorf("submit: exit %d, want 0 with the profile's note\n%s", code, p.Output())
+	}
+}
+
+// TestRunSaysWhenAShardOutgrewItsPeak: a profile that measured 4 MiB
+// for a class whose shards hold 40 MiB for seconds (its samples missed
+// them): run's verdict says so on a memory: line, as the worker warned.
+func TestRunSaysWhenAShardOutgrewItsPeak(t *testing.T) {
+	data := t.TempDir()
+	job := testenv.WriteJob(t, testenv.Job{Name: "grow", Shards: 1, Command: []string{"sh", "-c", `{ head -c 40M /dev/zero; sleep 2.5; } | tail -n 1 > /dev/null`}})
+	spec, _ := testenv.LoadJob(t, job)
+	prof := fmt.Sprintf(`{"classes":{"cpu":{"cpu":1000,"memory":%d,"source":"measured (profile.json)"}},"job_fingerprint":%q}`, 4<<20, plan.JobFingerprint(spec))
+	if err := os.MkdirAll(filepath.Join(data, "runs", "grow"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "runs", "grow", "profile.json"), []byte(prof), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.Start(t, "run", "--data", data, job)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, p.Output())
+	}
+	if !regexp.MustCompile(`(?m)^memory:   shard s0000 of class cpu peaked at 4\d\.\dMiB, above the 4\.0MiB per shard its admission reserves \(measured \(profile\.json\)\): .* \(decision=peak-above in .*admission\.log\)$`).MatchString(p.Output()) {
+		t.Errorf("run's verdict lacks the memory: line of a shard that outgrew its class's peak:\n%s", p.Output())
 	}
 }
 
