@@ -985,11 +985,11 @@ func (t *tracker) writeRun(ctx context.Context, ri *runInfo, r stream.RunRecord)
 		}
 		// And what the shards validated so far took: status compares its
 		// running shards with them (a straggler stands out).
-		if n := r.Counts.Validated; n > 0 && (ri.soFarAt.IsZero() || ri.soFarFP != r.Fingerprint || n < ri.soFarN ||
-			n*10 >= ri.soFarN*11 || (n != ri.soFarN && r.Updated.Sub(ri.soFarAt) >= timingEvery)) {
-			ri.soFar, ri.soFarAt, ri.soFarFP, ri.soFarN = ri.timing(), r.Updated, r.Fingerprint, n
-		}
-		if r.Counts.Validated > 0 {
+		if n := r.Counts.Validated; n > 0 {
+			if ri.soFarAt.IsZero() || ri.soFarFP != r.Fingerprint || n < ri.soFarN ||
+				n*10 >= ri.soFarN*11 || (n != ri.soFarN && r.Updated.Sub(ri.soFarAt) >= timingEvery) {
+				ri.soFar, ri.soFarAt, ri.soFarFP, ri.soFarN = ri.timing(), r.Updated, r.Fingerprint, n
+			}
 			r.Timing = ri.soFar
 		}
 	}

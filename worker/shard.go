@@ -1025,8 +1025,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	if cg == nil {
 		res.peakRSS = max(res.peakRSS, sampled())
-	}
-	if cg != nil {
+	} else {
 		res.peakMemory = cg.peak()
 		if n := cg.oomKills(); n > 0 && res.outcome != stream.OutcomeOK {
 			res.outcome = stream.OutcomeOOM
@@ -1069,7 +1068,7 @@ func (w *Worker) warnPeakAbove(a *attemptState, reserved int64, source string, g
 	}
 	msg := fmt.Sprintf("shard %s of class %s peaked at %s, above the %s per shard its admission reserves (%s): more shards may be started than this host can hold once they grow; %s",
 		a.m.ID, a.m.Class, stream.FormatSize(got), stream.FormatSize(reserved), source, todo)
-	key := a.m.Run + "\x00" + a.m.Class
+	key := runClass{a.m.Run, a.m.Class}
 	w.mu.Lock()
 	_, warned := w.peakWarned[key]
 	if !warned {

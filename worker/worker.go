@@ -233,7 +233,7 @@ type Worker struct {
 	live     map[int]liveShard
 	// peakWarned holds, per run and class warnPeakAbove has warned of,
 	// what it said.
-	peakWarned map[string]string
+	peakWarned map[runClass]string
 	liveSeq    uint64
 	gates      map[string]*gate  // per class served: its shards in flight
 	gpuRes     map[string]string // GPU UUID -> shard key holding it
@@ -468,7 +468,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Scratch = dir
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[string]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -562,13 +562,16 @@ func (w *Worker) PeaksAbove(run string) []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []string
-	for _, k := range slices.Sorted(maps.Keys(w.peakWarned)) {
-		if r, _, _ := strings.Cut(k, "\x00"); r == run {
+	for _, k := range slices.SortedFunc(maps.Keys(w.peakWarned), func(x, y runClass) int { return strings.Compare(x.class, y.class) }) {
+		if k.run == run {
 			out = append(out, w.peakWarned[k])
 		}
 	}
 	return out
 }
+
+// runClass is a class of a run's spec.
+type runClass struct{ run, class string }
 
 // countEnded notes a shard of run that this worker concluded in state.
 func (w *Worker) countEnded(run, state string) {

@@ -464,10 +464,12 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 		if p := r.Pace; p != nil && !verdict {
 			// As run's progress line has it, from the coordinator's
 			// record: as of its last change.
-			line := fmt.Sprintf("%s: shards end at %s, about %s left", r.Name, rate(p.PerSecond), roughly(time.Duration(p.LeftSeconds*float64(time.Second))))
+			line := fmt.Sprintf("%s: shards end at %s", r.Name, rate(p.PerSecond))
 			if r.Counts.Pending == 0 {
 				// The running ones end when they end (as run's progress).
-				line = fmt.Sprintf("%s: shards end at %s; none pending, the rest are running", r.Name, rate(p.PerSecond))
+				line += "; none pending, the rest are running"
+			} else {
+				line += fmt.Sprintf(", about %s left", roughly(time.Duration(p.LeftSeconds*float64(time.Second))))
 			}
 			if age := now.Sub(r.Updated); age >= 10*time.Second {
 				line += fmt.Sprintf(" (as of %s ago, when its counts last changed)", roughly(age))
@@ -996,7 +998,7 @@ func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (mem, v
 	}
 	note = fmt.Sprintf("measured peaks (%s), which the workers admit by: %s", path, strings.Join(said, ", "))
 	for _, n := range p.ProfileNotes {
-		note += fmt.Sprintf("\nprofile.json note: %s", n) // as plan and run repeat it
+		note += "\n" + profileNote(n) // as plan and run repeat it
 	}
 	return mem, vram, note, nil
 }

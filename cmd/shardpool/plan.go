@@ -88,12 +88,16 @@ func printPlan(w io.Writer, p *plan.Plan) {
 		fmt.Fprintln(w, p.ProfileUnused)
 	}
 	for _, n := range p.ProfileNotes {
-		fmt.Fprintf(w, "profile.json note: %s\n", n)
+		fmt.Fprintln(w, profileNote(n))
 	}
 	if p.Blocked != "" {
 		fmt.Fprintf(w, "BLOCKED: %s\n", p.Blocked)
 	}
 }
+
+// profileNote is a note of the profile whose peaks plan, run and submit
+// go by (worker.ProfileReport's Notes), as each of them repeats it.
+func profileNote(n string) string { return "profile.json note: " + n }
 
 func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("plan", "shardpool plan [--data DIR] [--json] SPEC", stderr)

@@ -168,7 +168,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	for _, n := range pl.ProfileNotes {
 		// The peaks admission goes by may be a sample's that missed the
 		// largest shards: said where it starts, not only by profile.
-		fmt.Fprintf(stdout, "profile.json note: %s\n", n)
+		fmt.Fprintln(stdout, profileNote(n))
 	}
 	if slots.auto {
 		var profile, elsewhere string // the hint, made once, where needed
