@@ -558,6 +558,7 @@ func (w *Worker) liveEnd(pgid int) {
 func (w *Worker) notePeaks(live map[int]liveShard, rss map[int]int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.peaksAt = time.Now()
 	for pgid, s := range live {
 		if cur, ok := w.live[pgid]; ok && cur.seq == s.seq && s.seen != nil {
 			*s.seen = max(*s.seen, rss[pgid])
@@ -573,7 +574,8 @@ func (w *Worker) notePeaks(live map[int]liveShard, rss map[int]int64) {
 const liveSampleEvery = time.Second
 
 // sampleLive samples the RSS of the process groups of sampled shards
-// (trackLive) until ctx ends.
+// (trackLive) until ctx ends. Where admission scanned within the period
+// (growthRoom, for a decision), it does not scan again.
 func (w *Worker) sampleLive(ctx context.Context) error {
 	t := time.NewTimer(liveSampleEvery)
 	defer t.Stop()
@@ -586,9 +588,11 @@ func (w *Worker) sampleLive(ctx context.Context) error {
 		now := time.Now()
 		due := map[int]liveShard{}
 		w.mu.Lock()
-		for pgid, s := range w.live {
-			if s.seen != nil && now.Sub(s.since) >= liveSampleEvery {
-				due[pgid] = s
+		if now.Sub(w.peaksAt) >= liveSampleEvery {
+			for pgid, s := range w.live {
+				if s.seen != nil && now.Sub(s.since) >= liveSampleEvery {
+					due[pgid] = s
+				}
 			}
 		}
 		w.mu.Unlock()
