@@ -1012,6 +1012,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			if rw, err := w.b.Runs.WatchAll(gctx, jetstream.UpdatesOnly()); err == nil {
 				defer stream.StopWatch(rw)
 				news = rw.Updates()
+			} else if gctx.Err() != nil {
+				// The worker stopped before the watch was set up (a run of
+				// a few shards of a millisecond): nothing to warn of.
+				return nil
 			} else {
 				w.log.Warn("watch runs; new runs are seen every report period", "every", w.cfg.ReportEvery, "err", err)
 			}
@@ -1703,7 +1707,11 @@ func (w *Worker) claimName(ctx context.Context) error {
 		}
 		if !stream.IsConflict(err) {
 			// The store did not answer: serve, as before names were
-			// claimed; the first report replaces whatever is there.
+			// claimed; the first report replaces whatever is there. A
+			// worker stopped meanwhile has nothing to warn of.
+			if ctx.Err() != nil {
+				return nil
+			}
 			w.log.Warn("could not take the worker's name in the workers bucket", "err", err)
 			return nil
 		}
