@@ -211,6 +211,9 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	if prev != nil && prev.Fingerprint != fp {
 		res.Replaced, res.ReplacedValidated = prev.Fingerprint, prev.Counts.Validated
 		res.Because = stream.GenerationChanges(&prev.Spec, prev.ManifestSHA, spec, man.Hash)
+		if prev.Spec.Output != spec.Output {
+			return res, movedOutput(spec, prev, fp)
+		}
 		if opt.RetryFailed {
 			// The user asked for the failed shards only; a new generation
 			// would run every shard again. Say so before anything changes.
@@ -312,6 +315,25 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	}
 	res.State = rec.State
 	return res, nil
+}
+
+// movedOutput refuses a new generation of a run in another output
+// directory. The run's outputs stay where they were committed, and what
+// the new generation would take over is the run's name, records and
+// evidence: most often another job that happens to have the same name
+// (two projects' "eval" in one state directory), whose submission would
+// say that the old outputs are made again while nothing touches them.
+func movedOutput(spec *stream.Spec, prev *stream.RunRecord, fp string) error {
+	of := ""
+	if prev.Spec.SpecPath != "" && prev.Spec.SpecPath != spec.SpecPath {
+		of = " of " + prev.Spec.SpecPath
+	}
+	return fmt.Errorf("%s: field %q: %w: run %s is generation %s%s (%s, %d of %d shard(s) validated) with its outputs in %s, "+
+		"and this spec (generation %s) names %s: its outputs would not replace those, which would stay behind, "+
+		"and the run's records and evidence would become this job's. Give this run another name to start a separate run, "+
+		"or put the output back to make a new generation of run %s; to reuse the name, forget the old run first "+
+		"(shardpool forget, once it is COMPLETE or BLOCKED: its outputs stay)", spec.At("", "output"), "output", ErrSpecConflict,
+		spec.Name, prev.Fingerprint, of, prev.State, prev.Counts.Validated, prev.Counts.Total, prev.Spec.Output, fp, spec.Output, spec.Name)
 }
 
 // checkSharedOutput refuses a new run whose output directory holds shards

@@ -456,6 +456,18 @@ func TestResubmittedSettingsReachRunningWorkers(t *testing.T) {
 	if r, _ := env.Run("t"); r.Spec.Output != filepath.Join(filepath.Dir(spec), "out") || r.State != stream.RunComplete {
 		t.Fatalf("after the refused resubmit: output %s, state %s; want unchanged", r.Spec.Output, r.State)
 	}
+	// A new generation in the other directory is refused too: the run's
+	// outputs would stay behind in the old one, not be made again.
+	before, _ := env.Run("t")
+	edit(`sleep 0.6`, `sleep 0.1`)
+	_, err = env.TrySubmit(spec, coordinator.SubmitOptions{})
+	if !errors.Is(err, coordinator.ErrSpecConflict) || !strings.Contains(err.Error(), "is generation "+before.Fingerprint) ||
+		!strings.Contains(err.Error(), "outputs in "+filepath.Join(filepath.Dir(spec), "out")) {
+		t.Fatalf("a new generation with another output: got %v, want ErrSpecConflict naming the generation and where its outputs are", err)
+	}
+	if r, _ := env.Run("t"); r.Fingerprint != before.Fingerprint || r.State != stream.RunComplete {
+		t.Fatalf("after the refused new generation: fingerprint %s, state %s; want %s, COMPLETE", r.Fingerprint, r.State, before.Fingerprint)
+	}
 }
 
 // TestRunsSharingAnOutputDirectory: a second run whose shards would

@@ -1006,6 +1006,67 @@ func TestEditedJobIsANewGenerationAndSaysSo(t *testing.T) {
 	}
 }
 
+// TestAnotherJobOfTheSameNameIsRefused: two projects whose runs are both
+// named "eval", run with one state directory (the default one, most
+// often). The second used to be taken as a new generation of the first:
+// it said the first's outputs would be made again (nothing touched them,
+// in the other project's directory) and took over the run's records and
+// evidence. It is refused before anything is queued, naming the other
+// job and where each has its outputs, and the first run's evidence is
+// left as it was.
+func TestAnotherJobOfTheSameNameIsRefused(t *testing.T) {
+	data := t.TempDir()
+	first := testenv.WriteJob(t, testenv.Job{Name: "eval", Shards: 2, Command: []string{"cp", "{input}", "{out}/copy"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", first)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("the first project's run: exit %d\n%s", code, p.Output())
+	}
+	evidence := filepath.Join(data, "runs", "eval")
+	read := func() map[string]string {
+		files := map[string]string{}
+		for _, name := range []string{"plan.json", "final.json", "resume.txt"} {
+			b, err := os.ReadFile(filepath.Join(evidence, name))
+			if err != nil {
+				t.Fatalf("the first run's evidence: %v", err)
+			}
+			files[name] = string(b)
+		}
+		return files
+	}
+	before := read()
+
+	second := testenv.WriteJob(t, testenv.Job{Name: "eval", Shards: 3, Command: []string{"cat", "{input}"}})
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", second)
+	code := p.Wait(t, 60*time.Second)
+	firstOut, secondOut := filepath.Join(filepath.Dir(first), "out"), filepath.Join(filepath.Dir(second), "out")
+	for _, want := range []string{second + `:3: field "output"`, "run eval is generation", "of " + first, "outputs in " + firstOut,
+		"names " + secondOut, "Give this run another name"} {
+		if code != 1 || !strings.Contains(p.Output(), want) {
+			t.Fatalf("another project's run of the same name: exit %d, want 1 and %q\n%s", code, want, p.Output())
+		}
+	}
+	if strings.Contains(p.Output(), "made again") {
+		t.Fatalf("the refused run says outputs are made again:\n%s", p.Output())
+	}
+	for name, was := range before {
+		if now := read()[name]; now != was {
+			t.Fatalf("the refused run rewrote the first run's %s:\nwas %s\nnow %s", name, was, now)
+		}
+	}
+	ents, _ := os.ReadDir(secondOut)
+	for _, e := range ents {
+		if e.Name() != ".shardpool" { // the lock of a run of the name in this directory, left as others are
+			t.Fatalf("the refused run left %s in its output directory", e.Name())
+		}
+	}
+	// The first project's run goes on as its own: run again, it verifies
+	// its outputs and is COMPLETE.
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", first)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "0 published") {
+		t.Fatalf("the first project's run again: exit %d, want 0 with nothing published\n%s", code, p.Output())
+	}
+}
+
 // TestStatusFindsTheRunFromItsData: a `shardpool run` serves its
 // coordinator on a port of its own choosing. `status --data DIR` finds it
 // while it runs, and reports the run's last verdict from its evidence

@@ -16,7 +16,8 @@ import (
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
-// makePlan plans the run on this host and writes plan.json to its evidence.
+// makePlan plans the run on this host; savePlan writes it to the run's
+// evidence.
 func makePlan(ctx context.Context, spec *stream.Spec, man *stream.Manifest, data string) (*plan.Plan, error) {
 	pr, err := probe.New(probe.Config{})
 	if err != nil {
@@ -36,11 +37,20 @@ func makePlan(ctx context.Context, spec *stream.Spec, man *stream.Manifest, data
 		// The profile that replaces it goes where this plan reads it.
 		p.ProfileUnused += fmt.Sprintf("; run `%s` again", profileCommand(spec, data))
 	}
+	return p, nil
+}
+
+// savePlan writes plan.json to the evidence of run name. `run` calls it
+// once its submission has been taken (or the plan blocks the run before
+// queuing): a submission the store refuses, such as another job of the
+// same name, leaves the evidence of the run it names as it was.
+func savePlan(data, name string, p *plan.Plan) error {
+	dir := filepath.Join(data, "runs", name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return err
 	}
 	b, _ := json.MarshalIndent(p, "", "  ")
-	return p, checkpoint.WriteFile(filepath.Join(dir, "plan.json"), append(b, '\n'))
+	return checkpoint.WriteFile(filepath.Join(dir, "plan.json"), append(b, '\n'))
 }
 
 func printPlan(w io.Writer, p *plan.Plan) {
@@ -110,6 +120,9 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	plan.SplitOutliers(spec, man)
 	p, err := makePlan(ctx, spec, man, *data)
 	if err != nil {
+		return err
+	}
+	if err := savePlan(*data, spec.Name, p); err != nil {
 		return err
 	}
 	if *asJSON {

@@ -92,6 +92,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if pl.Blocked != "" {
+		if err := savePlan(absData, spec.Name, pl); err != nil {
+			return err
+		}
 		printPlan(stdout, pl)
 		return blockedErr(stdout, stderr, "run "+spec.Name+" is BLOCKED before queuing", pl.Blocked)
 	}
@@ -124,12 +127,6 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer release()
-	// This run speaks for the evidence now: a stop recorded by an earlier
-	// one no longer holds.
-	if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), coordinator.StoppedName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		log.Warn("remove "+coordinator.StoppedName, "err", err)
-	}
-	recordOutputFS(ctx, spec, coord.EvidenceDir(spec.Name))
 	// The settings of this host's worker and coordinator that the user
 	// chose go with the commands; display flags (--quiet, -v) do not.
 	host := carriedFlags(fs, "slots", "scratch", "sync", "lease-ttl", "grace", "halt", "listen", "http", "tls",
@@ -156,6 +153,16 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return err
 	}
+	// The store took the submission: this run speaks for the evidence now
+	// (one it refused, such as another job of the same name, leaves it as
+	// it was). A stop recorded by an earlier run no longer holds.
+	if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), coordinator.StoppedName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Warn("remove "+coordinator.StoppedName, "err", err)
+	}
+	if err := savePlan(absData, spec.Name, pl); err != nil {
+		fmt.Fprintf(stderr, "warning: plan.json not written to the run's evidence: %v\n", err)
+	}
+	recordOutputFS(ctx, spec, coord.EvidenceDir(spec.Name))
 	g, gctx := errgroup.WithContext(context.WithoutCancel(ctx))
 	coordCtx, stopCoord := context.WithCancel(gctx)
 	defer stopCoord()
