@@ -320,7 +320,7 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 			return nil, bad("cost", "want a non-negative integer")
 		}
 	}
-	if err := checkPlaceholders(spec.Command, sh); err != nil {
+	if err := checkPlaceholders(spec, sh); err != nil {
 		return nil, bad("inputs", "%v", err)
 	}
 	return sh, nil
@@ -366,8 +366,8 @@ func parseParams(v json.RawMessage) (map[string]string, error) {
 	return params, nil
 }
 
-// paramAsPlaceholder refuses a param whose key the spec's command or
-// validator names in braces, {n} for param n: params are no placeholders,
+// paramAsPlaceholder refuses a param whose key the spec's command,
+// validator or env names in braces, {n} for param n: params are no placeholders,
 // so the braces reached every shard's command as they are (a shell loop
 // "while [ $i -lt {n} ]" failed its test, ran no step and exited 0, and
 // every shard validated with nothing done).
@@ -384,16 +384,60 @@ func paramAsPlaceholder(spec *Spec, key, env string) error {
 			}
 		}
 	}
-	return nil
-}
-
-func checkPlaceholders(argv []string, sh *Shard) error {
-	for _, a := range argv {
-		if strings.Contains(a, "{input}") && len(sh.Inputs) != 1 {
-			return fmt.Errorf("%w: the command uses {input}, which needs exactly one input, and this shard has %d (use {inputs})", ErrPlaceholder, len(sh.Inputs))
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		if strings.Contains(spec.Env[k], word) {
+			return fmt.Errorf("key %q appears as %s in env %s in %s, but params are not placeholders: that text would reach the command as it is; "+
+				"a param reaches the command as the environment variable %s", key, word, k, spec.SpecPath, env)
 		}
 	}
 	return nil
+}
+
+// checkPlaceholders refuses a shard that its command, validator or env
+// cannot be expanded for: {input} where it has not exactly one input.
+func checkPlaceholders(spec *Spec, sh *Shard) error {
+	if len(sh.Inputs) == 1 {
+		return nil
+	}
+	for _, argv := range []struct {
+		field string
+		args  []string
+	}{{"command", spec.Command}, {"validator", spec.Validator}} {
+		for _, a := range argv.args {
+			if strings.Contains(a, "{input}") {
+				return fmt.Errorf("%w: the %s uses {input}, which needs exactly one input, and this shard has %d (use {inputs})", ErrPlaceholder, argv.field, len(sh.Inputs))
+			}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		if strings.Contains(spec.Env[k], "{input}") {
+			return fmt.Errorf("%w: env %s uses {input}, which needs exactly one input, and this shard has %d", ErrPlaceholder, k, len(sh.Inputs))
+		}
+	}
+	return nil
+}
+
+// ExpandEnv is the spec's env entries whose values name placeholders,
+// expanded for one attempt as KEY=value, sorted; nil where none does.
+// They are expanded as inside a command's argument ({inputs} is refused
+// in env when the spec loads).
+func ExpandEnv(env map[string]string, v Vars) ([]string, error) {
+	var out []string
+	for k, val := range env {
+		if !strings.Contains(val, "{") || !placeholderRE.MatchString(val) {
+			continue
+		}
+		e, err := Expand([]string{val}, v)
+		if err == nil && len(e) != 1 {
+			err = fmt.Errorf("%w: %q is not one value", ErrPlaceholder, val)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("env %s: %w", k, err)
+		}
+		out = append(out, k+"="+e[0])
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // Vars are the values of a command's placeholders for one attempt.

@@ -368,6 +368,11 @@ func parseSpec(abs string, src []byte) (*Spec, error) {
 		} else if strings.ContainsRune(f.Env[k], 0) {
 			// No variable can hold one: every attempt failed to start.
 			bad("env", k, "the value holds a NUL character, which no environment variable can hold")
+		} else if strings.Contains(f.Env[k], "{inputs}") {
+			// Placeholders in a value are expanded as in one argument.
+			bad("env", k, "%q: {inputs} stands for one argument per input and has no place in one variable; name the inputs in command, or use {input} where each shard has one", f.Env[k])
+		} else if why := checkBraces(f.Env[k]); why != "" {
+			bad("env", k, "%q: %s", f.Env[k], why)
 		}
 	}
 	s.Retries = DefaultRetries
@@ -602,37 +607,44 @@ func checkArgv(argv []string) error {
 		if strings.ContainsRune(a, 0) {
 			return fmt.Errorf("argument %d contains a NUL byte", i)
 		}
-		// Other braces pass through (an awk program), but a word of three
-		// letters or more a letter or two from a placeholder is a typo that
-		// would reach every shard as it is, and so is a shorter one that
-		// stands alone as an argument and begins a placeholder ("{in}").
-		// Params are no placeholders: written the way templates name them
-		// ({param.n}), a param reached every shard's command as that text,
-		// and a command that did not fail on it validated with nothing
-		// done.
-		if m := paramRefRE.FindStringSubmatch(a); m != nil {
-			env := ParamEnv(m[1] + m[2])
-			return fmt.Errorf("argument %d (%q): %s is not a placeholder: params reach the command as environment variables, this one as %s (in a shell: \"$%s\"); that text would reach every shard's command as it is", i, a, m[0], env, env)
-		}
-		for _, m := range braceRE.FindAllStringSubmatch(a, -1) {
-			if slices.Contains(placeholders, m[1]) {
-				continue
-			}
-			if m[1] == "param" || m[1] == "params" {
-				return fmt.Errorf("argument %d (%q): %s is not a placeholder: params reach the command as environment variables, SHARDPOOL_PARAM_ and the key upper-cased (in a shell: \"$SHARDPOOL_PARAM_N\" for param n); that text would reach every shard's command as it is", i, a, m[0])
-			}
-			if len(m[1]) < 3 {
-				if k := beginning(m[1], placeholders); k != "" && a == m[0] && len(m[1]) > 1 {
-					return fmt.Errorf("argument %d (%q): %s is not a placeholder; did you mean {%s}? (text in braces that is meant as it is belongs in a script the command runs)", i, a, m[0], k)
-				}
-				continue
-			}
-			if k := likelyMeant(m[1], placeholders); k != "" {
-				return fmt.Errorf("argument %d (%q): %s is not a placeholder; did you mean {%s}? (text in braces that is meant as it is belongs in a script the command runs)", i, a, m[0], k)
-			}
+		if why := checkBraces(a); why != "" {
+			return fmt.Errorf("argument %d (%q): %s", i, a, why)
 		}
 	}
 	return nil
+}
+
+// checkBraces says what is wrong with the braces of a, an argument of a
+// command or a value of env, or "". Other braces pass through (an awk
+// program), but a word of three letters or more a letter or two from a
+// placeholder is a typo that would reach every shard as it is, and so is
+// a shorter one that stands alone and begins a placeholder ("{in}").
+// Params are no placeholders: written the way templates name them
+// ({param.n}), a param reached every shard's command as that text, and a
+// command that did not fail on it validated with nothing done.
+func checkBraces(a string) string {
+	if m := paramRefRE.FindStringSubmatch(a); m != nil {
+		env := ParamEnv(m[1] + m[2])
+		return fmt.Sprintf("%s is not a placeholder: params reach the command as environment variables, this one as %s (in a shell: \"$%s\"); that text would reach every shard's command as it is", m[0], env, env)
+	}
+	for _, m := range braceRE.FindAllStringSubmatch(a, -1) {
+		if slices.Contains(placeholders, m[1]) {
+			continue
+		}
+		if m[1] == "param" || m[1] == "params" {
+			return fmt.Sprintf("%s is not a placeholder: params reach the command as environment variables, SHARDPOOL_PARAM_ and the key upper-cased (in a shell: \"$SHARDPOOL_PARAM_N\" for param n); that text would reach every shard's command as it is", m[0])
+		}
+		if len(m[1]) < 3 {
+			if k := beginning(m[1], placeholders); k != "" && a == m[0] && len(m[1]) > 1 {
+				return fmt.Sprintf("%s is not a placeholder; did you mean {%s}? (text in braces that is meant as it is belongs in a script the command runs)", m[0], k)
+			}
+			continue
+		}
+		if k := likelyMeant(m[1], placeholders); k != "" {
+			return fmt.Sprintf("%s is not a placeholder; did you mean {%s}? (text in braces that is meant as it is belongs in a script the command runs)", m[0], k)
+		}
+	}
+	return ""
 }
 
 // beginning is the first of names that w begins, or "".
@@ -723,7 +735,15 @@ func LineOf(src []byte, table, key string) int {
 		}
 	}
 	if table != "" && key != "" {
-		return LineOf(src, table, "")
+		if n := LineOf(src, table, ""); n > 0 {
+			return n
+		}
+		// An inline table: env = { X = "..." } sets env.X on env's line.
+		parent, last := "", table
+		if i := strings.LastIndex(table, "."); i >= 0 {
+			parent, last = table[:i], table[i+1:]
+		}
+		return LineOf(src, parent, last)
 	}
 	return 0
 }

@@ -143,6 +143,9 @@ func TestLoadSpecErrors(t *testing.T) {
 		{"env as an array", base + "env = [\"A=1\"]\n", `field "env": invalid run spec: got an array, want a table of strings such as { MODE = "fast" }`},
 		{"env number", base + "env = { A = 1 }\n", `field "env": invalid run spec: got an integer, want a string for each variable (quote numbers: { N = "4" })`},
 		{"env value with a NUL", base + "[env]\nB = \"ok\"\nA = \"a\\u0000b\"\n", `:7: field "env.A": invalid run spec: the value holds a NUL character, which no environment variable can hold`},
+		{"inputs in env", base + "env = { FILES = \"{inputs}\" }\n", `:5: field "env.FILES": invalid run spec: "{inputs}": {inputs} stands for one argument per input and has no place in one variable`},
+		{"misspelt placeholder in env", base + "[env]\nHF_HOME = \"{scrach}/hf\"\n", `:6: field "env.HF_HOME": invalid run spec: "{scrach}/hf": {scrach} is not a placeholder; did you mean {scratch}?`},
+		{"param template in env", base + "env = { N = \"{param.n}\" }\n", `:5: field "env.N": invalid run spec: "{param.n}": {param.n} is not a placeholder: params reach the command as environment variables, this one as SHARDPOOL_PARAM_N`},
 		{"inputs inside an argument", base[:len(base)-len("command = [\"true\"]\n")] + "command = [\"cat\", \"x{inputs}\"]\n", "must stand alone"},
 		{"bad timeout", base + "timeout = \"soon\"\n", `:5: field "timeout"`},
 		{"retry delay as a number", base + "retry_delay = 30\n", `:5:15: field "retry_delay": invalid run spec: got an integer, want a duration such as "90s" or "2h"`},
@@ -673,10 +676,15 @@ func TestParamNamedAsAPlaceholderIsRefused(t *testing.T) {
 			`, but params are not placeholders: that text would reach the command as it is; a param reaches the command as the environment variable SHARDPOOL_PARAM_N (in a shell: "$SHARDPOOL_PARAM_N")`},
 		{`["sh", "-c", "seq {batch-size} > {out}/x"]`, "", `key "batch-size" appears as {batch-size} in argument 2 of the command`},
 		{`["true"]`, `["check", "{n}"]`, `key "n" appears as {n} in argument 1 of the validator`},
+		{`["true"]`, `env`, `key "n" appears as {n} in env STEPS in ` + specPath + `, but params are not placeholders`},
 		{`["awk", "{print $1}", "{input}"]`, "", ""},
 	} {
 		spec := "name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = " + tc.command + "\n"
-		if tc.validator != "" {
+		switch tc.validator {
+		case "":
+		case "env":
+			spec += "env = { STEPS = \"{n}\" }\n"
+		default:
 			spec += "validator = " + tc.validator + "\n"
 		}
 		os.WriteFile(specPath, []byte(spec), 0o644)
@@ -859,5 +867,39 @@ func TestShellLineAsProgramIsRefused(t *testing.T) {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%q: got %v, want an error containing %q", tc.argv, err, tc.want)
 		}
+	}
+}
+
+// TestPlaceholdersInEnv: a value of env that names placeholders is
+// expanded for each attempt as inside a command's argument (a job whose
+// program reads HF_HOME or OUTPUT_DIR needs no wrapper script); before,
+// "{out}" reached the command as those five characters. {input} in env
+// needs exactly one input, as in the command or the validator.
+func TestPlaceholdersInEnv(t *testing.T) {
+	env := map[string]string{"OUT": "{out}", "HF_HOME": "{scratch}/hf-{id}", "TRY": "{attempt}", "IN": "{input}", "AWK": "{print $1}", "PLAIN": "x"}
+	got, err := ExpandEnv(env, Vars{ID: "s1", Out: "/o", Scratch: "/s", Inputs: []string{"/in/a"}, Attempt: 2})
+	want := []string{"HF_HOME=/s/hf-s1", "IN=/in/a", "OUT=/o", "TRY=2"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("ExpandEnv: got %q, %v; want %q", got, err, want)
+	}
+	if got, err := ExpandEnv(map[string]string{"PLAIN": "x", "AWK": "{print $1}"}, Vars{}); err != nil || got != nil {
+		t.Fatalf("ExpandEnv without placeholders: got %q, %v; want nil", got, err)
+	}
+	if _, err := ExpandEnv(map[string]string{"IN": "{input}"}, Vars{Inputs: []string{"a", "b"}}); !errors.Is(err, ErrPlaceholder) || !strings.Contains(err.Error(), "env IN") {
+		t.Fatalf("ExpandEnv of {input} with two inputs: got %v, want ErrPlaceholder naming env IN", err)
+	}
+
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "shardpool.toml")
+	os.WriteFile(spec, []byte("name = \"x\"\nmanifest = \"m.jsonl\"\noutput = \"o\"\ncommand = [\"true\"]\nenv = { IN = \"{input}\" }\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o644)
+	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte("{\"id\":\"one\",\"inputs\":[\"a\"]}\n{\"id\":\"two\",\"inputs\":[\"a\",\"a\"]}\n"), 0o644)
+	sp, err := LoadSpec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = LoadManifest(sp)
+	if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), `m.jsonl:2: field "inputs"`) || !strings.Contains(err.Error(), "env IN uses {input}, which needs exactly one input, and this shard has 2") {
+		t.Fatalf("a shard of two inputs where env uses {input}: got %v, want line 2 refused naming env IN", err)
 	}
 }

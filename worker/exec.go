@@ -83,8 +83,8 @@ var threadVars = []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_TH
 
 // childEnv is the environment of a shard's command: the worker's own, the
 // spec's env, thread limits, and SHARDPOOL_* variables.
-func childEnv(bin string, base map[string]string, spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) []string {
-	return shardEnv(classEnv(bin, base, spec, class), m, v)
+func childEnv(bin string, base map[string]string, spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) ([]string, error) {
+	return shardEnv(classEnv(bin, base, spec, class), spec, m, v)
 }
 
 // classEnv is the part of a child's environment that is the same for every
@@ -119,8 +119,10 @@ func classEnv(bin string, base map[string]string, spec *stream.Spec, class strea
 }
 
 // shardEnv adds one attempt's variables to a class environment; they
-// replace entries of the same name.
-func shardEnv(cls []string, m *stream.ShardMsg, v stream.Vars) []string {
+// replace entries of the same name. So do the values of the spec's env
+// that name placeholders ({out}, {scratch} ...), expanded for the attempt,
+// except where they would replace a variable of shardpool's own.
+func shardEnv(cls []string, spec *stream.Spec, m *stream.ShardMsg, v stream.Vars) ([]string, error) {
 	own := make([]string, 0, 7+len(m.Params))
 	own = append(own, "SHARDPOOL_RUN="+m.Run, "SHARDPOOL_SHARD_ID="+m.ID, "SHARDPOOL_FINGERPRINT="+m.Fingerprint,
 		"SHARDPOOL_ATTEMPT="+strconv.Itoa(v.Attempt), "SHARDPOOL_OUT="+v.Out, "SHARDPOOL_CKPT_DIR="+v.Ckpt, "SHARDPOOL_SCRATCH="+v.Scratch)
@@ -130,14 +132,23 @@ func shardEnv(cls []string, m *stream.ShardMsg, v stream.Vars) []string {
 	}
 	sort.Strings(params)
 	own = append(own, params...)
+	expanded, err := stream.ExpandEnv(spec.Env, v)
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range expanded {
+		if !replaced(kv, own) {
+			own = append(own, kv)
+		}
+	}
 	out := make([]string, 0, len(cls)+len(own))
 	for _, kv := range cls {
-		if strings.HasPrefix(kv, "SHARDPOOL_") && replaced(kv, own) {
+		if (strings.HasPrefix(kv, "SHARDPOOL_") || len(expanded) > 0) && replaced(kv, own) {
 			continue
 		}
 		out = append(out, kv)
 	}
-	return append(out, own...)
+	return append(out, own...), nil
 }
 
 // replaced reports whether one of own sets kv's variable.

@@ -1043,6 +1043,36 @@ func TestPlaceholdersAndEnvironment(t *testing.T) {
 	}
 }
 
+// TestPlaceholdersInEnvAreExpanded: the spec's env may name placeholders,
+// expanded for each attempt as inside an argument, for the command and
+// its validator; {ckpt} named there is made before the command runs. A
+// variable of shardpool's own is not replaced by one.
+func TestPlaceholdersInEnvAreExpanded(t *testing.T) {
+	env := testenv.New(t, testenv.Options{})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 0,
+		Extra: "validator = [\"sh\", \"-c\", \"test -s \\\"$OUT_DIR/env\\\"\"]\n" +
+			"env = { OUT_DIR = \"{out}\", HF_HOME = \"{scratch}/hf\", CKPT = \"{ckpt}\", TAG = \"{id}-{attempt}\", IN = \"{input}\", SHARDPOOL_SHARD_ID = \"{id}x\", AWK = \"{print $1}\" }\n",
+		Command: []string{"sh", "-c", `test -d "$CKPT" && test "$HF_HOME" = "$SHARDPOOL_SCRATCH/hf" && env | sort > "$OUT_DIR/env"`}})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	envb, err := os.ReadFile(filepath.Join(filepath.Dir(spec), "out", "s0000", "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	envb = append([]byte("\n"), envb...) // each entry between newlines
+	for _, kv := range []string{"TAG=s0000-1", "IN=" + filepath.Join(filepath.Dir(spec), "in", "s0000.txt"), "SHARDPOOL_SHARD_ID=s0000", "AWK={print $1}",
+		"CKPT=" + worker.CkptDir(filepath.Join(filepath.Dir(spec), "out"), "t", res.Fingerprint, "s0000")} {
+		if !strings.Contains(string(envb), "\n"+kv+"\n") {
+			t.Errorf("child environment lacks %q:\n%s", kv, envb)
+		}
+	}
+	for _, k := range []string{"OUT_DIR", "HF_HOME"} {
+		if n := strings.Count(string(envb), "\n"+k+"="); n != 1 || strings.Contains(string(envb), k+"={") {
+			t.Errorf("child environment has %s %d times, or unexpanded:\n%s", k, n, envb)
+		}
+	}
+}
+
 // TestNoPrefetch checks that a worker fetches only for a command it can
 // start: with 1 slot and 4 queued shards, one command runs at a time, and
 // the consumer never has more than 2 messages pending acknowledgement (the

@@ -310,7 +310,11 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 		s.Outcome, s.Reason = stream.OutcomeStart, err.Error()
 		return s
 	}
-	env := childEnv(w.cfg.Binary, w.env, spec, cls, &stream.ShardMsg{Run: spec.Name, ID: sh.ID, Params: sh.Params}, v)
+	env, err := childEnv(w.cfg.Binary, w.env, spec, cls, &stream.ShardMsg{Run: spec.Name, ID: sh.ID, Params: sh.Params}, v)
+	if err != nil {
+		s.Outcome, s.Reason = stream.OutcomeStart, err.Error()
+		return s
+	}
 	if cls.GPUs > 0 {
 		// As a worker places a shard: devices that are healthy, free of
 		// other jobs' processes and with the class's VRAM free, named in

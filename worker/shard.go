@@ -964,7 +964,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		return result{outcome: stream.OutcomeStart, reason: why + "; the command was not run"}
 	}
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
-	// created only when the command names it: directory creation is a
+	// created only when the command (or its validator or env) names it: directory creation is a
 	// measurable part of a short shard's cost. A job that reads
 	// SHARDPOOL_CKPT_DIR gets it created by its first `ckpt commit`.
 	if usesCkpt(spec) {
@@ -979,7 +979,10 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if err != nil {
 		return result{outcome: stream.OutcomeStart, reason: err.Error()}
 	}
-	env := shardEnv(w.classEnv(spec, a.m.Fingerprint, a.m.Class, cls), &a.m, v)
+	env, err := shardEnv(w.classEnv(spec, a.m.Fingerprint, a.m.Class, cls), spec, &a.m, v)
+	if err != nil {
+		return result{outcome: stream.OutcomeStart, reason: err.Error()}
+	}
 	if cls.GPUs > 0 {
 		uuids, res := w.placeGPUs(ctx, a, cls)
 		if res.outcome != "" {
@@ -1147,6 +1150,11 @@ func (w *Worker) classEnv(spec *stream.Spec, fp, class string, cls stream.Class)
 func usesCkpt(spec *stream.Spec) bool {
 	for _, a := range append(spec.Command[:len(spec.Command):len(spec.Command)], spec.Validator...) {
 		if strings.Contains(a, "{ckpt}") {
+			return true
+		}
+	}
+	for _, val := range spec.Env {
+		if strings.Contains(val, "{ckpt}") {
 			return true
 		}
 	}
