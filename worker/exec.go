@@ -271,6 +271,10 @@ func (w *Worker) execute(argv, env []string, dir, logPath string, timeout time.D
 		reason, detail := fmt.Sprintf("start %s: %v", argv[0], err), err.Error()
 		if why := w.dirProblem(dir); why != "" {
 			reason, detail = why, why
+		} else if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOEXEC) {
+			if why := startProblem(argv[0], dir, env); why != "" {
+				reason, detail = fmt.Sprintf("start %s: %s", argv[0], why), why
+			}
 		}
 		out.abort()
 		out.note(fmt.Sprintf("shardpool: cannot start %q: %s\n", argv[0], detail))

@@ -668,6 +668,21 @@ func TestRunRefusesACommandItCannotFind(t *testing.T) {
 		{"not executable", []string{"./job.sh", "{input}"}, func(dir string) {
 			os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\n"), 0o644)
 		}, "job.sh: not an executable file"},
+		// Scripts the kernel would not run: every attempt failed with
+		// "exec format error", or "no such file or directory" of a file
+		// that is there.
+		{"no #! line", []string{"./job.sh", "{input}"}, func(dir string) {
+			os.WriteFile(filepath.Join(dir, "job.sh"), []byte("cat \"$1\"\n"), 0o755)
+		}, "job.sh is a text file with no #! line, so the kernel cannot run it"},
+		{"Windows line ends", []string{"./job.sh", "{input}"}, func(dir string) {
+			os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\r\ncat \"$1\"\r\n"), 0o755)
+		}, `job.sh has Windows line ends: its #! line ends in a carriage return, so the kernel looks for an interpreter named "/bin/sh\r"`},
+		{"interpreter missing", []string{"./job.py", "{input}"}, func(dir string) {
+			os.WriteFile(filepath.Join(dir, "job.py"), []byte("#!/no/such/python3 -u\nprint(1)\n"), 0o755)
+		}, "job.py names the interpreter /no/such/python3 on its #! line, which is not on this host"},
+		{"env finds no interpreter", []string{"./job.py", "{input}"}, func(dir string) {
+			os.WriteFile(filepath.Join(dir, "job.py"), []byte("#!/usr/bin/env no-such-python\nprint(1)\n"), 0o755)
+		}, "job.py runs with #!/usr/bin/env no-such-python, and no-such-python is not on this host's PATH"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -635,23 +635,35 @@ func checkCommands(spec *stream.Spec) error {
 			continue
 		}
 		prog := f.argv[0]
+		path := prog
 		if !strings.Contains(prog, "/") {
-			if _, err := exec.LookPath(prog); err != nil {
+			p, err := exec.LookPath(prog)
+			if err != nil {
 				return fmt.Errorf("%s: field %q: %s is not an executable on this host's PATH", spec.At("", f.field), f.field, prog)
 			}
-			continue
-		}
-		path := prog
-		if !filepath.IsAbs(path) {
-			path = filepath.Join(spec.Dir, path)
-		}
-		fi, err := os.Stat(path)
-		if err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-			why := "not found"
-			if err == nil {
-				why = "not an executable file"
+			path = p
+		} else {
+			if !filepath.IsAbs(path) {
+				path = filepath.Join(spec.Dir, path)
 			}
-			return fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", spec.At("", f.field), f.field, path, why)
+			fi, err := os.Stat(path)
+			if err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+				why := "not found"
+				if err == nil {
+					why = "not an executable file"
+				}
+				return fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", spec.At("", f.field), f.field, path, why)
+			}
+		}
+		// A script the kernel would not run fails every attempt of every
+		// shard with an error that names the script ("exec format
+		// error", or "no such file or directory" of a file that is there).
+		look := exec.LookPath
+		if _, own := spec.Env["PATH"]; own {
+			look = nil // the command's PATH is not this process's
+		}
+		if why := worker.ScriptProblem(path, look); why != "" {
+			return fmt.Errorf("%s: field %q: %s", spec.At("", f.field), f.field, why)
 		}
 	}
 	return nil
