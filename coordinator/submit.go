@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -880,8 +882,14 @@ func redoUnverified(ctx context.Context, js jetstream.JetStream, b *stream.Bucke
 		if r.State != stream.ShardValidated {
 			return keep, ""
 		}
-		mk, err := checkpoint.VerifyCommitted(filepath.Join(run.Spec.Output, r.ID), run.Fingerprint, false)
+		dir := filepath.Join(run.Spec.Output, r.ID)
+		mk, err := checkpoint.VerifyCommitted(dir, run.Fingerprint, false)
 		if err != nil {
+			if _, serr := os.Lstat(dir); errors.Is(serr, fs.ErrNotExist) {
+				// Deleted, not damaged: "no COMPLETE marker" read as a
+				// commit cut short.
+				return reset, "output missing: " + dir + " is not there"
+			}
 			return reset, "output failed verification: " + err.Error()
 		}
 		if mk.InputsChanged(sh.Inputs) {

@@ -553,7 +553,8 @@ func TestResubmitRedoesOutputsThatNoLongerVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := env.Submit(spec, coordinator.SubmitOptions{Reverify: true})
-	if res.Redone != 2 || len(res.RedoneIDs) != 2 || !strings.Contains(strings.Join(res.RedoneIDs, " "), "has 5 bytes, the file list says") {
+	if res.Redone != 2 || len(res.RedoneIDs) != 2 || !strings.Contains(strings.Join(res.RedoneIDs, " "), "has 5 bytes, the file list says") ||
+		!strings.Contains(strings.Join(res.RedoneIDs, " "), "s0000 (output missing: "+filepath.Join(out, "s0000")+" is not there)") {
 		t.Fatalf("resubmit after damage: got %d redone %q, want s0000 (missing) and s0001 (size)", res.Redone, res.RedoneIDs)
 	}
 	// The record says COMPLETE until the tracker sees the requeued shards;
