@@ -133,7 +133,7 @@ func printProfile(w io.Writer, r *worker.ProfileReport) {
 		}
 	}
 	if s := r.Sustained; s != nil {
-		fmt.Fprintf(w, "sustained: %d shards, p50 %.3fs, p95 %.3fs, %.4fs between shards\n", s.Shards, s.P50, s.P95, s.Overhead)
+		fmt.Fprintf(w, "sustained: %d shards, p50 %s, p95 %s, %s between shards\n", s.Shards, shardSeconds(s.P50), shardSeconds(s.P95), shardSeconds(s.Overhead))
 	}
 	if o := r.Overhead; o != nil {
 		fmt.Fprintf(w, "profiler overhead: %.3fs with sampling, %.3fs without (%+.3fs)\n", o.With, o.Without, o.Diff)
