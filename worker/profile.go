@@ -102,7 +102,9 @@ type ProfileReport struct {
 	Classes   map[string]plan.Peak `json:"classes"`
 	// Job is plan.JobFingerprint of the spec measured: plans use these
 	// peaks only for the same job.
-	Job    string `json:"job_fingerprint"`
+	Job string `json:"job_fingerprint"`
+	// Spec is the spec file measured; absent from older files.
+	Spec   string `json:"spec,omitempty"`
 	Limits string `json:"limits"`
 	Error  string `json:"error,omitempty"`
 	// Notes say what the samples cannot tell, such as a class whose
@@ -164,7 +166,7 @@ func Profile(ctx context.Context, cfg ProfileConfig) (*ProfileReport, error) {
 		w.adopter, _ = adopt()
 	}
 	spec, man := cfg.Spec, cfg.Manifest
-	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Job: plan.JobFingerprint(spec), Limits: w.limits}
+	rep := &ProfileReport{Run: spec.Name, Time: time.Now().UTC(), Classes: map[string]plan.Peak{}, Job: plan.JobFingerprint(spec), Spec: spec.SpecPath, Limits: w.limits}
 	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
 		return rep, err
 	}

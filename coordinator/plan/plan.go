@@ -19,6 +19,8 @@ type Profile struct {
 	Classes map[string]Peak `json:"classes"`
 	// Job is the JobFingerprint of the spec it measured.
 	Job string `json:"job_fingerprint"`
+	// Spec is the spec file it measured ("" in older files).
+	Spec string `json:"spec,omitempty"`
 	// Notes say what its samples could not tell (worker.ProfileReport).
 	Notes []string `json:"notes,omitempty"`
 }
@@ -104,8 +106,13 @@ func Make(spec *stream.Spec, man *stream.Manifest, host string, b, hard Budget, 
 	p := &Plan{Run: spec.Name, Host: host, Budget: b, Hard: hard, Enforced: limits}
 	if prof != nil && prof.Job != JobFingerprint(spec) {
 		why := "it measured another version of this job: its command, env, classes, validator, code_rev or a file the command names changed since"
-		if prof.Job == "" {
+		switch {
+		case prof.Job == "":
 			why = "it does not say which version of the job it measured (written before 2026-12-01)"
+		case prof.Spec != "" && prof.Spec != spec.SpecPath:
+			// A profile is kept per run name: another project's job of
+			// the same name, or this one moved.
+			why = "it measured the job of another spec, " + prof.Spec + " (profiles are kept per run name)"
 		}
 		p.ProfileUnused = "profile.json is not used: " + why // the caller adds the profile command, which knows the state directory
 		prof = nil

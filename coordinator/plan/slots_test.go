@@ -186,6 +186,12 @@ func TestProfileOfAnotherJobIsNotUsed(t *testing.T) {
 	if p := Make(&edited, man, "h", b, b, measured, "watched"); memoryOf(p) != gib || !strings.Contains(p.ProfileUnused, "another version of this job") {
 		t.Fatalf("edited job: peak %d, unused %q; want the declared 1 GiB and why", memoryOf(p), p.ProfileUnused)
 	}
+	// Profiles are kept per run name: one written by another project's
+	// job of that name says whose it is.
+	other := &Profile{Job: "0000", Spec: "/other/shardpool.toml", Classes: measured.Classes}
+	if p := Make(spec, man, "h", b, b, other, "watched"); memoryOf(p) != gib || !strings.Contains(p.ProfileUnused, "it measured the job of another spec, /other/shardpool.toml") {
+		t.Fatalf("another spec's profile: peak %d, unused %q; want the declared 1 GiB and whose it is", memoryOf(p), p.ProfileUnused)
+	}
 	old := &Profile{Classes: measured.Classes}
 	if p := Make(spec, man, "h", b, b, old, "watched"); memoryOf(p) != gib || !strings.Contains(p.ProfileUnused, "does not say which version") {
 		t.Fatalf("profile without a job fingerprint: peak %d, unused %q; want the declared 1 GiB and why", memoryOf(p), p.ProfileUnused)
