@@ -396,7 +396,9 @@ func (w *Worker) sample(ctx context.Context, cfg ProfileConfig, kind string, sh 
 	mu.Lock()
 	s.PeakMemory = max(peak, res.peakRSS)
 	mu.Unlock()
-	if gm != nil {
+	if gm != nil && res.outcome != stream.OutcomeStart {
+		// A command that never started held no VRAM to measure: a zero
+		// there put GPU columns in a CPU job's table.
 		s.PeakVRAM, s.GPUDuty = gm.result()
 		s.PeakVRAMDevice = gm.devicePeak()
 	}
