@@ -1140,7 +1140,16 @@ func TestStatusFindsTheRunFromItsData(t *testing.T) {
 
 	// A new generation of the finished run, killed: its final.json is the
 	// old generation's COMPLETE, which must not be reported as the run's.
-	edited := testenv.WriteJob(t, testenv.Job{Name: "slow", Shards: 4, Retries: 2, Command: []string{"sleep", "2"}})
+	// (Beside the spec, with the same output: a new generation elsewhere
+	// is refused.)
+	body, err := os.ReadFile(slow)
+	if err != nil || !strings.Contains(string(body), `["sleep","3"]`) {
+		t.Fatalf("the spec of run slow lacks its command: %v\n%s", err, body)
+	}
+	edited := filepath.Join(filepath.Dir(slow), "edited.toml")
+	if err := os.WriteFile(edited, []byte(strings.Replace(string(body), `["sleep","3"]`, `["sleep","2"]`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	p = testenv.Start(t, "run", "--data", data, "--slots", "1", edited)
 	killRunning(t, p, data, "slow")
 	code, out = status("slow")
