@@ -804,11 +804,19 @@ func workerStopsOn(t *testing.T, sig syscall.Signal) {
 		Command: []string{"sh", "-c", `trap 'echo term > "$2/term"; exit 143' TERM; [ -f "$3/done" ] && { cp "$1" "$4/"; exit 0; }; touch "$3/done"; sleep 30 & wait`, "sh", "{input}", "{ckpt}", "{ckpt}", "{out}"}})
 	c.submit(spec)
 	w1 := c.worker("w1", "--slots", "cpu=2")
+	// Both commands have begun: each has left its marker. (Two running
+	// records were not enough: on a loaded host a shell not yet past its
+	// first line met the signal, and its next attempt slept 30 s.)
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		r, _ := stream.ReadRun(context.Background(), c.js, "t")
-		return r.Counts.Running == 2, fmt.Sprintf("running %d", r.Counts.Running)
+		for _, id := range []string{"s0000", "s0001"} {
+			if _, err := os.Stat(filepath.Join(worker.CkptDir(filepath.Join(filepath.Dir(spec), "out"), "t", r.Fingerprint, id), "done")); err != nil {
+				return false, fmt.Sprintf("running %d; %s has not begun: %v", r.Counts.Running, id, err)
+			}
+		}
+		return true, ""
 	})
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // into their sleep, past the trap
 	w1.SignalMain(sig)
 	if code := w1.Wait(t, 15*time.Second); code != 0 {
 		t.Fatalf("worker exit after %s: got %d, want 0\n%s", unix.SignalName(sig), code, w1.Output())
@@ -826,8 +834,14 @@ func workerStopsOn(t *testing.T, sig syscall.Signal) {
 	}
 	// Nak'd at once: a new worker finishes them without waiting for a lease.
 	start := time.Now()
-	c.worker("w2", "--slots", "cpu=2")
-	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	w2 := c.worker("w2", "--slots", "cpu=2")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := stream.ReadRun(context.Background(), c.js, "t")
+		s0, _ := testenv.ReadShard(c.js, "t", "s0000")
+		s1, _ := testenv.ReadShard(c.js, "t", "s0001")
+		return err == nil && r.State == stream.RunComplete, fmt.Sprintf("run t is %s %+v (%v); s0000 %s %+v; s0001 %s %+v\nw2:\n%s\nw1:\n%s",
+			r.State, r.Counts, err, s0.State, s0.Attempts, s1.State, s1.Attempts, w2.Output(), w1.Output())
+	})
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("requeued shards took %s to finish, want them redelivered at once, not after the 20 s ack wait", d)
 	}
@@ -1263,8 +1277,14 @@ func TestWorkerSIGUSR1Drains(t *testing.T) {
 		t.Fatalf("after the drain: validated %v, handed back %v, never fetched %v; want one of each\n%s", validated, handedBack, untouched, w1.Output())
 	}
 	start := time.Now()
-	c.worker("w2", "--slots", "cpu=2")
-	testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	w2 := c.worker("w2", "--slots", "cpu=2")
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := stream.ReadRun(context.Background(), c.js, "t")
+		s0, _ := testenv.ReadShard(c.js, "t", "s0000")
+		s1, _ := testenv.ReadShard(c.js, "t", "s0001")
+		return err == nil && r.State == stream.RunComplete, fmt.Sprintf("run t is %s %+v (%v); s0000 %s %+v; s0001 %s %+v\nw2:\n%s\nw1:\n%s",
+			r.State, r.Counts, err, s0.State, s0.Attempts, s1.State, s1.Attempts, w2.Output(), w1.Output())
+	})
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("the drained worker's shards took %s to finish, want them at once, not after the 20 s ack wait", d)
 	}
