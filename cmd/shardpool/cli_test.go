@@ -658,37 +658,38 @@ func TestBadInputNamesFileLineFieldAndPublishesNothing(t *testing.T) {
 // not executable. Each is exit 1 naming the spec's line and field, and no
 // run is started.
 func TestRunRefusesACommandItCannotFind(t *testing.T) {
+	// The program file, beside the spec.
+	type program struct {
+		name, body string
+		mode       os.FileMode
+	}
 	cases := []struct {
 		name    string
 		command []string
-		setup   func(dir string)
+		file    *program
 		want    string
 	}{
 		{"not on PATH", []string{"no-such-program-here", "{input}"}, nil, "no-such-program-here is not an executable on this host's PATH"},
-		{"not executable", []string{"./job.sh", "{input}"}, func(dir string) {
-			os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\n"), 0o644)
-		}, "job.sh: not an executable file"},
+		{"not executable", []string{"./job.sh", "{input}"}, &program{"job.sh", "#!/bin/sh\n", 0o644}, "job.sh: not an executable file"},
 		// Scripts the kernel would not run: every attempt failed with
 		// "exec format error", or "no such file or directory" of a file
 		// that is there.
-		{"no #! line", []string{"./job.sh", "{input}"}, func(dir string) {
-			os.WriteFile(filepath.Join(dir, "job.sh"), []byte("cat \"$1\"\n"), 0o755)
-		}, "job.sh is a text file with no #! line, so the kernel cannot run it"},
-		{"Windows line ends", []string{"./job.sh", "{input}"}, func(dir string) {
-			os.WriteFile(filepath.Join(dir, "job.sh"), []byte("#!/bin/sh\r\ncat \"$1\"\r\n"), 0o755)
-		}, `job.sh has Windows line ends: its #! line ends in a carriage return, so the kernel looks for an interpreter named "/bin/sh\r"`},
-		{"interpreter missing", []string{"./job.py", "{input}"}, func(dir string) {
-			os.WriteFile(filepath.Join(dir, "job.py"), []byte("#!/no/such/python3 -u\nprint(1)\n"), 0o755)
-		}, "job.py names the interpreter /no/such/python3 on its #! line, which is not on this host"},
-		{"env finds no interpreter", []string{"./job.py", "{input}"}, func(dir string) {
-			os.WriteFile(filepath.Join(dir, "job.py"), []byte("#!/usr/bin/env no-such-python\nprint(1)\n"), 0o755)
-		}, "job.py runs with #!/usr/bin/env no-such-python, and no-such-python is not on this host's PATH"},
+		{"no #! line", []string{"./job.sh", "{input}"}, &program{"job.sh", "cat \"$1\"\n", 0o755},
+			"job.sh is a text file with no #! line, so the kernel cannot run it"},
+		{"Windows line ends", []string{"./job.sh", "{input}"}, &program{"job.sh", "#!/bin/sh\r\ncat \"$1\"\r\n", 0o755},
+			`job.sh has Windows line ends: its #! line ends in a carriage return, so the kernel looks for an interpreter named "/bin/sh\r"`},
+		{"interpreter missing", []string{"./job.py", "{input}"}, &program{"job.py", "#!/no/such/python3 -u\nprint(1)\n", 0o755},
+			"job.py names the interpreter /no/such/python3 on its #! line, which is not on this host"},
+		{"env finds no interpreter", []string{"./job.py", "{input}"}, &program{"job.py", "#!/usr/bin/env no-such-python\nprint(1)\n", 0o755},
+			"job.py runs with #!/usr/bin/env no-such-python, and no-such-python is not on this host's PATH"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := testenv.WriteJob(t, testenv.Job{Name: "cmd", Shards: 1, Command: tc.command})
-			if tc.setup != nil {
-				tc.setup(filepath.Dir(spec))
+			if f := tc.file; f != nil {
+				if err := os.WriteFile(filepath.Join(filepath.Dir(spec), f.name), []byte(f.body), f.mode); err != nil {
+					t.Fatal(err)
+				}
 			}
 			data := t.TempDir()
 			p := testenv.Start(t, "run", "--data", data, spec)

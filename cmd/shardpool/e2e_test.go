@@ -87,6 +87,29 @@ func (c *cluster) startCoordinator(leaseTTL string, extra ...string) {
 	})
 }
 
+// waitComplete waits for run t to be COMPLETE; a failure says what each
+// shard's record holds and what the workers printed, newest first.
+func (c *cluster) waitComplete(t *testing.T, timeout time.Duration, workers ...*testenv.Proc) {
+	t.Helper()
+	testenv.Eventually(t, timeout, func() (bool, string) {
+		r, err := stream.ReadRun(context.Background(), c.js, "t")
+		if err == nil && r.State == stream.RunComplete {
+			return true, ""
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "run t is %s %+v (%v)", r.State, r.Counts, err)
+		for i := range r.Counts.Total {
+			id := fmt.Sprintf("s%04d", i)
+			sh, _ := testenv.ReadShard(c.js, "t", id)
+			fmt.Fprintf(&b, "; %s %s %+v", id, sh.State, sh.Attempts)
+		}
+		for _, w := range workers {
+			fmt.Fprintf(&b, "\nworker:\n%s", w.Output())
+		}
+		return false, b.String()
+	})
+}
+
 func (c *cluster) worker(name string, extra ...string) *testenv.Proc {
 	return c.workerEnv(name, nil, extra...)
 }
@@ -835,13 +858,7 @@ func workerStopsOn(t *testing.T, sig syscall.Signal) {
 	// Nak'd at once: a new worker finishes them without waiting for a lease.
 	start := time.Now()
 	w2 := c.worker("w2", "--slots", "cpu=2")
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		r, err := stream.ReadRun(context.Background(), c.js, "t")
-		s0, _ := testenv.ReadShard(c.js, "t", "s0000")
-		s1, _ := testenv.ReadShard(c.js, "t", "s0001")
-		return err == nil && r.State == stream.RunComplete, fmt.Sprintf("run t is %s %+v (%v); s0000 %s %+v; s0001 %s %+v\nw2:\n%s\nw1:\n%s",
-			r.State, r.Counts, err, s0.State, s0.Attempts, s1.State, s1.Attempts, w2.Output(), w1.Output())
-	})
+	c.waitComplete(t, 30*time.Second, w2, w1)
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("requeued shards took %s to finish, want them redelivered at once, not after the 20 s ack wait", d)
 	}
@@ -1278,13 +1295,7 @@ func TestWorkerSIGUSR1Drains(t *testing.T) {
 	}
 	start := time.Now()
 	w2 := c.worker("w2", "--slots", "cpu=2")
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		r, err := stream.ReadRun(context.Background(), c.js, "t")
-		s0, _ := testenv.ReadShard(c.js, "t", "s0000")
-		s1, _ := testenv.ReadShard(c.js, "t", "s0001")
-		return err == nil && r.State == stream.RunComplete, fmt.Sprintf("run t is %s %+v (%v); s0000 %s %+v; s0001 %s %+v\nw2:\n%s\nw1:\n%s",
-			r.State, r.Counts, err, s0.State, s0.Attempts, s1.State, s1.Attempts, w2.Output(), w1.Output())
-	})
+	c.waitComplete(t, 30*time.Second, w2, w1)
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("the drained worker's shards took %s to finish, want them at once, not after the 20 s ack wait", d)
 	}
