@@ -82,7 +82,8 @@ var threadVars = []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_TH
 	"VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "RAYON_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"}
 
 // childEnv is the environment of a shard's command: the worker's own, the
-// spec's env, thread limits, and SHARDPOOL_* variables.
+// spec's env (its placeholders expanded), thread limits, and SHARDPOOL_*
+// variables.
 func childEnv(bin string, base map[string]string, spec *stream.Spec, class stream.Class, m *stream.ShardMsg, v stream.Vars) ([]string, error) {
 	return shardEnv(classEnv(bin, base, spec, class), spec, m, v)
 }

@@ -964,9 +964,10 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 		return result{outcome: stream.OutcomeStart, reason: why + "; the command was not run"}
 	}
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
-	// created only when the command (or its validator or env) names it: directory creation is a
-	// measurable part of a short shard's cost. A job that reads
-	// SHARDPOOL_CKPT_DIR gets it created by its first `ckpt commit`.
+	// created only when the command (or its validator or env) names it:
+	// directory creation is a measurable part of a short shard's cost. A
+	// job that reads SHARDPOOL_CKPT_DIR gets it created by its first
+	// `ckpt commit`.
 	if usesCkpt(spec) {
 		if err := os.MkdirAll(v.Ckpt, 0o755); err != nil {
 			return result{outcome: stream.OutcomeStart, reason: err.Error()}
