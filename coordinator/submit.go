@@ -144,15 +144,11 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 	}
+	if prev != nil && prev.Spec.Output != spec.Output && (prev.Fingerprint != fp || prev.Queued) {
+		return res, movedOutput(spec, prev, fp)
+	}
 	if prev != nil && prev.Fingerprint == fp && prev.Queued {
 		res.State = prev.State
-		if prev.Spec.Output != spec.Output {
-			// Same generation, other place: the outputs are where they were
-			// committed, and nothing would run to fill the new directory.
-			return res, fmt.Errorf("%s: field %q: %w: run %s (fingerprint %s) has its outputs in %s, and this spec names %s; "+
-				"put the output back, or give the run another name to start a separate run", spec.At("", "output"), "output", ErrSpecConflict,
-				spec.Name, fp, prev.Spec.Output, spec.Output)
-		}
 		changed, settings, err := updateSettings(ctx, b, prev, rev, spec, opt)
 		if err != nil {
 			return res, fmt.Errorf("submit %s: %w", spec.Name, err)
@@ -213,9 +209,6 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	if prev != nil && prev.Fingerprint != fp {
 		res.Replaced, res.ReplacedValidated = prev.Fingerprint, prev.Counts.Validated
 		res.Because = stream.GenerationChanges(&prev.Spec, prev.ManifestSHA, spec, man.Hash)
-		if prev.Spec.Output != spec.Output {
-			return res, movedOutput(spec, prev, fp)
-		}
 		if opt.RetryFailed {
 			// The user asked for the failed shards only; a new generation
 			// would run every shard again. Say so before anything changes.
@@ -319,13 +312,20 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 	return res, nil
 }
 
-// movedOutput refuses a new generation of a run in another output
-// directory. The run's outputs stay where they were committed, and what
-// the new generation would take over is the run's name, records and
-// evidence: most often another job that happens to have the same name
-// (two projects' "eval" in one state directory), whose submission would
-// say that the old outputs are made again while nothing touches them.
+// movedOutput refuses a run submitted with another output directory than
+// the one its record has. The run's outputs stay where they were
+// committed. The same generation elsewhere would have nothing run to fill
+// the new directory; a new generation would take over the run's name,
+// records and evidence, most often as another job that happens to have
+// the same name (two projects' "eval" in one state directory), whose
+// submission would say that the old outputs are made again while nothing
+// touches them.
 func movedOutput(spec *stream.Spec, prev *stream.RunRecord, fp string) error {
+	if prev.Fingerprint == fp {
+		return fmt.Errorf("%s: field %q: %w: run %s (fingerprint %s) has its outputs in %s, and this spec names %s; "+
+			"put the output back, or give the run another name to start a separate run", spec.At("", "output"), "output", ErrSpecConflict,
+			spec.Name, fp, prev.Spec.Output, spec.Output)
+	}
 	of := ""
 	if prev.Spec.SpecPath != "" && prev.Spec.SpecPath != spec.SpecPath {
 		of = " of " + prev.Spec.SpecPath
