@@ -1,10 +1,14 @@
 package worker_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,4 +128,60 @@ func TestAStoppingWorkerKeepsReporting(t *testing.T) {
 	if r, err := report(); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the report of a worker that has exited: %+v (%v), want none", r, err)
 	}
+}
+
+// TestAWorkerStoppedAtOnceWarnsOfNothing: a worker stopped moments after
+// it started (`shardpool run` of a run already COMPLETE, or of a few
+// shards of a millisecond) says nothing of the lookups its stop cut
+// short. One in three such runs ended with `WARN consumer lookup ...
+// context canceled` under its verdict.
+func TestAWorkerStoppedAtOnceWarnsOfNothing(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"true"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	var logged lockedBuffer
+	log := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	for i := range 40 {
+		dir := t.TempDir()
+		w, err := worker.New(worker.Config{JetStream: env.JS, Name: fmt.Sprintf("brief%d", i), Slots: map[string]int{"cpu": 1},
+			Scratch: filepath.Join(dir, "scratch"), StateDir: dir, HostLedger: testenv.LedgerDir(t), Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		// Stopped at points spread over its first lookups.
+		time.Sleep(time.Duration(i%10) * 300 * time.Microsecond)
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("worker %d stopped: %v, want nil", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("worker %d still running 10s after it was stopped", i)
+		}
+	}
+	if s := logged.String(); strings.Contains(s, "context canceled") {
+		t.Fatalf("workers stopped at once warned of their own stop:\n%s", s)
+	}
+}
+
+// lockedBuffer is a log's destination written by several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -1069,6 +1069,12 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			cons = c
 			break
 		}
+		if ctx.Err() != nil {
+			// Stopped while looking the consumer up: a run that was
+			// COMPLETE when it started, or of a few shards of a
+			// millisecond. Nothing to warn of.
+			return nil
+		}
 		if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			w.warnOnline("consumer lookup", "class", class, "err", err)
 		}
