@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,6 +28,48 @@ type Forgotten struct {
 	// evidence folder under the coordinator's data directory.
 	Output   string `json:"output"`
 	Evidence string `json:"evidence,omitempty"`
+}
+
+// ForgottenName is the file in a run's evidence folder that says the run
+// was forgotten (ForgottenNote). It speaks for the run only while no
+// progress.json is newer: a run of the name submitted since has moved on.
+const ForgottenName = "forgotten.json"
+
+// ForgottenVersion is ForgottenNote.V.
+const ForgottenVersion = 1
+
+// ForgottenNote is forgotten.json: the run Forget removed from the store,
+// as the evidence it left behind keeps it. Without it, the evidence of a
+// forgotten run reads as that of a run still in its store (status
+// --data), and as another job's, which profile and plan refuse to write
+// over, after forget was the way out they named.
+type ForgottenNote struct {
+	V           int       `json:"v"`
+	Run         string    `json:"run"`
+	Fingerprint string    `json:"fingerprint"`
+	State       string    `json:"state"`
+	Output      string    `json:"output"`
+	Written     time.Time `json:"written"`
+}
+
+// WriteForgotten writes forgotten.json of f into its evidence folder,
+// where that folder is on this host (a client elsewhere than the
+// coordinator may not see it: nothing is written then).
+func WriteForgotten(f Forgotten) error {
+	if f.Evidence == "" {
+		return nil
+	}
+	if fi, err := os.Stat(f.Evidence); err != nil || !fi.IsDir() {
+		return nil
+	}
+	return writeEvidence(f.Evidence, ForgottenName, ForgottenNote{V: ForgottenVersion, Run: f.Run, Fingerprint: f.Fingerprint,
+		State: f.State, Output: f.Output, Written: time.Now().UTC()})
+}
+
+// ReadForgotten reads the forgotten.json of the evidence folder dir; it
+// returns nil and no error when there is none.
+func ReadForgotten(dir string) (*ForgottenNote, error) {
+	return readEvidence[ForgottenNote](dir, ForgottenName)
 }
 
 // Forget removes a finished run from the store: its run record, shard

@@ -131,6 +131,10 @@ type RunStatus struct {
 	// Updated (the run record's).
 	Pace   *stream.RunPace      `json:"pace,omitempty"`
 	Shards []stream.ShardRecord `json:"shards,omitempty"`
+	// Forgotten is, in the evidence form, when the run was forgotten
+	// (forgotten.json) after this verdict: its records are gone from the
+	// store, its outputs and evidence stay.
+	Forgotten time.Time `json:"forgotten,omitzero"`
 }
 
 // ReadStatus reads runs and workers from the KV buckets. With run set, it

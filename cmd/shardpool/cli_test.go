@@ -1075,11 +1075,54 @@ func TestAnotherJobOfTheSameNameIsRefused(t *testing.T) {
 			t.Fatalf("the refused run left %s in its output directory", e.Name())
 		}
 	}
+	// profile and plan of the second project would write into the same
+	// evidence: profile is refused before it measures anything, plan shows
+	// its plan and keeps the first run's plan.json.
+	p = testenv.Start(t, "profile", "--data", data, second)
+	if code := p.Wait(t, 60*time.Second); code != 1 || !strings.Contains(p.Output(), "is another job's: its outputs are in "+firstOut) ||
+		!strings.Contains(p.Output(), "shardpool forget --data "+data+" eval") || strings.Contains(p.Output(), "SAMPLE") {
+		t.Fatalf("profile of another job of the name: exit %d, want 1 naming the first job's output and forget, before any sample\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "plan", "--data", data, second)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "plan.json not written: ") || !strings.Contains(p.Output(), "CLASS") {
+		t.Fatalf("plan of another job of the name: exit %d, want 0 with the plan, saying plan.json was not written\n%s", code, p.Output())
+	}
+	for name, was := range before {
+		if now := read()[name]; now != was {
+			t.Fatalf("profile or plan of the other job rewrote the first run's %s:\nwas %s\nnow %s", name, was, now)
+		}
+	}
 	// The first project's run goes on as its own: run again, it verifies
 	// its outputs and is COMPLETE.
 	p = testenv.Start(t, "run", "--data", data, "--slots", "2", first)
 	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "0 published") {
 		t.Fatalf("the first project's run again: exit %d, want 0 with nothing published\n%s", code, p.Output())
+	}
+	// Forgotten, as the refusals advise: the evidence says so (status
+	// --data), and the name is free for the second project.
+	p = testenv.Start(t, "forget", "--data", data, "eval")
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("forget: exit %d\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "status", "--data", data)
+	if code := p.Wait(t, 30*time.Second); code != 0 || !strings.Contains(p.Output(), "eval: forgotten ") {
+		t.Fatalf("status --data of a forgotten run: exit %d, want 0 saying it was forgotten\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "status", "--data", data, "--json")
+	var doc coordinator.Status
+	if code := p.Wait(t, 30*time.Second); code != 0 || json.Unmarshal([]byte(p.Output()), &doc) != nil || len(doc.Runs) != 1 || doc.Runs[0].Forgotten.IsZero() {
+		t.Fatalf("status --data --json of a forgotten run: exit %d, want its run with \"forgotten\"\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "plan", "--data", data, second)
+	if code := p.Wait(t, 60*time.Second); code != 0 || strings.Contains(p.Output(), "not written") {
+		t.Fatalf("plan of the second job once the name is forgotten: exit %d, want 0 and plan.json written\n%s", code, p.Output())
+	}
+	p = testenv.Start(t, "run", "--data", data, "--slots", "2", second)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("the second project's run once the name is forgotten: exit %d\n%s", code, p.Output())
+	}
+	if _, err := os.Stat(filepath.Join(evidence, coordinator.ForgottenName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s stayed in the evidence of the run that took the name (%v)", coordinator.ForgottenName, err)
 	}
 }
 

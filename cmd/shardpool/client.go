@@ -156,7 +156,7 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			if f, err = forgetInStore(ctx, dir, store, run); err != nil {
 				return err
 			}
-			return printForgotten(stdout, f, *asJSON)
+			return forgotten(stdout, stderr, f, *asJSON)
 		}
 		*server = url
 		acc.fill(fs, found)
@@ -175,7 +175,7 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			if f, err = forgetInStore(ctx, def, store, run); err != nil {
 				return err
 			}
-			return printForgotten(stdout, f, *asJSON)
+			return forgotten(stdout, stderr, f, *asJSON)
 		default:
 			acc.fill(fs, found)
 			used = acc.get()
@@ -189,7 +189,7 @@ func cmdForget(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if f, err = coordinator.Forget(ctx, js, run); err != nil {
 		return err
 	}
-	return printForgotten(stdout, f, *asJSON)
+	return forgotten(stdout, stderr, f, *asJSON)
 }
 
 // defaultUnanswered reports whether a client given neither --server nor
@@ -274,6 +274,15 @@ func forgetInStore(ctx context.Context, dir, store, run string) (coordinator.For
 		return coordinator.Forgotten{}, err
 	}
 	return coordinator.Forget(ctx, c.JetStream(), run)
+}
+
+// forgotten notes in the run's evidence that it was forgotten (status
+// --data, profile and plan read it), then prints f.
+func forgotten(stdout, stderr io.Writer, f coordinator.Forgotten, asJSON bool) error {
+	if err := coordinator.WriteForgotten(f); err != nil {
+		fmt.Fprintf(stderr, "warning: %s not written to the run's evidence: %v\n", coordinator.ForgottenName, err)
+	}
+	return printForgotten(stdout, f, asJSON)
 }
 
 // printForgotten says what forget removed and what it kept.

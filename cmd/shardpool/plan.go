@@ -122,7 +122,10 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	if err := savePlan(*data, spec.Name, p); err != nil {
+	// The plan is shown either way; another job's evidence keeps its own.
+	if err := notAnotherJobs(*data, spec, "plan.json"); err != nil {
+		fmt.Fprintf(stderr, "plan.json not written: %v\n", err)
+	} else if err := savePlan(*data, spec.Name, p); err != nil {
 		return err
 	}
 	if *asJSON {

@@ -28,6 +28,10 @@ func cmdProfile(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	dir := filepath.Join(*data, "runs", spec.Name)
+	// Before any sample runs: its profile.json could not be written.
+	if err := notAnotherJobs(*data, spec, "profile.json"); err != nil {
+		return err
+	}
 	pol, err := probe.LoadPolicy(policyPath(""))
 	if err != nil {
 		return err

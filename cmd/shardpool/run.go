@@ -155,9 +155,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	// The store took the submission: this run speaks for the evidence now
 	// (one it refused, such as another job of the same name, leaves it as
-	// it was). A stop recorded by an earlier run no longer holds.
-	if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), coordinator.StoppedName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		log.Warn("remove "+coordinator.StoppedName, "err", err)
+	// it was). A stop recorded by an earlier run no longer holds, nor a
+	// forget: the name is this run's now.
+	for _, name := range []string{coordinator.StoppedName, coordinator.ForgottenName} {
+		if err := os.Remove(filepath.Join(coord.EvidenceDir(spec.Name), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.Warn("remove "+name, "err", err)
+		}
 	}
 	if err := savePlan(absData, spec.Name, pl); err != nil {
 		fmt.Fprintf(stderr, "warning: plan.json not written to the run's evidence: %v\n", err)

@@ -300,6 +300,9 @@ func verdictOf(name, evidence string, f coordinator.RunSummary) coordinator.RunS
 	if f.State != stream.RunComplete {
 		rs.Resume = f.Resume
 	}
+	if gone, err := coordinator.ReadForgotten(evidence); err == nil && gone != nil && !gone.Written.Before(f.Written) {
+		rs.Forgotten = gone.Written
+	}
 	return rs
 }
 
@@ -324,6 +327,10 @@ func printStopped(w io.Writer, dir string, st *coordinator.Status) {
 		}
 		if resumeApart(r) {
 			notes = append(notes, fmt.Sprintf("%s: resume with: %s", r.Name, r.Resume))
+		}
+		if !r.Forgotten.IsZero() {
+			notes = append(notes, fmt.Sprintf("%s: forgotten %s: its records are no longer in the store; its outputs and this evidence stay",
+				r.Name, r.Forgotten.Local().Format("2006-01-02 15:04:05")))
 		}
 		for i, s := range r.Shards {
 			if i == maxShardLines {
