@@ -23,34 +23,9 @@ import (
 // process's). Files that cannot be read, ELF binaries and other binary
 // formats (which binfmt_misc may run) are left to exec.
 func ScriptProblem(path string, lookPath func(string) (string, error)) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	// The kernel reads the #! line from the first 256 bytes
-	// (BINPRM_BUF_SIZE).
-	buf := make([]byte, 256)
-	n, err := io.ReadFull(f, buf)
-	if err != nil && err != io.ErrUnexpectedEOF {
-		return ""
-	}
-	head := buf[:n]
-	if !bytes.HasPrefix(head, []byte("#!")) {
-		if n == 0 || !looksLikeText(head) {
-			return ""
-		}
-		return fmt.Sprintf("%s is a text file with no #! line, so the kernel cannot run it (exec format error; a shell would have run it with /bin/sh): "+
-			"make its first line #!/bin/sh (or the interpreter it is written for), or name the interpreter first in the command ([\"sh\", %q, ...])", path, path)
-	}
-	line, _, _ := bytes.Cut(head[2:], []byte("\n"))
-	if bytes.HasSuffix(line, []byte("\r")) {
-		return fmt.Sprintf("%s has Windows line ends: its #! line ends in a carriage return, so the kernel looks for an interpreter named %q, which no host has; "+
-			"convert the file (dos2unix %s, or sed -i 's/\\r$//' %s)", path, strings.TrimSpace(strings.TrimRight(string(line), "\r"))+"\r", path, path)
-	}
-	fields := strings.Fields(string(line))
-	if len(fields) == 0 {
-		return fmt.Sprintf("%s has an empty #! line, so the kernel cannot run it: name its interpreter there (#!/bin/sh, #!/usr/bin/env python3)", path)
+	fields, why := scriptLine(path)
+	if why != "" || len(fields) == 0 {
+		return why
 	}
 	interp := fields[0]
 	if !filepath.IsAbs(interp) {
@@ -71,6 +46,50 @@ func ScriptProblem(path string, lookPath func(string) (string, error)) string {
 		}
 	}
 	return ""
+}
+
+// ScriptFileProblem is ScriptProblem's verdict on the file alone, the
+// same on every host that sees it: no #! line, Windows line ends, an
+// empty #! line. Whether its interpreter is there depends on the host.
+func ScriptFileProblem(path string) string {
+	_, why := scriptLine(path)
+	return why
+}
+
+// scriptLine reads the #! line of the file at path: its fields, or why
+// the kernel would not run the file whatever the host. Both are empty
+// for a file that cannot be read, a binary, or an empty file.
+func scriptLine(path string) (fields []string, why string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, ""
+	}
+	defer f.Close()
+	// The kernel reads the #! line from the first 256 bytes
+	// (BINPRM_BUF_SIZE).
+	buf := make([]byte, 256)
+	n, err := io.ReadFull(f, buf)
+	if err != nil && err != io.ErrUnexpectedEOF {
+		return nil, ""
+	}
+	head := buf[:n]
+	if !bytes.HasPrefix(head, []byte("#!")) {
+		if n == 0 || !looksLikeText(head) {
+			return nil, ""
+		}
+		return nil, fmt.Sprintf("%s is a text file with no #! line, so the kernel cannot run it (exec format error; a shell would have run it with /bin/sh): "+
+			"make its first line #!/bin/sh (or the interpreter it is written for), or name the interpreter first in the command ([\"sh\", %q, ...])", path, path)
+	}
+	line, _, _ := bytes.Cut(head[2:], []byte("\n"))
+	if bytes.HasSuffix(line, []byte("\r")) {
+		return nil, fmt.Sprintf("%s has Windows line ends: its #! line ends in a carriage return, so the kernel looks for an interpreter named %q, which no host has; "+
+			"convert the file (dos2unix %s, or sed -i 's/\\r$//' %s)", path, strings.TrimSpace(strings.TrimRight(string(line), "\r"))+"\r", path, path)
+	}
+	fields = strings.Fields(string(line))
+	if len(fields) == 0 {
+		return nil, fmt.Sprintf("%s has an empty #! line, so the kernel cannot run it: name its interpreter there (#!/bin/sh, #!/usr/bin/env python3)", path)
+	}
+	return fields, ""
 }
 
 // looksLikeText reports whether b, the start of a file, is UTF-8 text

@@ -657,6 +657,10 @@ func TestBadInputNamesFileLineFieldAndPublishesNothing(t *testing.T) {
 // relative path (TestRunExitCodes), a name not on PATH and a file that is
 // not executable. Each is exit 1 naming the spec's line and field, and no
 // run is started.
+//
+// submit, whose workers run the command on their own hosts, refuses what
+// fails on every host (the script's own #! line) and warns of what this
+// host lacks; it checked nothing before.
 func TestRunRefusesACommandItCannotFind(t *testing.T) {
 	// The program file, beside the spec.
 	type program struct {
@@ -668,24 +672,28 @@ func TestRunRefusesACommandItCannotFind(t *testing.T) {
 		command []string
 		file    *program
 		want    string
+		// everywhere: submit refuses it too; else it warns and queues.
+		everywhere bool
 	}{
-		{"not on PATH", []string{"no-such-program-here", "{input}"}, nil, "no-such-program-here is not an executable on this host's PATH"},
-		{"not executable", []string{"./job.sh", "{input}"}, &program{"job.sh", "#!/bin/sh\n", 0o644}, "job.sh: not an executable file"},
+		{"not on PATH", []string{"no-such-program-here", "{input}"}, nil, "no-such-program-here is not an executable on this host's PATH", false},
+		{"not executable", []string{"./job.sh", "{input}"}, &program{"job.sh", "#!/bin/sh\n", 0o644}, "job.sh: not an executable file", false},
 		// Scripts the kernel would not run: every attempt failed with
 		// "exec format error", or "no such file or directory" of a file
 		// that is there.
 		{"no #! line", []string{"./job.sh", "{input}"}, &program{"job.sh", "cat \"$1\"\n", 0o755},
-			"job.sh is a text file with no #! line, so the kernel cannot run it"},
+			"job.sh is a text file with no #! line, so the kernel cannot run it", true},
 		{"Windows line ends", []string{"./job.sh", "{input}"}, &program{"job.sh", "#!/bin/sh\r\ncat \"$1\"\r\n", 0o755},
-			`job.sh has Windows line ends: its #! line ends in a carriage return, so the kernel looks for an interpreter named "/bin/sh\r"`},
+			`job.sh has Windows line ends: its #! line ends in a carriage return, so the kernel looks for an interpreter named "/bin/sh\r"`, true},
 		{"interpreter missing", []string{"./job.py", "{input}"}, &program{"job.py", "#!/no/such/python3 -u\nprint(1)\n", 0o755},
-			"job.py names the interpreter /no/such/python3 on its #! line, which is not on this host"},
+			"job.py names the interpreter /no/such/python3 on its #! line, which is not on this host", false},
 		{"env finds no interpreter", []string{"./job.py", "{input}"}, &program{"job.py", "#!/usr/bin/env no-such-python\nprint(1)\n", 0o755},
-			"job.py runs with #!/usr/bin/env no-such-python, and no-such-python is not on this host's PATH"},
+			"job.py runs with #!/usr/bin/env no-such-python, and no-such-python is not on this host's PATH", false},
 	}
-	for _, tc := range cases {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			spec := testenv.WriteJob(t, testenv.Job{Name: "cmd", Shards: 1, Command: tc.command})
+			name := fmt.Sprintf("cmd%d", i) // one coordinator takes every case's submission
+			spec := testenv.WriteJob(t, testenv.Job{Name: name, Shards: 1, Command: tc.command})
 			if f := tc.file; f != nil {
 				if err := os.WriteFile(filepath.Join(filepath.Dir(spec), f.name), []byte(f.body), f.mode); err != nil {
 					t.Fatal(err)
@@ -699,8 +707,18 @@ func TestRunRefusesACommandItCannotFind(t *testing.T) {
 			if out := p.Output(); !strings.Contains(out, "shardpool.toml:4: field \"command\"") || !strings.Contains(out, tc.want) {
 				t.Fatalf("output lacks the spec's line 4, field \"command\" and %q:\n%s", tc.want, out)
 			}
-			if _, err := os.Stat(filepath.Join(data, "runs", "cmd")); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(data, "runs", name)); !os.IsNotExist(err) {
 				t.Fatalf("a run was started (its evidence folder: %v)", err)
+			}
+			p = testenv.Start(t, "submit", "--server", env.URL, spec)
+			code := p.Wait(t, 30*time.Second)
+			_, rerr := env.Run(name)
+			switch {
+			case tc.everywhere && (code != 1 || !strings.Contains(p.Output(), tc.want) || rerr == nil):
+				t.Fatalf("submit: exit %d (run record: %v), want 1 with %q and nothing queued\n%s", code, rerr, tc.want, p.Output())
+			case !tc.everywhere && (code != 0 || !strings.Contains(p.Output(), "warning: ") || !strings.Contains(p.Output(), tc.want) ||
+				!strings.Contains(p.Output(), "checked on this host only") || rerr != nil):
+				t.Fatalf("submit: exit %d (run record: %v), want 0 with a warning of %q, checked on this host only, and the run queued\n%s", code, rerr, tc.want, p.Output())
 			}
 		})
 	}

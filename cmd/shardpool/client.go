@@ -41,6 +41,15 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *halt < 0 {
 		return exitErr{code: exitUsage, msg: fmt.Sprintf("submit: --halt %d: want a number of shards, or 0 never to halt", *halt)}
 	}
+	// The workers run the command on their hosts: what this host lacks
+	// they may have (a warning), but a script that no kernel would run
+	// fails on every one of them.
+	for _, p := range commandProblems(spec) {
+		if p.everywhere {
+			return p.err
+		}
+		fmt.Fprintf(stderr, "warning: %v; checked on this host only: the workers' hosts must have it\n", p.err)
+	}
 	plan.SplitOutliers(spec, man)
 	peaks, vram, peaksFrom, err := profiledPeaks(spec, man, *profilePath)
 	if err != nil {

@@ -626,10 +626,29 @@ func scratchNeverFits(spec *stream.Spec, man *stream.Manifest, scratch string) s
 // checkCommands refuses a run whose command or validator cannot be found
 // here, before anything is queued: every attempt would fail to start, be
 // retried and end BLOCKED. `run` executes on this host, so this host's
-// answer is the one that counts (`submit` cannot know the workers' hosts
-// and does not check). A program named through a placeholder is not
-// checked.
+// answer is the one that counts. A program named through a placeholder
+// is not checked.
 func checkCommands(spec *stream.Spec) error {
+	if probs := commandProblems(spec); len(probs) > 0 {
+		return probs[0].err
+	}
+	return nil
+}
+
+// commandProblem is why the command or the validator would not start: on
+// this host, or (everywhere) on any host that sees the same file.
+type commandProblem struct {
+	err        error
+	everywhere bool
+}
+
+// commandProblems checks the programs of the spec's command and validator
+// as exec would find them on this host: on PATH, or relative to the
+// spec's directory; then, for a script, its #! line (worker.ScriptProblem).
+// A script's own content (no #! line, Windows line ends) fails on every
+// host; a program or interpreter missing here may be on the workers'.
+func commandProblems(spec *stream.Spec) []commandProblem {
+	var probs []commandProblem
 	for _, f := range []struct {
 		field string
 		argv  []string
@@ -637,12 +656,14 @@ func checkCommands(spec *stream.Spec) error {
 		if len(f.argv) == 0 || strings.Contains(f.argv[0], "{") {
 			continue
 		}
+		at := spec.At("", f.field)
 		prog := f.argv[0]
 		path := prog
 		if !strings.Contains(prog, "/") {
 			p, err := exec.LookPath(prog)
 			if err != nil {
-				return fmt.Errorf("%s: field %q: %s is not an executable on this host's PATH", spec.At("", f.field), f.field, prog)
+				probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s is not an executable on this host's PATH", at, f.field, prog)})
+				continue
 			}
 			path = p
 		} else {
@@ -655,21 +676,26 @@ func checkCommands(spec *stream.Spec) error {
 				if err == nil {
 					why = "not an executable file"
 				}
-				return fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", spec.At("", f.field), f.field, path, why)
+				probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", at, f.field, path, why)})
+				continue
 			}
 		}
 		// A script the kernel would not run fails every attempt of every
 		// shard with an error that names the script ("exec format
 		// error", or "no such file or directory" of a file that is there).
+		if why := worker.ScriptFileProblem(path); why != "" {
+			probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s", at, f.field, why), everywhere: true})
+			continue
+		}
 		look := exec.LookPath
 		if _, own := spec.Env["PATH"]; own {
 			look = nil // the command's PATH is not this process's
 		}
 		if why := worker.ScriptProblem(path, look); why != "" {
-			return fmt.Errorf("%s: field %q: %s", spec.At("", f.field), f.field, why)
+			probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s", at, f.field, why)})
 		}
 	}
-	return nil
+	return probs
 }
 
 func loadRun(path string) (*stream.Spec, *stream.Manifest, error) {
