@@ -96,6 +96,13 @@ func Compute(b Budget, shared Peak, peak Peak, needsGPU bool) Slots {
 		}
 	}
 	if len(why) > 0 {
+		// A resource whose formula gives 0 is said too: lifting the
+		// missing peak alone would not admit a shard (Unmeasured).
+		for _, r := range Resources {
+			if n, ok := s.PerResource[r]; ok && n == 0 && b[r].IsKnown() && peak.get(r) > 0 {
+				why = append(why, fmt.Sprintf("%s: (%s - %s shared) / %s peak = 0", r, Amount(r, b[r].N), Amount(r, shared.get(r)), Amount(r, peak.get(r))))
+			}
+		}
 		s.N = 0
 		s.Reason = strings.Join(why, "; ")
 		return s
@@ -117,6 +124,13 @@ func Compute(b Budget, shared Peak, peak Peak, needsGPU bool) Slots {
 func Unmeasured(s Slots, peak Peak) (Slots, bool) {
 	if s.N != 0 || peak.Memory > 0 || strings.Contains(s.Reason, "unknown") {
 		return s, false
+	}
+	for r, n := range s.PerResource {
+		if r != "memory" && n == 0 {
+			// Another resource admits nothing either (a GPU class on a
+			// host without GPUs): one shard would not fit.
+			return s, false
+		}
 	}
 	s.N, s.Reason = 1, "one shard at a time: "+s.Reason
 	return s, true

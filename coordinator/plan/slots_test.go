@@ -57,6 +57,15 @@ func TestUnmeasuredRunsOneAtATime(t *testing.T) {
 	if s, one := Unmeasured(Compute(full, Peak{}, Peak{CPU: 1000, Memory: gib}, false), Peak{CPU: 1000, Memory: gib}); one || s.N != 16 {
 		t.Fatalf("declared peak: got %v %d, want the formula's 16", one, s.N)
 	}
+	// A GPU class on a host with no GPU: one at a time would still not
+	// fit, and the plan said "one shard at a time" (1 slot) beside its
+	// BLOCKED line; a worker there took a slot for it.
+	noGPU := Budget{"cpu": probe.Known(16000, ""), "memory": probe.Known(64*gib, ""), "gpus": probe.Known(0, "nvml"), "vram": probe.Known(0, "nvml")}
+	gpuPeak := Peak{CPU: 1000, GPUs: 1, VRAM: 10 * gib}
+	if s, one := Unmeasured(Compute(noGPU, Peak{}, gpuPeak, true), gpuPeak); one || s.N != 0 ||
+		!strings.Contains(s.Reason, "no measured or declared memory peak") || !strings.Contains(s.Reason, "gpus: (0 GPU(s) - 0 GPU(s) shared) / 1 GPU(s) peak = 0") {
+		t.Fatalf("GPU class, no GPU, no memory peak: got %v %d %q, want nothing admitted, saying both", one, s.N, s.Reason)
+	}
 }
 
 func TestFitsAndOutliers(t *testing.T) {
