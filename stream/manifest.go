@@ -304,7 +304,11 @@ func parseLine(spec *Spec, path string, n int, line []byte) (*Shard, error) {
 			return nil, bad("inputs", "input %d: %v%s", i, err, unexpandedHint(in))
 		}
 		if st.IsDir() {
-			return nil, bad("inputs", "input %d: %s is a directory, want a file", i, p)
+			// Inputs are files: staged, checksummed and stamped one by
+			// one. A directory the command reads in place is a param.
+			return nil, bad("inputs", "input %d: %s is a directory, want a file: list its files in inputs (a shard runs again when one of them changes), "+
+				"or, for a directory the command reads in place, pass it as a param (\"params\": {\"dir\": %q}, which the command finds in $SHARDPOOL_PARAM_DIR; "+
+				"neither staged nor checked for changes)", i, p, in)
 		}
 		sh.Inputs[i] = p
 		total += st.Size()

@@ -903,3 +903,20 @@ func TestPlaceholdersInEnv(t *testing.T) {
 		t.Fatalf("a shard of two inputs where env uses {input}: got %v, want line 2 refused naming env IN", err)
 	}
 }
+
+// TestADirectoryInputSaysWhatToDo: inputs are files (staged, checksummed
+// and stamped one by one). A directory is refused at its line with the
+// two ways a job reads one: its files listed, or the directory as a param.
+func TestADirectoryInputSaysWhatToDo(t *testing.T) {
+	spec, dir := specWithCommand(t, `["ls", "{input}"]`)
+	if err := os.Mkdir(filepath.Join(dir, "images"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "m.jsonl"), []byte(`{"id":"s","inputs":["images"]}`+"\n"), 0o644)
+	_, err := LoadManifest(spec)
+	if !errors.Is(err, ErrInvalidManifest) || !strings.Contains(err.Error(), `m.jsonl:1: field "inputs"`) ||
+		!strings.Contains(err.Error(), "is a directory, want a file: list its files in inputs") || !strings.Contains(err.Error(), `"params": {"dir": "images"}`) ||
+		!strings.Contains(err.Error(), "$SHARDPOOL_PARAM_DIR") {
+		t.Fatalf("got %v, want the directory refused at its line, with its files or a param as the ways to pass it", err)
+	}
+}
