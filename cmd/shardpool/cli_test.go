@@ -676,7 +676,7 @@ func TestRunRefusesACommandItCannotFind(t *testing.T) {
 		everywhere bool
 	}{
 		{"not on PATH", []string{"no-such-program-here", "{input}"}, nil, "no-such-program-here is not an executable on this host's PATH", false},
-		{"not executable", []string{"./job.sh", "{input}"}, &program{"job.sh", "#!/bin/sh\n", 0o644}, "job.sh: not an executable file", false},
+		{"not executable", []string{"./job.sh", "{input}"}, &program{"job.sh", "#!/bin/sh\n", 0o644}, "job.sh: not an executable file", true},
 		// Scripts the kernel would not run: every attempt failed with
 		// "exec format error", or "no such file or directory" of a file
 		// that is there.

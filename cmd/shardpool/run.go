@@ -645,8 +645,9 @@ type commandProblem struct {
 // commandProblems checks the programs of the spec's command and validator
 // as exec would find them on this host: on PATH, or relative to the
 // spec's directory; then, for a script, its #! line (worker.ScriptProblem).
-// A script's own content (no #! line, Windows line ends) fails on every
-// host; a program or interpreter missing here may be on the workers'.
+// The file's own faults (no execute bit, no #! line, Windows line ends)
+// fail on every host that sees it; a program or interpreter missing here
+// may be on the workers'.
 func commandProblems(spec *stream.Spec) []commandProblem {
 	var probs []commandProblem
 	for _, f := range []struct {
@@ -672,11 +673,13 @@ func commandProblems(spec *stream.Spec) []commandProblem {
 			}
 			fi, err := os.Stat(path)
 			if err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+				// Not found may be this host's view alone; a file that is
+				// there without its execute bit is the file's own fault.
 				why := "not found"
 				if err == nil {
 					why = "not an executable file"
 				}
-				probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", at, f.field, path, why)})
+				probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", at, f.field, path, why), everywhere: err == nil})
 				continue
 			}
 		}
