@@ -90,23 +90,27 @@ func removeGoneBinaries(base string) {
 // Proc is a shardpool process started by a test.
 type Proc struct {
 	Cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 	err  error
 }
 
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer that goroutines may write at once: a
+// process's output, or a log handler's destination in a test.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+// Write appends p.
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+// String is what was written so far.
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
@@ -157,7 +161,7 @@ func startCmd(t testing.TB, env []string, attr *syscall.SysProcAttr, name string
 	// The processes of one test share a host ledger, as on a real host;
 	// those of tests running at the same time (other packages) do not.
 	cmd.Env = append(append(os.Environ(), "SHARDPOOL_HOST_LEDGER="+LedgerDir(t)), env...)
-	p := &Proc{Cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &Proc{Cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.SysProcAttr = attr
 	if err := cmd.Start(); err != nil {

@@ -1,14 +1,12 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -139,7 +137,7 @@ func TestAWorkerStoppedAtOnceWarnsOfNothing(t *testing.T) {
 	env := testenv.New(t, testenv.Options{NoWorkers: true})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"true"}})
 	env.Submit(spec, coordinator.SubmitOptions{})
-	var logged lockedBuffer
+	var logged testenv.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for i := range 40 {
 		dir := t.TempDir()
@@ -166,22 +164,4 @@ func TestAWorkerStoppedAtOnceWarnsOfNothing(t *testing.T) {
 	if s := logged.String(); strings.Contains(s, "context canceled") {
 		t.Fatalf("workers stopped at once warned of their own stop:\n%s", s)
 	}
-}
-
-// lockedBuffer is a log's destination written by several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
