@@ -21,39 +21,33 @@ import (
 // is there). A `#!/usr/bin/env NAME` line's NAME is looked up with
 // lookPath, when it is given (nil where the command's PATH is not this
 // process's). Files that cannot be read, ELF binaries and other binary
-// formats (which binfmt_misc may run) are left to exec.
-func ScriptProblem(path string, lookPath func(string) (string, error)) string {
+// formats (which binfmt_misc may run) are left to exec. anyHost says the
+// fault is the file's own (its #! line), the same on every host that sees
+// it; an interpreter missing here may be on another host.
+func ScriptProblem(path string, lookPath func(string) (string, error)) (why string, anyHost bool) {
 	fields, why := scriptLine(path)
 	if why != "" || len(fields) == 0 {
-		return why
+		return why, why != ""
 	}
 	interp := fields[0]
 	if !filepath.IsAbs(interp) {
-		return ""
+		return "", false
 	}
 	if fi, err := os.Stat(interp); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
 		why := "is not on this host"
 		if err == nil {
 			why = "is not an executable file"
 		}
-		return fmt.Sprintf("%s names the interpreter %s on its #! line, which %s (exec would say \"no such file or directory\" of the script itself)", path, interp, why)
+		return fmt.Sprintf("%s names the interpreter %s on its #! line, which %s (exec would say \"no such file or directory\" of the script itself)", path, interp, why), false
 	}
 	// #!/usr/bin/env python3: python3 is looked up on the command's PATH.
 	// "env -S ..." and other options are left alone.
 	if filepath.Base(interp) == "env" && len(fields) > 1 && !strings.HasPrefix(fields[1], "-") && !strings.Contains(fields[1], "=") && lookPath != nil {
 		if _, err := lookPath(fields[1]); err != nil {
-			return fmt.Sprintf("%s runs with #!%s, and %s is not on this host's PATH (exec would say \"no such file or directory\" of the script itself)", path, strings.Join(fields, " "), fields[1])
+			return fmt.Sprintf("%s runs with #!%s, and %s is not on this host's PATH (exec would say \"no such file or directory\" of the script itself)", path, strings.Join(fields, " "), fields[1]), false
 		}
 	}
-	return ""
-}
-
-// ScriptFileProblem is ScriptProblem's verdict on the file alone, the
-// same on every host that sees it: no #! line, Windows line ends, an
-// empty #! line. Whether its interpreter is there depends on the host.
-func ScriptFileProblem(path string) string {
-	_, why := scriptLine(path)
-	return why
+	return "", false
 }
 
 // scriptLine reads the #! line of the file at path: its fields, or why
@@ -128,7 +122,8 @@ func startProblem(argv0, dir string, env []string) string {
 	if envPATH(env) == os.Getenv("PATH") {
 		look = exec.LookPath
 	}
-	return ScriptProblem(path, look)
+	why, _ := ScriptProblem(path, look)
+	return why
 }
 
 // envPATH is PATH's value in env, a KEY=value list (the last one counts).

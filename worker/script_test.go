@@ -47,20 +47,20 @@ func TestScriptProblem(t *testing.T) {
 		if err := os.WriteFile(path, []byte(tc.body), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		got := worker.ScriptProblem(path, exec.LookPath)
+		got, _ := worker.ScriptProblem(path, exec.LookPath)
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
 		}
 	}
-	if got := worker.ScriptProblem(trueBin, exec.LookPath); got != "" {
+	if got, _ := worker.ScriptProblem(trueBin, exec.LookPath); got != "" {
 		t.Errorf("%s (ELF): got %q, want nothing", trueBin, got)
 	}
-	if got := worker.ScriptProblem(filepath.Join(dir, "absent"), exec.LookPath); got != "" {
+	if got, _ := worker.ScriptProblem(filepath.Join(dir, "absent"), exec.LookPath); got != "" {
 		t.Errorf("a file that is not there: got %q, want nothing (exec says it)", got)
 	}
 	// Without a lookup (the command's PATH is its own), env's program is
 	// not judged.
-	if got := worker.ScriptProblem(filepath.Join(dir, "env-finds-nothing"), nil); got != "" {
+	if got, _ := worker.ScriptProblem(filepath.Join(dir, "env-finds-nothing"), nil); got != "" {
 		t.Errorf("env's program without a lookup: got %q, want nothing", got)
 	}
 }

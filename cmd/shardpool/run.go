@@ -657,13 +657,16 @@ func commandProblems(spec *stream.Spec) []commandProblem {
 		if len(f.argv) == 0 || strings.Contains(f.argv[0], "{") {
 			continue
 		}
-		at := spec.At("", f.field)
+		// The spec is read for the field's line only where it has a fault.
+		add := func(everywhere bool, format string, args ...any) {
+			probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: "+format, append([]any{spec.At("", f.field), f.field}, args...)...), everywhere: everywhere})
+		}
 		prog := f.argv[0]
 		path := prog
 		if !strings.Contains(prog, "/") {
 			p, err := exec.LookPath(prog)
 			if err != nil {
-				probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s is not an executable on this host's PATH", at, f.field, prog)})
+				add(false, "%s is not an executable on this host's PATH", prog)
 				continue
 			}
 			path = p
@@ -679,23 +682,19 @@ func commandProblems(spec *stream.Spec) []commandProblem {
 				if err == nil {
 					why = "not an executable file"
 				}
-				probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s: %s (relative paths are taken from the spec's directory)", at, f.field, path, why), everywhere: err == nil})
+				add(err == nil, "%s: %s (relative paths are taken from the spec's directory)", path, why)
 				continue
 			}
 		}
 		// A script the kernel would not run fails every attempt of every
 		// shard with an error that names the script ("exec format
 		// error", or "no such file or directory" of a file that is there).
-		if why := worker.ScriptFileProblem(path); why != "" {
-			probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s", at, f.field, why), everywhere: true})
-			continue
-		}
 		look := exec.LookPath
 		if _, own := spec.Env["PATH"]; own {
 			look = nil // the command's PATH is not this process's
 		}
-		if why := worker.ScriptProblem(path, look); why != "" {
-			probs = append(probs, commandProblem{err: fmt.Errorf("%s: field %q: %s", at, f.field, why)})
+		if why, anyHost := worker.ScriptProblem(path, look); why != "" {
+			add(anyHost, "%s", why)
 		}
 	}
 	return probs
