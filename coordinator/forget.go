@@ -66,10 +66,16 @@ func WriteForgotten(f Forgotten) error {
 		State: f.State, Output: f.Output, Written: time.Now().UTC()})
 }
 
-// ReadForgotten reads the forgotten.json of the evidence folder dir; it
-// returns nil and no error when there is none.
-func ReadForgotten(dir string) (*ForgottenNote, error) {
-	return readEvidence[ForgottenNote](dir, ForgottenName)
+// ForgottenSince is the forgotten.json of the evidence folder dir where
+// it was written at or after since, the time of the run's last summary
+// (final.json or progress.json); else nil: a run of the name came after
+// the forget, or there was none. An unreadable one counts as none.
+func ForgottenSince(dir string, since time.Time) *ForgottenNote {
+	gone, err := readEvidence[ForgottenNote](dir, ForgottenName)
+	if err != nil || gone == nil || gone.Written.Before(since) {
+		return nil
+	}
+	return gone
 }
 
 // Forget removes a finished run from the store: its run record, shard

@@ -23,11 +23,7 @@ func lastSummary(dir string) (*coordinator.RunSummary, *coordinator.ForgottenNot
 	if sum == nil {
 		return nil, nil
 	}
-	gone, err := coordinator.ReadForgotten(dir)
-	if err != nil || gone == nil || gone.Written.Before(sum.Written) {
-		return sum, nil
-	}
-	return sum, gone
+	return sum, coordinator.ForgottenSince(dir, sum.Written)
 }
 
 // notAnotherJobs refuses to write file (profile.json, plan.json) into

@@ -300,7 +300,7 @@ func verdictOf(name, evidence string, f coordinator.RunSummary) coordinator.RunS
 	if f.State != stream.RunComplete {
 		rs.Resume = f.Resume
 	}
-	if gone, err := coordinator.ReadForgotten(evidence); err == nil && gone != nil && !gone.Written.Before(f.Written) {
+	if gone := coordinator.ForgottenSince(evidence, f.Written); gone != nil {
 		rs.Forgotten = gone.Written
 	}
 	return rs
