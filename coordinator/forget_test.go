@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -84,6 +85,26 @@ func TestForgetRemovesAFinishedRun(t *testing.T) {
 		}
 		return len(st.Runs) == 1, "status lists the other run too"
 	})
+	// Forget wrote nothing on disk (a client on another host cannot);
+	// the coordinator, whose host has the evidence, notes it there.
+	evidence := env.Coord.EvidenceDir("old")
+	var note coordinator.ForgottenNote
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(evidence, coordinator.ForgottenName))
+		if err != nil {
+			return false, err.Error()
+		}
+		if err := json.Unmarshal(b, &note); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	if note.Run != "old" || note.Fingerprint != got.Fingerprint || note.State != stream.RunComplete || note.Output != got.Output {
+		t.Fatalf("%s: %+v, want the forgotten run's name, generation %s, state and output %s", coordinator.ForgottenName, note, got.Fingerprint, got.Output)
+	}
+	if _, err := os.Stat(filepath.Join(env.Coord.EvidenceDir("busy"), coordinator.ForgottenName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the run not forgotten has a %s (%v)", coordinator.ForgottenName, err)
+	}
 	for i := range 3 {
 		if _, err := os.Stat(filepath.Join(got.Output, "s000"+string(rune('0'+i)), "COMPLETE")); err != nil {
 			t.Fatalf("forgetting touched an output: %v", err)

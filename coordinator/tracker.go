@@ -288,11 +288,15 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 		// a watch event each. The two watches are not ordered between
 		// them, so records of the run submitted again may have arrived
 		// already; the next run record reads them afresh.
+		was := t.runs[e.Key()]
 		ri := newRunInfo()
 		ri.forgotten = true
 		t.runs[e.Key()] = ri
 		if t.live {
 			t.c.log.Info("run forgotten", "run", e.Key())
+			if was != nil && was.known {
+				t.noteForgotten(was.rec)
+			}
 		}
 		return
 	}
@@ -319,6 +323,20 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 	}
 	if ri.forgotten {
 		t.reload(ctx, r.Name, ri)
+	}
+}
+
+// noteForgotten writes forgotten.json into the evidence folder of r, a
+// run forgotten while this coordinator runs, where the folder is on this
+// host: a forget from another host (`forget --server` on a laptop)
+// cannot write it there, and without it the folder reads as a run still
+// in the store (status --data), and as another job's to profile and
+// plan. The watch delivers the removal before any later record of the
+// name, so the progress.json of a run submitted again is newer.
+func (t *tracker) noteForgotten(r stream.RunRecord) {
+	f := Forgotten{Run: r.Name, Fingerprint: r.Fingerprint, State: r.State, Output: r.Spec.Output, Evidence: t.c.EvidenceDir(r.Name)}
+	if err := WriteForgotten(f); err != nil {
+		t.c.log.Warn("note the forget in the run's evidence", "run", r.Name, "file", ForgottenName, "err", err)
 	}
 }
 
