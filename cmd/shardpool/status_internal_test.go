@@ -153,6 +153,11 @@ func TestStatusComparesRunningShardsWithTheValidated(t *testing.T) {
 			Shards: []stream.ShardRecord{running("a", time.Second), running("b", 2500*time.Millisecond), running("c", 10*time.Second)}},
 		{Name: "few", State: stream.RunRunning, Updated: now, Counts: stream.Counts{Total: 12, Validated: 10, Running: 1}, Timing: timing(10),
 			Shards: []stream.ShardRecord{running("d", 2500*time.Millisecond)}},
+		// Shards of milliseconds: one a few past the longest is concluding
+		// (its commit counts), not a straggler.
+		{Name: "short", State: stream.RunRunning, Updated: now, Counts: stream.Counts{Total: 5000, Validated: 4000, Running: 40},
+			Timing: &stream.Timing{Shards: 4000, Seconds: stream.Spread[float64]{Shards: 4000, P50: 0.001, P95: 0.003, Max: 0.02, MaxShard: "s01"}},
+			Shards: []stream.ShardRecord{running("e", 30*time.Millisecond), running("f", 1500*time.Millisecond)}},
 	}, Workers: []stream.WorkerReport{{Name: "w1", Host: "h1", PID: 41, Reported: now}}}
 	var b strings.Builder
 	printStatus(&b, st)
@@ -162,10 +167,12 @@ func TestStatusComparesRunningShardsWithTheValidated(t *testing.T) {
 		t.Errorf("status of a running run lacks what its validated shards took so far:\n%s", out)
 	}
 	for id, want := range map[string]string{
-		"a": "for 1s",
-		"b": "for 3s, longer than 95% of the 40 validated took (p95 2.00s)",
+		"a": "for 1.00s",
+		"b": "for 2.50s, longer than 95% of the 40 validated took (p95 2.00s)",
 		"c": "for 10s, longer than any of the 40 validated took (the longest 3.00s)",
-		"d": "for 3s",
+		"d": "for 2.50s",
+		"e": "for 0.03s",
+		"f": "for 1.50s, longer than any of the 4000 validated took (the longest 0.02s)",
 	} {
 		if !strings.HasSuffix(lines[id], " "+want) {
 			t.Errorf("shard %s: got %q, want it to end %q", id, lines[id], want)
@@ -250,8 +257,8 @@ func TestStatusNamesTheLastAttemptsLog(t *testing.T) {
 		"  a failed after 2 attempt(s): exit status 1 (log: /ev/a.2.log on far)\n",
 		"  b failed after 1 attempt(s): exit status 1\n",
 		"  c pending exit status 1; retry in 3s (log: /ev/c.1.log)\n",
-		"  e running attempt 1 on w2 (far pid 2) for 2h0m0s (log as it prints: /ev/e.1.log on far); that worker is not reporting",
-		"  d running attempt 2 on w1 (" + here + " pid 1) for 1m35s (log as it prints: /ev/d.2.log); that worker is not reporting",
+		"  e running attempt 1 on w2 (worker pid 2 on far) for 2h0m0s (log as it prints: /ev/e.1.log on far); that worker is not reporting",
+		"  d running attempt 2 on w1 (worker pid 1 on " + here + ") for 1m35s (log as it prints: /ev/d.2.log); that worker is not reporting",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("printed:\n%s\nwant the line %q", b.String(), want)
