@@ -371,6 +371,23 @@ type CommitRecord struct {
 	Time        time.Time `json:"time"`
 }
 
+// Command is a shard's command running on a worker: the shard's key
+// (run.id), the attempt (its delivery, as the shard's owner records it),
+// the command's pid, which leads its own process group (kill -TERM
+// -PID ends the attempt, which is retried as any failed one), and when it
+// started, by the worker's clock.
+type Command struct {
+	Key     string    `json:"key"`
+	Attempt int       `json:"attempt"`
+	PID     int       `json:"pid"`
+	Start   time.Time `json:"start"`
+}
+
+// MaxReportedCommands bounds WorkerReport.Commands: a worker of many
+// slots reports its longest running commands, the ones a person looks
+// for.
+const MaxReportedCommands = 64
+
 // WorkerReport is key <worker> in the workers bucket, refreshed every few
 // seconds; a worker whose key expired is gone.
 type WorkerReport struct {
@@ -433,6 +450,12 @@ type WorkerReport struct {
 	// lease once it ends, or hands the message back after three lease
 	// TTLs; it runs nothing meanwhile.
 	Awaiting []string `json:"awaiting,omitempty"`
+	// Commands are the processes of the commands running when the report
+	// was made, the longest running first (at most MaxReportedCommands):
+	// which process a shard's attempt is, for a person who looks into it
+	// (ps, strace, py-spy) or ends it. Absent while none runs, and in
+	// older reports.
+	Commands []Command `json:"commands,omitempty"`
 	// Conn is the name of the worker's connection to the coordinator, as
 	// the coordinator lists its clients (`shardpool-worker-<name>`, or
 	// the coordinator's own where `run` embeds the worker); absent in

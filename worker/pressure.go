@@ -1,8 +1,10 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,10 +16,15 @@ type running struct {
 	key     string
 	run, id string
 	class   string
+	attempt int
 	started time.Time
 	preempt chan struct{}
 	once    sync.Once
 	why     string
+	// pid is the command's once it started, and since when; under w.mu.
+	// The worker's report lists it (stream.Command).
+	pid   int
+	since time.Time
 }
 
 func (r *running) stop(why string) {
@@ -31,6 +38,36 @@ func (w *Worker) addRunning(r *running) {
 	w.mu.Lock()
 	w.active[r.key] = r
 	w.mu.Unlock()
+}
+
+// commandStarted returns an onStart hook that notes the pid of r's
+// command for the worker's report, then calls next.
+func (w *Worker) commandStarted(r *running, next func(int) func()) func(int) func() {
+	return func(pgid int) func() {
+		w.mu.Lock()
+		r.pid, r.since = pgid, time.Now().UTC()
+		w.mu.Unlock()
+		w.reportSoon()
+		if next == nil {
+			return nil
+		}
+		return next(pgid)
+	}
+}
+
+// commands are the shards' commands running now, the longest running
+// first, for the worker's report; under w.mu.
+func (w *Worker) commands() []stream.Command {
+	var cs []stream.Command
+	for _, r := range w.active {
+		if r.pid > 0 {
+			cs = append(cs, stream.Command{Key: r.key, Attempt: r.attempt, PID: r.pid, Start: r.since})
+		}
+	}
+	slices.SortFunc(cs, func(a, b stream.Command) int {
+		return cmp.Or(a.Start.Compare(b.Start), cmp.Compare(a.Key, b.Key))
+	})
+	return cs[:min(len(cs), stream.MaxReportedCommands)]
 }
 
 func (w *Worker) removeRunning(key string) {

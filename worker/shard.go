@@ -1016,9 +1016,9 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	// Without a cgroup the process group's RSS is sampled while the
 	// command runs: its peak where the kernel's figure says nothing.
 	onStart, sampled := w.trackLive(a.m.Class, peak, cg == nil)
-	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, started: time.Now(), preempt: make(chan struct{})}
+	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, attempt: a.attempt, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, onStart, cg, a.held)
+	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, w.commandStarted(rr, onStart), cg, a.held)
 	w.removeRunning(a.key)
 	select {
 	case <-rr.preempt:

@@ -1534,7 +1534,7 @@ func (w *Worker) snapshot() stream.WorkerReport {
 	return stream.WorkerReport{Stopping: stopWhy, StoppingSince: w.stopAt, Concluding: len(w.concluding), Name: w.cfg.Name, Host: w.host, BootID: w.boot, PID: w.pid, PIDNS: w.pidns, Conn: w.conn, SlurmJob: w.slurmJob, Version: stream.ThisBuild().Version, Slots: w.reportedSlots(),
 		Running: running, Done: w.done, Failed: w.failed, FailedInARow: w.failedInARow, LastFailure: w.lastFailure, SlotsEach: w.slotsEach(),
 		LeftRunning: w.leftRunning, LastLeft: w.lastLeft, SlowFS: slow, SlowFSCount: slowN,
-		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, AdmissionLog: w.hostLogPath(), Staged: staged, Awaiting: awaiting, LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor), Stays: stays && w.drainWhy == "" && w.stopWhy == ""}
+		Started: w.started, Reported: time.Now().UTC(), Waiting: waits, AdmissionLog: w.hostLogPath(), Staged: staged, Awaiting: awaiting, Commands: w.commands(), LastStarted: unixTime(w.lastStarted.Load()), Draining: w.drainWhy, Keeping: slices.Clone(w.keepFor), Stays: stays && w.drainWhy == "" && w.stopWhy == ""}
 }
 
 // headroom is the compact probe published with each report: the effective

@@ -520,9 +520,16 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			}
 			detail := s.Reason
 			if s.Owner != nil {
-				// The pid is the worker's, not the command's: killing it
-				// ends every shard of that worker.
-				detail = strings.TrimSpace(fmt.Sprintf("attempt %d on %s (worker pid %d on %s) %s", s.Owner.Attempt, s.Owner.Worker, s.Owner.PID, s.Owner.Host, detail))
+				// The owner's pid is the worker's: killing it ends every
+				// shard of that worker. The command's own, where the
+				// worker's report has it, is the one to look into.
+				who := fmt.Sprintf("worker pid %d on %s", s.Owner.PID, s.Owner.Host)
+				if s.State == stream.ShardRunning {
+					if pid := commandPID(st.Workers, s.Owner, stream.ShardKey(r.Name, s.ID)); pid > 0 {
+						who += fmt.Sprintf(", command pid %d", pid)
+					}
+				}
+				detail = strings.TrimSpace(fmt.Sprintf("attempt %d on %s (%s) %s", s.Owner.Attempt, s.Owner.Worker, who, detail))
 				if at, ok := openAttempt(s); ok {
 					// How long it has run (a straggler stands out), and the
 					// log it writes, which a person tails.
@@ -891,6 +898,22 @@ func reportOf(workers []stream.WorkerReport, o *stream.Owner) *stream.WorkerRepo
 		}
 	}
 	return nil
+}
+
+// commandPID is the pid of the command that owner's worker runs for the
+// shard key in the attempt owner names, as its report lists it; 0 where
+// it does not (not started yet, ended, or a report from before).
+func commandPID(workers []stream.WorkerReport, o *stream.Owner, key string) int {
+	wk := reportOf(workers, o)
+	if wk == nil {
+		return 0
+	}
+	for _, c := range wk.Commands {
+		if c.Key == key && c.Attempt == o.Attempt {
+			return c.PID
+		}
+	}
+	return 0
 }
 
 func classMap(m map[string]int) string {

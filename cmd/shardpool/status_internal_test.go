@@ -269,6 +269,36 @@ func TestStatusNamesTheLastAttemptsLog(t *testing.T) {
 	}
 }
 
+// TestStatusNamesACommandsPid: a running shard's line names its
+// command's pid where its worker's report lists the command in the
+// attempt the record names; not one from another attempt (the report
+// is older than the record), nor where the worker does not report.
+func TestStatusNamesACommandsPid(t *testing.T) {
+	now := time.Now().UTC()
+	owner := func(worker string, attempt int) *stream.Owner {
+		return &stream.Owner{Worker: worker, Host: "h1", PID: 41, Attempt: attempt}
+	}
+	r := coordinator.RunStatus{Name: "r", State: stream.RunRunning, Updated: now, Counts: stream.Counts{Total: 3, Running: 3}, Shards: []stream.ShardRecord{
+		{ID: "a", State: stream.ShardRunning, Owner: owner("w1", 1)},
+		{ID: "b", State: stream.ShardRunning, Owner: owner("w1", 2)},
+		{ID: "c", State: stream.ShardRunning, Owner: owner("w2", 1)},
+	}}
+	w1 := stream.WorkerReport{Name: "w1", Host: "h1", PID: 41, Reported: now, Commands: []stream.Command{
+		{Key: "r.a", Attempt: 1, PID: 5001, Start: now}, {Key: "r.b", Attempt: 1, PID: 5002, Start: now}}}
+	var b strings.Builder
+	printStatus(&b, &coordinator.Status{Time: now, Runs: []coordinator.RunStatus{r}, Workers: []stream.WorkerReport{w1}})
+	lines := rowsByFirstWord(b.String())
+	for id, want := range map[string]string{
+		"a": "running attempt 1 on w1 (worker pid 41 on h1, command pid 5001)",
+		"b": "running attempt 2 on w1 (worker pid 41 on h1)",
+		"c": "running attempt 1 on w2 (worker pid 41 on h1); that worker is not reporting",
+	} {
+		if !strings.HasPrefix(strings.TrimSpace(lines[id]), id+" "+want) {
+			t.Errorf("shard %s: got %q, want it to begin %q", id, lines[id], id+" "+want)
+		}
+	}
+}
+
 // TestStatusSaysTheStoreIsFull: a coordinator whose store refuses writes
 // is shown with the reason and what to do; one with room shows no such line.
 func TestStatusSaysTheStoreIsFull(t *testing.T) {
