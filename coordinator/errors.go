@@ -19,6 +19,9 @@ var (
 	// returned so that its caller starts a new Coordinator on the same
 	// data (Config.ReloadOnWriteError).
 	ErrReload = errors.New("store reload needed after a write error")
+	// ErrNothingToHalt means a halt was asked for a run with nothing left
+	// to start: COMPLETE, or BLOCKED with nothing queued.
+	ErrNothingToHalt = errors.New("nothing to halt")
 	// ErrNothingToRetry means a retry was asked for a run with no failed shards.
 	ErrNothingToRetry = errors.New("no failed shards to retry")
 	// ErrRetryNewGeneration means a retry of failed shards was asked with a

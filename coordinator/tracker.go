@@ -3,6 +3,7 @@ package coordinator
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,10 +64,12 @@ type runInfo struct {
 	n       map[string]int            // records per state for the current fingerprint
 	byClass map[string]map[string]int // the same, per class
 	dirty   bool
-	// retried is set when a shard entered a new retry round: the next
-	// flush writes the record even if state, counts and reason came out
-	// the same, so that whoever requested the retry sees a verdict newer
-	// than the request (see cmd/shardpool waitRun).
+	// retried is set when a shard entered a new retry round, or a halt
+	// by hand arrived: the next flush writes the record even if state,
+	// counts and reason came out the same, so that whoever requested the
+	// retry sees a verdict newer than the request (see cmd/shardpool
+	// waitRun), and whoever halted the run its counts as the shard
+	// records have them (Halt).
 	retried    bool
 	verifiedFP string
 	// acking is when the tracker first found every shard validated and
@@ -309,6 +312,9 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 	fpChanged := ri.rec.Fingerprint != r.Fingerprint
 	if t.live {
 		t.saySubmitted(ri, r, fpChanged)
+	}
+	if r.HaltedBy != "" && r.Halted != ri.rec.Halted {
+		ri.retried = true
 	}
 	ri.rec, ri.rev, ri.known, ri.dirty = r, e.Revision(), true, true
 	if fpChanged {
@@ -650,7 +656,11 @@ func (ri *runInfo) failedIDs(max int) string {
 // resumeCommand is what continues the run: for a BLOCKED run the command
 // that retries its failed shards, else the one that resumes it.
 func resumeCommand(r stream.RunRecord) string {
-	if r.State == stream.RunBlocked {
+	switch {
+	case r.State == stream.RunBlocked && r.HaltedBy != "":
+		// Halted by hand: submitted again, its held shards are queued.
+		return cmp.Or(r.Resume, "shardpool submit "+r.Spec.SpecPath)
+	case r.State == stream.RunBlocked:
 		return retryCommand(r)
 	}
 	return r.Resume
@@ -1093,6 +1103,10 @@ func haltedReason(r *stream.RunRecord, c stream.Counts) string {
 	running := ""
 	if c.Running > 0 {
 		running = fmt.Sprintf(" (%d running end as they would)", c.Running)
+	}
+	if r.HaltedBy != "" {
+		return fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s. To go on: %s "+
+			"(queues them again; a changed spec runs every shard again)", r.Halted, c.Pending, running, cmp.Or(r.Resume, "shardpool submit "+r.Spec.SpecPath))
 	}
 	return fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s. Once the cause is fixed, retry with: %s "+
 		"(or submit it again to queue only them; a changed spec runs every shard again)", r.Halted, c.Pending, running, retryCommand(*r))

@@ -292,6 +292,10 @@ type RunRecord struct {
 	HaltBase Counts `json:"halt_base,omitzero"`
 	Halted   string `json:"halted,omitempty"`
 	HaltSeq  uint64 `json:"halt_seq,omitempty"`
+	// HaltedBy is who halted the run by hand (`shardpool halt`: user and
+	// host), not for its failures; absent otherwise, and cleared with
+	// Halted.
+	HaltedBy string `json:"halted_by,omitempty"`
 	// OutputOn is the storage that held the output directory (or, where
 	// it did not exist yet, the nearest directory above it) on the host
 	// of the latest submission that could tell. Off a local disk, a

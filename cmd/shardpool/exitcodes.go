@@ -61,6 +61,11 @@ var commandExits = map[string][]string{
 		"1 error (the run is PREPARED, QUEUED or RUNNING: refused, nothing changed; no coordinator answers)",
 		"2 usage",
 	},
+	"halt": {
+		"0 the run is halted (now, or it was already)",
+		"1 error (an unknown run; nothing to halt: COMPLETE, or BLOCKED with nothing queued; no coordinator answers)",
+		"2 usage",
+	},
 	"sbatch": {
 		"0 the job was submitted (or printed, --dry-run)",
 		"1 error (sbatch missing or refusing the job, no coordinator answers)",

@@ -906,7 +906,10 @@ func waitRun(ctx context.Context, js jetstream.JetStream, run string, o waitOpts
 			if err := stream.Decode(e.Value(), &r); err != nil {
 				return nil, err
 			}
-			done := r.State == stream.RunComplete || r.State == stream.RunBlocked
+			// A run halted by hand is BLOCKED while its running shards
+			// end as they would (shardpool halt): the verdict waits for
+			// them, which the worker would otherwise stop and hand back.
+			done := r.State == stream.RunComplete || (r.State == stream.RunBlocked && r.Counts.Running == 0)
 			if done && r.Updated.Before(o.since) {
 				continue
 			}
@@ -1037,7 +1040,11 @@ func (p *progress) show(r *stream.RunRecord) {
 	}
 	c := r.Counts
 	text := p.counts(r)
-	pace := p.pace(c, time.Now())
+	pace := ""
+	if r.State != stream.RunBlocked {
+		// A halted run's pending shards are held: no time left to give.
+		pace = p.pace(c, time.Now())
+	}
 	if p.tty {
 		const width = 30
 		filled := 0
