@@ -95,26 +95,14 @@ func ForgottenSince(dir string, since time.Time) *ForgottenNote {
 // again under IDs of their own (restoreLost).
 func Forget(ctx context.Context, js jetstream.JetStream, run string) (Forgotten, error) {
 	out := Forgotten{Run: run}
-	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
+	b, r, rev, err := runRecord(ctx, js, "forget", run)
 	if err != nil {
-		return out, fmt.Errorf("forget %s: %w", run, err)
-	}
-	e, err := b.Runs.Get(ctx, run)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return out, fmt.Errorf("forget %s: %w", run, ErrRunNotFound)
-	}
-	if err != nil {
-		return out, fmt.Errorf("forget %s: %w", run, err)
-	}
-	var r stream.RunRecord
-	if err := stream.Decode(e.Value(), &r); err != nil {
-		return out, fmt.Errorf("forget %s: run record: %w", run, err)
+		return out, err
 	}
 	out.Fingerprint, out.State, out.Output, out.Evidence = r.Fingerprint, r.State, r.Spec.Output, r.Evidence
 	if err := forgettable(&r); err != nil {
 		return out, fmt.Errorf("forget %s: %w", run, err)
 	}
-	rev := e.Revision()
 	for tries := 1; ; tries++ {
 		removed, err := b.PurgeRun(ctx, run, rev)
 		out.Removed.Add(removed)
@@ -141,6 +129,28 @@ func Forget(ctx context.Context, js jetstream.JetStream, run string) (Forgotten,
 		rev = e.Revision()
 	}
 	return out, nil
+}
+
+// runRecord reads the record of run for op ("forget", "halt") once the
+// buckets are there, with its revision; a run never submitted, or
+// forgotten, is ErrRunNotFound.
+func runRecord(ctx context.Context, js jetstream.JetStream, op, run string) (*stream.Buckets, stream.RunRecord, uint64, error) {
+	var r stream.RunRecord
+	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
+	if err != nil {
+		return nil, r, 0, fmt.Errorf("%s %s: %w", op, run, err)
+	}
+	e, err := b.Runs.Get(ctx, run)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, r, 0, fmt.Errorf("%s %s: %w", op, run, ErrRunNotFound)
+	}
+	if err != nil {
+		return nil, r, 0, fmt.Errorf("%s %s: %w", op, run, err)
+	}
+	if err := stream.Decode(e.Value(), &r); err != nil {
+		return nil, r, 0, fmt.Errorf("%s %s: run record: %w", op, run, err)
+	}
+	return b, r, e.Revision(), nil
 }
 
 // forgettable refuses a run that is not finished: not COMPLETE or

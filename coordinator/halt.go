@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -40,20 +39,9 @@ type Halted struct {
 // (ErrNothingToHalt).
 func Halt(ctx context.Context, js jetstream.JetStream, run, by string) (Halted, error) {
 	out := Halted{Run: run}
-	b, err := stream.WaitBuckets(ctx, js, 15*time.Second)
+	b, cur, curRev, err := runRecord(ctx, js, "halt", run)
 	if err != nil {
-		return out, fmt.Errorf("halt %s: %w", run, err)
-	}
-	e, err := b.Runs.Get(ctx, run)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return out, fmt.Errorf("halt %s: %w", run, ErrRunNotFound)
-	}
-	if err != nil {
-		return out, fmt.Errorf("halt %s: %w", run, err)
-	}
-	var cur stream.RunRecord
-	if err := stream.Decode(e.Value(), &cur); err != nil {
-		return out, fmt.Errorf("halt %s: run record: %w", run, err)
+		return out, err
 	}
 	if err := haltable(&cur); err != nil || cur.Halted != "" {
 		return halted(out, &cur, cur.Halted), err
@@ -74,7 +62,7 @@ func Halt(ctx context.Context, js jetstream.JetStream, run, by string) (Halted, 
 	now := time.Now().UTC()
 	// Written over the record as the tracker or a submission may have
 	// changed it meanwhile (changeRun reads it again on a conflict).
-	rec, rev, err := changeRun(ctx, b, cur, e.Revision(), func(r *stream.RunRecord) {
+	rec, rev, err := changeRun(ctx, b, cur, curRev, func(r *stream.RunRecord) {
 		if refused, mine = haltable(r), false; refused != nil || r.Halted != "" {
 			return // a halt of its failures meanwhile stands
 		}

@@ -289,6 +289,22 @@ func (e *Env) Run(name string) (stream.RunRecord, error) {
 	return stream.ReadRun(ctx, e.JS, name)
 }
 
+// WorkerReport reads the report of worker name from the workers bucket.
+func (e *Env) WorkerReport(name string) (stream.WorkerReport, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var r stream.WorkerReport
+	kv, err := e.JS.KeyValue(ctx, stream.BucketWorkers)
+	if err != nil {
+		return r, err
+	}
+	w, err := kv.Get(ctx, name)
+	if err != nil {
+		return r, err
+	}
+	return r, stream.Decode(w.Value(), &r)
+}
+
 // Shard reads a shard record.
 func (e *Env) Shard(run, id string) (stream.ShardRecord, error) {
 	return ReadShard(e.JS, run, id)

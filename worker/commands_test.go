@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -27,15 +26,7 @@ func TestAWorkerReportsItsCommandsPids(t *testing.T) {
 	gate := testenv.NewGate(t)
 	spec := testenv.WriteJob(t, testenv.Job{Name: "pids", Shards: 2, Retries: 0, Command: gate.ThenCopy()})
 	env.Submit(spec, coordinator.SubmitOptions{})
-	b := env.Buckets()
-	report := func() (stream.WorkerReport, error) {
-		var r stream.WorkerReport
-		e, err := b.Workers.Get(context.Background(), "w1")
-		if err != nil {
-			return r, err
-		}
-		return r, stream.Decode(e.Value(), &r)
-	}
+	report := func() (stream.WorkerReport, error) { return env.WorkerReport("w1") }
 	var cmds []stream.Command
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		r, err := report()

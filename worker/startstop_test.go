@@ -83,15 +83,7 @@ func TestAStoppingWorkerKeepsReporting(t *testing.T) {
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Retries: 1,
 		Command: []string{"sh", "-c", `trap '' TERM; sleep 30`}})
 	env.Submit(spec, coordinator.SubmitOptions{})
-	b := env.Buckets()
-	report := func() (stream.WorkerReport, error) {
-		var r stream.WorkerReport
-		e, err := b.Workers.Get(context.Background(), "w1")
-		if err != nil {
-			return r, err
-		}
-		return r, stream.Decode(e.Value(), &r)
-	}
+	report := func() (stream.WorkerReport, error) { return env.WorkerReport("w1") }
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 		r, err := report()
 		return err == nil && r.Running["cpu"] == 1, fmt.Sprintf("report %+v (%v)", r, err)
