@@ -61,8 +61,8 @@ func TestHaltStopsARunByHand(t *testing.T) {
 	}
 
 	res := env.Submit(spec, coordinator.SubmitOptions{})
-	if !strings.Contains(res.Unhalted, "halted by hand") || res.Restored != 3 {
-		t.Fatalf("submitted again: unhalted %q, %d restored; want the halt lifted and the 3 held shards queued", res.Unhalted, res.Restored)
+	if !strings.Contains(res.Unhalted, "halted by hand") || res.UnhaltedBy != "tester@here" || res.Restored != 3 {
+		t.Fatalf("submitted again: unhalted %q by %q, %d restored; want the halt by hand lifted and the 3 held shards queued", res.Unhalted, res.UnhaltedBy, res.Restored)
 	}
 	env.WaitState("h", 30*time.Second, stream.RunComplete)
 	if r, err = env.Run("h"); err != nil || r.Halted != "" || r.HaltedBy != "" {

@@ -81,8 +81,10 @@ type SubmitResult struct {
 	// queue, and that were published again.
 	Restored int `json:"restored,omitempty"`
 	// Unhalted is why the run had been halted, when this submission
-	// queued its held shards again.
-	Unhalted string `json:"unhalted,omitempty"`
+	// queued its held shards again; UnhaltedBy who halted it, where that
+	// was by hand (shardpool halt).
+	Unhalted   string `json:"unhalted,omitempty"`
+	UnhaltedBy string `json:"unhalted_by,omitempty"`
 	// Changed lists the settings outside the fingerprint (retries, timeout,
 	// staging, paths of the spec, manifest and command directory, profile
 	// settings, measured peaks) that a resubmission of the same generation
@@ -201,7 +203,7 @@ func submit(ctx context.Context, js jetstream.JetStream, spec *stream.Spec, man 
 				return res, fmt.Errorf("submit %s: %w", spec.Name, err)
 			}
 			if lifted {
-				res.Unhalted, res.State = prev.Halted, stream.RunRunning
+				res.Unhalted, res.UnhaltedBy, res.State = prev.Halted, prev.HaltedBy, stream.RunRunning
 			}
 		}
 		return res, nil

@@ -333,7 +333,10 @@ func printRetried(w io.Writer, res coordinator.SubmitResult) {
 	if res.AlreadyRetried > 0 {
 		fmt.Fprintf(w, "%d failed shard(s) were queued again already, by another submission: not queued twice\n", res.AlreadyRetried)
 	}
-	if res.Unhalted != "" {
+	switch {
+	case res.UnhaltedBy != "":
+		fmt.Fprintf(w, "the run was %s\n%d held shard(s) queued again\n", res.Unhalted, res.Restored)
+	case res.Unhalted != "":
 		fmt.Fprintf(w, "the run had %s\n%d held shard(s) queued again; the count toward --halt starts over\n", res.Unhalted, res.Restored)
 	}
 }

@@ -63,7 +63,8 @@ func TestHaltCommandStopsARun(t *testing.T) {
 		t.Fatalf("halt with no run serving the directory: exit %d, want 1", code)
 	}
 	p = testenv.Start(t, "run", "--data", data, "--slots", "1", spec)
-	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "2 held shard(s) queued again") {
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "the run was halted by hand (shardpool halt, by ") ||
+		!strings.Contains(p.Output(), "2 held shard(s) queued again\n") {
 		t.Fatalf("run again after the halt: exit %d, want 0 with the held shards queued again\n%s", code, p.Output())
 	}
 
