@@ -659,11 +659,16 @@ func resumeCommand(r stream.RunRecord) string {
 	switch {
 	case r.State == stream.RunBlocked && r.HaltedBy != "":
 		// Halted by hand: submitted again, its held shards are queued.
-		return cmp.Or(r.Resume, "shardpool submit "+r.Spec.SpecPath)
+		return submitCommand(r)
 	case r.State == stream.RunBlocked:
 		return retryCommand(r)
 	}
 	return r.Resume
+}
+
+// submitCommand submits the run again as it was submitted.
+func submitCommand(r stream.RunRecord) string {
+	return cmp.Or(r.Resume, "shardpool submit "+r.Spec.SpecPath)
 }
 
 func retryCommand(r stream.RunRecord) string {
@@ -1104,12 +1109,12 @@ func haltedReason(r *stream.RunRecord, c stream.Counts) string {
 	if c.Running > 0 {
 		running = fmt.Sprintf(" (%d running end as they would)", c.Running)
 	}
+	held := fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s.", r.Halted, c.Pending, running)
 	if r.HaltedBy != "" {
-		return fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s. To go on: %s "+
-			"(queues them again; a changed spec runs every shard again)", r.Halted, c.Pending, running, cmp.Or(r.Resume, "shardpool submit "+r.Spec.SpecPath))
+		return fmt.Sprintf("%s To go on: %s (queues them again; a changed spec runs every shard again)", held, submitCommand(*r))
 	}
-	return fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s. Once the cause is fixed, retry with: %s "+
-		"(or submit it again to queue only them; a changed spec runs every shard again)", r.Halted, c.Pending, running, retryCommand(*r))
+	return fmt.Sprintf("%s Once the cause is fixed, retry with: %s "+
+		"(or submit it again to queue only them; a changed spec runs every shard again)", held, retryCommand(*r))
 }
 
 func (t *tracker) writeResume(ri *runInfo, cmd string) {

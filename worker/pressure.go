@@ -21,10 +21,9 @@ type running struct {
 	preempt chan struct{}
 	once    sync.Once
 	why     string
-	// pid is the command's once it started, and since when; under w.mu.
-	// The worker's report lists it (stream.Command).
-	pid   int
-	since time.Time
+	// pid is the command's once it started; under w.mu. The worker's
+	// report lists it (stream.Command).
+	pid int
 }
 
 func (r *running) stop(why string) {
@@ -45,12 +44,9 @@ func (w *Worker) addRunning(r *running) {
 func (w *Worker) commandStarted(r *running, next func(int) func()) func(int) func() {
 	return func(pgid int) func() {
 		w.mu.Lock()
-		r.pid, r.since = pgid, time.Now().UTC()
+		r.pid = pgid
 		w.mu.Unlock()
 		w.reportSoon()
-		if next == nil {
-			return nil
-		}
 		return next(pgid)
 	}
 }
@@ -61,7 +57,7 @@ func (w *Worker) commands() []stream.Command {
 	var cs []stream.Command
 	for _, r := range w.active {
 		if r.pid > 0 {
-			cs = append(cs, stream.Command{Key: r.key, Attempt: r.attempt, PID: r.pid, Start: r.since})
+			cs = append(cs, stream.Command{Key: r.key, Attempt: r.attempt, PID: r.pid, Start: r.started.UTC()})
 		}
 	}
 	slices.SortFunc(cs, func(a, b stream.Command) int {

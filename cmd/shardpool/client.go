@@ -527,8 +527,10 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 				// shard of that worker. The command's own, where the
 				// worker's report has it, is the one to look into.
 				who := fmt.Sprintf("worker pid %d on %s", s.Owner.PID, s.Owner.Host)
+				var wk *stream.WorkerReport
 				if s.State == stream.ShardRunning {
-					if pid := commandPID(st.Workers, s.Owner, stream.ShardKey(r.Name, s.ID)); pid > 0 {
+					wk = reportOf(st.Workers, s.Owner)
+					if pid := commandPID(wk, s.Owner.Attempt, stream.ShardKey(r.Name, s.ID)); pid > 0 {
 						who += fmt.Sprintf(", command pid %d", pid)
 					}
 				}
@@ -543,7 +545,7 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 					}
 				}
 				if s.State == stream.ShardRunning {
-					switch wk := reportOf(st.Workers, s.Owner); {
+					switch {
 					case wk == nil:
 						detail += "; that worker is not reporting: the shard is redelivered once its lease expires, or at once when a worker with its state directory starts on its host"
 					case wk.Gone != "":
@@ -903,16 +905,15 @@ func reportOf(workers []stream.WorkerReport, o *stream.Owner) *stream.WorkerRepo
 	return nil
 }
 
-// commandPID is the pid of the command that owner's worker runs for the
-// shard key in the attempt owner names, as its report lists it; 0 where
-// it does not (not started yet, ended, or a report from before).
-func commandPID(workers []stream.WorkerReport, o *stream.Owner, key string) int {
-	wk := reportOf(workers, o)
+// commandPID is the pid of the command that the worker of report wk runs
+// for the shard key in attempt, as the report lists it; 0 where it does
+// not (no report, not started yet, ended, or a report from before).
+func commandPID(wk *stream.WorkerReport, attempt int, key string) int {
 	if wk == nil {
 		return 0
 	}
 	for _, c := range wk.Commands {
-		if c.Key == key && c.Attempt == o.Attempt {
+		if c.Key == key && c.Attempt == attempt {
 			return c.PID
 		}
 	}
