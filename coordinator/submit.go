@@ -494,7 +494,7 @@ func setHalt(ctx context.Context, b *stream.Buckets, prev *stream.RunRecord, hal
 			return
 		}
 		lifted = r.Halted != ""
-		r.Halted, r.HaltSeq, r.HaltedBy = "", 0, ""
+		r.Halted, r.HaltSeq, r.HaltedBy, r.HaltStop = "", 0, "", false
 		r.HaltBase = stream.Counts{Failed: max(r.Counts.Failed-retried, 0), Validated: r.Counts.Validated}
 		if lifted && r.State == stream.RunBlocked {
 			// Its held shards are queued again; the tracker says the rest.

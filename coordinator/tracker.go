@@ -313,7 +313,7 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 	if t.live {
 		t.saySubmitted(ri, r, fpChanged)
 	}
-	if r.HaltedBy != "" && r.Halted != ri.rec.Halted {
+	if (r.HaltedBy != "" || r.HaltStop) && r.Halted != ri.rec.Halted {
 		ri.retried = true
 	}
 	ri.rec, ri.rev, ri.known, ri.dirty = r, e.Revision(), true, true
@@ -1106,7 +1106,10 @@ func PurgeHalted(ctx context.Context, js jetstream.JetStream, r *stream.RunRecor
 // to go on.
 func haltedReason(r *stream.RunRecord, c stream.Counts) string {
 	running := ""
-	if c.Running > 0 {
+	switch {
+	case c.Running > 0 && r.HaltStop:
+		running = fmt.Sprintf(" (%d running are being stopped)", c.Running)
+	case c.Running > 0:
 		running = fmt.Sprintf(" (%d running end as they would)", c.Running)
 	}
 	held := fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s.", r.Halted, c.Pending, running)

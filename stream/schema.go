@@ -296,6 +296,11 @@ type RunRecord struct {
 	// host), not for its failures; absent otherwise, and cleared with
 	// Halted.
 	HaltedBy string `json:"halted_by,omitempty"`
+	// HaltStop is set when the halt stops the run's running commands too
+	// (`shardpool halt --now`): workers send them SIGTERM, then SIGKILL
+	// after their grace period, and hand their shards back uncharged, to
+	// be queued again with the held ones. Cleared with Halted.
+	HaltStop bool `json:"halt_stop,omitempty"`
 	// OutputOn is the storage that held the output directory (or, where
 	// it did not exist yet, the nearest directory above it) on the host
 	// of the latest submission that could tell. Off a local disk, a

@@ -42,6 +42,9 @@ type result struct {
 	// left says what the command left running outside its process group
 	// that was killed when it ended (leftRunning), or is "".
 	left string
+	// halted: the attempt was interrupted by its run's halt with the
+	// running commands stopped (halts.go).
+	halted bool
 }
 
 // leftRunning describes the processes killed because a command left them

@@ -21,6 +21,9 @@ type running struct {
 	preempt chan struct{}
 	once    sync.Once
 	why     string
+	// halted is set, before preempt closes, where the run was halted
+	// with its running commands stopped (halts.go), not preempted.
+	halted bool
 	// pid is the command's once it started; under w.mu. The worker's
 	// report lists it (stream.Command).
 	pid int
@@ -33,10 +36,25 @@ func (r *running) stop(why string) {
 	})
 }
 
+// halt stops r's command for its run's halt (why).
+func (r *running) halt(why string) {
+	r.once.Do(func() {
+		r.why, r.halted = why, true
+		close(r.preempt)
+	})
+}
+
+// addRunning notes r's command as running. Where its run was halted with
+// its running commands stopped, r is stopped at once: the caller starts
+// no command (its preempt channel is closed).
 func (w *Worker) addRunning(r *running) {
 	w.mu.Lock()
 	w.active[r.key] = r
+	why := w.haltedNow[r.run]
 	w.mu.Unlock()
+	if why != "" {
+		r.halt(why)
+	}
 }
 
 // commandStarted returns an onStart hook that notes the pid of r's

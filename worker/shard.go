@@ -1018,11 +1018,21 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	onStart, sampled := w.trackLive(a.m.Class, peak, cg == nil)
 	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, attempt: a.attempt, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
-	res := w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, w.commandStarted(rr, onStart), cg, a.held)
+	var res result
+	if isClosed(rr.preempt) && rr.halted {
+		// Its run was halted with its commands stopped as this one was
+		// about to start (addRunning closed preempt before it returned).
+		res = result{outcome: stream.OutcomeInterrupted, reason: rr.why + "; its command was not started"}
+	} else {
+		res = w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, w.commandStarted(rr, onStart), cg, a.held)
+	}
 	w.removeRunning(a.key)
 	select {
 	case <-rr.preempt:
-		if res.outcome == stream.OutcomeInterrupted {
+		switch {
+		case res.outcome == stream.OutcomeInterrupted && rr.halted:
+			res.reason, res.halted = rr.why, true
+		case res.outcome == stream.OutcomeInterrupted:
 			res.outcome, res.reason = stream.OutcomePreempted, rr.why
 		}
 	default:
@@ -1445,6 +1455,14 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		delay := w.backoff(max(a.attempt, a.rec.Interrupted+1))
 		reason := fmt.Sprintf("%s; requeued, redelivery in %s", res.reason, delay)
 		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, delay) })
+		return
+	}
+	if res.outcome == stream.OutcomeInterrupted && res.halted {
+		// The halt took the run's message off the queue (a nak of it
+		// changes nothing), unless a submission lifted the halt
+		// meanwhile: then the nak hands it back at once.
+		why := res.reason + "; held with the run's other shards until it is submitted again"
+		w.handBackUncharged(ctx, a, l, why, "halt", why, func() { w.requeue(a.msg) })
 		return
 	}
 	if res.outcome == stream.OutcomeInterrupted {

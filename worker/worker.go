@@ -268,6 +268,9 @@ type Worker struct {
 	// ledgerErr is why a profile has no ledger record (openProfileLedger).
 	ledgerErr  error
 	active     map[string]*running // shards whose command runs, by key
+	// haltedNow: why each run halted with its running commands stopped
+	// is (halts.go), by run
+	haltedNow map[string]string
 	waits      map[string]string   // per class: why the worker is not fetching
 	poke       chan struct{}       // reportSoon: a report ahead of the period
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
@@ -471,7 +474,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Scratch = dir
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, haltedNow: map[string]string{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -965,6 +968,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.cfg.StopWhenFailingAlone {
 		g.Go(func() error { return w.watchLone(gctx, min(w.cfg.ReportEvery, time.Second)) })
 	}
+	g.Go(func() error { return w.watchHalts(gctx) })
 	if w.cfg.IdleExit > 0 {
 		w.busyAt.Store(time.Now().UnixNano())
 		g.Go(func() error { return w.exitWhenIdle(gctx) })

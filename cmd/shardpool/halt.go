@@ -16,12 +16,14 @@ import (
 )
 
 // cmdHalt stops a run by hand: its queued shards go off the queue, its
-// running ones end as they would, and it is BLOCKED until submitted again.
+// running ones end as they would (with --now, their workers stop them),
+// and it is BLOCKED until submitted again.
 func cmdHalt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("halt", "shardpool halt [--server URL | --data DIR] [--json] RUN", stderr)
+	fs := newFlags("halt", "shardpool halt [--server URL | --data DIR] [--now] [--json] RUN", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	data := fs.String("data", "", "state `DIR` of a running 'shardpool run' or 'shardpool coordinator': halt through the coordinator serving it (instead of --server)")
+	now := fs.Bool("now", false, "stop the running commands too: SIGTERM, then SIGKILL after the worker's grace period; their shards are held with the queued ones, uncharged (on a run halted already, stops them now)")
 	asJSON := fs.Bool("json", false, "print what was halted as JSON")
 	pos, err := parseArgs(fs, args, 1)
 	if err != nil {
@@ -55,7 +57,7 @@ func cmdHalt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer nc.Close()
-	h, err := coordinator.Halt(ctx, js, run, whoAsks())
+	h, err := coordinator.Halt(ctx, js, run, whoAsks(), *now)
 	if errors.Is(err, coordinator.ErrNothingToHalt) {
 		return exitErr{code: exitFailure, msg: err.Error()}
 	}
@@ -65,12 +67,18 @@ func cmdHalt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *asJSON {
 		return writeJSON(stdout, h)
 	}
-	if h.Already != "" {
+	switch {
+	case h.Already != "":
 		fmt.Fprintf(stdout, "run %s was halted already (%s): %s\n", h.Run, h.State, h.Already)
-	} else {
+	default:
 		fmt.Fprintf(stdout, "run %s halted (fingerprint %s): %d pending shard(s) taken off the queue", h.Run, h.Fingerprint, h.Held)
-		if h.Running > 0 {
-			fmt.Fprintf(stdout, "; %d running end as they would (`shardpool status` names their commands' pids: kill -TERM -PID ends one sooner)", h.Running)
+		switch {
+		case h.Running > 0 && h.Stop:
+			fmt.Fprintf(stdout, "; %d running are being stopped (SIGTERM, then SIGKILL after the worker's grace period)", h.Running)
+		case h.Running > 0:
+			fmt.Fprintf(stdout, "; %d running end as they would (`shardpool halt --now %s` stops them; `shardpool status` names their commands' pids)", h.Running, h.Run)
+		case h.Stop:
+			fmt.Fprintf(stdout, "; none running (any that ran were stopped and are held)")
 		}
 		fmt.Fprintln(stdout)
 	}

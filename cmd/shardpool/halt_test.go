@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,6 +86,45 @@ func TestHaltCommandStopsARun(t *testing.T) {
 		p := testenv.Start(t, append([]string{"halt", "--server", env.URL}, c.args...)...)
 		if code := p.Wait(t, 30*time.Second); code != c.code || !strings.Contains(p.Output(), c.want) {
 			t.Errorf("halt %v: exit %d, want %d and %q\n%s", c.args, code, c.code, c.want, p.Output())
+		}
+	}
+}
+
+// TestHaltNowEndsARunAtOnce: a `shardpool run` halted with --now from
+// another terminal does not wait for its commands: they are stopped, the
+// run ends BLOCKED (exit 3) with every shard held, nothing committed,
+// and says how it was halted.
+func TestHaltNowEndsARunAtOnce(t *testing.T) {
+	data := t.TempDir()
+	gate := testenv.NewGate(t)
+	spec := testenv.WriteJob(t, testenv.Job{Name: "nn", Shards: 4, Retries: 0, Command: gate.NoteThenCopy()})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	gate.WaitStarted("s0000", "s0001")
+
+	halt := testenv.Start(t, "halt", "--data", data, "--now", "nn")
+	if code := halt.Wait(t, 30*time.Second); code != 0 || !strings.Contains(halt.Output(), "run nn halted (fingerprint ") ||
+		!strings.Contains(halt.Output(), "4 pending shard(s) taken off the queue; none running") {
+		t.Fatalf("halt --now: exit %d, want 0, every shard held and none running\n%s", code, halt.Output())
+	}
+	if code := p.Wait(t, 30*time.Second); code != 3 {
+		t.Fatalf("run halted --now: exit %d, want 3 (BLOCKED)\n%s", code, p.Output())
+	}
+	if out := p.Output(); !strings.Contains(out, "run nn: BLOCKED  (0 validated, 0 failed of 4)") ||
+		!strings.Contains(out, "halted by hand (shardpool halt --now, its running commands stopped, by ") {
+		t.Fatalf("run's verdict lacks the halt or its counts:\n%s", out)
+	}
+	entries, err := os.ReadDir(filepath.Join(filepath.Dir(spec), "out"))
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("output %s committed after halt --now", e.Name())
+		}
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"s0002", "s0003"} {
+		if _, err := os.Stat(gate.Path + ".started." + id); err == nil {
+			t.Fatalf("shard %s started after the halt", id)
 		}
 	}
 }

@@ -1,0 +1,96 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/shardpool/shardpool/stream"
+)
+
+// Runs halted with `shardpool halt --now` (stream.RunRecord.HaltStop):
+// the halt takes the run's queued messages off the queue, and every
+// worker stops the commands it runs for the run, as memory pressure
+// preempts one (SIGTERM, then SIGKILL after the grace period), and hands
+// their shards back uncharged: they are held with the rest until the run
+// is submitted again.
+
+// watchHalts follows the run records (the current ones first, then
+// every change) for halts that stop running commands, until ctx ends. A
+// watch that ends (its coordinator restarted, the connection lost for
+// long) is set up again: the records it then delivers first include any
+// halt written meanwhile.
+func (w *Worker) watchHalts(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if rw, err := w.b.Runs.WatchAll(ctx); err == nil {
+			w.followHalts(ctx, rw.Updates())
+			stream.StopWatch(rw)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(haltWatchAgain):
+		}
+	}
+	return nil
+}
+
+// haltWatchAgain is how long watchHalts waits before it sets up a watch
+// that ended or could not be set up.
+const haltWatchAgain = time.Second
+
+// followHalts notes each run record of updates (stopRun) until the
+// channel closes or ctx ends.
+func (w *Worker) followHalts(ctx context.Context, updates <-chan jetstream.KeyValueEntry) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-updates:
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue // the end of the records there were
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				w.stopRun(e.Key(), "") // forgotten
+				continue
+			}
+			var r stream.RunRecord
+			if stream.Decode(e.Value(), &r) != nil {
+				continue
+			}
+			why := ""
+			if r.HaltStop && r.Halted != "" {
+				why = "stopped: the run was " + r.Halted
+			}
+			w.stopRun(r.Name, why)
+		}
+	}
+}
+
+// stopRun notes why run's commands are stopped now (why empty: they are
+// not, or no longer) and stops those running, and those that start
+// while it stands (addRunning).
+func (w *Worker) stopRun(run, why string) {
+	w.mu.Lock()
+	if why == "" {
+		delete(w.haltedNow, run)
+		w.mu.Unlock()
+		return
+	}
+	w.haltedNow[run] = why
+	var stop []*running
+	for _, r := range w.active {
+		if r.run == run {
+			stop = append(stop, r)
+		}
+	}
+	w.mu.Unlock()
+	for _, r := range stop {
+		msg := "SIGTERM to its command: " + why
+		w.admission(r.run, r.id, r.class, "halt", msg)
+		r.halt(why)
+	}
+}
