@@ -268,9 +268,7 @@ type Worker struct {
 	// ledgerErr is why a profile has no ledger record (openProfileLedger).
 	ledgerErr  error
 	active     map[string]*running // shards whose command runs, by key
-	// haltedNow: why each run halted with its running commands stopped
-	// is (halts.go), by run
-	haltedNow map[string]string
+	haltedNow  map[string]string   // by run: why a run halted --now stops its commands (halts.go)
 	waits      map[string]string   // per class: why the worker is not fetching
 	poke       chan struct{}       // reportSoon: a report ahead of the period
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
