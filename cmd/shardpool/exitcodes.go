@@ -63,7 +63,7 @@ var commandExits = map[string][]string{
 	},
 	"halt": {
 		"0 the run is halted (now, or it was already)",
-		"1 error (an unknown run; nothing to halt: COMPLETE, or BLOCKED with nothing queued; no coordinator answers)",
+		"1 error (an unknown run; nothing to halt: COMPLETE, or BLOCKED with nothing queued, and with --now nothing running; no coordinator answers)",
 		"2 usage",
 	},
 	"sbatch": {
