@@ -95,6 +95,10 @@ type runInfo struct {
 	// events up to it are in what was read, or were purged with the run.
 	forgotten bool
 	floor     uint64
+	// unleased holds, while the run is halted, its shards recorded
+	// running that had no lease at the last look, at the revision of
+	// their record then (releaseUnleased).
+	unleased map[string]uint64
 }
 
 // tracker keeps run state from shard records. Only its loop goroutine
@@ -152,6 +156,7 @@ func (t *tracker) run(ctx context.Context) error {
 	runsReplayed, shardsReplayed := false, false
 	replayed := time.After(replayWait)
 	var swept time.Time // the first tick sweeps: advisories sent before the subscription are lost
+	var unleasedAt time.Time
 	// again brings the next flush early while a run's last
 	// acknowledgements are on their way (runInfo.acking).
 	var again <-chan time.Time
@@ -231,6 +236,10 @@ func (t *tracker) run(ctx context.Context) error {
 			if time.Since(swept) >= sweepEvery {
 				t.sweepExhausted(ctx)
 				swept = time.Now()
+			}
+			if time.Since(unleasedAt) >= t.unleasedEvery() {
+				t.releaseUnleased(ctx)
+				unleasedAt = time.Now()
 			}
 			flush(ctx)
 		}
@@ -904,6 +913,80 @@ func (t *tracker) leaseHeld(ctx context.Context, sm *stream.ShardMsg) (bool, err
 // sweepEvery is how often the tracker looks for exhausted messages whose
 // advisory it did not receive.
 const sweepEvery = 10 * time.Second
+
+// releaseUnleased ends the attempts of a halted run whose workers are
+// gone. A shard recorded running is settled by its worker, or, where
+// the worker is lost, by the next delivery of its message once the lease
+// expires; a halt takes the messages off the queue, so no delivery
+// comes, and the shard would count as running for good (a `shardpool
+// run` halted would wait for it until interrupted). A shard of a halted
+// run recorded running with no lease of its generation at two looks in a
+// row, its record unchanged between them, has its attempt closed as
+// lost (charged, as a redelivery would have closed it) and goes back to
+// pending, held with the rest. A worker only cut off from the coordinator
+// stops such a command itself once it cannot renew the lease, and does
+// not commit without it.
+func (t *tracker) releaseUnleased(ctx context.Context) {
+	for name, ri := range t.runs {
+		if ri.rec.Halted == "" || ri.n[stream.ShardRunning] == 0 {
+			ri.unleased = nil
+			continue
+		}
+		seen := map[string]uint64{}
+		for id, si := range ri.shards {
+			if si.state != stream.ShardRunning || si.fp != ri.rec.Fingerprint {
+				continue
+			}
+			held, err := t.leaseHeld(ctx, &stream.ShardMsg{Run: name, ID: id, Fingerprint: si.fp})
+			if err != nil || held {
+				continue
+			}
+			if rev, ok := ri.unleased[id]; !ok || rev != si.rev {
+				seen[id] = si.rev // look again at the next sweep
+				continue
+			}
+			if err := t.releaseLost(ctx, name, id, si.rev); err != nil {
+				t.c.log.Warn("release a halted run's shard whose worker is gone; trying again", "run", name, "shard", id, "err", err)
+				seen[id] = si.rev
+			}
+		}
+		ri.unleased = seen
+	}
+}
+
+// unleasedEvery is how often releaseUnleased looks: half a lease TTL,
+// so that a lost worker's shard is released within two TTLs of its
+// last renewal.
+func (t *tracker) unleasedEvery() time.Duration {
+	return max(t.c.cfg.LeaseTTL/2, time.Second)
+}
+
+// releaseLost closes the open attempt of the shard's record at revision
+// rev as lost and makes the shard pending (compare-and-set: a record
+// changed meanwhile is left to whoever changed it).
+func (t *tracker) releaseLost(ctx context.Context, run, id string, rev uint64) error {
+	key := stream.ShardKey(run, id)
+	e, err := t.c.b.Shards.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	var r stream.ShardRecord
+	if e.Revision() != rev || stream.Decode(e.Value(), &r) != nil || !r.OpenAttempt() {
+		return nil
+	}
+	r.CloseLost()
+	r.State, r.Owner, r.Updated = stream.ShardPending, nil, time.Now().UTC()
+	r.Reason = "its worker stopped renewing the lease while the run was halted (gone, or cut off from the coordinator): held with the run's other shards"
+	data, err := stream.Encode(&r)
+	if err != nil {
+		return err
+	}
+	if _, err := t.c.b.Shards.Update(ctx, key, data, rev); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return err
+	}
+	t.c.log.Warn("released a halted run's shard whose worker is gone", "run", run, "shard", id)
+	return nil
+}
 
 // sweepExhausted finds messages that ran out of deliveries without the
 // tracker hearing of it: the max-deliveries advisory is a core NATS
