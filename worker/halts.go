@@ -89,8 +89,10 @@ func (w *Worker) stopRun(run, why string) {
 	}
 	w.mu.Unlock()
 	for _, r := range stop {
-		msg := "SIGTERM to its command: " + why
-		w.admission(r.run, r.id, r.class, "halt", msg)
-		r.halt(why)
+		// Each rewrite of the halted run's record comes here again:
+		// one line for the command, when it is stopped.
+		if r.halt(why) {
+			w.admission(r.run, r.id, r.class, "halt", "SIGTERM to its command: "+why)
+		}
 	}
 }

@@ -36,12 +36,15 @@ func (r *running) stop(why string) {
 	})
 }
 
-// halt stops r's command for its run's halt (why).
-func (r *running) halt(why string) {
+// halt stops r's command for its run's halt (why); it reports whether
+// this call stopped it (not a halt or preemption before).
+func (r *running) halt(why string) bool {
+	stopped := false
 	r.once.Do(func() {
-		r.why, r.halted = why, true
+		r.why, r.halted, stopped = why, true, true
 		close(r.preempt)
 	})
+	return stopped
 }
 
 // addRunning notes r's command as running. Where its run was halted with

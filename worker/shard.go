@@ -1462,7 +1462,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		// changes nothing), unless a submission lifted the halt
 		// meanwhile: then the nak hands it back at once.
 		why := res.reason + "; held with the run's other shards until it is submitted again"
-		w.handBackUncharged(ctx, a, l, why, "halt", why, func() { w.requeue(a.msg) })
+		w.handBackUncharged(ctx, a, l, why, "held", why, func() { w.requeue(a.msg) })
 		return
 	}
 	if res.outcome == stream.OutcomeInterrupted {
