@@ -981,7 +981,11 @@ func (t *tracker) releaseLost(ctx context.Context, run, id string, rev uint64) e
 	if err != nil {
 		return err
 	}
-	if _, err := t.c.b.Shards.Update(ctx, key, data, rev); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+	_, err = t.c.b.Shards.Update(ctx, key, data, rev)
+	switch {
+	case stream.IsConflict(err):
+		return nil // changed meanwhile: whoever changed it decides
+	case err != nil:
 		return err
 	}
 	t.c.log.Warn("released a halted run's shard whose worker is gone", "run", run, "shard", id)
