@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/coordinator"
 	"github.com/shardpool/shardpool/coordinator/plan"
@@ -27,12 +28,13 @@ import (
 )
 
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--halt N] [--profile FILE] [--json] SPEC", stderr)
+	fs := newFlags("submit", "shardpool submit --server URL [--retry-failed] [--halt N] [--profile FILE] [--wait] [--json] SPEC", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	halt := fs.Int("halt", 5, "the coordinator halts the run (BLOCKED, its queued shards held back until it is submitted again) once `N` shards have failed after their retries with none validated since the count started: the run's first submission, or one that changes --halt, retries failed shards or lifts a halt (0: run every shard whatever fails)")
 	profilePath := fs.String("profile", "", "the `FILE` of shardpool profile whose measured peaks the workers admit by (default: runs/<run>/profile.json in the default state directory, where profile writes it, if it is there)")
+	wait := fs.Bool("wait", false, "then follow the run until it is COMPLETE or BLOCKED (progress on stderr, a bar on a terminal) and exit as `shardpool run` does: 0 COMPLETE, 3 BLOCKED; Ctrl-C stops the wait, not the run")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	spec, man, err := parseSpec(fs, args)
 	if err != nil {
@@ -88,6 +90,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	checkInputs(ctx, spec, man, stderr)
 	on := outputStorage(ctx, spec.Output)
+	submitted := time.Now().UTC()
 	res, err := coordinator.Submit(ctx, js, spec, man, coordinator.SubmitOptions{RetryFailed: *retry, Resume: resume, Retry: retryCmd, Halt: *halt,
 		Hashes: staging.LoadHashes(filepath.Join(worker.DefaultStateDir(), "inputs-cache.json")), ClassCaps: caps, Reverify: visible,
 		OutputOn: on, MeasuredMemory: peaks, MeasuredVRAM: vram})
@@ -99,16 +102,68 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if peaksFrom != "" {
 			fmt.Fprintln(stderr, peaksFrom)
 		}
-		return writeJSON(stdout, res)
+		if err := writeJSON(stdout, res); err != nil || !*wait {
+			return err
+		}
+	} else {
+		fmt.Fprintf(stdout, "run %s\nfingerprint %s\nstate %s\npublished %d of %d shard(s)\n", res.Run, res.Fingerprint, res.State, res.Published, len(man.Shards))
+		if peaksFrom != "" {
+			fmt.Fprintln(stdout, peaksFrom)
+		}
+		printReplaced(stdout, res)
+		printRetried(stdout, res)
+		printChanged(stdout, res, retryCmd)
+		printRedone(stdout, res)
+		if !*wait {
+			return nil
+		}
 	}
-	fmt.Fprintf(stdout, "run %s\nfingerprint %s\nstate %s\npublished %d of %d shard(s)\n", res.Run, res.Fingerprint, res.State, res.Published, len(man.Shards))
-	if peaksFrom != "" {
-		fmt.Fprintln(stdout, peaksFrom)
+	follow := fmt.Sprintf("shardpool status --server %s %s", at, shellQuote(spec.Name))
+	// A submission that queued work makes a verdict written before it
+	// stale, as for `run` (a BLOCKED run whose held or failed shards it
+	// queued again is BLOCKED in its record until the tracker has seen
+	// them).
+	var since time.Time
+	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 || res.Restored > 0 || res.Unhalted != "" {
+		since = submitted
 	}
-	printReplaced(stdout, res)
-	printRetried(stdout, res)
-	printChanged(stdout, res, retryCmd)
-	printRedone(stdout, res)
+	out := stdout
+	if *asJSON {
+		out = io.Discard // stdout holds the submission's JSON alone
+	}
+	return waitSubmitted(ctx, js, spec.Name, since, follow, out, stderr)
+}
+
+// waitSubmitted follows a submitted run until its verdict (submit
+// --wait), showing progress on stderr, and says the verdict on out as
+// `run` does: COMPLETE returns nil, BLOCKED exit 3; an interrupt stops
+// the wait and leaves the run to its workers (exit 130).
+func waitSubmitted(ctx context.Context, js jetstream.JetStream, run string, since time.Time, follow string, out, stderr io.Writer) error {
+	final, err := waitRun(ctx, js, run, waitOpts{follow: follow, since: since, progress: stderr})
+	if ctx.Err() != nil {
+		fmt.Fprintf(stderr, "stopped waiting; the run goes on with its workers: %s\n", follow)
+		return exitErr{code: exitInterrupted, msg: "submit --wait interrupted before run " + run + " had a verdict"}
+	}
+	if err != nil {
+		return fmt.Errorf("wait for run %s: %w", run, err)
+	}
+	fmt.Fprintf(out, "run %s: %s  (%d validated, %d failed of %d)\n", final.Name, final.State, final.Counts.Validated, final.Counts.Failed, final.Counts.Total)
+	if final.Reason != "" {
+		fmt.Fprintf(out, "reason: %s\n", final.Reason)
+	}
+	if t := timingText(final.Timing); t != "" {
+		fmt.Fprintln(out, "shards:   "+t)
+	}
+	fmt.Fprintf(out, "outputs:  %s\n", final.Spec.Output)
+	if final.Evidence != "" {
+		fmt.Fprintf(out, "evidence: %s (on the coordinator's host)\n", final.Evidence)
+	}
+	if final.State == stream.RunBlocked {
+		if out == io.Discard { // --json: the reason goes with the error
+			return exitErr{code: exitBlocked, msg: "run " + final.Name + " is BLOCKED: " + final.Reason}
+		}
+		return blockedErr(out, stderr, "run "+final.Name+" is BLOCKED", final.Reason)
+	}
 	return nil
 }
 

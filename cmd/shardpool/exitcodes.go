@@ -46,10 +46,11 @@ var commandExits = map[string][]string{
 		"2 usage",
 	},
 	"submit": {
-		"0 published, or nothing new to publish (the same run again)",
+		"0 published, or nothing new to publish (the same run again); with --wait, the run is COMPLETE",
 		"1 error (a bad spec or manifest: nothing published; no coordinator answers)",
 		"2 usage",
-		"3 BLOCKED before queuing (a class no live worker could run)",
+		"3 BLOCKED before queuing (a class no live worker could run); with --wait, the run ended BLOCKED",
+		"130 --wait interrupted before the verdict (the run goes on with its workers)",
 	},
 	"status": {
 		"0 the state was printed, whatever it is",
