@@ -34,7 +34,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	retry := fs.Bool("retry-failed", false, "requeue the shards that failed after their retries")
 	halt := fs.Int("halt", 5, "the coordinator halts the run (BLOCKED, its queued shards held back until it is submitted again) once `N` shards have failed after their retries with none validated since the count started: the run's first submission, or one that changes --halt, retries failed shards or lifts a halt (0: run every shard whatever fails)")
 	profilePath := fs.String("profile", "", "the `FILE` of shardpool profile whose measured peaks the workers admit by (default: runs/<run>/profile.json in the default state directory, where profile writes it, if it is there)")
-	wait := fs.Bool("wait", false, "then follow the run until it is COMPLETE or BLOCKED (progress on stderr, a bar on a terminal) and exit as `shardpool run` does: 0 COMPLETE, 3 BLOCKED; Ctrl-C stops the wait, not the run")
+	wait := fs.Bool("wait", false, "then follow the run until it is COMPLETE or BLOCKED (progress on stderr, a bar on a terminal) and exit as shardpool run does: 0 COMPLETE, 3 BLOCKED; Ctrl-C stops the wait, not the run")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	spec, man, err := parseSpec(fs, args)
 	if err != nil {
@@ -432,11 +432,12 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("status", "shardpool status [--server URL | --data DIR] [--json] [RUN]", stderr)
+	fs := newFlags("status", "shardpool status [--server URL | --data DIR] [--wait] [--json] [RUN]", stderr)
 	server := fs.String("server", nats.DefaultURL, "coordinator `URL`")
 	acc := registerAccess(fs)
 	data := fs.String("data", "", "state `DIR` of a 'shardpool run' or 'shardpool coordinator': ask the coordinator serving it now, or, when none does, report each run's last verdict from its evidence (instead of --server)")
-	asJSON := fs.Bool("json", false, "print the status document as JSON (see docs/status-json.md)")
+	wait := fs.Bool("wait", false, "follow RUN until it is COMPLETE or BLOCKED (progress on stderr), print its verdict and exit as shardpool run does: 0 COMPLETE, 3 BLOCKED; Ctrl-C stops the wait, not the run")
+	asJSON := fs.Bool("json", false, "print the status document as JSON (see docs/status-json.md); with --wait, once the run has its verdict")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -447,6 +448,9 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	run := ""
 	if len(pos) == 1 {
 		run = pos[0]
+	}
+	if *wait && run == "" {
+		return exitErr{code: exitUsage, msg: "status --wait: name the RUN to wait for"}
 	}
 	url := *server
 	if *data != "" {
@@ -464,10 +468,14 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				return err
 			}
 			if *asJSON {
-				return writeJSON(stdout, st)
+				err = writeJSON(stdout, st)
+			} else {
+				printStopped(stdout, dir, st)
 			}
-			printStopped(stdout, dir, st)
-			return nil
+			if err != nil || !*wait {
+				return err
+			}
+			return lastVerdict(st, dir, run)
 		}
 		url = found
 		acc.fill(fs, tf)
@@ -488,11 +496,15 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			// ended): its runs' evidence, as --data would report it.
 			if st, eerr := fromEvidence(def, run); eerr == nil {
 				if *asJSON {
-					return writeJSON(stdout, st)
+					eerr = writeJSON(stdout, st)
+				} else {
+					fmt.Fprintf(stdout, "no coordinator answers at %s, the default URL\n", redactURL(url))
+					printStopped(stdout, def, st)
 				}
-				fmt.Fprintf(stdout, "no coordinator answers at %s, the default URL\n", redactURL(url))
-				printStopped(stdout, def, st)
-				return nil
+				if eerr != nil || !*wait {
+					return eerr
+				}
+				return lastVerdict(st, def, run)
 			}
 		}
 	}
@@ -504,11 +516,51 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if *wait {
+		follow := fmt.Sprintf("shardpool status --server %s%s %s", shellQuote(redactURL(url)), used.flags(), shellQuote(run))
+		if *data != "" {
+			follow = fmt.Sprintf("shardpool status --data %s %s", shellQuote(*data), shellQuote(run))
+		}
+		out := stdout
+		if *asJSON {
+			out = io.Discard // the status document follows the verdict
+		}
+		werr := waitSubmitted(ctx, js, run, time.Time{}, follow, out, stderr)
+		if !*asJSON || ctx.Err() != nil {
+			return werr
+		}
+		if st, err = coordinator.ReadStatus(ctx, js, run); err != nil {
+			return err
+		}
+		if err := writeJSON(stdout, st); err != nil {
+			return err
+		}
+		return werr
+	}
 	if *asJSON {
 		return writeJSON(stdout, st)
 	}
 	printStatus(stdout, st)
 	return nil
+}
+
+// lastVerdict is the exit of `status --wait` for a run that no
+// coordinator serves now (a `shardpool run` that ended): its last verdict
+// from the evidence, as printed above: nil COMPLETE, exit 3 BLOCKED, exit
+// 1 for a run that stopped before its verdict.
+func lastVerdict(st *coordinator.Status, dir, run string) error {
+	for _, r := range st.Runs {
+		if r.Name != run {
+			continue
+		}
+		switch r.State {
+		case stream.RunComplete:
+			return nil
+		case stream.RunBlocked:
+			return exitErr{code: exitBlocked, msg: fmt.Sprintf("run %s is BLOCKED (its last verdict; no coordinator serves %s now)", run, dir)}
+		}
+	}
+	return exitErr{code: exitFailure, msg: fmt.Sprintf("status --wait: no coordinator serves %s now, and run %s has no verdict there: nothing to wait for (resume it to go on)", dir, run)}
 }
 
 func printStatus(w io.Writer, st *coordinator.Status) {

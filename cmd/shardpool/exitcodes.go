@@ -53,9 +53,11 @@ var commandExits = map[string][]string{
 		"130 --wait interrupted before the verdict (the run goes on with its workers)",
 	},
 	"status": {
-		"0 the state was printed, whatever it is",
-		"1 error (no coordinator answers, an unknown run)",
+		"0 the state was printed, whatever it is; with --wait, the run is COMPLETE",
+		"1 error (no coordinator answers, an unknown run; with --wait, a run that stopped before its verdict and that nothing serves)",
 		"2 usage (several runs and no RUN named)",
+		"3 with --wait: the run is BLOCKED",
+		"130 --wait interrupted before the verdict (the run goes on)",
 	},
 	"forget": {
 		"0 the run was removed, its outputs kept",

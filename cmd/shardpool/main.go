@@ -148,7 +148,7 @@ Usage:
   shardpool worker --server URL        one worker per host
   shardpool submit --server URL SPEC   publish a run (idempotent)
   shardpool sbatch --server URL SPEC   ask Slurm for nodes sized to the run, one worker on each
-  shardpool status --server URL [RUN]  run and shard states, workers (--data DIR: of a run's state directory)
+  shardpool status --server URL [RUN]  run and shard states, workers (--data DIR: of a run's state directory; --wait RUN: until its verdict)
   shardpool halt --server URL RUN      stop starting a run's shards (its running ones end as they would; --now stops them) until it is submitted again
   shardpool forget --server URL RUN    remove a COMPLETE or BLOCKED run from the coordinator's store (outputs stay)
   shardpool ckpt commit|latest|verify|replicate  atomic checkpoint generations for jobs
