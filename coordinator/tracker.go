@@ -96,9 +96,16 @@ type runInfo struct {
 	forgotten bool
 	floor     uint64
 	// unleased holds, while the run is halted, its shards recorded
-	// running that had no lease at the last look, at the revision of
-	// their record then (releaseUnleased).
-	unleased map[string]uint64
+	// running that have had no lease since a look, with the revision of
+	// their record and the time then (releaseUnleased).
+	unleased map[string]unleased
+}
+
+// unleased is a shard of a halted run first found running without a
+// lease at (at), its record at revision rev.
+type unleased struct {
+	rev uint64
+	at  time.Time
 }
 
 // tracker keeps run state from shard records. Only its loop goroutine
@@ -920,19 +927,21 @@ const sweepEvery = 10 * time.Second
 // expires; a halt takes the messages off the queue, so no delivery
 // comes, and the shard would count as running for good (a `shardpool
 // run` halted would wait for it until interrupted). A shard of a halted
-// run recorded running with no lease of its generation at two looks in a
-// row, its record unchanged between them, has its attempt closed as
+// run recorded running with no lease of its generation at every look for
+// a whole lease TTL, its record unchanged, has its attempt closed as
 // lost (charged, as a redelivery would have closed it) and goes back to
-// pending, held with the rest. A worker only cut off from the coordinator
-// stops such a command itself once it cannot renew the lease, and does
-// not commit without it.
+// pending, held with the rest. A live worker renews its lease every
+// third of a TTL (and takes it again after a coordinator restart that
+// let it expire), so it keeps its shard; one only cut off from the
+// coordinator stops such a command itself once it cannot renew the
+// lease, and does not commit without it.
 func (t *tracker) releaseUnleased(ctx context.Context) {
 	for name, ri := range t.runs {
 		if ri.rec.Halted == "" || ri.n[stream.ShardRunning] == 0 {
 			ri.unleased = nil
 			continue
 		}
-		seen := map[string]uint64{}
+		seen := map[string]unleased{}
 		for id, si := range ri.shards {
 			if si.state != stream.ShardRunning || si.fp != ri.rec.Fingerprint {
 				continue
@@ -941,13 +950,17 @@ func (t *tracker) releaseUnleased(ctx context.Context) {
 			if err != nil || held {
 				continue
 			}
-			if rev, ok := ri.unleased[id]; !ok || rev != si.rev {
-				seen[id] = si.rev // look again at the next sweep
+			u, ok := ri.unleased[id]
+			if !ok || u.rev != si.rev {
+				u = unleased{rev: si.rev, at: time.Now()}
+			}
+			if time.Since(u.at) < t.c.cfg.LeaseTTL {
+				seen[id] = u // look again at the next sweep
 				continue
 			}
 			if err := t.releaseLost(ctx, name, id, si.rev); err != nil {
 				t.c.log.Warn("release a halted run's shard whose worker is gone; trying again", "run", name, "shard", id, "err", err)
-				seen[id] = si.rev
+				seen[id] = u
 			}
 		}
 		ri.unleased = seen
@@ -955,8 +968,8 @@ func (t *tracker) releaseUnleased(ctx context.Context) {
 }
 
 // unleasedEvery is how often releaseUnleased looks: half a lease TTL,
-// so that a lost worker's shard is released within two TTLs of its
-// last renewal.
+// so that a lost worker's shard is released within two and a half TTLs
+// of its last renewal.
 func (t *tracker) unleasedEvery() time.Duration {
 	return max(t.c.cfg.LeaseTTL/2, time.Second)
 }
