@@ -91,7 +91,7 @@ func (w *Worker) stopRun(run, why string) {
 	for _, r := range stop {
 		// Each rewrite of the halted run's record comes here again:
 		// one line for the command, when it is stopped.
-		if r.halt(why) {
+		if r.stop(why, true) {
 			w.admission(r.run, r.id, r.class, "halt", "SIGTERM to its command: "+why)
 		}
 	}

@@ -29,19 +29,13 @@ type running struct {
 	pid int
 }
 
-func (r *running) stop(why string) {
-	r.once.Do(func() {
-		r.why = why
-		close(r.preempt)
-	})
-}
-
-// halt stops r's command for its run's halt (why); it reports whether
-// this call stopped it (not a halt or preemption before).
-func (r *running) halt(why string) bool {
+// stop stops r's command: preempted for why or, with halted, for its
+// run's halt (halts.go). It reports whether this call stopped it (not a
+// preemption or halt before).
+func (r *running) stop(why string, halted bool) bool {
 	stopped := false
 	r.once.Do(func() {
-		r.why, r.halted, stopped = why, true, true
+		r.why, r.halted, stopped = why, halted, true
 		close(r.preempt)
 	})
 	return stopped
@@ -56,7 +50,7 @@ func (w *Worker) addRunning(r *running) {
 	why := w.haltedNow[r.run]
 	w.mu.Unlock()
 	if why != "" {
-		r.halt(why)
+		r.stop(why, true)
 	}
 }
 
@@ -138,7 +132,7 @@ func (w *Worker) watchPressure(ctx context.Context) error {
 			msg := fmt.Sprintf("%s for %d checks: SIGTERM to the youngest shard %s (started %s ago) so it can checkpoint", why, streak, y.id, time.Since(y.started).Round(time.Millisecond))
 			w.hostLog(y.class, "preempt", msg)
 			w.admission(y.run, y.id, y.class, "preempt", msg)
-			y.stop("memory pressure: " + why)
+			y.stop("memory pressure: "+why, false)
 		}
 		streak, backoff = 0, min(backoff*2, w.cfg.CriticalFor*8)
 	}

@@ -1022,21 +1022,21 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if isClosed(rr.preempt) && rr.halted {
 		// Its run was halted with its commands stopped as this one was
 		// about to start (addRunning closed preempt before it returned).
-		res = result{outcome: stream.OutcomeInterrupted, reason: rr.why + "; its command was not started"}
+		res = result{outcome: stream.OutcomeInterrupted, reason: rr.why + "; its command was not started", halted: true}
 	} else {
 		res = w.execute(argv, env, spec.Dir, logPath, spec.TimeoutFor(a.m.Class), stop, rr.preempt, lost, w.commandStarted(rr, onStart), cg, a.held)
+		select {
+		case <-rr.preempt:
+			switch {
+			case res.outcome == stream.OutcomeInterrupted && rr.halted:
+				res.reason, res.halted = rr.why, true
+			case res.outcome == stream.OutcomeInterrupted:
+				res.outcome, res.reason = stream.OutcomePreempted, rr.why
+			}
+		default:
+		}
 	}
 	w.removeRunning(a.key)
-	select {
-	case <-rr.preempt:
-		switch {
-		case res.outcome == stream.OutcomeInterrupted && rr.halted:
-			res.reason, res.halted = rr.why, true
-		case res.outcome == stream.OutcomeInterrupted:
-			res.outcome, res.reason = stream.OutcomePreempted, rr.why
-		}
-	default:
-	}
 	if cg == nil {
 		res.peakRSS = max(res.peakRSS, sampled())
 	} else {
@@ -1457,16 +1457,16 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, delay) })
 		return
 	}
-	if res.outcome == stream.OutcomeInterrupted && res.halted {
-		// The halt took the run's message off the queue (a nak of it
-		// changes nothing), unless a submission lifted the halt
-		// meanwhile: then the nak hands it back at once.
-		why := res.reason + "; held with the run's other shards until it is submitted again"
-		w.handBackUncharged(ctx, a, l, why, "held", why, func() { w.requeue(a.msg) })
-		return
-	}
 	if res.outcome == stream.OutcomeInterrupted {
-		w.handBackUncharged(ctx, a, l, "interrupted: "+res.reason+"; requeued", "requeue", res.reason, func() { w.requeue(a.msg) })
+		reason, decision, why := "interrupted: "+res.reason+"; requeued", "requeue", res.reason
+		if res.halted {
+			// The halt took the run's message off the queue (a nak of it
+			// changes nothing), unless a submission lifted the halt
+			// meanwhile: then the nak hands it back at once.
+			why = res.reason + "; held with the run's other shards until it is submitted again"
+			reason, decision = why, "held"
+		}
+		w.handBackUncharged(ctx, a, l, reason, decision, why, func() { w.requeue(a.msg) })
 		return
 	}
 	w.attemptFailed(ctx, a.key, class, fmt.Sprintf("%s %s: %s", m.Run, m.ID, at.Reason))
