@@ -119,30 +119,34 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	follow := fmt.Sprintf("shardpool status --server %s %s", at, shellQuote(spec.Name))
-	// A submission that queued work makes a verdict written before it
-	// stale, as for `run` (a BLOCKED run whose held or failed shards it
-	// queued again is BLOCKED in its record until the tracker has seen
-	// them).
 	var since time.Time
-	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 || res.Restored > 0 || res.Unhalted != "" {
+	if queuedWork(res) {
 		since = submitted
 	}
 	out := stdout
 	if *asJSON {
 		out = io.Discard // stdout holds the submission's JSON alone
 	}
-	return waitSubmitted(ctx, js, spec.Name, since, follow, out, stderr)
+	return waitVerdict(ctx, js, spec.Name, since, follow, out, stderr)
 }
 
-// waitSubmitted follows a submitted run until its verdict (submit
+// queuedWork reports whether a submission queued work (published shards,
+// requeued failed, redone, held or lost ones): a verdict written before
+// it is stale (a BLOCKED run whose shards it queued again is BLOCKED in
+// its record until the tracker has seen them).
+func queuedWork(res coordinator.SubmitResult) bool {
+	return res.Published > 0 || res.Retried > 0 || res.Redone > 0 || res.Restored > 0 || res.Unhalted != ""
+}
+
+// waitVerdict follows a run until its verdict (submit --wait, status
 // --wait), showing progress on stderr, and says the verdict on out as
 // `run` does: COMPLETE returns nil, BLOCKED exit 3; an interrupt stops
 // the wait and leaves the run to its workers (exit 130).
-func waitSubmitted(ctx context.Context, js jetstream.JetStream, run string, since time.Time, follow string, out, stderr io.Writer) error {
+func waitVerdict(ctx context.Context, js jetstream.JetStream, run string, since time.Time, follow string, out, stderr io.Writer) error {
 	final, err := waitRun(ctx, js, run, waitOpts{follow: follow, since: since, progress: stderr})
 	if ctx.Err() != nil {
 		fmt.Fprintf(stderr, "stopped waiting; the run goes on with its workers: %s\n", follow)
-		return exitErr{code: exitInterrupted, msg: "submit --wait interrupted before run " + run + " had a verdict"}
+		return exitErr{code: exitInterrupted, msg: "--wait interrupted before run " + run + " had a verdict"}
 	}
 	if err != nil {
 		return fmt.Errorf("wait for run %s: %w", run, err)
@@ -467,15 +471,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			if err != nil {
 				return err
 			}
-			if *asJSON {
-				err = writeJSON(stdout, st)
-			} else {
-				printStopped(stdout, dir, st)
-			}
-			if err != nil || !*wait {
-				return err
-			}
-			return lastVerdict(st, dir, run)
+			return printEvidence(stdout, st, dir, run, "", *asJSON, *wait)
 		}
 		url = found
 		acc.fill(fs, tf)
@@ -495,16 +491,8 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			// Nor does one serve the default state directory (the `run`
 			// ended): its runs' evidence, as --data would report it.
 			if st, eerr := fromEvidence(def, run); eerr == nil {
-				if *asJSON {
-					eerr = writeJSON(stdout, st)
-				} else {
-					fmt.Fprintf(stdout, "no coordinator answers at %s, the default URL\n", redactURL(url))
-					printStopped(stdout, def, st)
-				}
-				if eerr != nil || !*wait {
-					return eerr
-				}
-				return lastVerdict(st, def, run)
+				head := fmt.Sprintf("no coordinator answers at %s, the default URL", redactURL(url))
+				return printEvidence(stdout, st, def, run, head, *asJSON, *wait)
 			}
 		}
 	}
@@ -525,7 +513,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if *asJSON {
 			out = io.Discard // the status document follows the verdict
 		}
-		werr := waitSubmitted(ctx, js, run, time.Time{}, follow, out, stderr)
+		werr := waitVerdict(ctx, js, run, time.Time{}, follow, out, stderr)
 		if !*asJSON || ctx.Err() != nil {
 			return werr
 		}
@@ -542,6 +530,26 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	printStatus(stdout, st)
 	return nil
+}
+
+// printEvidence prints the runs' last verdicts from the evidence of the
+// state directory dir (st, fromEvidence): as JSON, or as a table after
+// the line head (if any); with wait, it exits by run's (lastVerdict).
+func printEvidence(stdout io.Writer, st *coordinator.Status, dir, run, head string, asJSON, wait bool) error {
+	if asJSON {
+		if err := writeJSON(stdout, st); err != nil {
+			return err
+		}
+	} else {
+		if head != "" {
+			fmt.Fprintln(stdout, head)
+		}
+		printStopped(stdout, dir, st)
+	}
+	if !wait {
+		return nil
+	}
+	return lastVerdict(st, dir, run)
 }
 
 // lastVerdict is the exit of `status --wait` for a run that no

@@ -254,11 +254,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}()
 
-	// A submission that queued work makes any verdict written before it
-	// stale: a BLOCKED run whose failed shards were just requeued is
-	// BLOCKED in its record until the tracker has seen the requeue.
 	var since time.Time
-	if res.Published > 0 || res.Retried > 0 || res.Redone > 0 {
+	if queuedWork(res) {
 		since = submitted
 	}
 	wo := waitOpts{follow: follow, since: since, progress: progressOut(stderr, *quiet), full: coord.StoreFull, cpuLimit: wk.OthersLimit,
