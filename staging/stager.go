@@ -224,6 +224,24 @@ func New(cfg Config) (*Stager, error) {
 	return s, nil
 }
 
+// throttle waits until n more bytes may be copied under BytesPerSec.
+// It waits in pieces of at most the limiter's burst (a second's worth,
+// at most 1 MiB): one wait for a whole read of 1 MiB failed every copy
+// under a bound below 1 MiB/s ("exceeds limiter's burst").
+func (s *Stager) throttle(ctx context.Context, n int) error {
+	if s.limiter == nil {
+		return nil
+	}
+	for n > 0 {
+		k := min(n, s.limiter.Burst())
+		if err := s.limiter.WaitN(ctx, k); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
 // Reserved is the scratch space the shards staging, staged or holding
 // room (Reserve) now hold: inputs not yet copied, declared scratch,
 // whether they have written in it yet or not.
@@ -749,10 +767,8 @@ func (s *Stager) copyFile(ctx context.Context, f stream.InputFile, dst string) (
 		}
 		n, rerr := in.Read(buf)
 		if n > 0 {
-			if s.limiter != nil {
-				if err := s.limiter.WaitN(ctx, n); err != nil {
-					return copied, offset, err
-				}
+			if err := s.throttle(ctx, n); err != nil {
+				return copied, offset, err
 			}
 			if _, err := ch.Write(buf[:n]); err != nil {
 				return copied, offset, err

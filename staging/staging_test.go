@@ -861,3 +861,27 @@ func TestBytesWrittenBetweenTheLooksAreNotRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A bound below 1 MiB/s (a copy's read size) slows the copy to it.
+// The limiter's burst is a second's worth: one wait for a whole 1 MiB
+// read failed every copy ("exceeds limiter's burst").
+func TestASlowBandwidthBoundCopiesAtItsRate(t *testing.T) {
+	s := newStager(t, staging.Config{Dir: t.TempDir(), BytesPerSec: 256 << 10})
+	in := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(in, make([]byte, 768<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	st, err := s.Stage(context.Background(), describe(t, in), 0)
+	if err != nil {
+		t.Fatalf("stage 768KiB under 256KiB/s: %v", err)
+	}
+	defer st.Release()
+	// The first second's worth goes at once, the other 512KiB at the rate.
+	if d := time.Since(t0); d < 1500*time.Millisecond {
+		t.Fatalf("768KiB staged under 256KiB/s in %s, want 2s at the rate", d)
+	}
+	if st.Stats.Copied != 768<<10 {
+		t.Fatalf("copied %d bytes, want %d", st.Stats.Copied, 768<<10)
+	}
+}
