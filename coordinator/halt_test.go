@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/testenv"
 )
@@ -161,5 +162,48 @@ func TestHaltNowStopsRunningCommands(t *testing.T) {
 		if rec, err := env.Shard("n", id); err != nil || rec.State != stream.ShardValidated {
 			t.Errorf("shard %s stopped by the halt: %s (%v), want validated on its next attempt", id, rec.State, err)
 		}
+	}
+}
+
+// TestHaltNowStopsAShardStagingItsInputs: `halt --now` ends a shard's
+// staging copy at once (a large input over a slow link would otherwise
+// be copied to its end first), its command is never started, and the
+// shard is held with the attempt recorded as interrupted by the halt.
+func TestHaltNowStopsAShardStagingItsInputs(t *testing.T) {
+	// 4 MiB at 128 KiB/s: a copy of half a minute.
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}, Staging: staging.Config{BytesPerSec: 128 << 10}})
+	ctx := context.Background()
+	started := filepath.Join(t.TempDir(), "started")
+	cmd := []string{"sh", "-c", `touch "$0"; cp "$1" "$2/"`, started, "{input}", "{out}"}
+	spec := testenv.WriteJob(t, testenv.Job{Name: "st", Shards: 1, InputSize: 4 << 20, Retries: 0, Command: cmd, Extra: "stage = true\n"})
+	env.Submit(spec, coordinator.SubmitOptions{Resume: "shardpool submit " + spec})
+	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+		r, err := env.Run("st")
+		return err == nil && r.Counts.Running == 1, fmt.Sprintf("run record %+v (%v), want the shard running (staging)", r.Counts, err)
+	})
+	time.Sleep(500 * time.Millisecond) // into the copy
+
+	t0 := time.Now()
+	h, err := coordinator.Halt(ctx, env.JS, "st", "a@here", true)
+	if err != nil || !h.Stop || h.State != stream.RunBlocked || h.Running != 0 || h.Held != 1 {
+		t.Fatalf("halt --now during staging: %+v (%v) after %s, want BLOCKED with the staging shard stopped and held", h, err, time.Since(t0))
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Fatalf("halt --now took %s: the copy was not stopped", d)
+	}
+	rec, err := env.Shard("st", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := rec.Attempts[len(rec.Attempts)-1]
+	if rec.State != stream.ShardPending || rec.Interrupted != 1 || at.Outcome != stream.OutcomeInterrupted ||
+		!strings.Contains(at.Reason, "stopped: the run was halted by hand") || !strings.Contains(at.Reason, "staging the inputs, its command was not started") ||
+		!strings.Contains(rec.Reason, "held with the run's other shards") {
+		t.Fatalf("shard after halt --now: %s, %d interrupted, last attempt %s %q, reason %q; want pending, its attempt interrupted by the halt while staging",
+			rec.State, rec.Interrupted, at.Outcome, at.Reason, rec.Reason)
+	}
+	time.Sleep(time.Second) // a worker that would start it has had its chance
+	if _, err := os.Stat(started); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the command of the halted shard started (%v)", err)
 	}
 }

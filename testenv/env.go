@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -53,6 +54,9 @@ type Options struct {
 	ReportEvery time.Duration
 	// Recheck is the workers' Config.Recheck (default 1s).
 	Recheck time.Duration
+	// Staging is the workers' Config.Staging (a bandwidth limit makes
+	// a copy last). Default the worker's.
+	Staging staging.Config
 	// HoldTracking starts the coordinator's server (Start) but not its
 	// Run (run tracking, advisories, HTTP) until Env.Track is called: what
 	// a coordinator between the two, or restarting, misses.
@@ -196,7 +200,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot, HostLedger: LedgerDir(e.t),
 		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
-		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Recheck: e.opts.Recheck, SlowFS: e.opts.SlowFS, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
+		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Recheck: e.opts.Recheck, SlowFS: e.opts.SlowFS, Staging: e.opts.Staging, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
 	if err != nil {
 		e.t.Fatalf("worker config: %v", err)
 	}

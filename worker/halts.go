@@ -81,10 +81,15 @@ func (w *Worker) stopRun(run, why string) {
 		return
 	}
 	w.haltedNow[run] = why
-	var stop []*running
+	var stop, prep []*running
 	for _, r := range w.active {
 		if r.run == run {
 			stop = append(stop, r)
+		}
+	}
+	for _, r := range w.preparing {
+		if r.run == run {
+			prep = append(prep, r)
 		}
 	}
 	w.mu.Unlock()
@@ -94,5 +99,30 @@ func (w *Worker) stopRun(run, why string) {
 		if r.stop(why, true) {
 			w.admission(r.run, r.id, r.class, "halt", "SIGTERM to its command: "+why)
 		}
+	}
+	for _, r := range prep {
+		if r.stop(why, true) {
+			w.admission(r.run, r.id, r.class, "halt", "staging of its inputs (or its wait for scratch space) ended: "+why)
+		}
+	}
+}
+
+// addPreparing notes r's shard as staging its inputs or waiting for
+// scratch space, before its command, until the returned func is called.
+// A halt --now of its run (stopRun, or one standing already) stops r:
+// the copy or the wait ends at once, and the command is not started. A
+// copy resumes from its verified chunks when the shard runs again.
+func (w *Worker) addPreparing(r *running) (done func()) {
+	w.mu.Lock()
+	w.preparing[r.key] = r
+	why := w.haltedNow[r.run]
+	w.mu.Unlock()
+	if why != "" {
+		r.stop(why, true)
+	}
+	return func() {
+		w.mu.Lock()
+		delete(w.preparing, r.key)
+		w.mu.Unlock()
 	}
 }

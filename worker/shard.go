@@ -740,29 +740,37 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	// once it runs. Without it a copy longer than the TTL let the
 	// message come back (to another worker, whose lease then expired
 	// under this one's copy). pctx ends them at once where the worker
-	// stops or the lease is lost: a copy resumes from its verified chunks
-	// next time instead of finishing a large input first.
+	// stops, the lease is lost or the run is halted with its commands
+	// stopped (halt --now: prep): a copy resumes from its verified
+	// chunks next time instead of finishing a large input first.
 	var preLost chan struct{}
+	var prep *running
 	pctx, stopPre := ctx, func() {}
 	if spec.StageFor(class) || cls.Scratch > 0 {
 		preLost = make(chan struct{})
 		stopBeat := w.heartbeat(ctx, a.msg, l, preLost)
+		prep = &running{key: a.key, run: m.Run, id: m.ID, class: class, attempt: a.attempt, started: time.Now(), preempt: make(chan struct{})}
+		unprep := w.addPreparing(prep)
 		var cancel context.CancelFunc
 		pctx, cancel = context.WithCancel(ctx)
 		go func() {
 			select {
 			case <-stop:
 			case <-preLost:
+			case <-prep.preempt:
 			case <-pctx.Done():
 			}
 			cancel()
 		}()
-		stopPre = func() { stopBeat(); cancel() }
+		stopPre = func() { stopBeat(); unprep(); cancel() }
 	}
 	// preStopped is the result of an attempt that pctx ended while doing.
 	preStopped := func(doing string) result {
-		if isClosed(preLost) {
+		switch {
+		case isClosed(preLost):
 			return result{outcome: stream.OutcomeLeaseLost, reason: "lease could not be renewed while " + doing + "; not run"}
+		case prep != nil && isClosed(prep.preempt) && ctx.Err() == nil:
+			return result{outcome: stream.OutcomeInterrupted, reason: prep.why + "; it was " + doing + ", its command was not started", halted: true}
 		}
 		return result{outcome: stream.OutcomeInterrupted, reason: "worker shutting down while " + doing}
 	}
