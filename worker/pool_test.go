@@ -2877,3 +2877,26 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 	}
 	oneAttemptEach(t, env, "staged", 2)
 }
+
+// TestAWorkerWithSlotsOfAClassServesItsOutliers: a worker given slots by
+// class (`shardpool worker --slots cpu=1`) serves that class's outlier
+// class too (the shards submit moves out of it: cpu-outlier), which its
+// user never named: they waited for good. It reports the class's slots.
+func TestAWorkerWithSlotsOfAClassServesItsOutliers(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"cp", "{input}", "{out}/"}, Extra: "[class.cpu-outlier]\n", Line: func(i int, input string) string {
+		class := "cpu"
+		if i == 2 {
+			class = "cpu-outlier" // as plan.SplitOutliers names it
+		}
+		return fmt.Sprintf(`{"id":"s%d","inputs":[%q],"class":%q}`, i, input, class)
+	}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	if r := env.WaitState("t", 30*time.Second, stream.RunComplete); r.Counts.Validated != 3 {
+		t.Fatalf("counts %+v, want 3 validated", r.Counts)
+	}
+	rep, err := env.WorkerReport("w1")
+	if err != nil || rep.Slots["cpu-outlier"] != 1 || rep.Slots["cpu"] != 1 {
+		t.Fatalf("worker report slots %v (%v), want cpu=1 and cpu-outlier=1", rep.Slots, err)
+	}
+}

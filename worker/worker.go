@@ -27,6 +27,29 @@ import (
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
+// WithOutliers returns slots with, for each class c it names, c's
+// outlier class (`c-outlier`, which run and submit make of the shards
+// far costlier than their class's median: plan.SplitOutliers) at c's
+// count, where slots does not name that one itself. A user who gave
+// `--slots cpu=2` knows nothing of the outlier class: without it those
+// shards waited for good ("no live worker serves class cpu-outlier").
+// It gets c's count as `--slots N` gives N to every class, outliers
+// included; as a cap (Auto) it caps both.
+func WithOutliers(slots map[string]int) map[string]int {
+	if len(slots) == 0 {
+		return slots
+	}
+	out := maps.Clone(slots)
+	for c, n := range slots {
+		o := c + plan.OutlierSuffix
+		if _, named := slots[o]; named || strings.HasSuffix(c, plan.OutlierSuffix) || !stream.ValidClass(o) {
+			continue
+		}
+		out[o] = n
+	}
+	return out
+}
+
 // Config configures a Worker. Zero values mean the documented default.
 type Config struct {
 	// JetStream is the client connected to the coordinator. Required.
@@ -34,8 +57,9 @@ type Config struct {
 	// Name identifies the worker in leases and reports. Default: host name.
 	Name string
 	// Slots is the number of concurrent shards per class: alone, the worker
-	// serves exactly the classes listed with a positive count. With Auto it
-	// is an optional cap per class (0: none).
+	// serves exactly the classes listed with a positive count, and their
+	// outlier classes (WithOutliers). With Auto it is an optional cap per
+	// class (0: none).
 	Slots map[string]int
 	// SlotsEach, without Auto, is the fixed number of slots of every class
 	// of the active runs, served as they appear (`shardpool worker --slots
@@ -387,6 +411,7 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("%w: Slots: class %s has %d slots", ErrConfig, c, n)
 		}
 	}
+	cfg.Slots = WithOutliers(cfg.Slots)
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir()
 	}

@@ -2497,3 +2497,41 @@ func TestSubmitPassesTheProfilesPeaks(t *testing.T) {
 		t.Fatalf("the edited job's run record: measured_memory %v (%v), want none", r.MeasuredMemory, err)
 	}
 }
+
+// TestSlotsOfAClassServeItsOutliers: run moves the shards far costlier
+// than their class's median into a class of their own (cpu-outlier),
+// which a user who gave --slots cpu=N never named: it gets cpu's slots,
+// and the run completes (it waited for good: "no live worker serves
+// class cpu-outlier"). Slots that leave a class of the manifest without
+// one (cpu=0, a class misspelt, its outliers given 0) are refused
+// before anything is queued, naming the class and its shards.
+func TestSlotsOfAClassServeItsOutliers(t *testing.T) {
+	line := func(i int, input string) string {
+		cost := 1
+		if i == 5 {
+			cost = 100
+		}
+		return fmt.Sprintf(`{"id":"s%d","inputs":[%q],"cost":%d}`, i, input, cost)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Name: "ol", Shards: 6, Command: []string{"cp", "{input}", "{out}/"}, Line: line})
+	data := t.TempDir()
+	p := testenv.Start(t, "run", "--data", data, "--slots", "cpu=2", spec)
+	if code := p.Wait(t, 60*time.Second); code != 0 || !strings.Contains(p.Output(), "COMPLETE  (6 validated") {
+		t.Fatalf("run --slots cpu=2 with an outlier shard: exit %d, want 0 and COMPLETE\n%s", code, p.Output())
+	}
+	for _, tc := range []struct{ slots, want string }{
+		{"cpu=0", "gives no slot to 5 shard(s) of class cpu and 1 shard(s) of class cpu-outlier of "},
+		{"cpux=2", "gives no slot to 5 shard(s) of class cpu and 1 shard(s) of class cpu-outlier of "},
+		{"cpu=1,cpu-outlier=0", "gives no slot to 1 shard(s) of class cpu-outlier of "},
+	} {
+		fresh := t.TempDir()
+		p := testenv.Start(t, "run", "--data", fresh, "--slots", tc.slots, spec)
+		code := p.Wait(t, 30*time.Second)
+		if code != 2 || !strings.Contains(p.Output(), tc.want) || !strings.Contains(p.Output(), "this run's worker would never run them") {
+			t.Errorf("run --slots %s: exit %d, want 2 with %q\n%s", tc.slots, code, tc.want, p.Output())
+		}
+		if _, err := os.Stat(filepath.Join(fresh, "stores")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("run --slots %s: a store was made (%v), want nothing queued", tc.slots, err)
+		}
+	}
+}

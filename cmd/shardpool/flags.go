@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker"
 )
 
 // newFlags makes a FlagSet whose --help prints synopsis and flags.
@@ -229,6 +233,40 @@ func (s *slotsFlag) forClasses(classes []string) map[string]int {
 		out[c] = s.all
 	}
 	return out
+}
+
+// coverManifest refuses, for `run`, slots that leave a class of the
+// manifest's shards without one (--slots cpu=0, a class misspelt, or
+// one left out): its own worker would never run them, and the run
+// waited for good. Outlier classes count with their class
+// (worker.WithOutliers).
+func (s *slotsFlag) coverManifest(spec *stream.Spec, man *stream.Manifest) error {
+	if s.auto {
+		return nil
+	}
+	got := worker.WithOutliers(s.forClasses(spec.ClassNames()))
+	need := map[string]int{}
+	for _, sh := range man.Shards {
+		if got[sh.Class] == 0 {
+			need[sh.Class]++
+		}
+	}
+	if len(need) == 0 {
+		return nil
+	}
+	var parts []string
+	for _, c := range slices.Sorted(maps.Keys(need)) {
+		parts = append(parts, fmt.Sprintf("%d shard(s) of class %s", need[c], c))
+	}
+	classes := slices.Sorted(maps.Keys(need))
+	note := ""
+	for _, c := range classes {
+		if base, ok := strings.CutSuffix(c, plan.OutlierSuffix); ok {
+			note += fmt.Sprintf(" (class %s holds the shards of class %s that cost far more than its median: docs/admission.md)", c, base)
+		}
+	}
+	return exitErr{code: exitUsage, msg: fmt.Sprintf("run: --slots %s gives no slot to %s of %s%s: this run's worker would never run them; give the class slots (--slots %s=N), or --slots N or auto for every class",
+		s, strings.Join(parts, " and "), man.Path, note, classes[0])}
 }
 
 func logger(stderr io.Writer, verbose bool, level slog.Level) *slog.Logger {

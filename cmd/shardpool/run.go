@@ -57,6 +57,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return exitErr{code: exitUsage, msg: fmt.Sprintf("run: --halt %d: want a number of shards, or 0 never to halt", *halt)}
 	}
 	plan.SplitOutliers(spec, man)
+	if err := slots.coverManifest(spec, man); err != nil {
+		return err
+	}
 	if err := checkCommands(spec); err != nil {
 		return err
 	}
