@@ -56,6 +56,9 @@ func TestBadFlagKeepsItsErrorInSight(t *testing.T) {
 		err  string
 	}{
 		{[]string{"worker", "--slots", "0"}, `invalid value "0" for flag -slots`},
+		{[]string{"worker", "--stage-concurrency", "0"}, `invalid value "0" for flag -stage-concurrency: 0: want at least 1`},
+		{[]string{"run", "--stage-concurrency", "-1", "x.toml"}, `invalid value "-1" for flag -stage-concurrency: -1: want at least 1`},
+		{[]string{"stage", "--stage-fleet", "-2", "x.toml"}, `invalid value "-2" for flag -stage-fleet: -2: want a number of copies, or 0 for no fleet-wide bound`},
 		{[]string{"run", "--colour", "x.toml"}, "flag provided but not defined: -colour"},
 		{[]string{"status", "--json=maybe"}, "invalid boolean value"},
 		{[]string{"run", "a.toml", "b.toml"}, "shardpool run: takes 1 argument, got 2: a.toml b.toml"},

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/shardpool/shardpool/checkpoint"
@@ -40,10 +41,39 @@ type stagingFlags struct {
 }
 
 func (f *stagingFlags) register(fs *flag.FlagSet) {
-	fs.IntVar(&f.concurrency, "stage-concurrency", 2, "input copies at once on this host (independent of slots)")
+	f.concurrency = 2
+	fs.Var(atLeast{&f.concurrency, 1, "at least 1"}, "stage-concurrency", "`N` input copies at once on this host (independent of slots)")
 	fs.Var(&f.bwlimit, "stage-bwlimit", "`SIZE`: bytes per second for staging on this host, e.g. 200MiB (0: unbounded)")
 	fs.Var(&f.cache, "stage-cache", "`SIZE`: bytes of staged inputs kept for later shards, e.g. 20GiB (0: removed after each shard)")
-	fs.IntVar(&f.fleet, "stage-fleet", 0, "input copies at once across every worker (0: no fleet-wide bound; set the same on every worker)")
+	fs.Var(atLeast{&f.fleet, 0, "a number of copies, or 0 for no fleet-wide bound"}, "stage-fleet", "`N` input copies at once across every worker (0: no fleet-wide bound; set the same on every worker)")
+}
+
+// atLeast is an int flag refused below min when parsed (usage, exit 2):
+// --stage-concurrency -1 ran with the default, --stage-fleet -2 with no
+// bound, and neither said so.
+type atLeast struct {
+	n    *int
+	min  int
+	want string
+}
+
+func (f atLeast) String() string {
+	if f.n == nil {
+		return "0"
+	}
+	return strconv.Itoa(*f.n)
+}
+
+func (f atLeast) Set(v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return fmt.Errorf("%q: want a whole number", v)
+	}
+	if n < f.min {
+		return fmt.Errorf("%d: want %s", n, f.want)
+	}
+	*f.n = n
+	return nil
 }
 
 func (f *stagingFlags) config(dir string) staging.Config {
