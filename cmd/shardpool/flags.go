@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
@@ -97,11 +98,27 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 			return nil, errUsage
 		}
 		if fs.NArg() == 0 {
-			return pos, nil
+			break
 		}
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+	// No duration flag means anything below zero: --grace -1s and
+	// --lease-ttl -5s ran with their defaults, saying nothing.
+	var negative *flag.Flag
+	fs.Visit(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok && negative == nil {
+			if d, ok := g.Get().(time.Duration); ok && d < 0 {
+				negative = f
+			}
+		}
+	})
+	if negative != nil {
+		fmt.Fprintf(fs.Output(), "invalid value %q for flag -%s: want a duration of 0 or more\n", negative.Value.String(), negative.Name)
+		fs.Usage()
+		return nil, errUsage
+	}
+	return pos, nil
 }
 
 // parseArgs parses a command that takes exactly n positional arguments:

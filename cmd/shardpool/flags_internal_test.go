@@ -56,6 +56,8 @@ func TestBadFlagKeepsItsErrorInSight(t *testing.T) {
 		err  string
 	}{
 		{[]string{"worker", "--slots", "0"}, `invalid value "0" for flag -slots`},
+		{[]string{"worker", "--grace", "-1s"}, `invalid value "-1s" for flag -grace: want a duration of 0 or more`},
+		{[]string{"run", "--lease-ttl", "-5s", "x.toml"}, `invalid value "-5s" for flag -lease-ttl: want a duration of 0 or more`},
 		{[]string{"worker", "--stage-concurrency", "0"}, `invalid value "0" for flag -stage-concurrency: 0: want at least 1`},
 		{[]string{"run", "--stage-concurrency", "-1", "x.toml"}, `invalid value "-1" for flag -stage-concurrency: -1: want at least 1`},
 		{[]string{"stage", "--stage-fleet", "-2", "x.toml"}, `invalid value "-2" for flag -stage-fleet: -2: want a number of copies, or 0 for no fleet-wide bound`},
