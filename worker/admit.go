@@ -487,21 +487,20 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 // refreshPeaks finds: a run not seen before, a new generation or settings
 // (measured peaks among them), a run completed or deleted. The tracker
 // rewrites records for their counters many times a second; those updates
-// change nothing here. seen holds the last signature of each run.
-func runChanged(seen map[string]string, e jetstream.KeyValueEntry) bool {
+// change nothing here. seen holds the last signature of each run; r is
+// the update's record, nil where it was deleted or does not decode.
+func runChanged(seen map[string]string, key string, op jetstream.KeyValueOp, r *stream.RunRecord) bool {
 	sig := "deleted"
-	if e.Operation() == jetstream.KeyValuePut {
-		var r stream.RunRecord
-		if err := stream.Decode(e.Value(), &r); err != nil {
-			sig = "undecodable"
-		} else {
-			sig = fmt.Sprintf("%s/%d/%v", r.Fingerprint, r.Settings, r.State == stream.RunComplete)
-		}
+	switch {
+	case op == jetstream.KeyValuePut && r == nil:
+		sig = "undecodable"
+	case op == jetstream.KeyValuePut:
+		sig = fmt.Sprintf("%s/%d/%v", r.Fingerprint, r.Settings, r.State == stream.RunComplete)
 	}
-	if seen[e.Key()] == sig {
+	if seen[key] == sig {
 		return false
 	}
-	seen[e.Key()] = sig
+	seen[key] = sig
 	return true
 }
 

@@ -16,16 +16,22 @@ import (
 // their shards back uncharged: they are held with the rest until the run
 // is submitted again.
 
-// watchHalts follows the run records (the current ones first, then
-// every change) for halts that stop running commands, until ctx ends. A
-// watch that ends (its coordinator restarted, the connection lost for
-// long) is set up again: the records it then delivers first include any
-// halt written meanwhile.
-func (w *Worker) watchHalts(ctx context.Context) error {
+// watchRuns follows the run records (the current ones first, then
+// every change) until ctx ends: for halts that stop running commands
+// (stopRun), and, where the worker looks at the runs (discovery of
+// classes, their peaks), to tell that loop of a run that changed in a
+// way it cares about (runsNews; runChanged). One watch of the bucket
+// for both: each worker had two, each update decoded twice. A watch
+// that ends (its coordinator restarted, the connection lost for long) is
+// set up again: the records it then delivers first include any halt
+// written meanwhile.
+func (w *Worker) watchRuns(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if rw, err := w.b.Runs.WatchAll(ctx); err == nil {
-			w.followHalts(ctx, rw.Updates())
+			w.followRuns(ctx, rw.Updates())
 			stream.StopWatch(rw)
+		} else if ctx.Err() == nil {
+			w.log.Debug("watch runs; again in a moment (new runs are seen every report period meanwhile)", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -35,13 +41,14 @@ func (w *Worker) watchHalts(ctx context.Context) error {
 	return nil
 }
 
-// haltWatchAgain is how long watchHalts waits before it sets up a watch
+// haltWatchAgain is how long watchRuns waits before it sets up a watch
 // that ended or could not be set up.
 const haltWatchAgain = time.Second
 
-// followHalts notes each run record of updates (stopRun) until the
-// channel closes or ctx ends.
-func (w *Worker) followHalts(ctx context.Context, updates <-chan jetstream.KeyValueEntry) {
+// followRuns notes each run record of updates (stopRun, runsNews) until
+// the channel closes or ctx ends.
+func (w *Worker) followRuns(ctx context.Context, updates <-chan jetstream.KeyValueEntry) {
+	seen := map[string]string{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -53,19 +60,29 @@ func (w *Worker) followHalts(ctx context.Context, updates <-chan jetstream.KeyVa
 			if e == nil {
 				continue // the end of the records there were
 			}
-			if e.Operation() != jetstream.KeyValuePut {
+			var rec *stream.RunRecord
+			if e.Operation() == jetstream.KeyValuePut {
+				var r stream.RunRecord
+				if stream.Decode(e.Value(), &r) == nil {
+					rec = &r
+				}
+			}
+			if runChanged(seen, e.Key(), e.Operation(), rec) {
+				select {
+				case w.runsNews <- struct{}{}:
+				default: // one pending is enough: refreshPeaks reads them all
+				}
+			}
+			switch {
+			case e.Operation() != jetstream.KeyValuePut:
 				w.stopRun(e.Key(), "") // forgotten
-				continue
+			case rec != nil:
+				why := ""
+				if rec.HaltStop && rec.Halted != "" {
+					why = "stopped: the run was " + rec.Halted
+				}
+				w.stopRun(rec.Name, why)
 			}
-			var r stream.RunRecord
-			if stream.Decode(e.Value(), &r) != nil {
-				continue
-			}
-			why := ""
-			if r.HaltStop && r.Halted != "" {
-				why = "stopped: the run was " + r.Halted
-			}
-			w.stopRun(r.Name, why)
 		}
 	}
 }

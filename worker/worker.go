@@ -296,6 +296,7 @@ type Worker struct {
 	preparing  map[string]*running // shards staging their inputs or waiting for scratch, by key (halts.go)
 	waits      map[string]string   // per class: why the worker is not fetching
 	poke       chan struct{}       // reportSoon: a report ahead of the period
+	runsNews   chan struct{}       // watchRuns: a run record changed as refreshPeaks cares (runChanged)
 	hurry      chan struct{}       // closed by Hurry: no grace left for children
 	hurryOnce  sync.Once
 	drain      chan struct{}   // closed by Drain: fetch no more, let the running shards end
@@ -498,7 +499,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Scratch = dir
 	}
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
-		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, preparing: map[string]*running{}, haltedNow: map[string]string{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, preparing: map[string]*running{}, haltedNow: map[string]string{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), runsNews: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.
@@ -992,7 +993,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.cfg.StopWhenFailingAlone {
 		g.Go(func() error { return w.watchLone(gctx, min(w.cfg.ReportEvery, time.Second)) })
 	}
-	g.Go(func() error { return w.watchHalts(gctx) })
+	g.Go(func() error { return w.watchRuns(gctx) })
 	if w.cfg.IdleExit > 0 {
 		w.busyAt.Store(time.Now().UnixNano())
 		g.Go(func() error { return w.exitWhenIdle(gctx) })
@@ -1032,22 +1033,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		g.Go(func() error {
 			t := time.NewTicker(w.cfg.ReportEvery)
 			defer t.Stop()
-			// A new run, generation or settings is seen as it is written:
-			// on the tick alone, a run submitted to an idle worker waited
-			// up to ReportEvery (5 s) before its first shard. The tick stays
-			// for a watch that could not be set up or has ended.
-			var news <-chan jetstream.KeyValueEntry
-			if rw, err := w.b.Runs.WatchAll(gctx, jetstream.UpdatesOnly()); err == nil {
-				defer stream.StopWatch(rw)
-				news = rw.Updates()
-			} else if gctx.Err() != nil {
-				// The worker stopped before the watch was set up (a run of
-				// a few shards of a millisecond): nothing to warn of.
-				return nil
-			} else {
-				w.log.Warn("watch runs; new runs are seen every report period", "every", w.cfg.ReportEvery, "err", err)
-			}
-			seen := map[string]string{}
+			// A new run, generation or settings is seen as it is written
+			// (watchRuns pokes runsNews): on the tick alone, a run
+			// submitted to an idle worker waited up to ReportEvery (5 s)
+			// before its first shard. The tick stays for a watch that
+			// could not be set up or is being set up again.
 			for {
 				for _, c := range w.refreshPeaks(gctx) {
 					if discover && !served[c] {
@@ -1055,19 +1045,11 @@ func (w *Worker) Run(ctx context.Context) error {
 						startServe(c)
 					}
 				}
-				for again := false; !again; {
-					select {
-					case <-gctx.Done():
-						return nil
-					case <-t.C:
-						again = true
-					case e, ok := <-news:
-						if !ok {
-							news = nil
-							continue
-						}
-						again = e != nil && runChanged(seen, e)
-					}
+				select {
+				case <-gctx.Done():
+					return nil
+				case <-t.C:
+				case <-w.runsNews:
 				}
 			}
 		})
