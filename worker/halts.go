@@ -127,8 +127,9 @@ func (w *Worker) stopRun(run, why string) {
 // addPreparing notes r's shard as staging its inputs or waiting for
 // scratch space, before its command, until the returned func is called.
 // A halt --now of its run (stopRun, or one standing already) stops r:
-// the copy or the wait ends at once, and the command is not started. A
-// copy resumes from its verified chunks when the shard runs again.
+// the copy or the wait ends at once, and the command is not started.
+// What it copied is kept for the shard's next attempt within the stage
+// cache (--stage-cache), as after the worker's own stop.
 func (w *Worker) addPreparing(r *running) (done func()) {
 	w.mu.Lock()
 	w.preparing[r.key] = r

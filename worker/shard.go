@@ -741,8 +741,9 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	// message come back (to another worker, whose lease then expired
 	// under this one's copy). pctx ends them at once where the worker
 	// stops, the lease is lost or the run is halted with its commands
-	// stopped (halt --now: prep): a copy resumes from its verified
-	// chunks next time instead of finishing a large input first.
+	// stopped (halt --now: prep) instead of finishing a large input
+	// first; within the stage cache a copy resumes from its verified
+	// chunks next time.
 	var preLost chan struct{}
 	var prep *running
 	pctx, stopPre := ctx, func() {}
