@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -168,6 +169,12 @@ type entry struct {
 	// seen is the copy's identity when it was last verified in full, if it
 	// had not been changed just before (see unchanged).
 	seen fileID
+	// found: on the disk when this stager began (adopt), not used by a
+	// shard of it since: staged ahead (shardpool stage), or left by an
+	// earlier process of the worker (its cache, a copy it was making
+	// when killed). The cache bound leaves it be, as it did before it
+	// was known; room taken for a shard removes it (freeUpLocked).
+	found bool
 }
 
 // fileID is what any change to a file's content moves: a write or a
@@ -221,6 +228,7 @@ func New(cfg Config) (*Stager, error) {
 	if cfg.BytesPerSec > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(cfg.BytesPerSec), int(min(cfg.BytesPerSec, 1<<20)))
 	}
+	s.adopt()
 	return s, nil
 }
 
@@ -428,6 +436,53 @@ func (s *Stager) Check(ctx context.Context) error {
 	return nil
 }
 
+// adopt notes the staged files already in the cache directory, unknown
+// to this stager: before, they stayed on the disk for good, since only
+// known entries are ever removed. A worker restarted with --stage-cache
+// 20GiB left up to 20 GiB behind each time, and a SIGKILLed one its
+// copies, while its shards could fail for want of that room. Each is an
+// idle entry (found) that room for a shard may remove, least recently
+// written first; the cache bound leaves it be until a shard uses it
+// (staged ahead with shardpool stage, it is the point). A directory
+// holding neither a staged file nor a .part is removed.
+func (s *Stager) adopt() {
+	dir := filepath.Join(s.cfg.Dir, "cache")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range ents {
+		k := d.Name()
+		if !d.IsDir() || s.entries[k] != nil {
+			continue
+		}
+		files, _ := os.ReadDir(filepath.Join(dir, k))
+		var path string
+		var size int64
+		var mtime time.Time
+		for _, f := range files {
+			info, err := f.Info()
+			if err != nil || !info.Mode().IsRegular() {
+				continue
+			}
+			path = filepath.Join(dir, k, strings.TrimSuffix(f.Name(), ".part"))
+			size += info.Size()
+			if info.ModTime().After(mtime) {
+				mtime = info.ModTime()
+			}
+		}
+		if path == "" {
+			if len(files) == 0 {
+				os.Remove(filepath.Join(dir, k))
+			}
+			continue
+		}
+		s.entries[k] = &entry{path: path, size: size, lastUsed: mtime, found: true}
+	}
+}
+
 func subtype(s string) string {
 	if s == "" {
 		return ""
@@ -518,6 +573,10 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 		if e == nil {
 			e = &entry{path: filepath.Join(s.cfg.Dir, "cache", k, filepath.Base(f.Path)), size: f.Size}
 			s.entries[k] = e
+		}
+		if e.found {
+			// Used now: an entry of the cache like any other from here on.
+			e.found, e.size = false, f.Size
 		}
 		e.refs++
 		e.lastUsed = time.Now()
@@ -899,10 +958,13 @@ func (s *Stager) idleLocked() []keyed {
 }
 
 func (s *Stager) evictLocked() {
-	idle := s.idleLocked()
+	var idle []keyed
 	var kept int64
-	for _, x := range idle {
-		kept += x.e.size
+	for _, x := range s.idleLocked() {
+		if !x.e.found { // not this stager's to bound (adopt)
+			idle = append(idle, x)
+			kept += x.e.size
+		}
 	}
 	for _, x := range idle {
 		if kept <= s.cfg.CacheBytes {

@@ -1,6 +1,7 @@
 package staging_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -883,5 +885,79 @@ func TestASlowBandwidthBoundCopiesAtItsRate(t *testing.T) {
 	}
 	if st.Stats.Copied != 768<<10 {
 		t.Fatalf("copied %d bytes, want %d", st.Stats.Copied, 768<<10)
+	}
+}
+
+// TestWhatAnEarlierStagerLeftIsRoomForShards: staged files already in
+// the cache when a stager begins (an earlier worker process's cache, a
+// copy it was making when killed, inputs staged ahead) were unknown to
+// it and stayed on the disk for good, whatever room shards needed. They
+// are now known: left be by the cache bound (staged ahead, they are
+// there to be used), removed when room is taken (DropIdle here), and,
+// once a shard uses one, cached like any other.
+func TestWhatAnEarlierStagerLeftIsRoomForShards(t *testing.T) {
+	ctx := context.Background()
+	dir, src := t.TempDir(), t.TempDir()
+	write := func(name string, n int) string {
+		p := filepath.Join(src, name)
+		if err := os.WriteFile(p, bytes.Repeat([]byte(name), n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a, b, c := write("a", 1<<20), write("b", 1<<20), write("c", 1<<20)
+	// The earlier process kept a and b (--stage-cache) and was killed
+	// 4 KiB into its copy of c.
+	first := newStager(t, staging.Config{Dir: dir, CacheBytes: 1 << 30})
+	for _, in := range []string{a, b} {
+		st, err := first.Stage(ctx, describe(t, in), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Release()
+	}
+	part := filepath.Join(dir, "cache", staging.Key(describe(t, c)[0]), "c.part")
+	if err := os.MkdirAll(filepath.Dir(part), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(part, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	left := func() []string {
+		got, _ := filepath.Glob(filepath.Join(dir, "cache", "*", "*"))
+		for i := range got {
+			got[i] = filepath.Base(got[i])
+		}
+		slices.Sort(got)
+		return got
+	}
+
+	// The worker restarted with no cache: a shard of another input ends,
+	// and what it found stays.
+	s := newStager(t, staging.Config{Dir: dir})
+	st, err := s.Stage(ctx, describe(t, write("d", 1024)), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Release()
+	if got := left(); !slices.Equal(got, []string{"a", "b", "c.part"}) {
+		t.Fatalf("after a shard under no cache: %v in the cache, want a, b and c.part kept (found there), d removed", got)
+	}
+	// A shard uses a: reused after verification, then removed with the
+	// shard under no cache, as any input this stager staged.
+	st, err = s.Stage(ctx, describe(t, a), 0)
+	if err != nil || st.Stats.Reused != 1 || st.Stats.Copied != 0 {
+		t.Fatalf("stage a again: %+v (%v), want it reused from the disk", st, err)
+	}
+	st.Release()
+	if got := left(); !slices.Equal(got, []string{"b", "c.part"}) {
+		t.Fatalf("after a shard used a: %v in the cache, want b and c.part", got)
+	}
+	// Room for shards removes the rest.
+	if freed := s.DropIdle(); freed != 1<<20+4096 {
+		t.Fatalf("DropIdle freed %d bytes, want %d (b and c.part)", freed, 1<<20+4096)
+	}
+	if got := left(); len(got) != 0 {
+		t.Fatalf("after room was taken: %v still in the cache", got)
 	}
 }
