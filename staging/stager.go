@@ -436,6 +436,27 @@ func (s *Stager) Check(ctx context.Context) error {
 	return nil
 }
 
+// keepInterrupted keeps the copies of keys that an interruption (the
+// worker's stop, a lost lease, a halt) cut short, whatever the cache
+// bound, as files found on the disk are (adopt): the shard's next
+// attempt, here or in the worker's next process, resumes from their
+// whole chunks; room for a shard removes them first. Removed with the
+// shard under --stage-cache 0, a copy of gigabytes halted (halt --now)
+// and submitted again started from nothing.
+func (s *Stager) keepInterrupted(keys []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		e := s.entries[k]
+		if e == nil || e.ready || e.refs > 1 {
+			continue // verified, or another shard's copy goes on
+		}
+		if info, err := os.Stat(e.path + ".part"); err == nil && info.Size() > 0 {
+			e.found, e.size = true, info.Size()
+		}
+	}
+}
+
 // adopt notes the staged files already in the cache directory, unknown
 // to this stager: before, they stayed on the disk for good, since only
 // known entries are ever removed. A worker restarted with --stage-cache
@@ -623,6 +644,9 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 		st.Stats.FilesPerSec = float64(st.Stats.Files) / st.Stats.Seconds
 	}
 	if firstErr != nil {
+		if ctx.Err() != nil {
+			s.keepInterrupted(st.keys)
+		}
 		unhold()
 		st.Release()
 		return nil, firstErr

@@ -961,3 +961,50 @@ func TestWhatAnEarlierStagerLeftIsRoomForShards(t *testing.T) {
 		t.Fatalf("after room was taken: %v still in the cache", got)
 	}
 }
+
+// TestAnInterruptedCopyResumesWithoutACache: a copy that its shard's
+// interruption cut short (ctx: the worker's stop, a lost lease, a halt)
+// is kept under --stage-cache 0, and the shard's next staging resumes
+// from its whole chunks; before, the shard's release removed it with
+// the shard's other staged files and the next attempt copied it all.
+func TestAnInterruptedCopyResumesWithoutACache(t *testing.T) {
+	dir := t.TempDir()
+	s := newStager(t, staging.Config{Dir: dir, BytesPerSec: 8 << 20})
+	in := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(in, bytes.Repeat([]byte("0123456789abcdef"), 20<<20/16), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files := describe(t, in)
+	part := filepath.Join(dir, "cache", staging.Key(files[0]), "in.part")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		st, err := s.Stage(ctx, files, 0)
+		if err == nil {
+			st.Release()
+		}
+		done <- err
+	}()
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		fi, err := os.Stat(part)
+		return err == nil && fi.Size() > staging.ChunkSize, fmt.Sprintf("the copy is at %v (%v), want past its first chunk", fi, err)
+	})
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("a staging cancelled halfway succeeded")
+	}
+	if fi, err := os.Stat(part); err != nil || fi.Size() < staging.ChunkSize {
+		t.Fatalf("after the interruption the copy is %v (%v), want it kept", fi, err)
+	}
+	st, err := s.Stage(context.Background(), files, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Release()
+	if st.Stats.Resumed < staging.ChunkSize || st.Stats.Copied+st.Stats.Resumed != 20<<20 {
+		t.Fatalf("staged again: %d bytes resumed, %d copied; want at least its first chunk resumed", st.Stats.Resumed, st.Stats.Copied)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "cache", "*", "*")); len(left) != 0 {
+		t.Fatalf("after the shard, under no cache: %v left", left)
+	}
+}

@@ -128,8 +128,8 @@ func (w *Worker) stopRun(run, why string) {
 // scratch space, before its command, until the returned func is called.
 // A halt --now of its run (stopRun, or one standing already) stops r:
 // the copy or the wait ends at once, and the command is not started.
-// What it copied is kept for the shard's next attempt within the stage
-// cache (--stage-cache), as after the worker's own stop.
+// What it copied is kept for the shard's next attempt, as after the
+// worker's own stop (staging's keepInterrupted).
 func (w *Worker) addPreparing(r *running) (done func()) {
 	w.mu.Lock()
 	w.preparing[r.key] = r

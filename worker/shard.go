@@ -742,8 +742,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	// under this one's copy). pctx ends them at once where the worker
 	// stops, the lease is lost or the run is halted with its commands
 	// stopped (halt --now: prep) instead of finishing a large input
-	// first; within the stage cache a copy resumes from its verified
-	// chunks next time.
+	// first; a copy resumes from its verified chunks next time.
 	var preLost chan struct{}
 	var prep *running
 	pctx, stopPre := ctx, func() {}
