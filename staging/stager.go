@@ -951,7 +951,20 @@ func (s *Stager) DropIdle() int64 {
 // it returns bytes freed.
 func (s *Stager) freeUpLocked(want int64, keep map[string]bool) int64 {
 	var freed int64
-	for _, x := range s.idleLocked() {
+	idle := s.idleLocked()
+	// What no shard of this stager has used (found: adopt,
+	// keepInterrupted) goes first, then the cache, least recently used
+	// first.
+	slices.SortStableFunc(idle, func(a, b keyed) int {
+		switch {
+		case a.e.found && !b.e.found:
+			return -1
+		case b.e.found && !a.e.found:
+			return 1
+		}
+		return 0
+	})
+	for _, x := range idle {
 		if freed >= want {
 			break
 		}
