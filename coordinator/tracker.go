@@ -1213,6 +1213,9 @@ func haltedReason(r *stream.RunRecord, c stream.Counts) string {
 		running = fmt.Sprintf(" (%d running end as they would)", c.Running)
 	}
 	held := fmt.Sprintf("%s; its %d pending shard(s) were taken off the queue%s.", r.Halted, c.Pending, running)
+	if r.HaltStop && c.Running == 0 {
+		held = fmt.Sprintf("%s; its %d pending shard(s) are held (taken off the queue, or stopped as they ran).", r.Halted, c.Pending)
+	}
 	if r.HaltedBy != "" {
 		return fmt.Sprintf("%s To go on: %s (queues them again; a changed spec runs every shard again)", held, submitCommand(*r))
 	}

@@ -71,14 +71,20 @@ func cmdHalt(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case h.Already != "":
 		fmt.Fprintf(stdout, "run %s was halted already (%s): %s\n", h.Run, h.State, h.Already)
 	default:
-		fmt.Fprintf(stdout, "run %s halted (fingerprint %s): %d pending shard(s) taken off the queue", h.Run, h.Fingerprint, h.Held)
+		if h.Stop {
+			// The held count includes the shards whose commands were
+			// stopped (pending again once their workers handed them back).
+			fmt.Fprintf(stdout, "run %s halted (fingerprint %s): %d shard(s) held (taken off the queue, or stopped as they ran, uncharged)", h.Run, h.Fingerprint, h.Held)
+		} else {
+			fmt.Fprintf(stdout, "run %s halted (fingerprint %s): %d pending shard(s) taken off the queue", h.Run, h.Fingerprint, h.Held)
+		}
 		switch {
 		case h.Running > 0 && h.Stop:
 			fmt.Fprintf(stdout, "; %d running are being stopped (SIGTERM, then SIGKILL after the worker's grace period)", h.Running)
 		case h.Running > 0:
 			fmt.Fprintf(stdout, "; %d running end as they would (`shardpool halt --now %s` stops them; `shardpool status` names their commands' pids)", h.Running, h.Run)
 		case h.Stop:
-			fmt.Fprintf(stdout, "; none running (any that ran were stopped and are held)")
+			fmt.Fprintf(stdout, "; none running")
 		}
 		fmt.Fprintln(stdout)
 	}

@@ -103,7 +103,7 @@ func TestHaltNowEndsARunAtOnce(t *testing.T) {
 
 	halt := testenv.Start(t, "halt", "--data", data, "--now", "nn")
 	if code := halt.Wait(t, 30*time.Second); code != 0 || !strings.Contains(halt.Output(), "run nn halted (fingerprint ") ||
-		!strings.Contains(halt.Output(), "4 pending shard(s) taken off the queue; none running") {
+		!strings.Contains(halt.Output(), "4 shard(s) held (taken off the queue, or stopped as they ran, uncharged); none running") {
 		t.Fatalf("halt --now: exit %d, want 0, every shard held and none running\n%s", code, halt.Output())
 	}
 	if code := p.Wait(t, 30*time.Second); code != 3 {
