@@ -271,13 +271,11 @@ func (s *slotsFlag) coverManifest(spec *stream.Spec, man *stream.Manifest) error
 	if len(need) == 0 {
 		return nil
 	}
-	var parts []string
-	for _, c := range slices.Sorted(maps.Keys(need)) {
-		parts = append(parts, fmt.Sprintf("%d shard(s) of class %s", need[c], c))
-	}
 	classes := slices.Sorted(maps.Keys(need))
+	var parts []string
 	note := ""
 	for _, c := range classes {
+		parts = append(parts, fmt.Sprintf("%d shard(s) of class %s", need[c], c))
 		if base, ok := strings.CutSuffix(c, plan.OutlierSuffix); ok {
 			note += fmt.Sprintf(" (class %s holds the shards of class %s that cost far more than its median: docs/admission.md)", c, base)
 		}
