@@ -60,6 +60,10 @@ type Stager struct {
 	mu      sync.Mutex
 	claims  map[*claim]bool   // the shards' reservations
 	entries map[string]*entry // by cache key
+	// lock is <Dir>/.lock, held shared while the stager lives (Close):
+	// a stager made while another process's holds it (two `shardpool
+	// run`s of one user share their default scratch) adopts nothing.
+	lock *os.File
 }
 
 // claim is one shard's reservation: n bytes of the file system, held
@@ -228,8 +232,51 @@ func New(cfg Config) (*Stager, error) {
 	if cfg.BytesPerSec > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(cfg.BytesPerSec), int(min(cfg.BytesPerSec, 1<<20)))
 	}
-	s.adopt()
+	if alone := s.lockDir(); alone {
+		s.adopt()
+	}
 	return s, nil
+}
+
+// lockDir takes <Dir>/.lock shared for the stager's life, and reports
+// whether no other process's stager held it (an exclusive lock taken
+// first, then made shared): only then are the files in the cache
+// nobody's (adopt). Where the lock cannot be had, nothing is adopted.
+func (s *Stager) lockDir() (alone bool) {
+	if err := os.MkdirAll(s.cfg.Dir, 0o755); err != nil {
+		return false
+	}
+	f, err := os.OpenFile(filepath.Join(s.cfg.Dir, ".lock"), os.O_RDONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return false
+	}
+	fd := int(f.Fd())
+	alone = flockRetry(fd, syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	if flockRetry(fd, syscall.LOCK_SH) != nil {
+		f.Close()
+		return false
+	}
+	s.lock = f
+	return alone
+}
+
+func flockRetry(fd, how int) error {
+	for {
+		if err := syscall.Flock(fd, how); !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
+
+// Close lets go of the stager's directory (lockDir): a stager made
+// after it may adopt what this one left. Its files stay.
+func (s *Stager) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
+	}
 }
 
 // throttle waits until n more bytes may be copied under BytesPerSec.

@@ -811,6 +811,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.newStager(); err != nil {
 		return fmt.Errorf("worker %s: %w", w.cfg.Name, err)
 	}
+	// Last out (deferred first): the shards' staged files are released
+	// by then, and a worker started after this one may adopt them.
+	defer w.hostStager().Close()
 	// The last step that can fail: a worker that took its name and then
 	// stopped would leave a report that looks alive until its pid is
 	// judged gone.
