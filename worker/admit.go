@@ -156,7 +156,7 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 			reason += fmt.Sprintf("; %d slot(s) as an equal share with %d other active worker(s), %d waiting", fair, o.Active, o.Wanting)
 		}
 	}
-	if max := w.cfg.Slots[class]; max > 0 && n > max {
+	if max, _ := w.slotsOf(class); max > 0 && n > max {
 		n, reason = max, fmt.Sprintf("%s; capped at %d by configuration", reason, max)
 	}
 	free := n - inflight

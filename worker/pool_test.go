@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -2881,9 +2882,14 @@ func TestDeclaredScratchIsReservedWithoutStaging(t *testing.T) {
 // TestAWorkerWithSlotsOfAClassServesItsOutliers: a worker given slots by
 // class (`shardpool worker --slots cpu=1`) serves that class's outlier
 // class too (the shards submit moves out of it: cpu-outlier), which its
-// user never named: they waited for good. It reports the class's slots.
+// user never named: they waited for good. It serves it once a run has
+// it (no consumer to look up before), with the class's slots.
 func TestAWorkerWithSlotsOfAClassServesItsOutliers(t *testing.T) {
 	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		rep, err := env.WorkerReport("w1")
+		return err == nil && maps.Equal(rep.Slots, map[string]int{"cpu": 1}), fmt.Sprintf("worker report slots %v (%v), want cpu=1 alone before any run", rep.Slots, err)
+	})
 	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"cp", "{input}", "{out}/"}, Extra: "[class.cpu-outlier]\n", Line: func(i int, input string) string {
 		class := "cpu"
 		if i == 2 {

@@ -30,11 +30,12 @@ import (
 // WithOutliers returns slots with, for each class c it names, c's
 // outlier class (`c-outlier`, which run and submit make of the shards
 // far costlier than their class's median: plan.SplitOutliers) at c's
-// count, where slots does not name that one itself. A user who gave
-// `--slots cpu=2` knows nothing of the outlier class: without it those
-// shards waited for good ("no live worker serves class cpu-outlier").
-// It gets c's count as `--slots N` gives N to every class, outliers
-// included; as a cap (Auto) it caps both.
+// count, where slots does not name that one itself: the classes a worker
+// given slots serves, outliers included, once it meets them
+// (slotsOf). A user who gave `--slots cpu=2` knows nothing of the
+// outlier class: before, those shards waited for good ("no live worker
+// serves class cpu-outlier"). It gets c's count as `--slots N` gives N
+// to every class, outliers included; as a cap (Auto) it caps both.
 func WithOutliers(slots map[string]int) map[string]int {
 	if len(slots) == 0 {
 		return slots
@@ -58,8 +59,8 @@ type Config struct {
 	Name string
 	// Slots is the number of concurrent shards per class: alone, the worker
 	// serves exactly the classes listed with a positive count, and their
-	// outlier classes (WithOutliers). With Auto it is an optional cap per
-	// class (0: none).
+	// outlier classes as runs with them appear (WithOutliers). With Auto
+	// it is an optional cap per class (0: none).
 	Slots map[string]int
 	// SlotsEach, without Auto, is the fixed number of slots of every class
 	// of the active runs, served as they appear (`shardpool worker --slots
@@ -412,7 +413,6 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("%w: Slots: class %s has %d slots", ErrConfig, c, n)
 		}
 	}
-	cfg.Slots = WithOutliers(cfg.Slots)
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir()
 	}
@@ -1023,7 +1023,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		shards.Wait()
 		return errDrained
 	})
-	if discover || w.ledger != nil {
+	// A class's outlier class (WithOutliers), served as a run with it
+	// appears where Slots gives the class slots and does not name it.
+	outliers := !w.cfg.Auto && len(w.cfg.Slots) > 0
+	if discover || w.ledger != nil || outliers {
 		// The classes' peaks of the active runs, for admission and for what
 		// this worker's shards hold; in auto mode or with SlotsEach, serve
 		// every class of those runs as they appear.
@@ -1032,6 +1035,13 @@ func (w *Worker) Run(ctx context.Context) error {
 			// With fixed slots CLASS=0 keeps the class away; in auto mode
 			// 0 is no cap, and the class is served as it appears.
 			served[c] = n > 0 || !w.cfg.Auto
+		}
+		serves := func(c string) bool {
+			if discover {
+				return true
+			}
+			n, ok := w.slotsOf(c)
+			return outliers && ok && n > 0
 		}
 		g.Go(func() error {
 			t := time.NewTicker(w.cfg.ReportEvery)
@@ -1043,7 +1053,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			// could not be set up or is being set up again.
 			for {
 				for _, c := range w.refreshPeaks(gctx) {
-					if discover && !served[c] {
+					if !served[c] && serves(c) {
 						served[c] = true
 						startServe(c)
 					}
@@ -1496,10 +1506,23 @@ func (w *Worker) slotsEach() int {
 // its own in Slots, else SlotsEach. Read from the configuration, it takes
 // no lock on the fetch path.
 func (w *Worker) fixedSlots(class string) int {
-	if n, ok := w.cfg.Slots[class]; ok {
+	if n, ok := w.slotsOf(class); ok {
 		return n
 	}
 	return w.cfg.SlotsEach
+}
+
+// slotsOf is class's count in Slots, or, for an outlier class Slots does
+// not name, its class's (WithOutliers).
+func (w *Worker) slotsOf(class string) (int, bool) {
+	if n, ok := w.cfg.Slots[class]; ok {
+		return n, true
+	}
+	if base, ok := strings.CutSuffix(class, plan.OutlierSuffix); ok {
+		n, ok := w.cfg.Slots[base]
+		return n, ok
+	}
+	return 0, false
 }
 
 func (w *Worker) snapshot() stream.WorkerReport {
