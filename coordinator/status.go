@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -313,6 +314,10 @@ func waiting(r RunStatus, workers []stream.WorkerReport, caps map[string]QueueSt
 			hint := "start one: shardpool worker --slots auto (or N) serves every class, --slots " + class + "=N this one"
 			if live > 0 {
 				hint = "the workers were given --slots for other classes; start one with --slots auto (or N), or with " + class + "=N among its classes"
+			}
+			if base, ok := strings.CutSuffix(class, plan.OutlierSuffix); ok {
+				// A worker given its class's slots serves it too.
+				hint += ", or " + base + "=N, which serves its outliers too"
 			}
 			out = append(out, fmt.Sprintf("class %s: %d shard(s) wait: no live worker serves class %s (%s)", class, c.Pending, class, hint))
 		case busy >= slots:

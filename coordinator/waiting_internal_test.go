@@ -28,6 +28,12 @@ func TestWaitingForAClassNoWorkerServes(t *testing.T) {
 			t.Errorf("workers %v: %q, want %q", c.workers, got, c.want)
 		}
 	}
+	// An outlier class: a worker given its class's slots serves it too.
+	r = RunStatus{ClassCounts: map[string]stream.Counts{"big-outlier": {Total: 1, Pending: 1}}}
+	want := "no live worker serves class big-outlier (the workers were given --slots for other classes; start one with --slots auto (or N), or with big-outlier=N among its classes, or big=N, which serves its outliers too)"
+	if got := waiting(r, []stream.WorkerReport{cpuOnly}, nil); len(got) != 1 || !strings.Contains(got[0], want) {
+		t.Errorf("outlier class: %q, want %q", got, want)
+	}
 }
 
 // TestWaitingOnAutoWorkersNamesTheirLogs: shards that live auto workers
