@@ -411,7 +411,7 @@ func (p *Pending) Publish(keepReplaced string) error {
 	// would take it for a dead commit's, off it until it is kept aside or
 	// removed. Without flock here, nothing sweeps either.
 	if parent, err := Open(filepath.Dir(dst)); err == nil {
-		_ = flock(parent, unix.LOCK_SH)
+		_ = Flock(parent, unix.LOCK_SH)
 		defer parent.Close()
 	}
 	if keepReplaced != "" {

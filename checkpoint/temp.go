@@ -30,7 +30,7 @@ func newTemp(parent, name string) (string, *os.File, error) {
 		return "", nil, err
 	}
 	defer p.Close() // and with it the shared lock
-	shared := flock(p, unix.LOCK_SH) == nil
+	shared := Flock(p, unix.LOCK_SH) == nil
 	if err := os.Mkdir(tmp, 0o755); err != nil {
 		return "", nil, err
 	}
@@ -42,7 +42,7 @@ func newTemp(parent, name string) (string, *os.File, error) {
 		os.Remove(tmp)
 		return "", nil, err
 	}
-	if err := flock(lock, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := Flock(lock, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		lock.Close()
 		os.Remove(tmp)
 		return "", nil, err
@@ -63,7 +63,7 @@ func SweepTemps(dir string) ([]string, error) {
 		return nil, err
 	}
 	defer p.Close()
-	if err := flock(p, unix.LOCK_EX); err != nil {
+	if err := Flock(p, unix.LOCK_EX); err != nil {
 		return nil, nil // no flock here: nothing can be told stale
 	}
 	ents, err := p.ReadDir(-1)
@@ -80,7 +80,7 @@ func SweepTemps(dir string) ([]string, error) {
 		if err != nil {
 			continue
 		}
-		if flock(d, unix.LOCK_EX|unix.LOCK_NB) == nil {
+		if Flock(d, unix.LOCK_EX|unix.LOCK_NB) == nil {
 			if err := os.RemoveAll(path); err == nil {
 				removed = append(removed, e.Name())
 			}
@@ -90,7 +90,8 @@ func SweepTemps(dir string) ([]string, error) {
 	return removed, nil
 }
 
-func flock(f *os.File, how int) error {
+// Flock is flock(2) on f, tried again where a signal interrupted it.
+func Flock(f *os.File, how int) error {
 	for {
 		err := unix.Flock(int(f.Fd()), how)
 		if !errors.Is(err, unix.EINTR) {

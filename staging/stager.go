@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -250,22 +251,13 @@ func (s *Stager) lockDir() (alone bool) {
 	if err != nil {
 		return false
 	}
-	fd := int(f.Fd())
-	alone = flockRetry(fd, syscall.LOCK_EX|syscall.LOCK_NB) == nil
-	if flockRetry(fd, syscall.LOCK_SH) != nil {
+	alone = checkpoint.Flock(f, syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	if checkpoint.Flock(f, syscall.LOCK_SH) != nil {
 		f.Close()
 		return false
 	}
 	s.lock = f
 	return alone
-}
-
-func flockRetry(fd, how int) error {
-	for {
-		if err := syscall.Flock(fd, how); !errors.Is(err, syscall.EINTR) {
-			return err
-		}
-	}
 }
 
 // Close lets go of the stager's directory (lockDir): a stager made

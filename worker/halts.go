@@ -131,13 +131,7 @@ func (w *Worker) stopRun(run, why string) {
 // What it copied is kept for the shard's next attempt, as after the
 // worker's own stop (staging's keepInterrupted).
 func (w *Worker) addPreparing(r *running) (done func()) {
-	w.mu.Lock()
-	w.preparing[r.key] = r
-	why := w.haltedNow[r.run]
-	w.mu.Unlock()
-	if why != "" {
-		r.stop(why, true)
-	}
+	w.noteIn(w.preparing, r)
 	return func() {
 		w.mu.Lock()
 		delete(w.preparing, r.key)

@@ -45,8 +45,15 @@ func (r *running) stop(why string, halted bool) bool {
 // its running commands stopped, r is stopped at once: the caller starts
 // no command (its preempt channel is closed).
 func (w *Worker) addRunning(r *running) {
+	w.noteIn(w.active, r)
+}
+
+// noteIn adds r to m (w.active or w.preparing, under w.mu) and stops it
+// at once where its run was halted with its commands stopped (stopRun
+// stops those already in either).
+func (w *Worker) noteIn(m map[string]*running, r *running) {
 	w.mu.Lock()
-	w.active[r.key] = r
+	m[r.key] = r
 	why := w.haltedNow[r.run]
 	w.mu.Unlock()
 	if why != "" {
