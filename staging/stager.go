@@ -504,7 +504,8 @@ func (s *Stager) keepInterrupted(keys []string) {
 // idle entry (found) that room for a shard may remove, least recently
 // written first; the cache bound leaves it be until a shard uses it
 // (staged ahead with shardpool stage, it is the point). A directory
-// holding neither a staged file nor a .part is removed.
+// holding neither a staged file nor a .part is removed, as is one a
+// removal left (shared.go).
 func (s *Stager) adopt() {
 	dir := filepath.Join(s.cfg.Dir, "cache")
 	ents, err := os.ReadDir(dir)
@@ -515,6 +516,10 @@ func (s *Stager) adopt() {
 	defer s.mu.Unlock()
 	for _, d := range ents {
 		k := d.Name()
+		if strings.HasPrefix(k, removingPrefix) {
+			os.RemoveAll(filepath.Join(dir, k)) // a removal a crash cut short
+			continue
+		}
 		if !d.IsDir() || s.entries[k] != nil {
 			continue
 		}
@@ -524,7 +529,7 @@ func (s *Stager) adopt() {
 		var mtime time.Time
 		for _, f := range files {
 			info, err := f.Info()
-			if err != nil || !info.Mode().IsRegular() {
+			if err != nil || !info.Mode().IsRegular() || lockName(f.Name()) {
 				continue
 			}
 			path = filepath.Join(dir, k, strings.TrimSuffix(f.Name(), ".part"))
@@ -534,8 +539,8 @@ func (s *Stager) adopt() {
 			}
 		}
 		if path == "" {
-			if len(files) == 0 {
-				os.Remove(filepath.Join(dir, k))
+			if !slices.ContainsFunc(files, func(f fs.DirEntry) bool { return !lockName(f.Name()) }) {
+				os.RemoveAll(filepath.Join(dir, k)) // its lock alone
 			}
 			continue
 		}
@@ -572,6 +577,9 @@ type Staged struct {
 	keys  []string
 	claim *claim
 	once  sync.Once
+	// locks hold the entries' directories while the shard uses them
+	// (useLock), by index of keys; nil where none was taken.
+	locks []*os.File
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -598,7 +606,7 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 // by its reservation and once as fetched without one.
 func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra int64, hold func() (unhold func()), dirs ...string) (*Staged, error) {
 	start := time.Now()
-	st := &Staged{s: s, Paths: make([]string, len(files))}
+	st := &Staged{s: s, Paths: make([]string, len(files)), locks: make([]*os.File, len(files))}
 	what := "inputs not yet staged"
 	if Packed(files) {
 		what = "inputs not yet staged, the unpacked copy of their pack"
@@ -657,8 +665,13 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := s.stageOne(ctx, f, k)
+			lk, err := useLock(ctx, filepath.Dir(st.Paths[i]))
+			var r oneResult
+			if err == nil {
+				r, err = s.stageOne(ctx, f, k)
+			}
 			mu.Lock()
+			st.locks[i] = lk
 			defer mu.Unlock()
 			if err != nil && firstErr == nil {
 				firstErr = err
@@ -768,6 +781,13 @@ func (s *Stager) stageOne(ctx context.Context, f stream.InputFile, k string) (on
 			return r, nil
 		}
 	}
+	// Another process may be copying or verifying the same input here:
+	// once its lock is had, the file it made is verified below.
+	cl, err := copyLock(ctx, filepath.Dir(dst))
+	if err != nil {
+		return r, fmt.Errorf("stage %s: %w", f.Path, err)
+	}
+	defer cl.Close()
 	if ready || fileExists(dst) {
 		t := time.Now()
 		before, _ := statID(dst)
@@ -962,6 +982,13 @@ func verifiedPrefix(part string, f stream.InputFile, ch *chunker) (int64, error)
 // staged files beyond the cache cap are removed, least recently used first.
 func (st *Staged) Release() {
 	st.once.Do(func() {
+		// First: this process's own hold would keep it from removing
+		// the entries below.
+		for _, l := range st.locks {
+			if l != nil {
+				l.Close()
+			}
+		}
 		s := st.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -1010,9 +1037,11 @@ func (s *Stager) freeUpLocked(want int64, keep map[string]bool) int64 {
 		if keep[x.k] {
 			continue
 		}
-		os.RemoveAll(filepath.Dir(x.e.path))
-		delete(s.entries, x.k)
-		freed += x.e.size
+		gone := removeEntry(filepath.Dir(x.e.path))
+		delete(s.entries, x.k) // where another process uses it, it is that one's to remove
+		if gone {
+			freed += x.e.size
+		}
 	}
 	return freed
 }
@@ -1046,8 +1075,8 @@ func (s *Stager) evictLocked() {
 		if kept <= s.cfg.CacheBytes {
 			break
 		}
-		os.RemoveAll(filepath.Dir(x.e.path))
-		delete(s.entries, x.k)
+		removeEntry(filepath.Dir(x.e.path))
+		delete(s.entries, x.k) // where another process uses it, it is that one's to remove
 		kept -= x.e.size
 	}
 }

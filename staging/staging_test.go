@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -934,9 +935,12 @@ func TestWhatAnEarlierStagerLeftIsRoomForShards(t *testing.T) {
 	beside.Close()
 	first.Close() // the earlier process is gone
 	left := func() []string {
-		got, _ := filepath.Glob(filepath.Join(dir, "cache", "*", "*"))
-		for i := range got {
-			got[i] = filepath.Base(got[i])
+		all, _ := filepath.Glob(filepath.Join(dir, "cache", "*", "*"))
+		var got []string
+		for _, p := range all {
+			if name := filepath.Base(p); name != ".copy" { // the stagers' lock
+				got = append(got, name)
+			}
 		}
 		slices.Sort(got)
 		return got
@@ -1016,5 +1020,47 @@ func TestAnInterruptedCopyResumesWithoutACache(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, "cache", "*", "*")); len(left) != 0 {
 		t.Fatalf("after the shard, under no cache: %v left", left)
+	}
+}
+
+// TestTwoProcessesShareOneCache: two stagers of one cache directory (two
+// `shardpool run`s of one user share their default scratch) staging the
+// same input at once: one copies it, the other waits and reuses it, and
+// the first one's release leaves the file the second still uses. Before,
+// both copied into one .part (one rename failed) and the first release
+// removed the input under the other's command: every shard of both runs
+// failed. (flock locks belong to open files, so two stagers of one
+// process hold them apart as two processes would.)
+func TestTwoProcessesShareOneCache(t *testing.T) {
+	dir := t.TempDir()
+	a := newStager(t, staging.Config{Dir: dir, BytesPerSec: 16 << 20})
+	b := newStager(t, staging.Config{Dir: dir, BytesPerSec: 16 << 20})
+	in := testenv.RandomFile(t, t.TempDir(), "in.bin", 6<<20)
+	files := describe(t, in)
+	got := make([]*staging.Staged, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, s := range []*staging.Stager{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = s.Stage(context.Background(), files, 0)
+		}()
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("staging the same input at once: %v, %v", errs[0], errs[1])
+	}
+	if c := got[0].Stats.Copied + got[1].Stats.Copied; c != 6<<20 || got[0].Stats.Reused+got[1].Stats.Reused != 1 {
+		t.Fatalf("copied %d bytes, reused %d times; want one copy, reused by the other", c, got[0].Stats.Reused+got[1].Stats.Reused)
+	}
+	path := got[1].Paths[0]
+	got[0].Release() // the first shard ends; the other still reads its input
+	if err := staging.VerifyFile(path, files[0]); err != nil {
+		t.Fatalf("the input the second stager uses, after the first let go of it: %v", err)
+	}
+	got[1].Release()
+	if _, err := os.Stat(filepath.Dir(path)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("after both let go, under no cache: %v, want the entry removed", err)
 	}
 }

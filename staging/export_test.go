@@ -1,0 +1,4 @@
+package staging
+
+// VerifyFile is verifyFile, for the external tests.
+var VerifyFile = verifyFile
