@@ -27,28 +27,23 @@ import (
 	"github.com/shardpool/shardpool/worker/probe"
 )
 
-// WithOutliers returns slots with, for each class c it names, c's
-// outlier class (`c-outlier`, which run and submit make of the shards
-// far costlier than their class's median: plan.SplitOutliers) at c's
-// count, where slots does not name that one itself: the classes a worker
-// given slots serves, outliers included, once it meets them
-// (slotsOf). A user who gave `--slots cpu=2` knows nothing of the
-// outlier class: before, those shards waited for good ("no live worker
-// serves class cpu-outlier"). It gets c's count as `--slots N` gives N
-// to every class, outliers included; as a cap (Auto) it caps both.
-func WithOutliers(slots map[string]int) map[string]int {
-	if len(slots) == 0 {
-		return slots
+// SlotsOf is class's count in slots (a worker's --slots CLASS=N,...),
+// or, for an outlier class slots does not name (`c-outlier`, which run
+// and submit make of the shards far costlier than their class's median:
+// plan.SplitOutliers), its class's: a user who gave `--slots cpu=2`
+// knows nothing of the outlier class, and before, those shards waited
+// for good ("no live worker serves class cpu-outlier"). It gets c's count
+// as `--slots N` gives N to every class, outliers included; as a cap
+// (Auto) it caps both. ok is false for a class slots does not give.
+func SlotsOf(slots map[string]int, class string) (n int, ok bool) {
+	if n, ok := slots[class]; ok {
+		return n, true
 	}
-	out := maps.Clone(slots)
-	for c, n := range slots {
-		o := c + plan.OutlierSuffix
-		if _, named := slots[o]; named || strings.HasSuffix(c, plan.OutlierSuffix) || !stream.ValidClass(o) {
-			continue
-		}
-		out[o] = n
+	if base, ok := strings.CutSuffix(class, plan.OutlierSuffix); ok {
+		n, ok := slots[base]
+		return n, ok
 	}
-	return out
+	return 0, false
 }
 
 // Config configures a Worker. Zero values mean the documented default.
@@ -59,7 +54,7 @@ type Config struct {
 	Name string
 	// Slots is the number of concurrent shards per class: alone, the worker
 	// serves exactly the classes listed with a positive count, and their
-	// outlier classes as runs with them appear (WithOutliers). With Auto
+	// outlier classes as runs with them appear (SlotsOf). With Auto
 	// it is an optional cap per class (0: none).
 	Slots map[string]int
 	// SlotsEach, without Auto, is the fixed number of slots of every class
@@ -1023,7 +1018,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		shards.Wait()
 		return errDrained
 	})
-	// A class's outlier class (WithOutliers), served as a run with it
+	// A class's outlier class (SlotsOf), served as a run with it
 	// appears where Slots gives the class slots and does not name it.
 	outliers := !w.cfg.Auto && len(w.cfg.Slots) > 0
 	if discover || w.ledger != nil || outliers {
@@ -1512,17 +1507,9 @@ func (w *Worker) fixedSlots(class string) int {
 	return w.cfg.SlotsEach
 }
 
-// slotsOf is class's count in Slots, or, for an outlier class Slots does
-// not name, its class's (WithOutliers).
+// slotsOf is SlotsOf of the worker's Slots.
 func (w *Worker) slotsOf(class string) (int, bool) {
-	if n, ok := w.cfg.Slots[class]; ok {
-		return n, true
-	}
-	if base, ok := strings.CutSuffix(class, plan.OutlierSuffix); ok {
-		n, ok := w.cfg.Slots[base]
-		return n, ok
-	}
-	return 0, false
+	return SlotsOf(w.cfg.Slots, class)
 }
 
 func (w *Worker) snapshot() stream.WorkerReport {

@@ -151,13 +151,7 @@ func waitVerdict(ctx context.Context, js jetstream.JetStream, run string, since 
 	if err != nil {
 		return fmt.Errorf("wait for run %s: %w", run, err)
 	}
-	fmt.Fprintf(out, "run %s: %s  (%d validated, %d failed of %d)\n", final.Name, final.State, final.Counts.Validated, final.Counts.Failed, final.Counts.Total)
-	if final.Reason != "" {
-		fmt.Fprintf(out, "reason: %s\n", final.Reason)
-	}
-	if t := timingText(final.Timing); t != "" {
-		fmt.Fprintln(out, "shards:   "+t)
-	}
+	printVerdict(out, final)
 	fmt.Fprintf(out, "outputs:  %s\n", final.Spec.Output)
 	if final.Evidence != "" {
 		fmt.Fprintf(out, "evidence: %s (on the coordinator's host)\n", final.Evidence)

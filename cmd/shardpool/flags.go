@@ -256,15 +256,15 @@ func (s *slotsFlag) forClasses(classes []string) map[string]int {
 // manifest's shards without one (--slots cpu=0, a class misspelt, or
 // one left out): its own worker would never run them, and the run
 // waited for good. Outlier classes count with their class
-// (worker.WithOutliers).
+// (worker.SlotsOf).
 func (s *slotsFlag) coverManifest(spec *stream.Spec, man *stream.Manifest) error {
 	if s.auto {
 		return nil
 	}
-	got := worker.WithOutliers(s.forClasses(spec.ClassNames()))
+	got := s.forClasses(spec.ClassNames())
 	need := map[string]int{}
 	for _, sh := range man.Shards {
-		if got[sh.Class] == 0 {
+		if n, _ := worker.SlotsOf(got, sh.Class); n == 0 {
 			need[sh.Class]++
 		}
 	}

@@ -357,13 +357,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "interrupted%s; state is kept in %s\nresume with: %s\n", where, absData, resume)
 		return waitErr
 	}
-	fmt.Fprintf(stdout, "run %s: %s  (%d validated, %d failed of %d)\n", final.Name, final.State, final.Counts.Validated, final.Counts.Failed, final.Counts.Total)
-	if final.Reason != "" {
-		fmt.Fprintf(stdout, "reason: %s\n", final.Reason)
-	}
-	if t := timingText(final.Timing); t != "" {
-		fmt.Fprintln(stdout, "shards:   "+t)
-	}
+	printVerdict(stdout, final)
 	fmt.Fprintf(stdout, "outputs:  %s\nevidence: %s\n", spec.Output, evidence)
 	for _, msg := range wk.PeaksAbove(spec.Name) {
 		// Said on stderr when it happened, among the progress lines: again
@@ -378,6 +372,18 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return blockedErr(stdout, stderr, "run "+final.Name+" is BLOCKED", final.Reason)
 	}
 	return nil
+}
+
+// printVerdict prints a run's verdict as run and --wait end with it:
+// its state and counts, its reason, and its shards' timing.
+func printVerdict(w io.Writer, final *stream.RunRecord) {
+	fmt.Fprintf(w, "run %s: %s  (%d validated, %d failed of %d)\n", final.Name, final.State, final.Counts.Validated, final.Counts.Failed, final.Counts.Total)
+	if final.Reason != "" {
+		fmt.Fprintf(w, "reason: %s\n", final.Reason)
+	}
+	if t := timingText(final.Timing); t != "" {
+		fmt.Fprintln(w, "shards:   "+t)
+	}
 }
 
 // blockedErr is the error of a command whose run is BLOCKED for reason,
