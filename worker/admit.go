@@ -50,6 +50,16 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (n int, 
 		} else if k, note := w.scratchFit(class, inflight, n); note != "" {
 			n, why = k, why+"; "+note
 		}
+		if g := w.gate(class); g != nil && !g.backlog() && n > max(1-g.requested(), 0) {
+			// The queue ran dry (a run whose last shards run, a BLOCKED
+			// one): as in auto mode, one open fetch waits for the next
+			// shard. An open fetch counts as held in the host ledger, and
+			// a fetch for every free slot kept an idle worker's whole
+			// share from the host's other workers for as long as the run
+			// stayed.
+			n = max(1-g.requested(), 0)
+			why += "; one open fetch while the queue is dry"
+		}
 		k, note, locked := w.fixedGPUs(ctx, class, n)
 		if note != "" {
 			n, why = k, why+"; "+note

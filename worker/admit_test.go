@@ -441,6 +441,27 @@ func TestAutoWorkerCountsAFixedWorkersShards(t *testing.T) {
 	}
 }
 
+// TestAnIdleFixedWorkerHoldsOneFetch: a worker with fixed slots whose
+// run is BLOCKED (an active run of the class, nothing queued) keeps one
+// fetch open, not one for each of its 4 slots: an open fetch counts as
+// held in the host ledger, and 4 of them kept an auto worker beside it on
+// the fixture's 4 CPUs from admitting anything for as long as the
+// BLOCKED run stayed (found by hand: `shardpool run` beside an idle
+// `shardpool worker --slots 2` waited without end on 2 CPUs).
+func TestAnIdleFixedWorkerHoldsOneFetch(t *testing.T) {
+	fixed := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 4}, Probe: fixtureProbe(t)})
+	auto := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{}, Probe: fixtureProbe(t)})
+	class := "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n"
+	fixed.Submit(testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"false"}, Extra: class}), coordinator.SubmitOptions{})
+	fixed.WaitState("t", 30*time.Second, stream.RunBlocked)
+	auto.Submit(concurrencyJob(t, 4, "0.2", class), coordinator.SubmitOptions{})
+	auto.WaitState("t", 30*time.Second, stream.RunComplete)
+	log, _ := os.ReadFile(filepath.Join(auto.Data, "admission.log"))
+	if !strings.Contains(string(log), "(4.00 CPUs - 1.00 CPUs shared) / 1.00 CPUs peak = 3") {
+		t.Fatalf("the auto worker did not count the idle fixed worker's one open fetch alone:\n%s", log)
+	}
+}
+
 // TestAutoWorkerStartsANewRunAtOnce: an auto-mode worker learns of runs
 // and their classes from the runs bucket. On its report period alone, a
 // run submitted to an idle worker waited up to that period (5 s by
