@@ -525,6 +525,9 @@ type liveShard struct {
 	// since is when the command started.
 	seen  *int64
 	since time.Time
+	// sampled is when a scan last sampled it (notePeaks), zero before
+	// the first.
+	sampled time.Time
 }
 
 // trackLive returns an onStart hook that registers a running shard's
@@ -532,8 +535,9 @@ type liveShard struct {
 // sample (a shard without a cgroup) its group's RSS is also sampled while
 // it runs (sampleLive), and seen returns the largest sum found: the
 // kernel's peak RSS of a child is not told apart from the worker's own
-// below the worker's size, and a command that runs a second or more
-// is measured this way instead (short peaks between samples are missed).
+// below the worker's size, and a command that runs liveFirstSample or
+// more is measured this way instead (short peaks between samples are
+// missed).
 func (w *Worker) trackLive(class string, peak int64, sample bool) (onStart func(int) func(), seen func() int64) {
 	var got int64
 	onStart = func(pgid int) func() {
@@ -563,30 +567,43 @@ func (w *Worker) liveEnd(pgid int) {
 }
 
 // notePeaks records rss, one scan's sum per process group, as the peak
-// of each sampled shard of live that is still the one running there.
+// of each sampled shard of live that is still the one running there, and
+// the scan as the shard's last sample (sampleLive) once it has run
+// liveFirstSample: an earlier one (an admission decision's, as it starts)
+// sees it before its size.
 func (w *Worker) notePeaks(live map[int]liveShard, rss map[int]int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.peaksAt = time.Now()
+	now := time.Now()
 	for pgid, s := range live {
 		if cur, ok := w.live[pgid]; ok && cur.seq == s.seq && s.seen != nil {
 			*s.seen = max(*s.seen, rss[pgid])
+			if now.Sub(cur.since) >= liveFirstSample {
+				cur.sampled = now
+				w.live[pgid] = cur
+			}
 		}
 	}
 }
 
-// liveSampleEvery is how often sampleLive scans /proc for the shards
-// that have run at least as long (one scan for all of them); shorter
-// shards cost nothing. On a host of many processes the scans are spaced
-// further, to stay within 1% of a CPU (12 µs a process here: 2,000
-// processes would take 25 ms a scan).
-const liveSampleEvery = time.Second
+// A shard without a cgroup has its process group's RSS sampled once it
+// has run liveFirstSample, then every liveSampleEvery (one scan of /proc
+// for all the shards due): a command of half a second is measured, one
+// shorter costs nothing. On a host of many processes the scans are
+// spaced further, to stay within 1% of a CPU (12 µs a process here:
+// 2,000 processes would take 25 ms a scan). Until the sixty-seventh
+// session the first sample came after a second, and shards of 0.3 to 1
+// s went unmeasured ("peak memory not measured").
+const (
+	liveFirstSample = 250 * time.Millisecond
+	liveSampleEvery = time.Second
+)
 
 // sampleLive samples the RSS of the process groups of sampled shards
-// (trackLive) until ctx ends. Where admission scanned within the period
-// (growthRoom, for a decision), it does not scan again.
+// (trackLive) until ctx ends. A shard an admission decision's scan
+// sampled within the period (growthRoom) is not due again.
 func (w *Worker) sampleLive(ctx context.Context) error {
-	t := time.NewTimer(liveSampleEvery)
+	t := time.NewTimer(liveFirstSample)
 	defer t.Stop()
 	for {
 		select {
@@ -597,15 +614,16 @@ func (w *Worker) sampleLive(ctx context.Context) error {
 		now := time.Now()
 		due := map[int]liveShard{}
 		w.mu.Lock()
-		if now.Sub(w.peaksAt) >= liveSampleEvery {
-			for pgid, s := range w.live {
-				if s.seen != nil && now.Sub(s.since) >= liveSampleEvery {
-					due[pgid] = s
-				}
+		for pgid, s := range w.live {
+			if s.seen == nil {
+				continue
+			}
+			if s.sampled.IsZero() && now.Sub(s.since) >= liveFirstSample || !s.sampled.IsZero() && now.Sub(s.sampled) >= liveSampleEvery {
+				due[pgid] = s
 			}
 		}
 		w.mu.Unlock()
-		next := liveSampleEvery
+		next := liveFirstSample
 		if len(due) > 0 {
 			w.notePeaks(due, groupRSS(w.cfg.ProcRoot, due))
 			next = max(next, 100*time.Since(now))

@@ -255,13 +255,10 @@ type Worker struct {
 	// what it said.
 	peakWarned map[runClass]string
 	liveSeq    uint64
-	// peaksAt is when a scan of /proc last sampled the running shards'
-	// peaks (notePeaks): admission's or sampleLive's.
-	peaksAt time.Time
-	gates   map[string]*gate  // per class served: its shards in flight
-	gpuRes  map[string]string // GPU UUID -> shard key holding it
-	ledger  *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
-	sharing atomic.Bool       // the last admission decision saw other active workers in the ledger
+	gates      map[string]*gate  // per class served: its shards in flight
+	gpuRes     map[string]string // GPU UUID -> shard key holding it
+	ledger     *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
+	sharing    atomic.Bool       // the last admission decision saw other active workers in the ledger
 
 	// scratchNeed is, per class, what the active runs that declare
 	// scratch or stage their inputs need of it; scratchHeld counts its
