@@ -504,6 +504,9 @@ func TestAnIdleFixedWorkerHoldsOneFetch(t *testing.T) {
 	class := "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n"
 	fixed.Submit(testenv.WriteJob(t, testenv.Job{Shards: 1, Command: []string{"false"}, Extra: class}), coordinator.SubmitOptions{})
 	fixed.WaitState("t", 30*time.Second, stream.RunBlocked)
+	// Its first fetch asked for 4 and brought the one shard; it stays
+	// open for the rest until its expiry (FetchWait, 500 ms here).
+	time.Sleep(time.Second)
 	auto.Submit(concurrencyJob(t, 4, "0.2", class), coordinator.SubmitOptions{})
 	auto.WaitState("t", 30*time.Second, stream.RunComplete)
 	log, _ := os.ReadFile(filepath.Join(auto.Data, "admission.log"))
