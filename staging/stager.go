@@ -65,6 +65,8 @@ type Stager struct {
 	// a stager made while another process's holds it (two `shardpool
 	// run`s of one user share their default scratch) adopts nothing.
 	lock *os.File
+	// uses hold the entries this stager's shards use (shared.go).
+	uses *useLocks
 }
 
 // claim is one shard's reservation: n bytes of the file system, held
@@ -229,7 +231,8 @@ func New(cfg Config) (*Stager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Stager{cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), log: cfg.Logger.With("component", "staging"), entries: map[string]*entry{}}
+	s := &Stager{cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), log: cfg.Logger.With("component", "staging"), entries: map[string]*entry{},
+		uses: &useLocks{path: filepath.Join(cfg.Dir, useLockName), held: map[string]*useRef{}}}
 	if cfg.BytesPerSec > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(cfg.BytesPerSec), int(min(cfg.BytesPerSec, 1<<20)))
 	}
@@ -269,6 +272,7 @@ func (s *Stager) Close() {
 		s.lock.Close()
 		s.lock = nil
 	}
+	s.uses.close()
 }
 
 // throttle waits until n more bytes may be copied under BytesPerSec.
@@ -577,9 +581,9 @@ type Staged struct {
 	keys  []string
 	claim *claim
 	once  sync.Once
-	// locks hold the entries' directories while the shard uses them
-	// (useLock), by index of keys; nil where none was taken.
-	locks []*os.File
+	// used are the keys of the entries the shard holds in use
+	// (useLocks.acquire), one for each acquire, until Release.
+	used []string
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -606,7 +610,7 @@ func (s *Stager) Stage(ctx context.Context, files []stream.InputFile, extra int6
 // by its reservation and once as fetched without one.
 func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra int64, hold func() (unhold func()), dirs ...string) (*Staged, error) {
 	start := time.Now()
-	st := &Staged{s: s, Paths: make([]string, len(files)), locks: make([]*os.File, len(files))}
+	st := &Staged{s: s, Paths: make([]string, len(files))}
 	what := "inputs not yet staged"
 	if Packed(files) {
 		what = "inputs not yet staged, the unpacked copy of their pack"
@@ -665,14 +669,20 @@ func (s *Stager) StageHeld(ctx context.Context, files []stream.InputFile, extra 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			lk, err := useLock(ctx, filepath.Dir(st.Paths[i]))
+			err := s.uses.acquire(ctx, k)
+			held := err == nil
+			if held {
+				err = os.MkdirAll(filepath.Dir(st.Paths[i]), 0o755)
+			}
 			var r oneResult
 			if err == nil {
 				r, err = s.stageOne(ctx, f, k)
 			}
 			mu.Lock()
-			st.locks[i] = lk
 			defer mu.Unlock()
+			if held {
+				st.used = append(st.used, k)
+			}
 			if err != nil && firstErr == nil {
 				firstErr = err
 			}
@@ -982,12 +992,10 @@ func verifiedPrefix(part string, f stream.InputFile, ch *chunker) (int64, error)
 // staged files beyond the cache cap are removed, least recently used first.
 func (st *Staged) Release() {
 	st.once.Do(func() {
-		// First: this process's own hold would keep it from removing
+		// First: this shard's hold would keep the stager from removing
 		// the entries below.
-		for _, l := range st.locks {
-			if l != nil {
-				l.Close()
-			}
+		for _, k := range st.used {
+			st.s.uses.release(k)
 		}
 		s := st.s
 		s.mu.Lock()
@@ -1037,7 +1045,7 @@ func (s *Stager) freeUpLocked(want int64, keep map[string]bool) int64 {
 		if keep[x.k] {
 			continue
 		}
-		gone := removeEntry(filepath.Dir(x.e.path))
+		gone := s.uses.removeEntry(x.k, filepath.Dir(x.e.path))
 		delete(s.entries, x.k) // where another process uses it, it is that one's to remove
 		if gone {
 			freed += x.e.size
@@ -1075,7 +1083,7 @@ func (s *Stager) evictLocked() {
 		if kept <= s.cfg.CacheBytes {
 			break
 		}
-		removeEntry(filepath.Dir(x.e.path))
+		s.uses.removeEntry(x.k, filepath.Dir(x.e.path))
 		delete(s.entries, x.k) // where another process uses it, it is that one's to remove
 		kept -= x.e.size
 	}

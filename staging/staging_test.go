@@ -1064,3 +1064,58 @@ func TestTwoProcessesShareOneCache(t *testing.T) {
 		t.Fatalf("after both let go, under no cache: %v, want the entry removed", err)
 	}
 }
+
+// TestAShardOfManyInputsHoldsNoFilePerInput: the inputs a shard uses are
+// held against other processes' removal through one open file, not one
+// for each: a shard of 20,000 small inputs failed with "too many open
+// files" (make bench's staging of small files). Here 1,000 inputs under
+// a limit of 256 open files; a second stager of the same directory that
+// stages and lets go of the same inputs still removes none of them while
+// the first one's shard uses them, and removes them all once it let go.
+func TestAShardOfManyInputsHoldsNoFilePerInput(t *testing.T) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = 256
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) })
+	src := t.TempDir()
+	var paths []string
+	for i := range 1000 {
+		p := filepath.Join(src, fmt.Sprintf("f%04d.txt", i))
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("input %d\n", i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	files := describe(t, paths...)
+	dir := t.TempDir()
+	a := newStager(t, staging.Config{Dir: dir, Concurrency: 8})
+	st, err := a.Stage(context.Background(), files, 0)
+	if err != nil {
+		t.Fatalf("staging 1,000 inputs under a limit of 256 open files: %v", err)
+	}
+	b := newStager(t, staging.Config{Dir: dir, Concurrency: 8})
+	other, err := b.Stage(context.Background(), files, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.Stats.Reused != len(files) {
+		t.Fatalf("the second stager reused %d of %d inputs, want all", other.Stats.Reused, len(files))
+	}
+	other.Release() // under no cache: it would remove them
+	for i, p := range st.Paths {
+		if err := staging.VerifyFile(p, files[i]); err != nil {
+			t.Fatalf("input %d, in use by the first stager's shard, after the second let go of it: %v", i, err)
+		}
+	}
+	st.Release()
+	left, _ := os.ReadDir(filepath.Join(dir, "cache"))
+	if len(left) != 0 {
+		t.Fatalf("after both let go, under no cache: %d entries left, want none", len(left))
+	}
+}
