@@ -145,17 +145,7 @@ func setRange(f *os.File, how int16, off int64) error {
 // every lockWait while another open file holds it, until ctx ends.
 // Where the file system has no such locks, it goes on unlocked.
 func rangePoll(ctx context.Context, f *os.File, how int16, off int64) error {
-	for {
-		err := setRange(f, how, off)
-		if err == nil || !busy(err) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(lockWait):
-		}
-	}
+	return pollLock(ctx, func() bool { return busy(setRange(f, how, off)) })
 }
 
 // busy reports whether a lock was refused for another's (fcntl says
@@ -211,17 +201,21 @@ const removingPrefix = ".rm-"
 // another process holds it, until ctx ends. Where the file system has
 // no flock, it goes on unlocked.
 func lockPoll(ctx context.Context, f *os.File, how int) error {
-	for {
-		err := checkpoint.Flock(f, how|unix.LOCK_NB)
-		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) {
-			return nil
-		}
+	return pollLock(ctx, func() bool { return errors.Is(checkpoint.Flock(f, how|unix.LOCK_NB), unix.EWOULDBLOCK) })
+}
+
+// pollLock calls try, which takes a lock without waiting and reports
+// whether another held it, again every lockWait until it did not, or
+// until ctx ends (flock and fcntl have no wait that a context can end).
+func pollLock(ctx context.Context, try func() (held bool)) error {
+	for try() {
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-time.After(lockWait):
 		}
 	}
+	return nil
 }
 
 // lockName reports whether name, in the cache or an entry, is one of
