@@ -992,12 +992,12 @@ func verifiedPrefix(part string, f stream.InputFile, ch *chunker) (int64, error)
 // staged files beyond the cache cap are removed, least recently used first.
 func (st *Staged) Release() {
 	st.once.Do(func() {
+		s := st.s
 		// First: this shard's hold would keep the stager from removing
 		// the entries below.
 		for _, k := range st.used {
-			st.s.uses.release(k)
+			s.uses.release(k)
 		}
-		s := st.s
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.unclaimLocked(st.claim)

@@ -38,27 +38,29 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (n int, 
 		slots := w.fixedSlots(class)
 		n, why = slots-inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)
 		_, _, known := w.peakFor(class)
-		if !known && w.runsWatched.Load() {
-			// No active run has the class yet: one open fetch waits for
-			// its first shard, so that the others are admitted by what
-			// the run declares (its scratch), not by a request for every
-			// slot made before the run was seen.
-			if g := w.gate(class); g != nil && n > max(1-g.requested(), 0) {
-				n = max(1-g.requested(), 0)
-				why += "; one open fetch until a run of the class is seen"
+		// No active run has the class yet: one open fetch waits for its
+		// first shard, so that the others are admitted by what the run
+		// declares (its scratch), not by a request for every slot made
+		// before the run was seen.
+		unseen := !known && w.runsWatched.Load()
+		if !unseen {
+			if k, note := w.scratchFit(class, inflight, n); note != "" {
+				n, why = k, why+"; "+note
 			}
-		} else if k, note := w.scratchFit(class, inflight, n); note != "" {
-			n, why = k, why+"; "+note
 		}
-		if g := w.gate(class); g != nil && !g.backlog() && n > max(1-g.requested(), 0) {
-			// The queue ran dry (a run whose last shards run, a BLOCKED
-			// one): as in auto mode, one open fetch waits for the next
-			// shard. An open fetch counts as held in the host ledger, and
-			// a fetch for every free slot kept an idle worker's whole
-			// share from the host's other workers for as long as the run
-			// stayed.
-			n = max(1-g.requested(), 0)
-			why += "; one open fetch while the queue is dry"
+		// Or the queue ran dry (a run whose last shards run, a BLOCKED
+		// one): as in auto mode, one open fetch waits for the next shard.
+		// An open fetch counts as held in the host ledger, and a fetch for
+		// every free slot kept an idle worker's whole share from the
+		// host's other workers for as long as the run stayed.
+		if g := w.gate(class); unseen || g.dry() {
+			if k, cut := g.oneOpen(n); cut {
+				until := "while the queue is dry"
+				if unseen {
+					until = "until a run of the class is seen"
+				}
+				n, why = k, why+"; one open fetch "+until
+			}
 		}
 		k, note, locked := w.fixedGPUs(ctx, class, n)
 		if note != "" {
@@ -230,11 +232,11 @@ func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak
 		k = min(k, max(len(gpuFree)-int(o.GPUPending)-w.gpusUnplaced(class, peak), 0)/int(peak.GPUs))
 	}
 	k, scratchNote := w.scratchFit(class, inflight, k)
-	if g := w.gate(class); g != nil && !g.backlog() && k > 1-g.requested() {
+	if g := w.gate(class); g.dry() {
 		// The queue ran dry: one open fetch at a time waits for the next
 		// shard, so that what this worker holds for shards not yet queued
 		// is one shard's room, not every free slot's.
-		k = max(1-g.requested(), 0)
+		k, _ = g.oneOpen(k)
 	}
 	growthOf := "growth of running shards"
 	if o.Memory > 0 {
@@ -347,7 +349,7 @@ func showMillicores(m int64) string { return fmt.Sprintf("%.2f CPUs", float64(m)
 // hasBacklog reports whether class may have more shards queued.
 func (w *Worker) hasBacklog(class string) bool {
 	g := w.gate(class)
-	return g == nil || g.backlog()
+	return !g.dry()
 }
 
 // gate is class's gate while its fetch loop runs, else nil.

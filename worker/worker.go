@@ -1278,6 +1278,22 @@ func (g *gate) requested() int {
 	return g.asked
 }
 
+// dry reports whether the class's last fetch came back short (nothing
+// more queued for now); a nil gate (no fetch loop yet) is not dry.
+func (g *gate) dry() bool { return g != nil && !g.backlog() }
+
+// oneOpen is n cut to what keeps a single fetch of the class open (none
+// more while one is), and whether it cut it; a nil gate cuts nothing.
+func (g *gate) oneOpen(n int) (int, bool) {
+	if g == nil {
+		return n, false
+	}
+	if one := max(1-g.requested(), 0); n > one {
+		return one, true
+	}
+	return n, false
+}
+
 // setBacklog records whether the last fetch got all it asked for.
 func (g *gate) setBacklog(full bool) {
 	g.mu.Lock()
