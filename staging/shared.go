@@ -222,5 +222,5 @@ func pollLock(ctx context.Context, try func() (held bool)) error {
 // the stagers' own files (locks, a removal under way), not a staged
 // input.
 func lockName(name string) bool {
-	return name == copyLockName || name == useLockName || strings.HasPrefix(name, removingPrefix)
+	return name == copyLockName || name == useLockName || name == copiesName || strings.HasPrefix(name, removingPrefix)
 }

@@ -30,11 +30,15 @@ type Config struct {
 	// Dir is the local scratch directory; staged files live in Dir/cache.
 	// Required.
 	Dir string
-	// Concurrency bounds simultaneous file copies on this host. Default 2.
+	// Concurrency bounds simultaneous file copies on this host: of this
+	// stager, and of all the stagers that share HostDir. Default 2.
 	Concurrency int
-	// BytesPerSec bounds the copy rate of this host (all copies together);
-	// 0 means unbounded.
+	// BytesPerSec bounds the copy rate of this host (all copies together,
+	// of every stager that shares HostDir); 0 means unbounded.
 	BytesPerSec int64
+	// HostDir is where the stagers of one user on this host share their
+	// bounds (host.go); a local directory of this user's. Default Dir.
+	HostDir string
 	// Retries is how many times a file is fetched again after a checksum
 	// mismatch before the shard fails. Default 2.
 	Retries int
@@ -57,6 +61,12 @@ type Stager struct {
 	sem     chan struct{}
 	limiter *rate.Limiter
 	log     *slog.Logger
+	host    *hostCopies // the host's copy slots, shared with other stagers
+
+	// sharedAt is when the limiter's rate was last set from the host's
+	// copies (reshare).
+	shareMu  sync.Mutex
+	sharedAt time.Time
 
 	mu      sync.Mutex
 	claims  map[*claim]bool   // the shards' reservations
@@ -231,8 +241,11 @@ func New(cfg Config) (*Stager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.HostDir == "" {
+		cfg.HostDir = cfg.Dir
+	}
 	s := &Stager{cfg: cfg, sem: make(chan struct{}, cfg.Concurrency), log: cfg.Logger.With("component", "staging"), entries: map[string]*entry{},
-		uses: &useLocks{path: filepath.Join(cfg.Dir, useLockName), held: map[string]*useRef{}}}
+		uses: &useLocks{path: filepath.Join(cfg.Dir, useLockName), held: map[string]*useRef{}}, host: newHostCopies(cfg.HostDir, cfg.Concurrency)}
 	if cfg.BytesPerSec > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(cfg.BytesPerSec), int(min(cfg.BytesPerSec, 1<<20)))
 	}
@@ -273,6 +286,7 @@ func (s *Stager) Close() {
 		s.lock = nil
 	}
 	s.uses.close()
+	s.host.close()
 }
 
 // throttle waits until n more bytes may be copied under BytesPerSec.
@@ -283,6 +297,7 @@ func (s *Stager) throttle(ctx context.Context, n int) error {
 	if s.limiter == nil {
 		return nil
 	}
+	s.reshare(false)
 	for n > 0 {
 		k := min(n, s.limiter.Burst())
 		if err := s.limiter.WaitN(ctx, k); err != nil {
@@ -291,6 +306,23 @@ func (s *Stager) throttle(ctx context.Context, n int) error {
 		n -= k
 	}
 	return nil
+}
+
+// reshare sets the limiter's rate to BytesPerSec times this stager's
+// share of the copies under way on the host: at once where now, else
+// at most every shareEvery.
+func (s *Stager) reshare(now bool) {
+	if s.limiter == nil {
+		return
+	}
+	s.shareMu.Lock()
+	if !now && time.Since(s.sharedAt) < shareEvery {
+		s.shareMu.Unlock()
+		return
+	}
+	s.sharedAt = time.Now()
+	s.shareMu.Unlock()
+	s.limiter.SetLimit(rate.Limit(float64(s.cfg.BytesPerSec) * s.host.share()))
 }
 
 // Reserved is the scratch space the shards staging, staged or holding
@@ -814,6 +846,14 @@ func (s *Stager) stageOne(ctx context.Context, f stream.InputFile, k string) (on
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return r, fmt.Errorf("stage %s: %w", f.Path, err)
 	}
+	// A slot among the host's copies, then one among the fleet's: a
+	// wait for the host holds nothing of the fleet's.
+	unhost, err := s.host.take(ctx)
+	if err != nil {
+		return r, fmt.Errorf("stage %s: %w", f.Path, err)
+	}
+	defer unhost()
+	s.reshare(true)
 	release, err := s.cfg.Fleet.acquire(ctx)
 	if err != nil {
 		return r, fmt.Errorf("stage %s: %w", f.Path, err)

@@ -1119,3 +1119,83 @@ func TestAShardOfManyInputsHoldsNoFilePerInput(t *testing.T) {
 		t.Fatalf("after both let go, under no cache: %d entries left, want none", len(left))
 	}
 }
+
+// TestCopiesAreBoundedForTheHost: stagers that share a host directory
+// (two `shardpool run`s, a worker and `shardpool stage`) share the
+// host's copy slots: with one slot, a second stager's copy waits for the
+// first's to end. Each stager kept its own bound until the sixty-eighth
+// session, so two processes made twice the copies the user allowed.
+// The first copy lasts 3s at least (4MiB at 1MiB/s, 1MiB at once): the
+// second, 1MiB, would be done in a moment beside it.
+func TestCopiesAreBoundedForTheHost(t *testing.T) {
+	host := t.TempDir()
+	dirA := t.TempDir()
+	a := newStager(t, staging.Config{Dir: dirA, HostDir: host, Concurrency: 1, BytesPerSec: 1 << 20})
+	b := newStager(t, staging.Config{HostDir: host, Concurrency: 1, BytesPerSec: 1 << 20})
+	defer a.Close()
+	defer b.Close()
+	big := describe(t, testenv.RandomFile(t, t.TempDir(), "big.bin", 4<<20))
+	small := describe(t, testenv.RandomFile(t, t.TempDir(), "small.bin", 1<<20))
+	type done struct {
+		at  time.Time
+		err error
+	}
+	stage := func(s *staging.Stager, files []stream.InputFile, ch chan<- done) {
+		st, err := s.Stage(context.Background(), files, 0)
+		if err == nil {
+			st.Release()
+		}
+		ch <- done{time.Now(), err}
+	}
+	aDone, bDone := make(chan done, 1), make(chan done, 1)
+	go stage(a, big, aDone)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		parts, _ := filepath.Glob(filepath.Join(dirA, "cache", "*", "*.part"))
+		return len(parts) == 1, "the first stager's copy has not begun"
+	})
+	go stage(b, small, bDone)
+	ra, rb := <-aDone, <-bDone
+	if ra.err != nil || rb.err != nil {
+		t.Fatalf("staging: %v, %v", ra.err, rb.err)
+	}
+	if rb.at.Before(ra.at) {
+		t.Fatalf("the second stager's copy ended %s before the first's, with one copy allowed on the host: it did not wait for the slot",
+			ra.at.Sub(rb.at).Round(time.Millisecond))
+	}
+}
+
+// TestBandwidthIsSharedForTheHost: stagers that share a host directory
+// copy within one BytesPerSec together. Two copies of 3MiB under 1MiB/s
+// each took 2s alone (1MiB at once, the rest at the rate); together,
+// 6MiB under 1MiB/s for the host take 4s less what the two buckets held
+// when they began.
+func TestBandwidthIsSharedForTheHost(t *testing.T) {
+	host := t.TempDir()
+	a := newStager(t, staging.Config{HostDir: host, BytesPerSec: 1 << 20})
+	b := newStager(t, staging.Config{HostDir: host, BytesPerSec: 1 << 20})
+	defer a.Close()
+	defer b.Close()
+	dir := t.TempDir()
+	files := [][]stream.InputFile{describe(t, testenv.RandomFile(t, dir, "a.bin", 3<<20)), describe(t, testenv.RandomFile(t, dir, "b.bin", 3<<20))}
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, s := range []*staging.Stager{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := s.Stage(context.Background(), files[i], 0)
+			if err == nil {
+				st.Release()
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("staging: %v, %v", errs[0], errs[1])
+	}
+	if d := time.Since(t0); d < 3*time.Second {
+		t.Fatalf("two stagers of one host, 1MiB/s each, copied 6MiB in %s: at 1MiB/s for the host that takes more than 3s", d.Round(time.Millisecond))
+	}
+}

@@ -170,6 +170,17 @@ func DefaultLedgerDir() string {
 	return filepath.Join("/tmp", fmt.Sprintf("shardpool-ledger-%d", os.Getuid()))
 }
 
+// StageHostDir is where the stagers of this user on this host share
+// their copy slots and bandwidth (staging.Config.HostDir): the host
+// ledger's directory dir, where it is this user's; "" (each stager's
+// own directory) where it is not.
+func StageHostDir(dir string) string {
+	if why, err := ownDir(dir); err != nil || why != "" {
+		return ""
+	}
+	return dir
+}
+
 // ownRecord is the record of this process, under name, for a ledger
 // handle that is not a worker's (a profile's, or a test's).
 func ownRecord(name string) ledgerRec {

@@ -1950,6 +1950,9 @@ func (w *Worker) newStager() error {
 	if cfg.Logger == nil {
 		cfg.Logger = w.log
 	}
+	if cfg.HostDir == "" {
+		cfg.HostDir = StageHostDir(cmp.Or(w.cfg.HostLedger, DefaultLedgerDir()))
+	}
 	if w.cfg.StageFleet > 0 {
 		cfg.Fleet = &staging.Fleet{KV: w.b.Stagers, Slots: w.cfg.StageFleet, Owner: w.cfg.Name, TTL: w.ttl}
 	}

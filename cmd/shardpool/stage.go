@@ -42,8 +42,8 @@ type stagingFlags struct {
 
 func (f *stagingFlags) register(fs *flag.FlagSet) {
 	f.concurrency = 2
-	fs.Var(atLeast{&f.concurrency, 1, "at least 1"}, "stage-concurrency", "`N` input copies at once on this host (independent of slots)")
-	fs.Var(&f.bwlimit, "stage-bwlimit", "`SIZE`: bytes per second for staging on this host, e.g. 200MiB (0: unbounded)")
+	fs.Var(atLeast{&f.concurrency, 1, "at least 1"}, "stage-concurrency", "`N` input copies at once on this host, shared by this user's workers and stage commands there (independent of slots)")
+	fs.Var(&f.bwlimit, "stage-bwlimit", "`SIZE`: bytes per second for staging on this host, shared by this user's workers and stage commands there, e.g. 200MiB (0: unbounded)")
 	fs.Var(&f.cache, "stage-cache", "`SIZE`: bytes of staged inputs kept for later shards, e.g. 20GiB (0: removed after each shard)")
 	fs.Var(atLeast{&f.fleet, 0, "a number of copies, or 0 for no fleet-wide bound"}, "stage-fleet", "`N` input copies at once across every worker (0: no fleet-wide bound; set the same on every worker)")
 }
@@ -121,6 +121,8 @@ func cmdStage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		*scratch = filepath.Join(dir, "stage")
 	}
 	cfg := sf.config(*scratch)
+	// Within the bounds of the workers staging on this host.
+	cfg.HostDir = worker.StageHostDir(worker.DefaultLedgerDir())
 	if cfg.CacheBytes == 0 {
 		// Staging ahead of a run keeps what it staged.
 		cfg.CacheBytes = 1 << 62
