@@ -70,10 +70,15 @@ func (h *hostCopies) file() *os.File {
 }
 
 // take holds a slot for one copy until the returned release, waiting
-// while other processes' copies hold every slot. Its error is ctx's.
-func (h *hostCopies) take(ctx context.Context) (release func(), err error) {
+// while other processes' copies hold every slot (waiting, when set, is
+// called once as the wait begins). Its error is ctx's.
+func (h *hostCopies) take(ctx context.Context, waiting func()) (release func(), err error) {
 	slot := -1
+	tries := 0
 	err = pollLock(ctx, func() bool {
+		if tries++; tries == 2 && waiting != nil {
+			waiting()
+		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		f := h.file()

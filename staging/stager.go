@@ -848,7 +848,9 @@ func (s *Stager) stageOne(ctx context.Context, f stream.InputFile, k string) (on
 	}
 	// A slot among the host's copies, then one among the fleet's: a
 	// wait for the host holds nothing of the fleet's.
-	unhost, err := s.host.take(ctx)
+	unhost, err := s.host.take(ctx, func() {
+		s.log.Info("waiting for a copy slot: other processes of this user stage on this host", "file", f.Path, "slots", s.cfg.Concurrency, "where", s.host.path)
+	})
 	if err != nil {
 		return r, fmt.Errorf("stage %s: %w", f.Path, err)
 	}
