@@ -14,10 +14,14 @@
 //   - Space for the inputs plus the shard's declared scratch is reserved
 //     before the first byte is copied; staging never fills the disk.
 //   - Copies per host are bounded in number and in bytes per second,
-//     independently of the worker's slots.
+//     independently of the worker's slots: for every stager of the
+//     user that shares Config.HostDir (host.go), each of whose copies
+//     holds a slot there, locked against the others, and copies at its
+//     share of the host's bytes per second.
 //   - Staged files are content-addressed (checksum, size, name) and shared
 //     by the shards that use them; unreferenced ones are kept up to a byte
 //     cap, least recently used first out.
 //
-// Stager.mu guards the cache index, the reservations and the reference counts.
+// Stager.mu guards the cache index, the reservations and the reference
+// counts; hostCopies.mu the host slots a stager's copies hold.
 package staging
