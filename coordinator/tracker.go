@@ -179,8 +179,15 @@ func (t *tracker) run(ctx context.Context) error {
 		case <-ctx.Done():
 			if runsReplayed && shardsReplayed {
 				t.catchUp(sw, time.Second)
-				// What the run looked like when its coordinator stopped.
-				t.flush(context.Background(), true)
+				// What the run looked like when its coordinator stopped;
+				// its record only in a moment where the store takes no
+				// writes (full), not a request's whole timeout.
+				fctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if t.c.StoreFull() != "" {
+					fctx, cancel = context.WithTimeout(fctx, fullStoreWrite)
+				}
+				t.flush(fctx, true)
+				cancel()
 			}
 			return ctx.Err()
 		case e, ok := <-rw.Updates():
@@ -252,6 +259,11 @@ func (t *tracker) run(ctx context.Context) error {
 		}
 	}
 }
+
+// fullStoreWrite bounds the last write of a stopping tracker whose store
+// is full: it would wait out the request's whole timeout for an answer
+// that does not come (`run` took 5 s more to stop).
+const fullStoreWrite = 250 * time.Millisecond
 
 // catchUp applies the shard records that were stored before it was
 // called and that the watch has not delivered yet, waiting at most wait:

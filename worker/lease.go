@@ -38,6 +38,8 @@ func (w *Worker) takeLease(ctx context.Context, key, fp string, attempt int) (_ 
 	}
 	w.owning[key] = true
 	w.mu.Unlock()
+	ctx, cancel := w.storeCtx(ctx)
+	defer cancel()
 	defer func() {
 		if err != nil {
 			w.disown(key)
@@ -158,7 +160,7 @@ func (w *Worker) ensureHeld(ctx context.Context, l *lease) error {
 // release deletes the lease if it is still ours, so another worker can take
 // the shard at once instead of after the TTL.
 func (w *Worker) release(l *lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := w.exitWrite(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = w.b.Leases.Delete(ctx, l.key, jetstream.LastRevision(l.rev))
 }
@@ -191,7 +193,7 @@ var nakNow = []byte(`-NAK {"delay": 1000000}`)
 func (w *Worker) handBackUnstarted(msg jetstream.Msg) {
 	var m stream.ShardMsg
 	if w.b != nil && w.cfg.JetStream.Conn().IsConnected() && stream.Decode(msg.Data(), &m) == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := w.exitWrite(context.Background(), 2*time.Second)
 		a := &attemptState{msg: msg, m: m, key: stream.ShardKey(m.Run, m.ID)}
 		if err := w.loadRecord(ctx, a); err == nil && a.rec.State == stream.ShardPending {
 			a.rec.Interrupted++

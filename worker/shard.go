@@ -640,6 +640,8 @@ func charged(rec *stream.ShardRecord, round int) int {
 
 // putRecord writes a.rec with compare-and-set from a.rev.
 func (w *Worker) putRecord(ctx context.Context, a *attemptState) error {
+	ctx, cancel := w.storeCtx(ctx)
+	defer cancel()
 	a.rec.Updated = time.Now().UTC()
 	data, err := stream.Encode(&a.rec)
 	if err != nil {
@@ -1389,7 +1391,7 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		return
 	}
 	if res.outcome == stream.OutcomeOK {
-		err := w.untilStore(ctx, a, func() error { return w.ensureHeld(ctx, l) })
+		err := w.untilStore(ctx, a, func(ctx context.Context) error { return w.ensureHeld(ctx, l) })
 		if err == nil {
 			t := time.Now()
 			err = w.commit(ctx, a, v, l, t)
@@ -1537,7 +1539,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	// claim is tried again once it does, after the lease is renewed (or
 	// taken back: unreachable.go), which it must be by then.
 	tried := false
-	err = w.untilStore(ctx, a, func() error {
+	err = w.untilStore(ctx, a, func(ctx context.Context) error {
 		if tried {
 			if err := w.ensureHeld(ctx, l); err != nil {
 				return err
@@ -1579,7 +1581,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	// Published: the record waits for a coordinator that does not answer
 	// too (were it given up, the next delivery would find the output and
 	// record it, a lease TTL later).
-	if err := w.untilStore(ctx, a, func() error { return w.finish(ctx, a, stream.ShardValidated, "", nil) }); err != nil &&
+	if err := w.untilStore(ctx, a, func(ctx context.Context) error { return w.finish(ctx, a, stream.ShardValidated, "", nil) }); err != nil &&
 		!w.recordedForIt(ctx, a, mk.Manifest) {
 		if stream.IsConflict(err) {
 			return fmt.Errorf("%w (another attempt, or the coordinator, wrote it): output committed, this attempt's record not written: %v", errRecordChanged, err)
@@ -1661,9 +1663,11 @@ var (
 func (w *Worker) handBackUncharged(ctx context.Context, a *attemptState, l *lease, reason, decision, why string, settle func()) {
 	a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, reason
 	a.rec.Interrupted++
-	if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
+	rctx, cancel := w.exitWrite(ctx, requestWait)
+	if err := w.putRecord(rctx, a); err != nil {
 		w.log.Warn("record hand-back", "shard", a.key, "err", err)
 	}
+	cancel()
 	w.release(l)
 	w.admission(a.m.Run, a.m.ID, a.m.Class, decision, why)
 	settle()

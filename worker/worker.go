@@ -345,6 +345,10 @@ type Worker struct {
 	perHost string
 
 	scratch *scratchPool              // {out} and {scratch} directories of attempts
+	// storeGone is done once the coordinator's store takes no more
+	// writes (StoreRefusesWrites): writes on the way out give up.
+	storeGone     context.Context
+	markStoreGone context.CancelFunc
 	coord   atomic.Pointer[coordView] // see learnCoordinator
 	// durable and durableNow share sync barriers at the coordinator: those
 	// before a message is settled, which may wait there for others
@@ -490,7 +494,9 @@ func New(cfg Config) (*Worker, error) {
 		}
 		cfg.Scratch = dir
 	}
+	gone, markGone := context.WithCancel(context.Background())
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
+		storeGone: gone, markStoreGone: markGone,
 		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, preparing: map[string]*running{}, haltedNow: map[string]string{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), runsNews: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
@@ -896,6 +902,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	// could take its name, whose report this one's exit then removed).
 	repCtx, endReports := context.WithCancel(context.WithoutCancel(ctx))
 	defer endReports()
+	// A report in flight when the store stops taking writes would wait
+	// out its request's timeout before the worker could stop.
+	defer context.AfterFunc(w.storeGone, endReports)()
 	reported := make(chan struct{})
 	go func() {
 		defer close(reported)
@@ -1775,7 +1784,7 @@ func (w *Worker) warnOnline(msg string, args ...any) {
 
 // finalReport removes the worker's report so status stops listing it.
 func (w *Worker) finalReport() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := w.exitWrite(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = w.b.Workers.Delete(ctx, w.cfg.Name)
 }

@@ -265,6 +265,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		ended: func() (int64, int64) { return wk.Ended(spec.Name) }, haltAt: *halt, committing: wk.Concluding,
 		commands: func() []string { return wk.Commands(spec.Name) }}
 	final, waitErr := waitRun(waitCtx, coord.JetStream(), spec.Name, wo)
+	if errors.As(waitErr, new(errStoreFull)) {
+		// What the worker writes on its way out would wait out a timeout
+		// each: 12 of the 18 s `run` took to stop after its disk filled.
+		wk.StoreRefusesWrites()
+	}
 	var halted errHalted
 	var haltedWhy []string
 	haltedMore := 0
