@@ -344,12 +344,12 @@ type Worker struct {
 	// other hosts (sharedStateDir), else "": see evidenceFile.
 	perHost string
 
-	scratch *scratchPool              // {out} and {scratch} directories of attempts
+	scratch *scratchPool // {out} and {scratch} directories of attempts
 	// storeGone is done once the coordinator's store takes no more
 	// writes (StoreRefusesWrites): writes on the way out give up.
 	storeGone     context.Context
 	markStoreGone context.CancelFunc
-	coord   atomic.Pointer[coordView] // see learnCoordinator
+	coord         atomic.Pointer[coordView] // see learnCoordinator
 	// durable and durableNow share sync barriers at the coordinator: those
 	// before a message is settled, which may wait there for others
 	// (stream.SettleBarrier), and those before a command starts or an
