@@ -107,7 +107,11 @@ func (w *Worker) retake(ctx context.Context, l *lease, data []byte) error {
 // once instead of each waiting out its request's timeout.
 // `run` took 18 s after its disk filled to say so and stop, 12 s of them
 // in such waits (TestFullStoreStopsTheRunAndItResumes).
-func (w *Worker) StoreRefusesWrites() { w.markStoreGone() }
+func (w *Worker) StoreRefusesWrites() {
+	if w.markStoreGone != nil {
+		w.markStoreGone()
+	}
+}
 
 // requestWait is how long a request to the store waits for its answer
 // where its context sets no deadline (nats.go's jetstream default).
@@ -118,6 +122,9 @@ const requestWait = 5 * time.Second
 // waiting, instead of waiting out its request's timeout.
 func (w *Worker) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
+	if w.storeGone == nil {
+		return ctx, cancel // a worker not made by New: a profile's
+	}
 	stop := context.AfterFunc(w.storeGone, cancel)
 	return ctx, func() {
 		stop()
