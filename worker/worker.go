@@ -346,7 +346,8 @@ type Worker struct {
 
 	scratch *scratchPool // {out} and {scratch} directories of attempts
 	// storeGone is done once the coordinator's store takes no more
-	// writes (StoreRefusesWrites): writes on the way out give up.
+	// writes (StoreRefusesWrites): the worker's store writes then give
+	// up at once (storeCtx).
 	storeGone     context.Context
 	markStoreGone context.CancelFunc
 	coord         atomic.Pointer[coordView] // see learnCoordinator
