@@ -51,7 +51,6 @@ type hostCopies struct {
 	tried bool
 	f     *os.File // nil before the first copy, or where it cannot be opened
 	mine  []bool   // the slots this stager's copies hold
-	own   int      // how many of them
 }
 
 func newHostCopies(dir string, n int) *hostCopies {
@@ -96,7 +95,6 @@ func (h *hostCopies) take(ctx context.Context, waiting func()) (release func(), 
 			// Taken; or no lock to be had there: the slot is this
 			// process's alone, as the stager's own bound already is.
 			h.mine[i], slot = true, i
-			h.own++
 			return false
 		}
 		return true
@@ -111,7 +109,6 @@ func (h *hostCopies) take(ctx context.Context, waiting func()) (release func(), 
 			setRange(h.f, unix.F_UNLCK, int64(slot))
 		}
 		h.mine[slot] = false
-		h.own--
 	}, nil
 }
 
@@ -120,7 +117,13 @@ func (h *hostCopies) take(ctx context.Context, waiting func()) (release func(), 
 func (h *hostCopies) share() float64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.f == nil || h.own == 0 {
+	own := 0
+	for _, m := range h.mine {
+		if m {
+			own++
+		}
+	}
+	if h.f == nil || own == 0 {
 		return 1
 	}
 	others := 0
@@ -134,7 +137,7 @@ func (h *hostCopies) share() float64 {
 		others += int(end - lk.Start)
 		start = end
 	}
-	return float64(h.own) / float64(h.own+others)
+	return float64(own) / float64(own+others)
 }
 
 // close lets go of every slot (the stager's Close).
