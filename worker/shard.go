@@ -1663,11 +1663,10 @@ var (
 func (w *Worker) handBackUncharged(ctx context.Context, a *attemptState, l *lease, reason, decision, why string, settle func()) {
 	a.rec.State, a.rec.Owner, a.rec.Reason = stream.ShardPending, nil, reason
 	a.rec.Interrupted++
-	rctx, cancel := w.exitWrite(ctx, requestWait)
-	if err := w.putRecord(rctx, a); err != nil {
+	// putRecord gives up by itself once the store takes no writes.
+	if err := w.putRecord(context.WithoutCancel(ctx), a); err != nil {
 		w.log.Warn("record hand-back", "shard", a.key, "err", err)
 	}
-	cancel()
 	w.release(l)
 	w.admission(a.m.Run, a.m.ID, a.m.Class, decision, why)
 	settle()

@@ -113,10 +113,6 @@ func (w *Worker) StoreRefusesWrites() {
 	}
 }
 
-// requestWait is how long a request to the store waits for its answer
-// where its context sets no deadline (nats.go's jetstream default).
-const requestWait = 5 * time.Second
-
 // storeCtx is ctx, ended too once the store takes no more writes
 // (StoreRefusesWrites): a write then gives up at once, also one already
 // waiting, instead of waiting out its request's timeout.
