@@ -114,6 +114,11 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (n int, 
 func (w *Worker) decide(v *admitView, class string, inflight int, peak plan.Peak, gpu bool, o others) (k int, detail string, short bool, hold Hold) {
 	snap := v.snap
 	budget := plan.FromProbe(snap.Budget)
+	if m := budget["memory"]; learnedAbove(peak, m) {
+		// A shard of it ran here: a peak learned of it must not leave the
+		// class no slot at all (learn.go).
+		peak.Memory, peak.Source = m.N, peak.Source+"; capped at the memory budget"
+	}
 	// The view's running shards may still grow to their peaks; every shard
 	// of the class in flight that was not running when the view was taken
 	// (fetched and not started then, or admitted since) will grow to its
@@ -454,6 +459,7 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 		return nil
 	}
 	peaks, gpu, scratch := map[string]plan.Peak{}, map[string]bool{}, map[string][]scratchDecl{}
+	runs := map[string][]runBase{}
 	for _, k := range keys {
 		e, err := w.b.Runs.Get(ctx, k)
 		if err != nil {
@@ -471,6 +477,7 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 			if v := r.MeasuredVRAM[c]; v > d.VRAM && d.GPUs > 0 {
 				d.VRAM = v
 			}
+			runs[c] = append(runs[c], runBase{run: r.Name, fp: r.Fingerprint, memory: d.Memory, source: d.Source})
 			cur := peaks[c]
 			cur.CPU, cur.Memory, cur.GPUs, cur.VRAM = max(cur.CPU, d.CPU), max(cur.Memory, d.Memory), max(cur.GPUs, d.GPUs), max(cur.VRAM, d.VRAM)
 			cur.Source = d.Source
@@ -482,6 +489,7 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 		}
 	}
 	w.mu.Lock()
+	w.applyLearned(peaks, runs)
 	w.peaks, w.gpuClass, w.scratchNeed = peaks, gpu, scratch
 	w.pruneStagedLocked()
 	w.mu.Unlock()
@@ -522,6 +530,9 @@ type liveShard struct {
 	class string
 	peak  int64
 	seq   uint64
+	// run, fp and id name the shard's run, job and shard, for what is
+	// learned of its peak (learn.go).
+	run, fp, id string
 	// seen, where the shard has no cgroup to measure it, is the largest
 	// RSS of its process group sampled so far (notePeaks), under w.mu;
 	// since is when the command started.
@@ -540,10 +551,11 @@ type liveShard struct {
 // below the worker's size, and a command that runs liveFirstSample or
 // more is measured this way instead (short peaks between samples are
 // missed).
-func (w *Worker) trackLive(class string, peak int64, sample bool) (onStart func(int) func(), seen func() int64) {
+func (w *Worker) trackLive(shard liveShard, sample bool) (onStart func(int) func(), seen func() int64) {
 	var got int64
 	onStart = func(pgid int) func() {
-		s := liveShard{class: class, peak: peak, since: time.Now()}
+		s := shard
+		s.since = time.Now()
 		if sample {
 			s.seen = &got
 		}
@@ -575,16 +587,31 @@ func (w *Worker) liveEnd(pgid int) {
 // sees it before its size.
 func (w *Worker) notePeaks(live map[int]liveShard, rss map[int]int64) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	now := time.Now()
+	var grown []liveShard
 	for pgid, s := range live {
-		if cur, ok := w.live[pgid]; ok && cur.seq == s.seq && s.seen != nil {
+		cur, ok := w.live[pgid]
+		if !ok || cur.seq != s.seq {
+			continue
+		}
+		// Any running shard, sampled or with a cgroup, that already holds
+		// well more than its class's peak teaches admission now, not at
+		// its end, which may be hours away.
+		if l := w.learned[runClass{s.run, s.class}].bytes; l > 0 && rss[pgid] > l || l == 0 && wellAbove(rss[pgid], s.peak) {
+			s.peak = rss[pgid]
+			grown = append(grown, s)
+		}
+		if s.seen != nil {
 			*s.seen = max(*s.seen, rss[pgid])
 			if now.Sub(cur.since) >= liveFirstSample {
 				cur.sampled = now
 				w.live[pgid] = cur
 			}
 		}
+	}
+	w.mu.Unlock()
+	for _, s := range grown {
+		w.learnPeak(s.run, s.fp, s.class, s.id, s.peak)
 	}
 }
 
@@ -651,9 +678,11 @@ func (w *Worker) growthRoom() (int64, map[int]liveShard) {
 	rss := groupRSS(w.cfg.ProcRoot, live)
 	w.notePeaks(live, rss)
 	var g int64
+	w.mu.Lock()
 	for pgid, s := range live {
-		g += max(s.peak-rss[pgid], 0)
+		g += max(w.livePeak(s)-rss[pgid], 0)
 	}
+	w.mu.Unlock()
 	return g, live
 }
 

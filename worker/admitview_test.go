@@ -42,7 +42,7 @@ func TestAdmissionViewIsSharedBriefly(t *testing.T) {
 	w := autoWorkerOnFixture(t)
 	w.viewFor = time.Minute // the cases below are about which looks are shared, not for how long
 	const gib = int64(1) << 30
-	onStart, _ := w.trackLive("cpu", 2*gib, false)
+	onStart, _ := w.trackLive(liveShard{class: "cpu", peak: 2 * gib}, false)
 	onStart(999_991) // running before the look; no such process, so it may grow by its whole peak
 
 	v1, err := w.admissionView(ctx, false, false)

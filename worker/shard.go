@@ -1025,7 +1025,7 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	}
 	// Without a cgroup the process group's RSS is sampled while the
 	// command runs: its peak where the kernel's figure says nothing.
-	onStart, sampled := w.trackLive(a.m.Class, peak, cg == nil)
+	onStart, sampled := w.trackLive(liveShard{class: a.m.Class, peak: peak, run: a.m.Run, fp: a.m.Fingerprint, id: a.m.ID}, cg == nil)
 	rr := &running{key: a.key, run: a.m.Run, id: a.m.ID, class: a.m.Class, attempt: a.attempt, started: time.Now(), preempt: make(chan struct{})}
 	w.addRunning(rr)
 	var res result
@@ -1056,7 +1056,10 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 			res.reason = fmt.Sprintf("killed by the OOM killer at the class's memory limit of %s (its own cgroup)", stream.FormatSize(cls.Memory))
 		}
 	}
-	w.warnPeakAbove(a, peak, source, max(res.peakMemory, res.peakRSS))
+	if got := max(res.peakMemory, res.peakRSS); got > 0 {
+		w.learnPeak(a.m.Run, a.m.Fingerprint, a.m.Class, a.m.ID, got)
+		w.warnPeakAbove(a, peak, source, got)
+	}
 	if res.outcome == stream.OutcomeOK {
 		vlog := logPath
 		if res.log != "" {
@@ -1083,15 +1086,21 @@ const peakAboveMin = 16 << 20
 // measuring one peak (a cgroup's; sampled RSS, which counts the shared
 // libraries of a pipeline's processes once each).
 func (w *Worker) warnPeakAbove(a *attemptState, reserved int64, source string, got int64) {
-	if reserved <= 0 || got <= reserved+reserved/4 || got-reserved < peakAboveMin {
+	if !wellAbove(got, reserved) {
 		return
 	}
 	todo := "profile again, with a \"cost\" on each manifest line where shards differ in the work they do (docs/admission.md)"
-	if !strings.HasPrefix(source, "measured") {
+	if !strings.HasPrefix(source, "measured") && !strings.HasPrefix(source, "learned") {
 		todo = "declare the class's memory as its largest shard needs it"
 	}
-	msg := fmt.Sprintf("shard %s of class %s peaked at %s, above the %s per shard its admission reserves (%s): more shards may be started than this host can hold once they grow; %s",
-		a.m.ID, a.m.Class, stream.FormatSize(got), stream.FormatSize(reserved), source, todo)
+	risk := "more shards may be started than this host can hold once they grow"
+	if w.cfg.Auto {
+		// learnPeak raised what admission reserves; shards admitted
+		// before, and other hosts' workers, went by the smaller figure.
+		risk = "shards admitted before this one was seen went by that figure; this worker's admission now reserves the largest peak seen"
+	}
+	msg := fmt.Sprintf("shard %s of class %s peaked at %s, above the %s per shard its admission reserves (%s): %s; %s",
+		a.m.ID, a.m.Class, stream.FormatSize(got), stream.FormatSize(reserved), source, risk, todo)
 	key := runClass{a.m.Run, a.m.Class}
 	w.mu.Lock()
 	_, warned := w.peakWarned[key]

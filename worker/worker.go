@@ -254,11 +254,16 @@ type Worker struct {
 	// peakWarned holds, per run and class warnPeakAbove has warned of,
 	// what it said.
 	peakWarned map[runClass]string
-	liveSeq    uint64
-	gates      map[string]*gate  // per class served: its shards in flight
-	gpuRes     map[string]string // GPU UUID -> shard key holding it
-	ledger     *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
-	sharing    atomic.Bool       // the last admission decision saw other active workers in the ledger
+	// learned is, per run and class, the peak learned of its shards
+	// where that went well above the run's own figure; classRuns the
+	// active runs of each class with that figure (learn.go). Under mu.
+	learned   map[runClass]learnedPeak
+	classRuns map[string][]runBase
+	liveSeq   uint64
+	gates     map[string]*gate  // per class served: its shards in flight
+	gpuRes    map[string]string // GPU UUID -> shard key holding it
+	ledger    *hostLedger       // what this host's workers hold (all write; auto ones read); nil without
+	sharing   atomic.Bool       // the last admission decision saw other active workers in the ledger
 
 	// scratchNeed is, per class, what the active runs that declare
 	// scratch or stage their inputs need of it; scratchHeld counts its
@@ -498,7 +503,7 @@ func New(cfg Config) (*Worker, error) {
 	gone, markGone := context.WithCancel(context.Background())
 	return &Worker{cfg: cfg, meter: meter, defaultScratch: defaultScratch, viewFor: admitViewFor, log: cfg.Logger.With("component", "worker", "worker", cfg.Name),
 		storeGone: gone, markStoreGone: markGone,
-		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, preparing: map[string]*running{}, haltedNow: map[string]string{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), runsNews: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
+		running: map[string]int{}, logs: map[string]*openLog{}, announced: map[string]bool{}, runs: map[string]cachedRun{}, dirs: map[string]bool{}, envs: map[string][]string{}, live: map[int]liveShard{}, peakWarned: map[runClass]string{}, learned: map[runClass]learnedPeak{}, gates: map[string]*gate{}, gpuRes: map[string]string{}, active: map[string]*running{}, preparing: map[string]*running{}, haltedNow: map[string]string{}, fixed: maps.Collect(maps.All(cfg.Slots)), waits: map[string]string{}, poke: make(chan struct{}, 1), runsNews: make(chan struct{}, 1), hurry: make(chan struct{}), drain: make(chan struct{}), held: map[string]int{}, awaiting: map[string]int{}, owning: map[string]bool{}, preflighted: map[string]bool{}}, nil
 }
 
 // bucketWait bounds the wait for the coordinator's buckets at start.

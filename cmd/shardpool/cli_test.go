@@ -1780,6 +1780,12 @@ func TestRunSaysWhenAShardOutgrewItsPeak(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^memory:   shard s0000 of class cpu peaked at 4\d\.\dMiB, above the 4\.0MiB per shard its admission reserves \(measured \(profile\.json\)\): .* \(decision=peak-above in .*admission\.log\)$`).MatchString(p.Output()) {
 		t.Errorf("run's verdict lacks the memory: line of a shard that outgrew its class's peak:\n%s", p.Output())
 	}
+	// Its worker (run's is in auto mode) learned the larger peak while
+	// the shard ran, or at its end.
+	runLog, _ := os.ReadFile(filepath.Join(data, "runs", "grow", "admission.log"))
+	if !regexp.MustCompile(`shard=s0000 class=cpu decision=peak-learned admission on this worker reserves \d+\.\dMiB per shard of the class from now on \(learned from shard s0000, above the 4\.0MiB measured \(profile\.json\)\)`).Match(runLog) {
+		t.Errorf("the run's admission.log lacks the peak its worker learned:\n%s", runLog)
+	}
 }
 
 // TestProfileCommand: `shardpool profile` measures the smallest, median

@@ -1,0 +1,134 @@
+package worker
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/shardpool/shardpool/coordinator/plan"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/worker/probe"
+)
+
+// Learned peaks: admission reserves per shard the peak its run declares
+// or its profile measured. A shard seen to hold well more than that (a
+// profile whose samples missed the largest shards, a declared memory
+// that was a guess) raises what this worker reserves for the run's class
+// to the largest peak seen, for the shards it admits from then on and
+// for the growth of those still running. Only upward, for the same job
+// (fingerprint), in this worker's memory: a worker started again begins
+// from the run's figure, and learns again from its first large shard.
+// A learned peak above the host's memory budget counts as the budget: a
+// shard that ran here, measured as a sum of RSS that may count shared
+// pages more than once, must not leave its class no slot for good.
+
+// learnedPrefix begins the source of a learned peak.
+const learnedPrefix = "learned"
+
+// learnedPeak is the largest peak seen of a run's class, where it went
+// well above the run's own figure.
+type learnedPeak struct {
+	fp     string
+	bytes  int64
+	source string
+	// logged is the learned peak admission.log last announced: a rise by
+	// a quarter more is announced again, not every sample's few KiB.
+	logged int64
+}
+
+// runBase is an active run of a class and the peak its record gives the
+// class (declared or measured), which learning compares with.
+type runBase struct {
+	run, fp string
+	memory  int64
+	source  string
+}
+
+// wellAbove says whether got is a peak well above reserved: by a quarter
+// and by peakAboveMin at least, the margins that keep apart two ways of
+// measuring one peak (a cgroup's; sampled RSS, which counts the shared
+// libraries of a pipeline's processes once each).
+func wellAbove(got, reserved int64) bool {
+	return reserved > 0 && got > reserved+reserved/4 && got-reserved >= peakAboveMin
+}
+
+// learnPeak records got, a peak of shard id of run (fingerprint fp) and
+// class, measured at the end of its attempt or sampled while it runs. It
+// changes what admission reserves only where got is well above the run's
+// own figure for the class, or above what was learned already.
+func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
+	w.mu.Lock()
+	var base *runBase
+	for i, b := range w.classRuns[class] {
+		if b.run == run && b.fp == fp {
+			base = &w.classRuns[class][i]
+			break
+		}
+	}
+	key := runClass{run, class}
+	l, had := w.learned[key]
+	if had && l.fp != fp {
+		l, had = learnedPeak{}, false
+	}
+	if base == nil || got <= l.bytes || (!had && !wellAbove(got, base.memory)) {
+		w.mu.Unlock()
+		return
+	}
+	l.fp, l.bytes = fp, got
+	l.source = fmt.Sprintf(learnedPrefix+" from shard %s, above the %s %s", id, stream.FormatSize(base.memory), base.source)
+	announce := l.logged == 0 || got > l.logged+l.logged/4
+	if announce {
+		l.logged = got
+	}
+	w.learned[key] = l
+	if p, ok := w.peaks[class]; ok && got > p.Memory {
+		p.Memory, p.Source = got, l.source
+		w.peaks[class] = p
+	}
+	w.mu.Unlock()
+	if !announce || !w.cfg.Auto {
+		return
+	}
+	msg := fmt.Sprintf("admission on this worker reserves %s per shard of the class from now on (%s); this worker forgets it when it stops", stream.FormatSize(got), l.source)
+	w.admission(run, id, class, "peak-learned", msg)
+	w.hostLog(class, "peak-learned", "run "+run+": "+msg)
+}
+
+// applyLearned raises the peaks refreshPeaks found, per class, to what
+// was learned for its active runs, keeps the runs for learnPeak, and
+// forgets what was learned for runs no longer active or of another job.
+// Under w.mu.
+func (w *Worker) applyLearned(peaks map[string]plan.Peak, runs map[string][]runBase) {
+	active := map[runClass]string{}
+	for class, bs := range runs {
+		for _, b := range bs {
+			active[runClass{b.run, class}] = b.fp
+		}
+	}
+	for k, l := range w.learned {
+		if fp, ok := active[k]; !ok || fp != l.fp {
+			delete(w.learned, k)
+			continue
+		}
+		if p := peaks[k.class]; l.bytes > p.Memory {
+			p.Memory, p.Source = l.bytes, l.source
+			peaks[k.class] = p
+		}
+	}
+	w.classRuns = runs
+}
+
+// livePeak is the peak the growth estimate reserves for a running shard:
+// its class's when it started, or what was learned of its run's class
+// since, where that is more. Under w.mu.
+func (w *Worker) livePeak(s liveShard) int64 {
+	if l, ok := w.learned[runClass{s.run, s.class}]; ok && l.fp == s.fp && l.bytes > s.peak {
+		return l.bytes
+	}
+	return s.peak
+}
+
+// learnedAbove says whether peak is a learned one above a known memory
+// budget b.
+func learnedAbove(peak plan.Peak, b probe.Value) bool {
+	return strings.HasPrefix(peak.Source, learnedPrefix) && b.IsKnown() && peak.Memory > b.N
+}
