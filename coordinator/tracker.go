@@ -95,6 +95,10 @@ type runInfo struct {
 	// events up to it are in what was read, or were purged with the run.
 	forgotten bool
 	floor     uint64
+	// peaks is, per class, the largest attempt peak of the shards of
+	// generation peaksFP (notePeak), for the record's PeaksSeen.
+	peaks   map[string]stream.PeakSeen
+	peaksFP string
 	// unleased holds, while the run is halted, its shards recorded
 	// running that have had no lease since a look, with the revision of
 	// their record and the time then (releaseUnleased).
@@ -515,11 +519,20 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 	if r.Output != nil {
 		si.checksum, si.files, si.bytes = r.Output.Checksum, r.Output.Files, r.Output.Bytes
 	}
-	if si.state == stream.ShardValidated {
-		// Once a shard: its attempts decoded for what they took.
+	// A record's attempts are decoded only where one may have ended
+	// since: once a shard on the way of most (its validated record),
+	// again for each failure.
+	ended := si.attempts > 0 && si.state != stream.ShardRunning &&
+		(old == nil || old.state == stream.ShardRunning || si.attempts != old.attempts || old.fp != si.fp)
+	if ended || si.state == stream.ShardValidated {
 		var tm stream.ShardTimes
 		if stream.Decode(e.Value(), &tm) == nil {
-			si.took, si.peak, _ = tm.Validated()
+			if si.state == stream.ShardValidated {
+				si.took, si.peak, _ = tm.Validated()
+			}
+			if si.fp == ri.rec.Fingerprint {
+				ri.notePeak(si.class, id, tm.Peak())
+			}
 		}
 	}
 	if old != nil && old.fp == si.fp && si.retry > old.retry {
@@ -540,6 +553,31 @@ func (t *tracker) onShard(e jetstream.KeyValueEntry) bool {
 	ri.dirty = true
 	total := ri.rec.Counts.Total
 	return ri.rec.Queued && total > 0 && ri.n[stream.ShardValidated]+ri.n[stream.ShardFailed] >= total
+}
+
+// notePeak keeps peak, shard id's largest attempt peak, where it is the
+// largest of its class in the run's current generation.
+func (ri *runInfo) notePeak(class, id string, peak int64) {
+	if ri.peaksFP != ri.rec.Fingerprint {
+		ri.peaks, ri.peaksFP = nil, ri.rec.Fingerprint
+	}
+	if peak <= ri.peaks[class].Bytes {
+		return
+	}
+	if ri.peaks == nil {
+		ri.peaks = map[string]stream.PeakSeen{}
+	}
+	ri.peaks[class] = stream.PeakSeen{Bytes: peak, Shard: strings.Clone(id)}
+	ri.dirty = true
+}
+
+// peaksSeen is the record's PeaksSeen: the largest attempt peaks of the
+// current generation's shards, per class.
+func (ri *runInfo) peaksSeen() map[string]stream.PeakSeen {
+	if ri.peaksFP != ri.rec.Fingerprint {
+		return nil
+	}
+	return ri.peaks
 }
 
 func (ri *runInfo) add(si *shardInfo, d int) {
@@ -1094,13 +1132,17 @@ func (t *tracker) flushRun(ctx context.Context, name string, ri *runInfo) {
 		t.halt(ctx, name, ri, counts, classes)
 		return
 	}
-	if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) && !ri.retried {
+	peaks := ri.peaksSeen()
+	if state == ri.rec.State && counts == ri.rec.Counts && reason == ri.rec.Reason && maps.Equal(classes, ri.rec.ClassCounts) && maps.Equal(peaks, ri.rec.PeaksSeen) && !ri.retried {
 		ri.dirty = false
 		t.maybeEvidence(ri)
 		return
 	}
 	r := ri.rec
 	r.State, r.Counts, r.ClassCounts, r.Reason = state, counts, classes, reason
+	// A copy: notePeak changes ri.peaks in place, and the record kept as
+	// written must stay what was written.
+	r.PeaksSeen = maps.Clone(peaks)
 	was := ri.rec.State
 	if !t.writeRun(ctx, ri, r) {
 		return

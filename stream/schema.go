@@ -192,6 +192,16 @@ type ShardTimes struct {
 	} `json:"attempts,omitempty"`
 }
 
+// Peak is the largest peak memory of the record's attempts: each
+// one's cgroup peak where it was measured, else its peak RSS.
+func (r *ShardTimes) Peak() int64 {
+	var p int64
+	for _, a := range r.Attempts {
+		p = max(p, a.PeakMemory, a.PeakRSS)
+	}
+	return p
+}
+
 // Validated is what the attempt that validated the shard took: the last
 // attempt, where it ended ok with its command timed. Its peak memory is
 // the shard cgroup's (the whole process tree) where it was measured, else
@@ -315,11 +325,25 @@ type RunRecord struct {
 	// validated so far took, as of a moment up to 10 s before Updated;
 	// absent where none was timed.
 	Timing *Timing `json:"timing,omitempty"`
+	// PeaksSeen is, per class, the largest peak memory an attempt of this
+	// generation recorded (its cgroup's where it had one, else its
+	// process group's RSS), with its shard: workers' admission reserves
+	// it where it is well above the class's declared or measured peak
+	// (docs/admission.md). The coordinator keeps it from the shard
+	// records; absent before an attempt recorded a peak.
+	PeaksSeen map[string]PeakSeen `json:"peaks_seen,omitempty"`
 	// Pace is, before the verdict, how fast the run's shards end
 	// (validated, or failed after their retries) over the tracker's last
 	// minute of it, as of Updated: absent until a few seconds of it saw
 	// shards end.
 	Pace *RunPace `json:"pace,omitempty"`
+}
+
+// PeakSeen is the largest peak memory of a class's attempts
+// (RunRecord's PeaksSeen) and the shard that reached it.
+type PeakSeen struct {
+	Bytes int64  `json:"bytes"`
+	Shard string `json:"shard"`
 }
 
 // RunPace is a run's pace: shards ended a second, and the seconds the

@@ -477,7 +477,7 @@ func (w *Worker) refreshPeaks(ctx context.Context) []string {
 			if v := r.MeasuredVRAM[c]; v > d.VRAM && d.GPUs > 0 {
 				d.VRAM = v
 			}
-			runs[c] = append(runs[c], runBase{run: r.Name, fp: r.Fingerprint, memory: d.Memory, source: d.Source})
+			runs[c] = append(runs[c], runBase{run: r.Name, fp: r.Fingerprint, memory: d.Memory, source: d.Source, seen: r.PeaksSeen[c]})
 			cur := peaks[c]
 			cur.CPU, cur.Memory, cur.GPUs, cur.VRAM = max(cur.CPU, d.CPU), max(cur.Memory, d.Memory), max(cur.GPUs, d.GPUs), max(cur.VRAM, d.VRAM)
 			cur.Source = d.Source
@@ -515,7 +515,9 @@ func runChanged(seen map[string]string, key string, op jetstream.KeyValueOp, r *
 	case op == jetstream.KeyValuePut && r == nil:
 		sig = "undecodable"
 	case op == jetstream.KeyValuePut:
-		sig = fmt.Sprintf("%s/%d/%v", r.Fingerprint, r.Settings, r.State == stream.RunComplete)
+		// With the peaks its shards reached, which admission learns from
+		// (learn.go): a new largest one is rare.
+		sig = fmt.Sprintf("%s/%d/%v/%v", r.Fingerprint, r.Settings, r.State == stream.RunComplete, r.PeaksSeen)
 	}
 	if seen[key] == sig {
 		return false

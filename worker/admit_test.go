@@ -554,3 +554,49 @@ func TestWorkersTakeTurnsWithoutPolling(t *testing.T) {
 		t.Errorf("concurrent shards that each take the whole budget: got %d, want 1", maxSeen)
 	}
 }
+
+// TestPeaksSeenReachEveryWorker: the coordinator keeps the largest peak
+// each class's attempts recorded in the run record, and a worker that
+// never ran a shard of the run admits by it. A run profiled at 32 MiB
+// whose shards hold 200 MiB, on a fixture host of 512 MiB of headroom:
+// w1 (one slot) runs the first; w2, started once the record has its
+// peak, makes its first decision by it, not by the profile's figure.
+func TestPeaksSeenReachEveryWorker(t *testing.T) {
+	src, _ := filepath.Abs("probe/testdata/v2")
+	root := filepath.Join(t.TempDir(), "host")
+	if err := os.CopyFS(root, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	// Limit 8 GiB; working set 8.5 GiB less 1 GiB of inactive file: 512 MiB of headroom.
+	if err := os.WriteFile(filepath.Join(root, "sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope/memory.current"), []byte("9126805504\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{"cpu": 1}, Probe: pr})
+	env.Submit(heldMemoryJob(t, "h", 5, 200, "1.5"), coordinator.SubmitOptions{MeasuredMemory: map[string]int64{"cpu": 32 << 20}})
+	var seen stream.PeakSeen
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		r, err := env.Run("t")
+		seen = r.PeaksSeen["cpu"]
+		return err == nil && seen.Bytes > 0, fmt.Sprintf("the run record's peaks_seen: %+v (%v)", r.PeaksSeen, err)
+	})
+	if seen.Bytes < 200<<20 || seen.Bytes > 240<<20 || !strings.HasPrefix(seen.Shard, "h") {
+		t.Fatalf("peaks_seen of class cpu: %s of shard %q, want about 200 MiB of one of the run's shards", stream.FormatSize(seen.Bytes), seen.Shard)
+	}
+	env.StartWorker("w2", map[string]int{})
+	env.WaitState("t", 90*time.Second, stream.RunComplete)
+	log, _ := os.ReadFile(filepath.Join(env.Data, "admission.log"))
+	var first string
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, "worker=w2 ") && strings.Contains(line, "decision=fetch") {
+			first = line
+			break
+		}
+	}
+	if want := "(learned from shard " + seen.Shard + ", above the 32.0MiB measured (profile.json))"; !strings.Contains(first, want) {
+		t.Errorf("w2's first fetch decision does not go by the peak the run record gave (%q):\n%s\nadmission.log:\n%s", want, first, log)
+	}
+}

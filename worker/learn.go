@@ -15,8 +15,11 @@ import (
 // that was a guess) raises what this worker reserves for the run's class
 // to the largest peak seen, for the shards it admits from then on and
 // for the growth of those still running. Only upward, for the same job
-// (fingerprint), in this worker's memory: a worker started again begins
-// from the run's figure, and learns again from its first large shard.
+// (fingerprint). Two sources: this worker's own shards, sampled while
+// they run and measured at their end (at once), and the run record's
+// PeaksSeen, which the coordinator keeps from every worker's recorded
+// attempts (seconds later, for the whole fleet, and kept across
+// restarts of workers and coordinator).
 // A learned peak above the host's memory budget counts as the budget: a
 // shard that ran here, measured as a sum of RSS that may count shared
 // pages more than once, must not leave its class no slot for good.
@@ -41,6 +44,9 @@ type runBase struct {
 	run, fp string
 	memory  int64
 	source  string
+	// seen is the largest peak the run's record gives of the class's
+	// attempts (PeaksSeen).
+	seen stream.PeakSeen
 }
 
 // wellAbove says whether got is a peak well above reserved: by a quarter
@@ -73,8 +79,7 @@ func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
 		w.mu.Unlock()
 		return
 	}
-	l.fp, l.bytes = fp, got
-	l.source = fmt.Sprintf(learnedPrefix+" from shard %s, above the %s %s", id, stream.FormatSize(base.memory), base.source)
+	l.fp, l.bytes, l.source = fp, got, learnedSource(id, *base)
 	announce := l.logged == 0 || got > l.logged+l.logged/4
 	if announce {
 		l.logged = got
@@ -88,7 +93,7 @@ func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
 	if !announce || !w.cfg.Auto {
 		return
 	}
-	msg := fmt.Sprintf("admission on this worker reserves %s per shard of the class from now on (%s); this worker forgets it when it stops", stream.FormatSize(got), l.source)
+	msg := fmt.Sprintf("admission on this worker reserves %s per shard of the class from now on (%s); the other workers learn it from the run record once the attempt is recorded", stream.FormatSize(got), l.source)
 	w.admission(run, id, class, "peak-learned", msg)
 	w.hostLog(class, "peak-learned", "run "+run+": "+msg)
 }
@@ -101,7 +106,21 @@ func (w *Worker) applyLearned(peaks map[string]plan.Peak, runs map[string][]runB
 	active := map[runClass]string{}
 	for class, bs := range runs {
 		for _, b := range bs {
-			active[runClass{b.run, class}] = b.fp
+			k := runClass{b.run, class}
+			active[k] = b.fp
+			// What the fleet's recorded attempts reached: learned as if
+			// seen here, without a line of its own (each decision's peak
+			// names it), as this worker did not see it happen.
+			l := w.learned[k]
+			if l.fp != b.fp {
+				l = learnedPeak{}
+			}
+			if wellAbove(b.seen.Bytes, b.memory) && b.seen.Bytes > l.bytes {
+				if w.learned == nil {
+					w.learned = map[runClass]learnedPeak{}
+				}
+				w.learned[k] = learnedPeak{fp: b.fp, bytes: b.seen.Bytes, source: learnedSource(b.seen.Shard, b), logged: max(l.logged, b.seen.Bytes)}
+			}
 		}
 	}
 	for k, l := range w.learned {
@@ -131,4 +150,10 @@ func (w *Worker) livePeak(s liveShard) int64 {
 // budget b.
 func learnedAbove(peak plan.Peak, b probe.Value) bool {
 	return strings.HasPrefix(peak.Source, learnedPrefix) && b.IsKnown() && peak.Memory > b.N
+}
+
+// learnedSource says where a learned peak comes from, as admission's
+// decisions name it.
+func learnedSource(shard string, base runBase) string {
+	return fmt.Sprintf("%s from shard %s, above the %s %s", learnedPrefix, shard, stream.FormatSize(base.memory), base.source)
 }
