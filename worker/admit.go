@@ -101,7 +101,7 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (n int, 
 		// The others would not see these shards: admit none.
 		return 0, fmt.Sprintf("class %s: %v: admitting nothing", class, err), false
 	}
-	if k > 0 {
+	if k > 0 && w.gate(class).logFetch(k, time.Now()) {
 		w.hostLog(class, "fetch", detail)
 	}
 	return k, detail, false

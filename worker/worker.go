@@ -1130,6 +1130,10 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 	// A wait is logged when its reason changes: "4 of 4 slots in use",
 	// the usual state of a busy worker, once, not before every fetch.
 	lastWhy := ""
+	// dryWait is the expiry of the fetches made while the queue is dry
+	// (dryFetch), 0 while it is not; drySince is when it ran dry.
+	var dryWait time.Duration
+	var drySince time.Time
 	recheck := time.NewTimer(time.Second)
 	defer recheck.Stop()
 	for {
@@ -1175,8 +1179,18 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 			<-ctx.Done()
 			return nil
 		}
+		wait := w.cfg.FetchWait
+		switch {
+		case !g.dry():
+			dryWait, drySince = 0, time.Time{}
+		case drySince.IsZero():
+			drySince = time.Now()
+		case time.Since(drySince) >= dryFetchAfter:
+			dryWait = dryFetch(dryWait, wait)
+			wait = dryWait
+		}
 		g.add(n)
-		batch, err := puller.Fetch(n, w.cfg.FetchWait)
+		batch, err := puller.Fetch(n, wait)
 		if err != nil {
 			g.unasked(n)
 			if ctx.Err() != nil {
@@ -1248,6 +1262,36 @@ func (w *Worker) serve(ctx, shardCtx context.Context, stop <-chan struct{}, clas
 	}
 }
 
+// dryFetchMax bounds the expiry of the fetches a worker makes while its
+// class's queue is dry: once it has been dry for dryFetchAfter, each one
+// that comes back empty doubles the next one's, from the configured
+// FetchWait up to this (or FetchWait, where that is longer). A shard
+// queued meanwhile is delivered to the open request at once; what the
+// longer expiry costs is the wait for it when the worker stops. `run`'s
+// worker fetches with a 20 ms expiry, so that it exits at once when the
+// run completes: while the last shard of a run ran for an hour, it asked
+// 50 times a second, each time an admission decision with its line in
+// admission.log (170,000 lines, about 6% of a CPU). The usual tail of a
+// run, its last shards concluding for some milliseconds, keeps the short
+// expiry and exits as fast as before.
+const (
+	dryFetchMax   = 250 * time.Millisecond
+	dryFetchAfter = time.Second
+)
+
+// dryFetch is the expiry of the next fetch while the queue stays dry, the
+// last one's having been last (0: the first since it ran dry).
+func dryFetch(last, fetchWait time.Duration) time.Duration {
+	if last <= 0 {
+		return fetchWait
+	}
+	return max(min(2*last, dryFetchMax), fetchWait)
+}
+
+// dryLogEvery is how often a fetch decision goes to admission.log while
+// the queue is dry and the decision is the same (logFetch).
+const dryLogEvery = time.Minute
+
 // gate counts a class's shards in flight (requested or running).
 type gate struct {
 	mu       sync.Mutex
@@ -1259,6 +1303,28 @@ type gate struct {
 	// slot it holds is an open fetch (no wait to report then): the first
 	// shard delivered makes it the worker's reason to wait.
 	pendingWhy string
+	// loggedK and loggedAt are the last fetch decision logFetch let
+	// through; dryLogged says it was made while the queue was dry.
+	loggedK   int
+	loggedAt  time.Time
+	dryLogged bool
+}
+
+// logFetch says whether a decision to fetch k goes to admission.log:
+// every one while the queue has shards; while it is dry, where every
+// fetch comes back empty and the loop asks again, the first, then one a
+// minute, or one that fetches another number.
+func (g *gate) logFetch(k int, now time.Time) bool {
+	if g == nil {
+		return true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.drained && g.dryLogged && k == g.loggedK && now.Sub(g.loggedAt) < dryLogEvery {
+		return false
+	}
+	g.loggedK, g.loggedAt, g.dryLogged = k, now, g.drained
+	return true
 }
 
 // arrived counts a shard asked for and delivered, and returns the wait

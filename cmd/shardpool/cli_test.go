@@ -1788,6 +1788,38 @@ func TestRunSaysWhenAShardOutgrewItsPeak(t *testing.T) {
 	}
 }
 
+// TestRunWaitsQuietlyForItsLastShard: `run`'s worker fetches with a short
+// expiry so that it exits as soon as the run completes; while the last
+// shard ran on and the queue stayed empty it asked 50 times a second,
+// each time with an admission decision in admission.log. Now the fetches
+// of a dry queue wait longer, and the same decision is logged once: a
+// last shard of 3 s leaves a few fetch lines, not 150.
+func TestRunWaitsQuietlyForItsLastShard(t *testing.T) {
+	data := t.TempDir()
+	job := testenv.WriteJob(t, testenv.Job{Name: "tail", Shards: 2, Extra: "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n",
+		Line: func(i int, in string) string {
+			return fmt.Sprintf(`{"id":"s%d","inputs":[%q],"params":{"secs":"%d"}}`, i, in, []int{3, 0}[i])
+		},
+		Command: []string{"sh", "-c", `sleep "$SHARDPOOL_PARAM_SECS"`}})
+	start := time.Now()
+	p := testenv.Start(t, "run", "--data", data, job)
+	if code := p.Wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, p.Output())
+	}
+	took := time.Since(start)
+	log, err := os.ReadFile(filepath.Join(data, "admission.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "decision=fetch"); n < 1 || n > 6 {
+		t.Errorf("admission.log has %d fetch decisions for 2 shards, one of them 3 s alone; want a few:\n%s", n, log)
+	}
+	// It still exits soon after: the fetches wait at most a quarter of a second.
+	if took > 12*time.Second {
+		t.Errorf("run of a 3 s shard took %s", took.Round(time.Millisecond))
+	}
+}
+
 // TestProfileCommand: `shardpool profile` measures the smallest, median
 // and largest shard, writes profile.json, and where the spec names no
 // malformed input says how to add one; with one declared it runs it as
