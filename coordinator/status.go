@@ -130,8 +130,13 @@ type RunStatus struct {
 	Timing *stream.Timing `json:"timing,omitempty"`
 	// Pace is, before the verdict, how fast the run's shards end, as of
 	// Updated (the run record's).
-	Pace   *stream.RunPace      `json:"pace,omitempty"`
-	Shards []stream.ShardRecord `json:"shards,omitempty"`
+	Pace *stream.RunPace `json:"pace,omitempty"`
+	// PeaksSeen is, per class, the largest peak memory an attempt of the
+	// run's generation recorded, with its shard (the run record's), which
+	// workers' admission reserves where it is well above the class's
+	// declared or measured peak.
+	PeaksSeen map[string]stream.PeakSeen `json:"peaks_seen,omitempty"`
+	Shards    []stream.ShardRecord       `json:"shards,omitempty"`
 	// Forgotten is, in the evidence form, when the run was forgotten
 	// (forgotten.json) after this verdict: its records are gone from the
 	// store, its outputs and evidence stay.
@@ -249,7 +254,7 @@ func unqueued(ctx context.Context, js jetstream.JetStream, r RunStatus) string {
 func runStatus(ctx context.Context, b *stream.Buckets, r stream.RunRecord, shards bool) (RunStatus, error) {
 	rs := RunStatus{Name: r.Name, State: r.State, Fingerprint: r.Fingerprint, Counts: r.Counts, Reason: r.Reason,
 		Resume: resumeCommand(r), Evidence: r.Evidence, Output: r.Spec.Output, Submitted: r.Submitted, Updated: r.Updated,
-		ClassCounts: r.ClassCounts, Halt: r.Halt, Halted: r.Halted}
+		ClassCounts: r.ClassCounts, Halt: r.Halt, Halted: r.Halted, PeaksSeen: r.PeaksSeen}
 	rs.Timing = r.Timing // before the verdict, of the shards validated so far
 	if r.State != stream.RunComplete && r.State != stream.RunBlocked {
 		rs.Pace = r.Pace

@@ -349,6 +349,12 @@ func (t *tracker) onRun(ctx context.Context, e jetstream.KeyValueEntry) {
 		ri.retried = true
 	}
 	ri.rec, ri.rev, ri.known, ri.dirty = r, e.Revision(), true, true
+	// The peaks the record has kept (this tracker's before a restart, or
+	// another coordinator's) stand until its shards' records are read
+	// again: a flush in between must not write them away.
+	for class, p := range r.PeaksSeen {
+		ri.notePeak(class, p.Shard, p.Bytes)
+	}
 	if fpChanged {
 		ri.n, ri.byClass = map[string]int{}, map[string]map[string]int{}
 		for _, si := range ri.shards {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator"
@@ -1786,6 +1787,81 @@ func TestRunSaysWhenAShardOutgrewItsPeak(t *testing.T) {
 	if !regexp.MustCompile(`shard=s0000 class=cpu decision=peak-learned admission on this worker reserves \d+\.\dMiB per shard of the class from now on \(learned from shard s0000, above the 4\.0MiB measured \(profile\.json\)\)`).Match(runLog) {
 		t.Errorf("the run's admission.log lacks the peak its worker learned:\n%s", runLog)
 	}
+}
+
+// TestResumedRunAdmitsByThePeakItSaw: a run profiled at 4 MiB whose
+// shards hold 40 MiB, killed (SIGKILL) once its record has the peak one
+// of them reached, and run again: the resumed worker's first decision
+// reserves that peak, which the run record kept through the restart of
+// coordinator and worker, not the profile's 4 MiB.
+func TestResumedRunAdmitsByThePeakItSaw(t *testing.T) {
+	data := t.TempDir()
+	job := testenv.WriteJob(t, testenv.Job{Name: "grow", Shards: 6, Retries: 2, Command: []string{"sh", "-c", `{ head -c 40M /dev/zero; sleep 2; } | tail -n 1 > /dev/null`}})
+	spec, _ := testenv.LoadJob(t, job)
+	prof := fmt.Sprintf(`{"classes":{"cpu":{"cpu":1000,"memory":%d,"source":"measured (profile.json)"}},"job_fingerprint":%q}`, 4<<20, plan.JobFingerprint(spec))
+	if err := os.MkdirAll(filepath.Join(data, "runs", "grow"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "runs", "grow", "profile.json"), []byte(prof), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.Start(t, "run", "--data", data, job)
+	re := regexp.MustCompile(`nats: (nats://\S+), token in (\S+)`)
+	var m []string
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		m = re.FindStringSubmatch(p.Output())
+		return m != nil, "run has not printed its URL and token file:\n" + p.Output()
+	})
+	tok, err := coordinator.ReadToken(m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(m[1], nats.Token(tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b, err := stream.WaitBuckets(context.Background(), mustJS(t, nc), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen stream.PeakSeen
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		var r stream.RunRecord
+		if e, err := b.Runs.Get(context.Background(), "grow"); err == nil && stream.Decode(e.Value(), &r) == nil {
+			seen = r.PeaksSeen["cpu"]
+		}
+		return seen.Bytes > 0, "the run record has no peaks_seen yet"
+	})
+	nc.Close()
+	p.Signal(syscall.SIGKILL)
+	p.Wait(t, 30*time.Second)
+	if seen.Bytes < 40<<20 {
+		t.Fatalf("peaks_seen of class cpu: %s of %s, want 40 MiB or more", stream.FormatSize(seen.Bytes), seen.Shard)
+	}
+	hostLog := filepath.Join(data, "admission.log")
+	if err := os.Rename(hostLog, hostLog+".first"); err != nil {
+		t.Fatal(err)
+	}
+	again := testenv.Start(t, "run", "--data", data, job)
+	if code := again.Wait(t, 90*time.Second); code != 0 {
+		t.Fatalf("run again: exit %d\n%s", code, again.Output())
+	}
+	log, _ := os.ReadFile(hostLog)
+	first := regexp.MustCompile(`(?m)^.* decision=fetch .*$`).FindString(string(log))
+	if want := "(learned from shard " + seen.Shard + ", above the 4.0MiB measured (profile.json))"; !strings.Contains(first, want) {
+		t.Errorf("the resumed run's first fetch decision lacks %q:\n%s", want, first)
+	}
+}
+
+// mustJS is nc's JetStream.
+func mustJS(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // TestRunWaitsQuietlyForItsLastShard: `run`'s worker fetches with a short
