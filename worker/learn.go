@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 
 	"github.com/shardpool/shardpool/coordinator/plan"
@@ -86,8 +87,12 @@ func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
 	}
 	w.learned[key] = l
 	if p, ok := w.peaks[class]; ok && got > p.Memory {
+		// A new map: refreshPeaks reads the one it made after handing
+		// it over, outside the lock.
 		p.Memory, p.Source = got, l.source
-		w.peaks[class] = p
+		peaks := maps.Clone(w.peaks)
+		peaks[class] = p
+		w.peaks = peaks
 	}
 	w.mu.Unlock()
 	if !announce || !w.cfg.Auto {
