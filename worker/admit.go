@@ -599,7 +599,7 @@ func (w *Worker) notePeaks(live map[int]liveShard, rss map[int]int64) {
 		// Any running shard, sampled or with a cgroup, that already holds
 		// well more than its class's peak teaches admission now, not at
 		// its end, which may be hours away.
-		if l := w.learned[runClass{s.run, s.class}].bytes; l > 0 && rss[pgid] > l || l == 0 && wellAbove(rss[pgid], s.peak) {
+		if l := w.learned[runClass{s.run, s.class}].bytes; l > 0 && rss[pgid] > l || l == 0 && plan.WellAbove(rss[pgid], s.peak) {
 			s.peak = rss[pgid]
 			grown = append(grown, s)
 		}

@@ -50,14 +50,6 @@ type runBase struct {
 	seen stream.PeakSeen
 }
 
-// wellAbove says whether got is a peak well above reserved: by a quarter
-// and by peakAboveMin at least, the margins that keep apart two ways of
-// measuring one peak (a cgroup's; sampled RSS, which counts the shared
-// libraries of a pipeline's processes once each).
-func wellAbove(got, reserved int64) bool {
-	return reserved > 0 && got > reserved+reserved/4 && got-reserved >= peakAboveMin
-}
-
 // learnPeak records got, a peak of shard id of run (fingerprint fp) and
 // class, measured at the end of its attempt or sampled while it runs. It
 // changes what admission reserves only where got is well above the run's
@@ -76,7 +68,7 @@ func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
 	if had && l.fp != fp {
 		l, had = learnedPeak{}, false
 	}
-	if base == nil || got <= l.bytes || (!had && !wellAbove(got, base.memory)) {
+	if base == nil || got <= l.bytes || (!had && !plan.WellAbove(got, base.memory)) {
 		w.mu.Unlock()
 		return
 	}
@@ -120,7 +112,7 @@ func (w *Worker) applyLearned(peaks map[string]plan.Peak, runs map[string][]runB
 			if l.fp != b.fp {
 				l = learnedPeak{}
 			}
-			if wellAbove(b.seen.Bytes, b.memory) && b.seen.Bytes > l.bytes {
+			if plan.WellAbove(b.seen.Bytes, b.memory) && b.seen.Bytes > l.bytes {
 				if w.learned == nil {
 					w.learned = map[runClass]learnedPeak{}
 				}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/checkpoint"
+	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/staging"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -1073,10 +1074,6 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	return res
 }
 
-// peakAboveMin is the least excess of a shard's peak over its class's
-// reserved peak that warnPeakAbove warns of.
-const peakAboveMin = 16 << 20
-
 // warnPeakAbove says, once per run and class, that a shard's measured
 // peak went well above (a quarter) the peak its class's admission
 // reserves for each shard, from source: admission starts shards by that
@@ -1086,7 +1083,7 @@ const peakAboveMin = 16 << 20
 // measuring one peak (a cgroup's; sampled RSS, which counts the shared
 // libraries of a pipeline's processes once each).
 func (w *Worker) warnPeakAbove(a *attemptState, reserved int64, source string, got int64) {
-	if !wellAbove(got, reserved) {
+	if !plan.WellAbove(got, reserved) {
 		return
 	}
 	todo := "profile again, with a \"cost\" on each manifest line where shards differ in the work they do (docs/admission.md)"

@@ -2656,3 +2656,45 @@ func TestSlotsOfAClassServeItsOutliers(t *testing.T) {
 		}
 	}
 }
+
+// TestSbatchSizesByThePeaksSeen: a second `sbatch` for a run under way
+// asks each node for the memory its shards were seen to reach (the run
+// record's peaks_seen), where that is well above the declared 64 MiB,
+// and says so; with no coordinator answering it sizes by the spec and
+// says why.
+func TestSbatchSizesByThePeaksSeen(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	job := testenv.WriteJob(t, testenv.Job{Shards: 3, Command: []string{"true"}, Extra: "[class.cpu]\ncpus = 1\nmemory = \"64MiB\"\n"})
+	env.Submit(job, coordinator.SubmitOptions{})
+	ctx := context.Background()
+	b := env.Buckets()
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		e, err := b.Runs.Get(ctx, "t")
+		if err != nil {
+			return false, err.Error()
+		}
+		var r stream.RunRecord
+		if err := stream.Decode(e.Value(), &r); err != nil {
+			return false, err.Error()
+		}
+		r.PeaksSeen = map[string]stream.PeakSeen{"cpu": {Bytes: 512 << 20, Shard: "s0001"}}
+		data, _ := stream.Encode(&r)
+		_, err = b.Runs.Update(ctx, "t", data, e.Revision())
+		return err == nil, fmt.Sprintf("update the run record: %v", err)
+	})
+	p := testenv.Start(t, "sbatch", "--server", env.URL, "--data", t.TempDir(), "--slots", "2", "--dry-run", job)
+	if code := p.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("sbatch --dry-run: exit %d\n%s", code, p.Output())
+	}
+	// 2 x 512 MiB, and the worker's 256 MiB.
+	for _, want := range []string{"--mem=1280M", "class cpu: sized by the 512.0MiB its shard s0001 reached in this run (the run record's peaks_seen), above the 64.0MiB declared"} {
+		if !strings.Contains(p.Output(), want) {
+			t.Errorf("sbatch --dry-run lacks %q:\n%s", want, p.Output())
+		}
+	}
+	gone := testenv.Start(t, "sbatch", "--server", "nats://"+testenv.FreePort(t), "--data", t.TempDir(), "--slots", "2", "--dry-run", job)
+	if code := gone.Wait(t, 30*time.Second); code != 0 || !strings.Contains(gone.Output(), "--mem=384M") ||
+		!strings.Contains(gone.Output(), "sbatch: the run's record could not be read") {
+		t.Errorf("sbatch --dry-run with no coordinator: exit %d, want 0, 2 x 64 MiB + 256 MiB and why\n%s", code, gone.Output())
+	}
+}

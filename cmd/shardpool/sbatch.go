@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
@@ -38,9 +41,11 @@ type allocation struct {
 }
 
 // sizeAllocation asks for slots times each class's peak (measured in
-// profile.json where it holds for this job, else declared), the largest
-// over the run's classes, plus workerOverhead of memory.
-func sizeAllocation(spec *stream.Spec, man *stream.Manifest, prof *plan.Profile, slots int) allocation {
+// profile.json where it holds for this job, else declared, or what the
+// run's shards reached where that is well above it: seen, the run
+// record's peaks_seen), the largest over the run's classes, plus
+// workerOverhead of memory.
+func sizeAllocation(spec *stream.Spec, man *stream.Manifest, prof *plan.Profile, seen map[string]stream.PeakSeen, slots int) allocation {
 	var a allocation
 	classes := map[string]bool{}
 	for _, sh := range man.Shards {
@@ -49,11 +54,17 @@ func sizeAllocation(spec *stream.Spec, man *stream.Manifest, prof *plan.Profile,
 	unknown := []string{}
 	for _, c := range slices.Sorted(maps.Keys(classes)) {
 		cls := spec.Classes[c]
-		mem := cls.Memory
+		mem, from := cls.Memory, "declared"
 		if prof != nil {
 			if m, ok := prof.Classes[c]; ok && m.Memory > 0 {
-				mem = m.Memory
+				mem, from = m.Memory, "measured (profile.json)"
 			}
+		}
+		if p := seen[c]; plan.WellAbove(p.Bytes, mem) {
+			// As the workers' admission does (docs/admission.md).
+			a.Notes = append(a.Notes, fmt.Sprintf("class %s: sized by the %s its shard %s reached in this run (the run record's peaks_seen), above the %s %s",
+				c, stream.FormatSize(p.Bytes), p.Shard, stream.FormatSize(mem), from))
+			mem = p.Bytes
 		}
 		a.CPUs = max(a.CPUs, slots*max(cls.CPUs, 1))
 		a.GPUs = max(a.GPUs, slots*cls.GPUs)
@@ -73,6 +84,40 @@ func sizeAllocation(spec *stream.Spec, man *stream.Manifest, prof *plan.Profile,
 		a.Notes = append(a.Notes, "no --mem: the allocation takes the partition's default memory")
 	}
 	return a
+}
+
+// runPeaks is the peaks_seen of the run's record at the coordinator (a
+// second sbatch of a run under way: nodes sized by what its shards
+// reached), nil where the run is not there yet, is another version of the
+// job, or the coordinator does not answer from here within a few seconds
+// (--server is the URL as the compute nodes reach it), which it says.
+func runPeaks(ctx context.Context, server string, acc access, spec *stream.Spec, man *stream.Manifest, stderr io.Writer) map[string]stream.PeakSeen {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	nc, js, err := connect(ctx, server, &acc, "shardpool sbatch", 0, io.Discard, nats.Timeout(3*time.Second))
+	if err != nil {
+		fmt.Fprintf(stderr, "sbatch: the run's record could not be read (%v): sizing without the peaks its shards reached\n", err)
+		return nil
+	}
+	defer nc.Close()
+	b, err := stream.WaitBuckets(ctx, js, 3*time.Second)
+	var r stream.RunRecord
+	if err == nil {
+		var e jetstream.KeyValueEntry
+		if e, err = b.Runs.Get(ctx, spec.Name); errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil // not submitted yet
+		} else if err == nil {
+			err = stream.Decode(e.Value(), &r)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sbatch: the run's record could not be read (%v): sizing without the peaks its shards reached\n", err)
+		return nil
+	}
+	if r.Fingerprint != stream.Fingerprint(spec, man.Hash) {
+		return nil
+	}
+	return r.PeaksSeen
 }
 
 // slurmTime spells d as Slurm's D-HH:MM:SS, rounded up to the second.
@@ -153,7 +198,7 @@ func cmdSbatch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("sbatch: this program's path: %w", err)
 	}
-	a := sizeAllocation(spec, man, prof, *slots)
+	a := sizeAllocation(spec, man, prof, runPeaks(ctx, *server, acc.get(), spec, man, stderr), *slots)
 	dir := filepath.Join(evidence, "slurm")
 
 	// A worker that stops by itself for its node's fault exits 1: where

@@ -19,22 +19,30 @@ func TestSizeAllocation(t *testing.T) {
 		"odd": {},
 	}}
 	man := &stream.Manifest{Shards: []stream.Shard{{ID: "a", Class: "cpu"}, {ID: "b", Class: "gpu"}}}
-	a := sizeAllocation(spec, man, nil, 3)
+	a := sizeAllocation(spec, man, nil, nil, 3)
 	if a.CPUs != 12 || a.Memory != 6<<30+workerOverhead || a.GPUs != 3 || len(a.Notes) != 0 {
 		t.Errorf("declared: %+v, want 12 CPUs, 6GiB+256MiB, 3 GPUs, no notes", a)
 	}
 	prof := &plan.Profile{Classes: map[string]plan.Peak{"cpu": {Memory: 3 << 30}, "gpu": {Memory: 1 << 30}}}
-	if a := sizeAllocation(spec, man, prof, 2); a.Memory != 6<<30+workerOverhead {
+	if a := sizeAllocation(spec, man, prof, nil, 2); a.Memory != 6<<30+workerOverhead {
 		t.Errorf("measured: memory %d, want 2 x the measured 3GiB of class cpu + 256MiB", a.Memory)
+	}
+	// The run's shards reached well more than the profile's 3 GiB (its
+	// record's peaks_seen): sized by that, and said; a little more
+	// (within the margins) is not.
+	seen := map[string]stream.PeakSeen{"cpu": {Bytes: 5 << 30, Shard: "s7"}, "gpu": {Bytes: 1<<30 + 1<<20, Shard: "s1"}}
+	if a := sizeAllocation(spec, man, prof, seen, 2); a.Memory != 10<<30+workerOverhead || len(a.Notes) != 1 ||
+		a.Notes[0] != "class cpu: sized by the 5.0GiB its shard s7 reached in this run (the run record's peaks_seen), above the 3.0GiB measured (profile.json)" {
+		t.Errorf("with the run's peaks: %+v, want 2 x 5GiB + 256MiB and a note naming s7", a)
 	}
 	// A class used by no shard is not sized for.
 	man.Shards = append(man.Shards, stream.Shard{ID: "c", Class: "odd"})
-	a = sizeAllocation(spec, man, nil, 1)
+	a = sizeAllocation(spec, man, nil, nil, 1)
 	if a.CPUs != 4 || len(a.Notes) != 1 || !strings.Contains(a.Notes[0], "class odd: no memory peak") {
 		t.Errorf("with a class declaring nothing: %+v, want 4 CPUs and a note naming class odd", a)
 	}
 	man.Shards = []stream.Shard{{ID: "c", Class: "odd"}}
-	if a := sizeAllocation(spec, man, nil, 2); a.Memory != 0 || a.CPUs != 2 || len(a.Notes) != 2 {
+	if a := sizeAllocation(spec, man, nil, nil, 2); a.Memory != 0 || a.CPUs != 2 || len(a.Notes) != 2 {
 		t.Errorf("no memory anywhere: %+v, want no --mem, 2 CPUs and both notes", a)
 	}
 }

@@ -62,6 +62,20 @@ func LoadProfile(path string) (*Profile, error) {
 	return &p, nil
 }
 
+// PeakAboveMin is the least excess of a measured peak over a reserved one
+// that WellAbove counts.
+const PeakAboveMin = 16 << 20
+
+// WellAbove says whether got, a peak measured of a shard, is well above
+// reserved, the peak admission reserves per shard: by a quarter and by
+// PeakAboveMin at least, the margins that keep apart two ways of
+// measuring one peak (a cgroup's; sampled RSS, which counts the shared
+// libraries of a pipeline's processes once each). Nothing is well above
+// an unknown (0) peak.
+func WellAbove(got, reserved int64) bool {
+	return reserved > 0 && got > reserved+reserved/4 && got-reserved >= PeakAboveMin
+}
+
 // Declared is a class's peak from the spec's request.
 func Declared(c stream.Class) Peak {
 	return Peak{CPU: int64(c.CPUs) * 1000, Memory: c.Memory, GPUs: int64(c.GPUs), VRAM: c.VRAM, Source: "declared (spec)"}
