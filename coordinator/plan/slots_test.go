@@ -206,3 +206,24 @@ func TestProfileOfAnotherJobIsNotUsed(t *testing.T) {
 		t.Fatalf("profile without a job fingerprint: peak %d, unused %q; want the declared 1 GiB and why", memoryOf(p), p.ProfileUnused)
 	}
 }
+
+// TestWellAbove: a measured peak counts as well above a reserved one by
+// a quarter and 16 MiB at least; nothing is above an unknown peak.
+func TestWellAbove(t *testing.T) {
+	const mib = int64(1) << 20
+	for _, tc := range []struct {
+		got, reserved int64
+		want          bool
+	}{
+		{40 * mib, 4 * mib, true},
+		{20 * mib, 4 * mib, true},       // exactly 16 MiB more
+		{19 * mib, 4 * mib, false},      // a lot more, but under 16 MiB
+		{1250 * mib, 1000 * mib, false}, // exactly a quarter more
+		{1251 * mib, 1000 * mib, true},
+		{100 * mib, 0, false},
+	} {
+		if got := WellAbove(tc.got, tc.reserved); got != tc.want {
+			t.Errorf("WellAbove(%d MiB, %d MiB) = %v, want %v", tc.got/mib, tc.reserved/mib, got, tc.want)
+		}
+	}
+}
