@@ -562,19 +562,7 @@ func TestWorkersTakeTurnsWithoutPolling(t *testing.T) {
 // w1 (one slot) runs the first; w2, started once the record has its
 // peak, makes its first decision by it, not by the profile's figure.
 func TestPeaksSeenReachEveryWorker(t *testing.T) {
-	src, _ := filepath.Abs("probe/testdata/v2")
-	root := filepath.Join(t.TempDir(), "host")
-	if err := os.CopyFS(root, os.DirFS(src)); err != nil {
-		t.Fatal(err)
-	}
-	// Limit 8 GiB; working set 8.5 GiB less 1 GiB of inactive file: 512 MiB of headroom.
-	if err := os.WriteFile(filepath.Join(root, "sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope/memory.current"), []byte("9126805504\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pr, err := probe.New(probe.Config{Root: root, GPUs: noGPUs{}, PolicyPath: "/nonexistent"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := worker.FixtureWithHeadroom(t, 512)
 	env := testenv.New(t, testenv.Options{Auto: true, Slots: map[string]int{"cpu": 1}, Probe: pr})
 	env.Submit(heldMemoryJob(t, "h", 5, 200, "1.5"), coordinator.SubmitOptions{MeasuredMemory: map[string]int64{"cpu": 32 << 20}})
 	var seen stream.PeakSeen

@@ -3,6 +3,8 @@ package worker
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/shardpool/shardpool/worker/probe"
@@ -50,4 +52,30 @@ func GPUFixture(t testing.TB) []probe.GPU {
 		t.Fatal(err)
 	}
 	return devs
+}
+
+// FixtureWithHeadroom is a host probe of the fixture probe/testdata/v2
+// (limit 8 GiB, 4 CPUs) with its working set raised to leave mib MiB of
+// cgroup headroom: for tests of admission whose shards hold real memory.
+func FixtureWithHeadroom(t *testing.T, mib int64) *probe.Prober {
+	t.Helper()
+	src, err := filepath.Abs("probe/testdata/v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(t.TempDir(), "host")
+	if err := os.CopyFS(root, os.DirFS(src)); err != nil {
+		t.Fatal(err)
+	}
+	// The fixture's memory.stat has 1 GiB of inactive file, which the
+	// working set leaves out.
+	current := int64(8<<30) - mib<<20 + 1<<30
+	if err := os.WriteFile(filepath.Join(root, "sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope/memory.current"), []byte(strconv.FormatInt(current, 10)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := probe.New(probe.Config{Root: root, GPUs: noDevices{}, PolicyPath: "/nonexistent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pr
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/shardpool/shardpool/coordinator/plan"
 	"github.com/shardpool/shardpool/stream"
-	"github.com/shardpool/shardpool/worker/probe"
 )
 
 // TestAdmissionLearnsALargerPeak: a class whose profile measured 32 MiB
@@ -25,19 +24,7 @@ import (
 func TestAdmissionLearnsALargerPeak(t *testing.T) {
 	ctx := context.Background()
 	const mib = int64(1) << 20
-	src, _ := filepath.Abs("probe/testdata/v2")
-	root := filepath.Join(t.TempDir(), "host")
-	if err := os.CopyFS(root, os.DirFS(src)); err != nil {
-		t.Fatal(err)
-	}
-	// Limit 8 GiB; working set 8.5 GiB less 1 GiB of inactive file: 512 MiB of headroom.
-	if err := os.WriteFile(filepath.Join(root, "sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope/memory.current"), []byte("9126805504\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pr, err := probe.New(probe.Config{Root: root, GPUs: noDevices{}, PolicyPath: "/nonexistent"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pr := FixtureWithHeadroom(t, 512)
 	state := t.TempDir()
 	w := workerOnServer(t, Config{StateDir: state, Probe: pr, Auto: true})
 	w.cfg.Slots = nil

@@ -1766,14 +1766,7 @@ func TestProfileNoteReachesPlanAndRun(t *testing.T) {
 func TestRunSaysWhenAShardOutgrewItsPeak(t *testing.T) {
 	data := t.TempDir()
 	job := testenv.WriteJob(t, testenv.Job{Name: "grow", Shards: 1, Command: []string{"sh", "-c", `{ head -c 40M /dev/zero; sleep 2.5; } | tail -n 1 > /dev/null`}})
-	spec, _ := testenv.LoadJob(t, job)
-	prof := fmt.Sprintf(`{"classes":{"cpu":{"cpu":1000,"memory":%d,"source":"measured (profile.json)"}},"job_fingerprint":%q}`, 4<<20, plan.JobFingerprint(spec))
-	if err := os.MkdirAll(filepath.Join(data, "runs", "grow"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(data, "runs", "grow", "profile.json"), []byte(prof), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeProfile(t, data, job, 4<<20)
 	p := testenv.Start(t, "run", "--data", data, job)
 	if code := p.Wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, p.Output())
@@ -1797,14 +1790,7 @@ func TestRunSaysWhenAShardOutgrewItsPeak(t *testing.T) {
 func TestResumedRunAdmitsByThePeakItSaw(t *testing.T) {
 	data := t.TempDir()
 	job := testenv.WriteJob(t, testenv.Job{Name: "grow", Shards: 6, Retries: 2, Command: []string{"sh", "-c", `{ head -c 40M /dev/zero; sleep 2; } | tail -n 1 > /dev/null`}})
-	spec, _ := testenv.LoadJob(t, job)
-	prof := fmt.Sprintf(`{"classes":{"cpu":{"cpu":1000,"memory":%d,"source":"measured (profile.json)"}},"job_fingerprint":%q}`, 4<<20, plan.JobFingerprint(spec))
-	if err := os.MkdirAll(filepath.Join(data, "runs", "grow"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(data, "runs", "grow", "profile.json"), []byte(prof), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeProfile(t, data, job, 4<<20)
 	p := testenv.Start(t, "run", "--data", data, job)
 	re := regexp.MustCompile(`nats: (nats://\S+), token in (\S+)`)
 	var m []string
@@ -1851,6 +1837,21 @@ func TestResumedRunAdmitsByThePeakItSaw(t *testing.T) {
 	first := regexp.MustCompile(`(?m)^.* decision=fetch .*$`).FindString(string(log))
 	if want := "(learned from shard " + seen.Shard + ", above the 4.0MiB measured (profile.json))"; !strings.Contains(first, want) {
 		t.Errorf("the resumed run's first fetch decision lacks %q:\n%s", want, first)
+	}
+}
+
+// writeProfile writes the profile.json of job's run under data, as
+// `shardpool profile` would: class cpu measured at memory bytes.
+func writeProfile(t *testing.T, data, job string, memory int64) {
+	t.Helper()
+	spec, _ := testenv.LoadJob(t, job)
+	prof := fmt.Sprintf(`{"classes":{"cpu":{"cpu":1000,"memory":%d,"source":"measured (profile.json)"}},"job_fingerprint":%q}`, memory, plan.JobFingerprint(spec))
+	dir := filepath.Join(data, "runs", spec.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "profile.json"), []byte(prof), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 
