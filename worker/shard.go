@@ -1093,7 +1093,8 @@ func (w *Worker) warnPeakAbove(a *attemptState, reserved int64, source string, g
 	risk := "more shards may be started than this host can hold once they grow"
 	if w.cfg.Auto {
 		// learnPeak raised what admission reserves; shards admitted
-		// before, and other hosts' workers, went by the smaller figure.
+		// before went by the smaller figure, as do other workers until
+		// this attempt is recorded (the run record's peaks_seen).
 		risk = "shards admitted before this one was seen went by that figure; this worker's admission now reserves the largest peak seen"
 	}
 	msg := fmt.Sprintf("shard %s of class %s peaked at %s, above the %s per shard its admission reserves (%s): %s; %s",
