@@ -586,22 +586,22 @@ func (w *Worker) liveEnd(pgid int) {
 // of each sampled shard of live that is still the one running there, and
 // the scan as the shard's last sample (sampleLive) once it has run
 // liveFirstSample: an earlier one (an admission decision's, as it starts)
-// sees it before its size.
+// sees it before its size. Every running shard of live is a peak to learn
+// from (learnLocked).
 func (w *Worker) notePeaks(live map[int]liveShard, rss map[int]int64) {
 	w.mu.Lock()
 	now := time.Now()
-	var grown []liveShard
+	var news []learnedNews
 	for pgid, s := range live {
 		cur, ok := w.live[pgid]
 		if !ok || cur.seq != s.seq {
 			continue
 		}
 		// Any running shard, sampled or with a cgroup, that already holds
-		// well more than its class's peak teaches admission now, not at
-		// its end, which may be hours away.
-		if l := w.learned[runClass{s.run, s.class}].bytes; l > 0 && rss[pgid] > l || l == 0 && plan.WellAbove(rss[pgid], s.peak) {
-			s.peak = rss[pgid]
-			grown = append(grown, s)
+		// well more than its run's peak teaches admission now, not at its
+		// end, which may be hours away.
+		if n := w.learnLocked(s.run, s.fp, s.class, s.id, rss[pgid]); n.msg != "" {
+			news = append(news, n)
 		}
 		if s.seen != nil {
 			*s.seen = max(*s.seen, rss[pgid])
@@ -612,8 +612,8 @@ func (w *Worker) notePeaks(live map[int]liveShard, rss map[int]int64) {
 		}
 	}
 	w.mu.Unlock()
-	for _, s := range grown {
-		w.learnPeak(s.run, s.fp, s.class, s.id, s.peak)
+	for _, n := range news {
+		w.sayLearned(n)
 	}
 }
 

@@ -51,11 +51,25 @@ type runBase struct {
 }
 
 // learnPeak records got, a peak of shard id of run (fingerprint fp) and
-// class, measured at the end of its attempt or sampled while it runs. It
-// changes what admission reserves only where got is well above the run's
-// own figure for the class, or above what was learned already.
+// class, measured at the end of its attempt, and says so where it changed
+// what admission reserves (learnLocked).
 func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
 	w.mu.Lock()
+	news := w.learnLocked(run, fp, class, id, got)
+	w.mu.Unlock()
+	w.sayLearned(news)
+}
+
+// learnedNews is a learned peak for admission.log (learnLocked); a zero
+// value says nothing.
+type learnedNews struct{ run, class, id, msg string }
+
+// learnLocked records got, a peak of shard id of run (fingerprint fp) and
+// class, measured at the end of its attempt or sampled while it runs. It
+// changes what admission reserves only where got is well above the run's
+// own figure for the class, or above what was learned already; what it
+// returns is for sayLearned, after w.mu is let go. Under w.mu.
+func (w *Worker) learnLocked(run, fp, class, id string, got int64) learnedNews {
 	var base *runBase
 	for i, b := range w.classRuns[class] {
 		if b.run == run && b.fp == fp {
@@ -69,8 +83,7 @@ func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
 		l, had = learnedPeak{}, false
 	}
 	if base == nil || got <= l.bytes || (!had && !plan.WellAbove(got, base.memory)) {
-		w.mu.Unlock()
-		return
+		return learnedNews{}
 	}
 	l.fp, l.bytes, l.source = fp, got, learnedSource(id, *base)
 	announce := l.logged == 0 || got > l.logged+l.logged/4
@@ -86,13 +99,21 @@ func (w *Worker) learnPeak(run, fp, class, id string, got int64) {
 		peaks[class] = p
 		w.peaks = peaks
 	}
-	w.mu.Unlock()
 	if !announce || !w.cfg.Auto {
+		return learnedNews{}
+	}
+	return learnedNews{run: run, class: class, id: id,
+		msg: fmt.Sprintf("admission on this worker reserves %s per shard of the class from now on (%s); the other workers learn it from the run record once the attempt is recorded", stream.FormatSize(got), l.source)}
+}
+
+// sayLearned writes a learned peak to the run's and the host's
+// admission.log.
+func (w *Worker) sayLearned(n learnedNews) {
+	if n.msg == "" {
 		return
 	}
-	msg := fmt.Sprintf("admission on this worker reserves %s per shard of the class from now on (%s); the other workers learn it from the run record once the attempt is recorded", stream.FormatSize(got), l.source)
-	w.admission(run, id, class, "peak-learned", msg)
-	w.hostLog(class, "peak-learned", "run "+run+": "+msg)
+	w.admission(n.run, n.id, n.class, "peak-learned", n.msg)
+	w.hostLog(n.class, "peak-learned", "run "+n.run+": "+n.msg)
 }
 
 // applyLearned raises the peaks refreshPeaks found, per class, to what

@@ -1087,7 +1087,7 @@ func (w *Worker) warnPeakAbove(a *attemptState, reserved int64, source string, g
 		return
 	}
 	todo := "profile again, with a \"cost\" on each manifest line where shards differ in the work they do (docs/admission.md)"
-	if !strings.HasPrefix(source, "measured") && !strings.HasPrefix(source, "learned") {
+	if !strings.HasPrefix(source, "measured") && !strings.HasPrefix(source, learnedPrefix) {
 		todo = "declare the class's memory as its largest shard needs it"
 	}
 	risk := "more shards may be started than this host can hold once they grow"
