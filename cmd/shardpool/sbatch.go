@@ -94,27 +94,30 @@ func sizeAllocation(spec *stream.Spec, man *stream.Manifest, prof *plan.Profile,
 func runPeaks(ctx context.Context, server string, acc access, spec *stream.Spec, man *stream.Manifest, stderr io.Writer) map[string]stream.PeakSeen {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	nc, js, err := connect(ctx, server, &acc, "shardpool sbatch", 0, io.Discard, nats.Timeout(3*time.Second))
-	if err != nil {
-		fmt.Fprintf(stderr, "sbatch: the run's record could not be read (%v): sizing without the peaks its shards reached\n", err)
-		return nil
-	}
-	defer nc.Close()
-	b, err := stream.WaitBuckets(ctx, js, 3*time.Second)
 	var r stream.RunRecord
-	if err == nil {
-		var e jetstream.KeyValueEntry
-		if e, err = b.Runs.Get(ctx, spec.Name); errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil // not submitted yet
-		} else if err == nil {
-			err = stream.Decode(e.Value(), &r)
+	err := func() error {
+		nc, js, err := connect(ctx, server, &acc, "shardpool sbatch", 0, io.Discard, nats.Timeout(3*time.Second))
+		if err != nil {
+			return err
 		}
-	}
-	if err != nil {
+		defer nc.Close()
+		b, err := stream.WaitBuckets(ctx, js, 3*time.Second)
+		if err != nil {
+			return err
+		}
+		e, err := b.Runs.Get(ctx, spec.Name)
+		if err != nil {
+			return err
+		}
+		return stream.Decode(e.Value(), &r)
+	}()
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return nil // not submitted yet
+	case err != nil:
 		fmt.Fprintf(stderr, "sbatch: the run's record could not be read (%v): sizing without the peaks its shards reached\n", err)
 		return nil
-	}
-	if r.Fingerprint != stream.Fingerprint(spec, man.Hash) {
+	case r.Fingerprint != stream.Fingerprint(spec, man.Hash):
 		return nil
 	}
 	return r.PeaksSeen
