@@ -219,7 +219,7 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 			continue // its pending shards are held back, not waiting: its reason says so
 		}
 		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
-		if why := unqueued(ctx, js, st.Runs[i]); why != "" {
+		if why := unqueued(ctx, js, b, st.Runs[i]); why != "" {
 			st.Runs[i].Waiting = append(st.Runs[i].Waiting, why)
 		}
 	}
@@ -233,14 +233,51 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 // with the unfinished shards). Only a run with nothing running is looked
 // at: its counts are then settled, and while shards run, a count a moment
 // behind the queue would raise a false alarm.
-func unqueued(ctx context.Context, js jetstream.JetStream, r RunStatus) string {
-	if (r.State != stream.RunQueued && r.State != stream.RunRunning) || r.Counts.Running > 0 || r.Counts.Pending <= 0 {
+//
+// The run record's counts trail the shard records by the tracker's flush
+// (confirmAfter at most), and a worker removes a shard's message only
+// after its final record: a shard that just failed for good, its message
+// gone, may still count as pending. So a shortfall is confirmed by the
+// record read again once the flush has passed, against the queue as it
+// was before: every message gone by then had its final record written
+// before, and counted. (Found by hand: shards failing their start at
+// once, an output file system gone read-only, raised the alarm in the
+// middle of `run`.)
+func unqueued(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, r RunStatus) string {
+	// short is the run's queued messages where they fall short of its
+	// pending shards.
+	short := func(r RunStatus) (uint64, bool) {
+		if (r.State != stream.RunQueued && r.State != stream.RunRunning) || r.Counts.Running > 0 || r.Counts.Pending <= 0 {
+			return 0, false
+		}
+		queued, err := stream.QueuedOf(ctx, js, r.Name)
+		return queued, err == nil && queued < uint64(r.Counts.Pending)
+	}
+	before, ok := short(r)
+	if !ok {
 		return ""
 	}
-	queued, err := stream.QueuedOf(ctx, js, r.Name)
-	if err != nil || queued >= uint64(r.Counts.Pending) {
+	select {
+	case <-ctx.Done():
+		return ""
+	case <-time.After(confirmAfter):
+	}
+	e, err := b.Runs.Get(ctx, r.Name)
+	if err != nil {
 		return ""
 	}
+	var rec stream.RunRecord
+	if stream.Decode(e.Value(), &rec) != nil {
+		return ""
+	}
+	r.State, r.Counts = rec.State, rec.Counts
+	// Short again, as the queue is now: shards submitted meanwhile, their
+	// messages published, are not taken for lost.
+	queued, ok := short(r)
+	if !ok || before >= uint64(r.Counts.Pending) {
+		return ""
+	}
+	queued = max(queued, before)
 	again := r.Resume
 	if again == "" {
 		again = "shardpool submit SPEC"
@@ -248,6 +285,11 @@ func unqueued(ctx context.Context, js jetstream.JetStream, r RunStatus) string {
 	return fmt.Sprintf("%d of %d pending shard(s) have no message in the queue (lost from a damaged store, or purged): no worker can take them; submitting the run again publishes them: %s",
 		uint64(r.Counts.Pending)-queued, r.Counts.Pending, again)
 }
+
+// confirmAfter is how long unqueued waits to read the run record again:
+// more than the tracker's flush period (flushEvery), with room for the
+// watch that brings it the shard records.
+const confirmAfter = 3 * flushEvery / 2
 
 // runStatus is one run's status from its record; with shards, the records
 // of its unfinished shards too.

@@ -168,6 +168,64 @@ func TestStatusNamesShardsWithoutAMessage(t *testing.T) {
 	}
 }
 
+// TestStatusDoesNotTakeAShardJustFailedForLost: a worker writes a
+// shard's final record, then removes its message; the run record's
+// counts follow by the tracker's flush. Status read in between saw the
+// shard pending with no message and said the store had lost it (found by
+// hand: `run` said so while shards failed their start at once, their
+// output file system gone read-only). A shard really gone from the queue
+// is still named (TestStatusNamesShardsWithoutAMessage).
+func TestStatusDoesNotTakeAShardJustFailedForLost(t *testing.T) {
+	env := testenv.New(t, testenv.Options{NoWorkers: true})
+	ctx := context.Background()
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Retries: 0, Command: []string{"true"}})
+	res := env.Submit(spec, coordinator.SubmitOptions{})
+	env.WaitState("t", 30*time.Second, stream.RunQueued)
+	cons, err := env.JS.Consumer(ctx, stream.StreamShards, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := env.Buckets()
+	// Each round fails one shard as a worker does, record first, and
+	// reads the status at once: a round or two would race the flush by
+	// chance, every round of the three is a fair trial.
+	for round := range 3 {
+		batch, err := cons.FetchNoWait(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msg jetstream.Msg
+		for m := range batch.Messages() {
+			msg = m
+		}
+		if msg == nil {
+			t.Fatalf("round %d: no message fetched", round)
+		}
+		var sm stream.ShardMsg
+		if err := stream.Decode(msg.Data(), &sm); err != nil {
+			t.Fatal(err)
+		}
+		data, _ := stream.Encode(&stream.ShardRecord{V: 1, Run: "t", ID: sm.ID, Fingerprint: res.Fingerprint, Class: "cpu", State: stream.ShardFailed, Reason: "test"})
+		if _, err := b.Shards.Put(ctx, stream.ShardKey("t", sm.ID), data); err != nil {
+			t.Fatal(err)
+		}
+		if err := msg.Term(); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			q, err := stream.QueuedOf(ctx, env.JS, "t")
+			return err == nil && q == uint64(3-round), fmt.Sprintf("%d queued (%v), want %d", q, err, 3-round)
+		})
+		st, err := coordinator.ReadStatus(ctx, env.JS, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := strings.Join(st.Runs[0].Waiting, "\n"); strings.Contains(w, "no message in the queue") {
+			t.Fatalf("round %d: shard %s failed, its message removed after its record, and status says:\n%s", round, sm.ID, w)
+		}
+	}
+}
+
 // TestStatusSaysAWorkerOfThisHostIsGone: the report of a worker of this
 // host whose process is gone (killed with SIGKILL: its report stays until
 // the bucket's TTL) is marked gone, and its stale "slots in use" no longer

@@ -135,6 +135,11 @@ func newTracker(c *Coordinator) *tracker {
 // replayWait bounds the wait for the KV watches' end-of-replay markers.
 const replayWait = 10 * time.Second
 
+// flushEvery is how often the tracker writes what changed in the runs'
+// records (their counts, their state): how far a record's counts may
+// trail the shard records.
+const flushEvery = 200 * time.Millisecond
+
 func (t *tracker) run(ctx context.Context) error {
 	b := t.c.b
 	// The watches outlive ctx by the moment catchUp needs on stopping
@@ -156,7 +161,7 @@ func (t *tracker) run(ctx context.Context) error {
 		return fmt.Errorf("tracker: subscribe advisories: %w", err)
 	}
 	defer sub.Unsubscribe()
-	tick := time.NewTicker(200 * time.Millisecond)
+	tick := time.NewTicker(flushEvery)
 	defer tick.Stop()
 	// Nothing is judged before both watches have delivered their initial
 	// values (each ends them with a nil entry): a run judged from half a
