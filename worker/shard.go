@@ -938,14 +938,17 @@ func (w *Worker) lookAtOutput(ctx context.Context, a *attemptState) string {
 		return why
 	}
 	// An output directory this host cannot write (a read-only mount,
-	// as after ext4's errors=remount-ro, or another owner's) would fail
-	// the commit only after the command's whole run: say so before it.
+	// as after ext4's errors=remount-ro before Linux 6.12, or another
+	// owner's) would fail the commit only after the command's whole
+	// run: say so before it.
 	// One access(2), no file made; a directory not made yet is made by
 	// the commit.
 	if err := unix.Access(out, unix.W_OK); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Sprintf("the output directory %s cannot be written on host %s: %v", out, w.host, err)
 	}
-	return ""
+	// One that access(2) calls writable may still refuse every write
+	// (readonly.go).
+	return w.outputReadOnly(out)
 }
 
 func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *attemptState, l *lease, cls stream.Class, v stream.Vars, logDir, logPath string) result {
@@ -1458,6 +1461,9 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			w.admission(m.Run, m.ID, class, "discard", fmt.Sprintf("output discarded: %v; recheck in %s", err, w.ttl))
 			w.nakWithDelay(a.msg, w.ttl)
 			return
+		}
+		if errors.Is(err, unix.EROFS) {
+			w.noteReadOnly(m.Run, m.ID, class, spec.Output, err)
 		}
 		at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
 		res.outcome = stream.OutcomeCommit

@@ -366,11 +366,12 @@ type Worker struct {
 	// (learnCoordinator).
 	infoMissedAt atomic.Int64
 
-	oomMu    sync.Mutex // guards the shared OOM-kill baseline (oomBaseline)
-	oomN     int64
-	oomAt    time.Time
-	outSyncs map[string]*stream.FSSync // per output directory; nil: fsync per file
-	outRoots map[string]*outputRoot    // per output directory: where it was at the first commit (outroot.go)
+	oomMu     sync.Mutex // guards the shared OOM-kill baseline (oomBaseline)
+	oomN      int64
+	oomAt     time.Time
+	outSyncs  map[string]*stream.FSSync  // per output directory; nil: fsync per file
+	outRoots  map[string]*outputRoot     // per output directory: where it was at the first commit (outroot.go)
+	roOutputs map[string]*readOnlyOutput // per output directory where a commit failed with EROFS (readonly.go)
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}

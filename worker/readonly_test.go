@@ -1,0 +1,88 @@
+package worker_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardpool/shardpool/coordinator"
+	"github.com/shardpool/shardpool/stream"
+	"github.com/shardpool/shardpool/testenv"
+)
+
+// TestOutputRemountedReadOnlyRunsNoMoreCommands: the output's ext4 file
+// system meets an error mid-run and, mounted errors=remount-ro, refuses
+// every write, though access(2) still calls it writable (Linux 6.12 and
+// later). The shard whose commit met it fails that attempt; no command
+// of the run starts after it, each attempt failing at once with the
+// reason, where before every attempt of every shard ran its command to
+// the end and failed at its commit. (A command that the slot starts
+// while the commit runs aside still runs.)
+func TestOutputRemountedReadOnlyRunsNoMoreCommands(t *testing.T) {
+	efs := testenv.NewErrorFS(t, 64<<20) // first: unmounted after the worker stops
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	dir := t.TempDir()
+	runs, gate := filepath.Join(dir, "runs.log"), filepath.Join(dir, "go")
+	// s0001 waits at the gate, so that the error comes while it runs.
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 5, Retries: 1, Extra: "retry_delay = \"50ms\"\n",
+		Command: []string{"sh", "-c", `echo "$1" >> "$2"; if [ "$1" = s0001 ]; then while [ ! -e "$3" ]; do sleep 0.02; done; fi; echo x > "$4/o"`,
+			"sh", "{id}", runs, gate, "{out}"}})
+	out := filepath.Join(efs.Dir, "out")
+	testenv.SetOutput(t, spec, out)
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		n := countLines(t, runs)
+		return n["s0001"] == 1, fmt.Sprintf("commands run: %v", n)
+	})
+	// s0000 concludes beside s0001's command, its slot freed.
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := env.Shard("t", "s0000")
+		return err == nil && r.State == stream.ShardValidated, fmt.Sprintf("s0000 before the error: %s (%v), want validated", r.State, err)
+	})
+	efs.Fail()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := env.WaitState("t", 60*time.Second, stream.RunBlocked)
+	if r.Counts.Validated != 1 || r.Counts.Failed != 4 {
+		t.Fatalf("counts %+v, want 1 validated and 4 failed", r.Counts)
+	}
+	b, err := os.ReadFile(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The slot s0001 freed may start the next command before s0001's
+	// commit, which runs aside, meets the error: one more at most.
+	if got := strings.Fields(string(b)); len(got) < 2 || !slices.Equal(got[:2], []string{"s0000", "s0001"}) || len(got) > 3 {
+		t.Errorf("commands run: %v, want s0000, s0001 and at most one begun during s0001's commit: none after the commit met the read-only file system", got)
+	}
+	for _, id := range []string{"s0001", "s0002", "s0003", "s0004"} {
+		rec, err := env.Shard("t", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := rec.Attempts[len(rec.Attempts)-1]
+		if rec.State != stream.ShardFailed || !strings.Contains(last.Reason, "the output directory "+out+" cannot be written") ||
+			!strings.Contains(last.Reason, "read-only file system") || !strings.Contains(last.Reason, "the command was not run") {
+			t.Errorf("shard %s: state %s, last attempt %q; want failed, its command not run for the read-only output", id, rec.State, last.Reason)
+		}
+	}
+	first, err := env.Shard("t", "s0001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := first.Attempts[0]; a.Outcome != stream.OutcomeCommit || !strings.Contains(a.Reason, "read-only file system") {
+		t.Errorf("s0001's first attempt: outcome %s, reason %q; want its commit refused", a.Outcome, a.Reason)
+	}
+	log, err := os.ReadFile(filepath.Join(env.Data, "runs", "t", "admission.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "decision=output-read-only"); n != 1 {
+		t.Errorf("admission.log has %d output-read-only line(s), want 1:\n%s", n, log)
+	}
+}
