@@ -105,3 +105,20 @@ func closeLock(f *os.File) {
 		f.Close()
 	}
 }
+
+// Writable makes and removes a directory in dir: nil where both worked.
+// An error wrapping EROFS is a file system that refuses writes, which
+// access(2) and statfs(2) may not tell (ext4's errors=remount-ro since
+// Linux 6.12 leaves the mount read-write). The directory's name is a
+// commit's temporary one, so that SweepTemps removes it where a crash
+// left it.
+func Writable(dir string) error {
+	p := filepath.Join(dir, TempPrefix+"writable-"+randSuffix())
+	if err := os.Mkdir(p, 0o700); err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}

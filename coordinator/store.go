@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
@@ -9,7 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/sys/unix"
 
+	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/stream"
 	"github.com/shardpool/shardpool/worker/probe"
 )
@@ -48,9 +51,18 @@ func storeLimit(dir string) (int64, error) {
 func limitFor(used, free int64) int64 { return used + free/4*3 }
 
 // storeRoom is one look at the store: the free space of its file system
-// (-1 when unreadable) and JetStream's stored bytes and limit (limit 0
-// when unknown).
-type storeRoom struct{ free, used, limit int64 }
+// (-1 when unreadable), JetStream's stored bytes and limit (limit 0 when
+// unknown), and whether its file system refuses writes.
+type storeRoom struct {
+	free, used, limit int64
+	// readOnly is the error of a directory made in the store's directory
+	// where it wraps EROFS: a file system remounted read-only after an
+	// error, which the free space does not show, and which since Linux
+	// 6.12 (ext4's errors=remount-ro) the mount does not either.
+	// nats-server then fails what it writes with errors that do not all
+	// say so (a consumer's creation: "error creating store for consumer").
+	readOnly error
+}
 
 // lookAtStore takes one look at the store, which a tick of watchStore
 // shares among its checks.
@@ -58,6 +70,9 @@ func (c *Coordinator) lookAtStore() storeRoom {
 	r := storeRoom{free: -1}
 	if free, err := probe.FreeBytes(c.cfg.StoreDir); err == nil {
 		r.free = free
+	}
+	if err := checkpoint.Writable(c.cfg.StoreDir); errors.Is(err, unix.EROFS) {
+		r.readOnly = err
 	}
 	if js, err := c.srv.Jsz(&server.JSzOptions{}); err == nil && js != nil && js.Config.MaxStore > 0 {
 		r.used, r.limit = int64(js.Store), js.Config.MaxStore
@@ -118,7 +133,7 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 		case <-t.C:
 		}
 		room := c.lookAtStore()
-		if c.cfg.ReloadOnWriteError && c.writeError() != "" && room.free >= reloadRoom {
+		if c.cfg.ReloadOnWriteError && c.writeError() != "" && room.free >= reloadRoom && room.readOnly == nil {
 			c.log.Warn("the store has room again: reloading it", "store", c.cfg.StoreDir, "free", stream.FormatSize(room.free))
 			return ErrReload
 		}
@@ -131,9 +146,9 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 		}
 		c.storeFull.Store(why)
 		if why != "" {
-			c.log.Error("store full: runs cannot go on", "store", c.cfg.StoreDir, "why", why)
+			c.log.Error("store takes no writes: runs cannot go on", "store", c.cfg.StoreDir, "why", why)
 		} else {
-			c.log.Info("store has room again", "store", c.cfg.StoreDir)
+			c.log.Info("store takes writes again", "store", c.cfg.StoreDir)
 		}
 	}
 }
@@ -172,6 +187,11 @@ func (c *Coordinator) raiseStoreLimit(room storeRoom) bool {
 // checkStore says why the store has no room, or "".
 func (c *Coordinator) checkStore(room storeRoom) string {
 	var why []string
+	if room.readOnly != nil {
+		// Not the probe's own error: its name changes at each look, and a
+		// reason that changes is logged again.
+		why = append(why, fmt.Sprintf("the file system of %s refuses writes: %v", c.cfg.StoreDir, unix.EROFS))
+	}
 	if room.free >= 0 && room.free < storeFloor {
 		why = append(why, fmt.Sprintf("the file system of %s has %s free", c.cfg.StoreDir, stream.FormatSize(room.free)))
 	}

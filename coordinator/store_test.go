@@ -149,6 +149,47 @@ func TestStoreWriteErrorIsReloaded(t *testing.T) {
 	}
 }
 
+// TestStoreOnAFileSystemThatRefusesWritesIsReported: the store's ext4
+// meets an error and, mounted errors=remount-ro, refuses every write,
+// with free space left and (Linux 6.12 and later) its mount still listed
+// read-write. The coordinator says so, as one reason that does not
+// change from look to look, and one with ReloadOnWriteError does not
+// reload a store that a write has failed on while it stays so: the free
+// space alone would have it reload at every look.
+func TestStoreOnAFileSystemThatRefusesWritesIsReported(t *testing.T) {
+	efs := testenv.NewErrorFS(t, 64<<20) // first: unmounted after the coordinator stops
+	c, r := runCoordinator(t, coordinator.Config{DataDir: filepath.Join(efs.Dir, "data"), Listen: "127.0.0.1:0", StoreEvery: 50 * time.Millisecond, ReloadOnWriteError: true})
+	kv, err := c.JetStream().KeyValue(context.Background(), stream.BucketRuns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := c.StoreFull(); why != "" {
+		t.Fatalf("a writable store reported: %s", why)
+	}
+	efs.Fail()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_, err = kv.Put(ctx, "during", []byte("x"))
+	cancel()
+	if err == nil {
+		t.Fatal("a write on the failed file system succeeded")
+	}
+	want := "the file system of " + c.StoreDir() + " refuses writes: read-only file system"
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		why := c.StoreFull()
+		return strings.Contains(why, want), fmt.Sprintf("store_full %q, want it to say %q", why, want)
+	})
+	first := c.StoreFull()
+	time.Sleep(time.Second) // 20 looks
+	select {
+	case <-r.done:
+		t.Fatalf("Run returned (%v) while the store's file system refuses writes, want no reload", r.err)
+	default:
+	}
+	if why := c.StoreFull(); why != first {
+		t.Errorf("the reason changed from %q to %q between looks", first, why)
+	}
+}
+
 // TestStoreLimitIsRaisedWhenSpaceIsFreed: the store's limit is set from the
 // free space at start. A store that reached it while another user's file
 // filled the disk takes writes again, without a restart, once that file is

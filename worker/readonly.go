@@ -1,12 +1,8 @@
 package worker
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -77,7 +73,7 @@ func (w *Worker) outputReadOnly(output string) string {
 	since, what := ro.since, ro.what
 	w.mu.Unlock()
 	if look {
-		err := writable(output)
+		err := checkpoint.Writable(output)
 		if err == nil || !errors.Is(err, unix.EROFS) {
 			w.mu.Lock()
 			if w.roOutputs[output] == ro {
@@ -91,20 +87,4 @@ func (w *Worker) outputReadOnly(output string) string {
 	return fmt.Sprintf("the output directory %s cannot be written on host %s: a commit there failed at %s (%s), and a look since finds it still read-only "+
 		"(a file system remounted read-only after an error, as ext4's errors=remount-ro does, lists emergency_ro in /proc/mounts and needs fsck and a mount; the kernel log says why)",
 		output, w.host, since.UTC().Format(time.RFC3339), what)
-}
-
-// writable makes and removes a directory in dir: nil where both worked.
-// Its name is a commit's temporary one, so that SweepTemps removes it
-// where a crash left it.
-func writable(dir string) error {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	p := filepath.Join(dir, checkpoint.TempPrefix+"writable-"+hex.EncodeToString(b[:]))
-	if err := os.Mkdir(p, 0o700); err != nil {
-		return err
-	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
 }

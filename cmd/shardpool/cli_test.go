@@ -556,6 +556,28 @@ func TestFullStoreStopsTheRunAndItResumes(t *testing.T) {
 	}
 }
 
+// TestRunStopsWhenItsStoreCannotBeWritten: the ext4 under --data meets
+// an error mid-run and refuses every write, with free space left and its
+// mount still listed rw (Linux 6.12 and later): `run` stops as on a full
+// store, but says the store cannot be written and what to do about that,
+// not to free space.
+func TestRunStopsWhenItsStoreCannotBeWritten(t *testing.T) {
+	efs := testenv.NewErrorFS(t, 64<<20) // first: unmounted after the run's process ends
+	data := filepath.Join(efs.Dir, "state")
+	spec := testenv.WriteJob(t, testenv.Job{Name: "ro", Shards: 60, Retries: 2,
+		Command: []string{"sh", "-c", `sleep 0.2; cp "$1" "$2/"`, "sh", "{input}", "{out}"}})
+	p := testenv.Start(t, "run", "--data", data, "--slots", "2", spec)
+	waitForDecisions(t, filepath.Join(data, "runs", "ro", "admission.log"), "validated", 2)
+	efs.Fail()
+	code := p.Wait(t, 60*time.Second)
+	out := p.Output()
+	if code != 1 || !strings.Contains(out, "stopped: the coordinator's store cannot be written: the file system of "+filepath.Join(data, "stores", "ro")) ||
+		!strings.Contains(out, "make its file system writable again") || !strings.Contains(out, "then resume with: shardpool run --data "+data) ||
+		strings.Contains(out, "free space there") {
+		t.Fatalf("run on a store that refuses writes: exit %d, want 1 with the reason, what to do and the resume command\n%s", code, out)
+	}
+}
+
 // TestBadInputNamesFileLineFieldAndPublishesNothing submits broken specs
 // and manifests to a live coordinator: each is refused with the file, the
 // line and the field, and the stream stays empty.

@@ -72,6 +72,16 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if why := fleetCheck(st.Workers, spec, man); why != "" {
 		return exitErr{code: exitBlocked, msg: "run " + spec.Name + " is BLOCKED before queuing: " + why}
 	}
+	// A store that takes no writes would fail the submission part way,
+	// with an error of nats-server's that may not say why ("error
+	// creating store for consumer", where its file system is read-only).
+	if c := st.Coordinator; c != nil && c.StoreFull != "" {
+		state := "is full"
+		if storeReadOnly(c.StoreFull) {
+			state = "cannot be written"
+		}
+		return exitErr{code: exitFailure, msg: fmt.Sprintf("submit %s: nothing published: the coordinator's store %s: %s; %s, then submit again", spec.Name, state, c.StoreFull, storeTodo(c.StoreFull))}
+	}
 	// The commands go to resume.txt and the run record: never the token
 	// itself, only where it is.
 	at := shellQuote(redactURL(*server)) + used.flags() + carriedFlags(fs, "halt")
@@ -706,11 +716,11 @@ func printStatus(w io.Writer, st *coordinator.Status) {
 			fmt.Fprintf(w, "the coordinators of cluster %s run different builds of shardpool: %s (mid-upgrade: restart the rest on the new build, one at a time)\n", c.Cluster, strings.Join(each, ", "))
 		}
 		if c.StoreFull != "" {
-			todo := "free space there"
-			if strings.Contains(c.StoreFull, "of its limit of") {
-				todo = "free space on its file system: the coordinator raises the limit by itself, to what the store holds plus three quarters of the free space, once that is 8 MiB more"
+			label := "STORE FULL"
+			if storeReadOnly(c.StoreFull) {
+				label = "STORE READ-ONLY"
 			}
-			fmt.Fprintf(w, "STORE FULL: %s; no shard can be leased or recorded: %s\n", c.StoreFull, todo)
+			fmt.Fprintf(w, "%s: %s; no shard can be leased or recorded: %s\n", label, c.StoreFull, storeTodo(c.StoreFull))
 		}
 	}
 	fmt.Fprintln(w)
@@ -1173,4 +1183,19 @@ func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (mem, v
 		note += "\n" + profileNote(n) // as plan and run repeat it
 	}
 	return mem, vram, note, nil
+}
+
+// storeReadOnly reports whether why, a coordinator's StoreFull, is its
+// store's file system refusing writes rather than a want of space.
+func storeReadOnly(why string) bool { return strings.Contains(why, "read-only file system") }
+
+// storeTodo is what to do about a coordinator's StoreFull.
+func storeTodo(why string) string {
+	switch {
+	case storeReadOnly(why):
+		return "make its file system writable again (one remounted read-only after an error lists ro or emergency_ro in /proc/mounts, and needs fsck and a mount; the kernel log says why)"
+	case strings.Contains(why, "of its limit of"):
+		return "free space on its file system: the coordinator raises the limit by itself, to what the store holds plus three quarters of the free space, once that is 8 MiB more"
+	}
+	return "free space there"
 }

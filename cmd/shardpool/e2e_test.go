@@ -1036,6 +1036,41 @@ func TestCoordinatorReloadsItsStoreAfterAFullDisk(t *testing.T) {
 	}
 }
 
+// TestStoreThatRefusesWritesIsSaidSo: the ext4 under a coordinator's
+// store meets an error and refuses every write, with free space left and
+// its mount still listed rw (Linux 6.12 and later). `status` says the
+// store is read-only and what to do, not that it is full and to free
+// space; `submit` publishes nothing and says why, where it failed part way
+// with nats-server's "error creating store for consumer"; and the
+// coordinator does not reload its store for the free space it has.
+func TestStoreThatRefusesWritesIsSaidSo(t *testing.T) {
+	efs := testenv.NewErrorFS(t, 64<<20) // first: unmounted after the coordinator stops
+	c := newCluster(t)
+	c.data = filepath.Join(efs.Dir, "state")
+	c.startCoordinator("30s")
+	c.connect()
+	efs.Fail()
+	var out string
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		p := testenv.Start(t, "status", "--server", c.url, "--token-file", c.token())
+		p.Wait(t, 20*time.Second)
+		out = p.Output()
+		return strings.Contains(out, "STORE READ-ONLY: the file system of "+filepath.Join(c.data, "jetstream")+" refuses writes: read-only file system"), "status:\n" + out
+	})
+	if !strings.Contains(out, "make its file system writable again") || strings.Contains(out, "free space") {
+		t.Errorf("status of a read-only store, want what to do and no word of space:\n%s", out)
+	}
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Command: []string{"true"}})
+	sub := testenv.Start(t, "submit", "--server", c.url, "--token-file", c.token(), spec)
+	if code := sub.Wait(t, 30*time.Second); code != 1 || !strings.Contains(sub.Output(), "submit t: nothing published: the coordinator's store cannot be written") {
+		t.Errorf("submit to a read-only store: exit %d, want 1 and the reason\n%s", code, sub.Output())
+	}
+	time.Sleep(3 * time.Second) // a look every 2 s: one would have reloaded by now
+	if out := c.coord.Output(); strings.Contains(out, "reloading it") || strings.Count(out, "store takes no writes") != 1 {
+		t.Errorf("coordinator on a read-only store: want no reload and the reason logged once\n%s", out)
+	}
+}
+
 // TestWorkerNameIsNotShared: a second worker started under a live worker's
 // name is refused with the holder's host and pid (their reports would
 // overwrite each other); after that worker is SIGKILLed, its name can be

@@ -329,9 +329,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	var full errStoreFull
 	if errors.As(waitErr, &full) {
-		stopped("its store was full: "+full.why, nil, 0)
-		fmt.Fprintf(stdout, "stopped: the coordinator's store is full: %s\nstate is kept in %s; free space there, then resume with: %s\n", full.why, absData, resume)
-		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store is full: " + full.why}
+		state, was := "is full", "was full"
+		if storeReadOnly(full.why) {
+			state, was = "cannot be written", "could not be written"
+		}
+		stopped("its store "+was+": "+full.why, nil, 0)
+		fmt.Fprintf(stdout, "stopped: the coordinator's store %s: %s\nstate is kept in %s; %s, then resume with: %s\n", state, full.why, absData, storeTodo(full.why), resume)
+		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store " + state + ": " + full.why}
 	}
 	if waitErr != nil && drainedFirst && halted.failed > 0 {
 		stopped("halted: "+halted.Error(), haltedWhy, haltedMore)

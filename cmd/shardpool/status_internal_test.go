@@ -300,12 +300,15 @@ func TestStatusNamesACommandsPid(t *testing.T) {
 }
 
 // TestStatusSaysTheStoreIsFull: a coordinator whose store refuses writes
-// is shown with the reason and what to do; one with room shows no such line.
+// is shown with the reason and what to do (a read-only file system is not
+// told to free space); one with room shows no such line.
 func TestStatusSaysTheStoreIsFull(t *testing.T) {
 	for _, tc := range []struct{ full, want string }{
 		{"the file system of /data/stores/r has 0B free", "STORE FULL: the file system of /data/stores/r has 0B free; no shard can be leased or recorded: free space there\n"},
 		{"the store /s holds 9MiB of its limit of 9MiB (what it held plus three quarters of the space free when the limit was set)",
 			"no shard can be leased or recorded: free space on its file system: the coordinator raises the limit by itself, to what the store holds plus three quarters of the free space, once that is 8 MiB more\n"},
+		{"the file system of /data/stores/r/jetstream refuses writes: read-only file system",
+			"STORE READ-ONLY: the file system of /data/stores/r/jetstream refuses writes: read-only file system; no shard can be leased or recorded: make its file system writable again ("},
 		{"", ""},
 	} {
 		var b strings.Builder
