@@ -57,6 +57,9 @@ type Options struct {
 	// Staging is the workers' Config.Staging (a bandwidth limit makes
 	// a copy last). Default the worker's.
 	Staging staging.Config
+	// Scratch is where the workers' scratch directories are made (one
+	// per worker, named for it). Default <Data>/scratch.
+	Scratch string
 	// HoldTracking starts the coordinator's server (Start) but not its
 	// Run (run tracking, advisories, HTTP) until Env.Track is called: what
 	// a coordinator between the two, or restarting, misses.
@@ -198,7 +201,7 @@ func (e *Env) StartWorker(name string, slots map[string]int) *Worker {
 		bin = Binary(e.t)
 	}
 	wk, err := worker.New(worker.Config{JetStream: e.JS, Name: name, Slots: slots, Binary: bin, Auto: e.opts.Auto, Probe: e.opts.Probe, CgroupRoot: e.opts.CgroupRoot, HostLedger: LedgerDir(e.t),
-		Scratch: filepath.Join(e.Data, "scratch", name), StateDir: e.Data, Grace: e.opts.Grace,
+		Scratch: filepath.Join(cmp.Or(e.opts.Scratch, filepath.Join(e.Data, "scratch")), name), StateDir: e.Data, Grace: e.opts.Grace,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second, FetchWait: 500 * time.Millisecond,
 		ReportEvery: cmp.Or(e.opts.ReportEvery, 500*time.Millisecond), Recheck: e.opts.Recheck, SlowFS: e.opts.SlowFS, Staging: e.opts.Staging, Logger: e.logger().With("worker", name), OnEvent: e.opts.OnEvent})
 	if err != nil {

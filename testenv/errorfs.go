@@ -2,10 +2,10 @@ package testenv
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -17,6 +17,7 @@ import (
 // (emergency_ro), so that access(2) and statfs(2) call it writable.
 type ErrorFS struct {
 	t   testing.TB
+	img string
 	dev string // the loop device's name, as /sys/fs/ext4 lists it
 	// Dir is the mount point.
 	Dir string
@@ -24,9 +25,9 @@ type ErrorFS struct {
 
 // NewErrorFS makes and mounts an ext4 file system of size bytes at a new
 // directory; it is unmounted at cleanup. It needs root (RequireRoot),
-// mkfs.ext4 (e2fsprogs) and a kernel with loop devices; without loop
-// devices, or without ext4's trigger_fs_error, the test is skipped,
-// naming why.
+// mkfs.ext4 and e2fsck (e2fsprogs) and a kernel with loop devices;
+// without loop devices, or without ext4's trigger_fs_error, the test is
+// skipped, naming why.
 func NewErrorFS(t testing.TB, size int64) *ErrorFS {
 	t.Helper()
 	RequireRoot(t)
@@ -44,16 +45,11 @@ func NewErrorFS(t testing.TB, size int64) *ErrorFS {
 	if err := os.Truncate(img, size); err != nil {
 		t.Fatal(err)
 	}
-	run := func(name string, args ...string) string {
-		t.Helper()
-		out, err := exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %s: %v %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
-		}
-		return string(bytes.TrimSpace(out))
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4 %s: %v %s", img, err, bytes.TrimSpace(out))
 	}
-	run("mkfs.ext4", "-q", "-F", img)
-	run("mount", "-t", "ext4", "-o", "loop,errors=remount-ro", img, dir)
+	e := &ErrorFS{t: t, img: img, Dir: dir}
+	e.mount()
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
 			if out2, err2 := exec.Command("umount", "-l", dir).CombinedOutput(); err2 != nil {
@@ -61,11 +57,44 @@ func NewErrorFS(t testing.TB, size int64) *ErrorFS {
 			}
 		}
 	})
-	e := &ErrorFS{t: t, dev: filepath.Base(run("findmnt", "-n", "-o", "SOURCE", "--mountpoint", dir)), Dir: dir}
 	if _, err := os.Stat(e.trigger()); err != nil {
 		t.Skipf("a file-system error cannot be raised here: this kernel's ext4 has no %s (%v)", e.trigger(), err)
 	}
 	return e
+}
+
+// mount mounts the image at Dir and notes its loop device.
+func (e *ErrorFS) mount() {
+	e.t.Helper()
+	if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop,errors=remount-ro", e.img, e.Dir).CombinedOutput(); err != nil {
+		e.t.Fatalf("mount %s: %v %s", e.img, err, bytes.TrimSpace(out))
+	}
+	out, err := exec.Command("findmnt", "-n", "-o", "SOURCE", "--mountpoint", e.Dir).Output()
+	if err != nil {
+		e.t.Fatalf("findmnt %s: %v", e.Dir, err)
+	}
+	e.dev = filepath.Base(string(bytes.TrimSpace(out)))
+}
+
+// Repair does what an administrator does after such an error: unmounts
+// the file system, checks it (e2fsck -fy), and mounts it again at Dir.
+// What had not reached the disk is lost. Nothing may hold a file there
+// open (a worker holds its staging cache's lock in its scratch
+// directory): a lazy unmount would leave the broken mount alive, and
+// mounting the image again would give it back.
+func (e *ErrorFS) Repair() {
+	e.t.Helper()
+	if out, err := exec.Command("umount", e.Dir).CombinedOutput(); err != nil {
+		e.t.Fatalf("umount %s: %v %s", e.Dir, err, bytes.TrimSpace(out))
+	}
+	// 1: errors corrected; more is a check that failed.
+	if out, err := exec.Command("e2fsck", "-fy", e.img).CombinedOutput(); err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() > 1 {
+			e.t.Fatalf("e2fsck %s: %v %s", e.img, err, bytes.TrimSpace(out))
+		}
+	}
+	e.mount()
 }
 
 func (e *ErrorFS) trigger() string { return filepath.Join("/sys/fs/ext4", e.dev, "trigger_fs_error") }

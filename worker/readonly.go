@@ -3,9 +3,8 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/checkpoint"
 )
@@ -22,7 +21,8 @@ import (
 // look finds it writable again: a directory made and removed at most
 // every readOnlyLookEvery, the first at the next command, so that an
 // EROFS that came from somewhere else (a scratch file system on the
-// copy's way) costs one look. Nothing is kept for output directories
+// copy's way) costs one look. A scratch directory that refuses writes
+// is the scratch's fault (conclude looks at it after a command failed). Nothing is kept for output directories
 // that commits write to: the usual path pays one map read.
 
 // readOnlyLookEvery is how often a command is let look whether an
@@ -73,8 +73,11 @@ func (w *Worker) outputReadOnly(output string) string {
 	since, what := ro.since, ro.what
 	w.mu.Unlock()
 	if look {
+		// Gone (outputMoved's to say) or writable: forgotten. Any other
+		// error keeps it: an ext4 in error also answers EUCLEAN or
+		// EBADMSG.
 		err := checkpoint.Writable(output)
-		if err == nil || !errors.Is(err, unix.EROFS) {
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
 			w.mu.Lock()
 			if w.roOutputs[output] == ro {
 				delete(w.roOutputs, output)

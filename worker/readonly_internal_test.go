@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -38,8 +39,8 @@ func TestReadOnlyNoteIsForgottenWhereTheOutputIsWritable(t *testing.T) {
 	}
 
 	// Within readOnlyLookEvery of the last look, no look: the refusal
-	// stands. Past it, a look that fails otherwise than with EROFS (the
-	// directory gone: outputMoved's to say) forgets the note.
+	// stands. Past it, a look that finds the directory gone
+	// (outputMoved's to say) forgets the note.
 	gone := filepath.Join(out, "gone", "out")
 	w.roOutputs = map[string]*readOnlyOutput{gone: {since: time.Now(), what: "test"}}
 	w.roOutputs[gone].looked = time.Now()
@@ -48,6 +49,39 @@ func TestReadOnlyNoteIsForgottenWhereTheOutputIsWritable(t *testing.T) {
 	}
 	w.roOutputs[gone].looked = time.Now().Add(-readOnlyLookEvery)
 	if why := w.outputReadOnly(gone); why != "" {
-		t.Fatalf("a look that meets ENOENT, not EROFS: %q, want the note forgotten", why)
+		t.Fatalf("a look that finds the directory gone: %q, want the note forgotten", why)
+	}
+}
+
+// TestScratchUsableAgainMakesNewPairs: once the scratch directory works
+// again after a fault, the pool's free pairs, which the fault may have
+// taken with it (removed under the worker, or not yet on the disk of a
+// file system checked and mounted again), are dropped, and the next
+// attempt gets a pair made anew.
+func TestScratchUsableAgainMakesNewPairs(t *testing.T) {
+	root := t.TempDir()
+	w := &Worker{cfg: Config{Scratch: root}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), scratch: newScratchPool(root, 42)}
+	old, err := w.scratch.take("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.scratch.put("r", old)
+	if err := os.RemoveAll(filepath.Join(root, "r")); err != nil {
+		t.Fatal(err)
+	}
+	w.scratchFault(errors.New("test"), filepath.Join(root, "r"))
+	w.scratchAt = time.Now().Add(-scratchRecheck)
+	if err := w.scratchUsable(); err != nil {
+		t.Fatalf("scratch after the fault: %v, want usable", err)
+	}
+	base, err := w.scratch.take("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base == old {
+		t.Fatalf("took %s again, whose directories were removed, want a new pair", base)
+	}
+	if _, err := os.Stat(base + ".out"); err != nil {
+		t.Fatalf("the new pair: %v", err)
 	}
 }

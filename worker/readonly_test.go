@@ -86,3 +86,96 @@ func TestOutputRemountedReadOnlyRunsNoMoreCommands(t *testing.T) {
 		t.Errorf("admission.log has %d output-read-only line(s), want 1:\n%s", n, log)
 	}
 }
+
+// TestScratchThatRefusesWritesHoldsTheWorkerNotTheShards: the scratch
+// directory's ext4 meets an error mid-run and refuses every write, its
+// mount still listed rw. The pool's directories, made before, meet
+// nothing; the command of the shard then running fails to write {out}.
+// That attempt is handed back uncharged, the worker fetches nothing more
+// (no shard spends its retries on the broken disk, as each did before),
+// and once the file system is checked and mounted again the run
+// completes, every shard validated.
+func TestScratchThatRefusesWritesHoldsTheWorkerNotTheShards(t *testing.T) {
+	efs := testenv.NewErrorFS(t, 64<<20) // first: unmounted after the worker stops
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}, Scratch: efs.Dir})
+	dir := t.TempDir()
+	runs, gate := filepath.Join(dir, "runs.log"), filepath.Join(dir, "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 4, Retries: 1, Extra: "retry_delay = \"50ms\"\n",
+		Command: []string{"sh", "-c", `echo "$1" >> "$2"; if [ "$1" = s0001 ]; then while [ ! -e "$3" ]; do sleep 0.02; done; fi; echo x > "$4/o"`,
+			"sh", "{id}", runs, gate, "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		n := countLines(t, runs)
+		return n["s0001"] == 1, fmt.Sprintf("commands run: %v", n)
+	})
+	efs.Fail()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		rec, err := env.Shard("t", "s0001")
+		if err != nil || len(rec.Attempts) == 0 {
+			return false, fmt.Sprintf("s0001: %v", err)
+		}
+		a := rec.Attempts[0]
+		return rec.State == stream.ShardPending && a.Outcome == stream.OutcomeInterrupted && strings.Contains(a.Reason, "scratch directory "),
+			fmt.Sprintf("s0001: %s, first attempt %s %q; want pending, the attempt interrupted by the scratch", rec.State, a.Outcome, a.Reason)
+	})
+	time.Sleep(time.Second) // what a worker that kept fetching would spend
+	if n := countLines(t, runs); len(n) != 2 || n["s0001"] != 1 {
+		t.Errorf("commands run while the scratch refused writes: %v, want s0000 and s0001 once", n)
+	}
+	if r, err := env.Run("t"); err != nil || r.Counts.Failed != 0 {
+		t.Fatalf("run while the scratch refuses writes: %+v (%v), want no shard failed", r.Counts, err)
+	}
+	// The file system cannot be unmounted while the worker holds files
+	// there (its staging cache's lock): stopped, as an administrator
+	// would, and started again once the disk is checked.
+	if err := env.StopWorker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	efs.Repair()
+	env.StartWorker("", map[string]int{"cpu": 1})
+	r := env.WaitState("t", 60*time.Second, stream.RunComplete)
+	if r.Counts.Validated != 4 {
+		t.Fatalf("counts %+v, want 4 validated", r.Counts)
+	}
+}
+
+// TestScratchRemovedUnderTheWorkerIsMadeAgain: the worker's scratch
+// directories are removed while a command runs (a cleaner of /tmp). The
+// command fails to write {out}; that attempt is handed back uncharged, and
+// the worker makes new directories instead of handing the removed ones to
+// every later attempt, each of which failed the same (the shard BLOCKED
+// after its retries).
+func TestScratchRemovedUnderTheWorkerIsMadeAgain(t *testing.T) {
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	dir := t.TempDir()
+	runs, gate := filepath.Join(dir, "runs.log"), filepath.Join(dir, "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 3, Retries: 1, Extra: "retry_delay = \"50ms\"\n",
+		Command: []string{"sh", "-c", `echo "$1" >> "$2"; if [ "$1" = s0001 ] && [ ! -e "$3" ]; then while [ ! -e "$3" ]; do sleep 0.02; done; fi; echo x > "$4/o"`,
+			"sh", "{id}", runs, gate, "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		n := countLines(t, runs)
+		return n["s0001"] == 1, fmt.Sprintf("commands run: %v", n)
+	})
+	if err := os.RemoveAll(filepath.Join(env.Data, "scratch", "w1", "t")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := env.WaitState("t", 60*time.Second, stream.RunComplete, stream.RunBlocked)
+	if r.State != stream.RunComplete || r.Counts.Validated != 3 {
+		rec, _ := env.Shard("t", "s0001")
+		t.Fatalf("run %s %+v, want COMPLETE with 3 validated; s0001's attempts: %+v", r.State, r.Counts, rec.Attempts)
+	}
+	rec, err := env.Shard("t", "s0001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := rec.Attempts[0]; a.Outcome != stream.OutcomeInterrupted || !strings.Contains(a.Reason, "scratch directory ") {
+		t.Errorf("s0001's first attempt: %s %q, want handed back for the scratch", a.Outcome, a.Reason)
+	}
+}

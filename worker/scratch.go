@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/shardpool/shardpool/checkpoint"
 	"github.com/shardpool/shardpool/worker/probe"
@@ -413,6 +414,24 @@ func (w *Worker) scratchUsable() error {
 	}
 	w.log.Warn("scratch directory usable again", "scratch", w.cfg.Scratch)
 	w.scratchErr = nil
+	// The pool's pairs may be gone with the fault (removed under the
+	// worker; a file system checked and mounted again keeps what it had
+	// written out): new ones are made. Nothing is taken while the worker
+	// holds, and nothing is fetched before this returns.
+	w.scratch.dropIdle(0)
 	w.reportSoon()
 	return nil
+}
+
+// scratchBroken reports whether err, of a directory made in the scratch
+// directory, says that the scratch cannot be used whatever the shard:
+// read-only, gone, or a file system in error (EIO; ext4 also answers
+// EUCLEAN and EBADMSG). Not a full one, which a command may have filled.
+func scratchBroken(err error) bool {
+	for _, e := range []error{unix.EROFS, unix.ENOENT, unix.EIO, unix.EUCLEAN, unix.EBADMSG} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }

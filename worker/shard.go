@@ -1468,6 +1468,25 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		at.Outcome, at.Reason = stream.OutcomeCommit, err.Error()
 		res.outcome = stream.OutcomeCommit
 	}
+	if res.outcome == stream.OutcomeExit || res.outcome == stream.OutcomeSignal || res.outcome == stream.OutcomeInvalid {
+		// A command that failed where the scratch directory refuses
+		// writes failed for the host, not for the shard: a file system
+		// remounted read-only after an error (which access(2) may not
+		// tell: readonly.go), or its directories removed under the
+		// worker, fails every command that writes {out}, while the pool's
+		// directories, made once and reused, meet nothing. One look, on
+		// failures only. Not a full one: a command may fill the scratch
+		// itself, and is charged for it (scratchFullNote).
+		runScratch := filepath.Join(w.cfg.Scratch, m.Run)
+		if err := checkpoint.Writable(runScratch); scratchBroken(err) {
+			err = fmt.Errorf("scratch directory %s is not usable: %w", w.cfg.Scratch, err)
+			w.scratchFault(err, runScratch)
+			at.Outcome, at.Reason = stream.OutcomeInterrupted, fmt.Sprintf("%v, where the command failed: %s", err, res.reason)
+			reason := fmt.Sprintf("%s; not the shard's failure: requeued, redelivery in %s", at.Reason, scratchRecheck)
+			w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, scratchRecheck) })
+			return
+		}
+	}
 	if res.outcome == stream.OutcomePreempted {
 		// The host's pressure, or its GPUs taken, not the shard's
 		// failure. The delay doubles with each hand-back too: a worker
