@@ -74,14 +74,5 @@ func TestScratchUsableAgainMakesNewPairs(t *testing.T) {
 	if err := w.scratchUsable(); err != nil {
 		t.Fatalf("scratch after the fault: %v, want usable", err)
 	}
-	base, err := w.scratch.take("r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if base == old {
-		t.Fatalf("took %s again, whose directories were removed, want a new pair", base)
-	}
-	if _, err := os.Stat(base + ".out"); err != nil {
-		t.Fatalf("the new pair: %v", err)
-	}
+	takeNewPair(t, w.scratch, "r", old)
 }

@@ -237,16 +237,7 @@ func TestUnusedPairsDropWhenIdle(t *testing.T) {
 		t.Fatalf("the run with a pair taken: %d entries (%v), want both pairs kept", len(ents), err)
 	}
 	// The ended run's next shard gets a new pair.
-	again, err := p.take("ended")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again == ended {
-		t.Fatalf("got the removed pair %s back", again)
-	}
-	if _, err := os.Stat(again + ".tmp"); err != nil {
-		t.Fatalf("a new pair for the run: %v", err)
-	}
+	again := takeNewPair(t, p, "ended", ended)
 	p.put("ended", again)
 	p.put("busy", busy)
 	p.close()
@@ -255,4 +246,23 @@ func TestUnusedPairsDropWhenIdle(t *testing.T) {
 	if ents, _ := os.ReadDir(root); len(ents) != 0 {
 		t.Fatalf("after close: %d entries left in the scratch root", len(ents))
 	}
+}
+
+// takeNewPair takes a pair of run from p that is not old (whose
+// directories are gone) and whose directories exist.
+func takeNewPair(t *testing.T, p *scratchPool, run, old string) string {
+	t.Helper()
+	base, err := p.take(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if base == old {
+		t.Fatalf("took %s again, whose directories were removed, want a new pair", base)
+	}
+	for _, d := range []string{base + ".out", base + ".tmp"} {
+		if _, err := os.Stat(d); err != nil {
+			t.Fatalf("the new pair: %v", err)
+		}
+	}
+	return base
 }
