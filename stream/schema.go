@@ -100,6 +100,10 @@ type Attempt struct {
 	// per-shard cgroups are enforced.
 	PeakMemory int64  `json:"peak_memory,omitempty"`
 	Log        string `json:"log,omitempty"`
+	// LogLost says why the command's output could not be kept in a log
+	// (its file not made: a state directory full or refusing writes);
+	// empty where the output was kept, or there was none.
+	LogLost string `json:"log_lost,omitempty"`
 	// LeftRunning names the processes the command left running outside
 	// its process group, killed when it ended (where the shard has a
 	// cgroup of its own, or the worker found them: see docs/spec.md).

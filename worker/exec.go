@@ -39,6 +39,8 @@ type result struct {
 	// its path (the one asked for, or a free name beside it: createLog).
 	logged bool
 	log    string
+	// logLost: the command wrote output, but its log could not be made.
+	logLost string
 	// left says what the command left running outside its process group
 	// that was killed when it ended (leftRunning), or is "".
 	left string
@@ -374,6 +376,8 @@ wait:
 	r.logged = out.close()
 	if r.logged {
 		r.log = out.path
+	} else if out.err != nil {
+		r.logLost = out.err.Error()
 	}
 	ps := cmd.ProcessState
 	if ru, ok := ps.SysUsage().(*syscall.Rusage); ok && ru != nil {
@@ -542,6 +546,9 @@ type lazyLog struct {
 	lastTotal int64 // bytes of output in all
 
 	notes []string // shardpool's own lines, written after the output
+	// err is why the log file could not be made; the output went to the
+	// last bytes (lastLine) only. Read after close.
+	err error
 }
 
 // lastOutput is how much of a child's output's end a log keeps in memory
@@ -602,7 +609,7 @@ func (l *lazyLog) copy() {
 			opened = true
 			// On error the copy goes on draining, so the child never
 			// blocks on a full pipe; its output is lost.
-			l.f, l.path, _ = createLog(l.path)
+			l.f, l.path, l.err = createLog(l.path)
 		}
 		if n > 0 {
 			l.remember(buf[:n])
@@ -731,8 +738,8 @@ func (l *lazyLog) close() bool {
 		t.Stop()
 	}
 	l.r.Close()
-	if l.f == nil && len(l.notes) > 0 {
-		l.f, l.path, _ = createLog(l.path)
+	if l.f == nil && len(l.notes) > 0 && l.err == nil {
+		l.f, l.path, l.err = createLog(l.path)
 	}
 	if l.f == nil {
 		return false

@@ -91,3 +91,22 @@ func (w *Worker) outputReadOnly(output string) string {
 		"(a file system remounted read-only after an error, as ext4's errors=remount-ro does, lists emergency_ro in /proc/mounts and needs fsck and a mount; the kernel log says why)",
 		output, w.host, since.UTC().Format(time.RFC3339), what)
 }
+
+// logLost says, at most once a minute, that an attempt's output could
+// not be kept in its log (its file not made: the state directory full or
+// refusing writes). The attempt's record says so too (log_lost), where it
+// would otherwise read as a command that printed nothing.
+func (w *Worker) logLost(run, shard, why string) {
+	w.mu.Lock()
+	w.logsLost++
+	n := w.logsLost
+	say := time.Since(w.logLostSaid) >= time.Minute
+	if say {
+		w.logLostSaid = time.Now()
+	}
+	w.mu.Unlock()
+	if say {
+		w.log.Warn("a command's output could not be kept in its attempt log (the state directory refuses writes, or is full): its record says log_lost",
+			"run", run, "shard", shard, "err", why, "attempts so far", n)
+	}
+}

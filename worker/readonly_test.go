@@ -3,6 +3,7 @@ package worker_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -177,5 +178,42 @@ func TestScratchRemovedUnderTheWorkerIsMadeAgain(t *testing.T) {
 	}
 	if a := rec.Attempts[0]; a.Outcome != stream.OutcomeInterrupted || !strings.Contains(a.Reason, "scratch directory ") {
 		t.Errorf("s0001's first attempt: %s %q, want handed back for the scratch", a.Outcome, a.Reason)
+	}
+}
+
+// TestAttemptLogThatCannotBeMadeIsSaidSo: a command prints, and its log
+// file cannot be made (here the attempts directory made immutable, as
+// root can; a state directory full or read-only does the same). The
+// attempt's record says why (log_lost) where before it had no log and
+// read as a command that printed nothing.
+func TestAttemptLogThatCannotBeMadeIsSaidSo(t *testing.T) {
+	testenv.RequireRoot(t)
+	env := testenv.New(t, testenv.Options{Slots: map[string]int{"cpu": 1}})
+	dir := t.TempDir()
+	runs, gate := filepath.Join(dir, "runs.log"), filepath.Join(dir, "go")
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 2, Retries: 0,
+		Command: []string{"sh", "-c", `echo "$1" >> "$2"; if [ "$1" = s0001 ]; then while [ ! -e "$3" ]; do sleep 0.02; done; fi; echo "output of $1"; echo x > "$4/o"`,
+			"sh", "{id}", runs, gate, "{out}"}})
+	env.Submit(spec, coordinator.SubmitOptions{})
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		r, err := env.Shard("t", "s0000")
+		return err == nil && r.State == stream.ShardValidated && countLines(t, runs)["s0001"] == 1, fmt.Sprintf("s0000 %s (%v), commands %v", r.State, err, countLines(t, runs))
+	})
+	attempts := filepath.Join(env.Data, "runs", "t", "attempts")
+	if out, err := exec.Command("chattr", "+i", attempts).CombinedOutput(); err != nil {
+		t.Fatalf("chattr +i %s: %v %s", attempts, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", "-i", attempts).Run() })
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitState("t", 30*time.Second, stream.RunComplete)
+	first, _ := env.Shard("t", "s0000")
+	if a := first.Attempts[0]; a.Log == "" || a.LogLost != "" {
+		t.Errorf("s0000's attempt: log %q, log_lost %q; want its log", a.Log, a.LogLost)
+	}
+	rec, _ := env.Shard("t", "s0001")
+	if a := rec.Attempts[0]; a.Log != "" || !strings.Contains(a.LogLost, "operation not permitted") {
+		t.Errorf("s0001's attempt: log %q, log_lost %q; want no log and why", a.Log, a.LogLost)
 	}
 }

@@ -1393,6 +1393,11 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 	} else if res.log != "" {
 		at.Log = res.log
 	}
+	if res.logLost != "" {
+		// Not "printed nothing": said in the record, and by the worker.
+		at.LogLost = res.logLost
+		w.logLost(m.Run, m.ID, res.logLost)
+	}
 
 	if res.outcome == stream.OutcomeLeaseLost {
 		// Another owner may hold the shard now; this attempt leaves no trace

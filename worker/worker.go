@@ -372,6 +372,10 @@ type Worker struct {
 	outSyncs  map[string]*stream.FSSync  // per output directory; nil: fsync per file
 	outRoots  map[string]*outputRoot     // per output directory: where it was at the first commit (outroot.go)
 	roOutputs map[string]*readOnlyOutput // per output directory where a commit failed with EROFS (readonly.go)
+	// logsLost counts attempts whose output no log could keep, and
+	// logLostSaid is when the worker last said so (readonly.go); under mu.
+	logsLost    int64
+	logLostSaid time.Time
 	// concluding bounds the attempts whose command has exited and whose
 	// commit, records and ack are still in progress without their slot.
 	concluding chan struct{}
