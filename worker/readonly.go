@@ -22,8 +22,9 @@ import (
 // every readOnlyLookEvery, the first at the next command, so that an
 // EROFS that came from somewhere else (a scratch file system on the
 // copy's way) costs one look. A scratch directory that refuses writes
-// is the scratch's fault (conclude looks at it after a command failed). Nothing is kept for output directories
-// that commits write to: the usual path pays one map read.
+// is the scratch's fault (conclude looks at it after a command failed).
+// Nothing is kept for output directories that commits write to: the
+// usual path pays one map read.
 
 // readOnlyLookEvery is how often a command is let look whether an
 // output directory noted read-only can be written again.

@@ -723,15 +723,7 @@ func (w *Worker) runAttempt(ctx context.Context, stop <-chan struct{}, a *attemp
 	}
 	base, err := w.scratch.take(m.Run)
 	if err != nil {
-		// The host's fault, not the shard's: the attempt is not charged,
-		// the message comes back (to another worker, or to this one once
-		// its scratch works), and this worker fetches nothing meanwhile.
-		err = fmt.Errorf("scratch directory %s is not usable: %w", w.cfg.Scratch, err)
-		w.scratchFault(err, filepath.Join(w.cfg.Scratch, m.Run))
-		at := &a.rec.Attempts[len(a.rec.Attempts)-1]
-		at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
-		reason := fmt.Sprintf("%v; not the shard's failure: requeued, redelivery in %s", err, scratchRecheck)
-		w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, scratchRecheck) })
+		w.handBackForScratch(ctx, a, l, err, "")
 		return
 	}
 	defer w.scratch.put(m.Run, base)
@@ -1482,13 +1474,8 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 		// directories, made once and reused, meet nothing. One look, on
 		// failures only. Not a full one: a command may fill the scratch
 		// itself, and is charged for it (scratchFullNote).
-		runScratch := filepath.Join(w.cfg.Scratch, m.Run)
-		if err := checkpoint.Writable(runScratch); scratchBroken(err) {
-			err = fmt.Errorf("scratch directory %s is not usable: %w", w.cfg.Scratch, err)
-			w.scratchFault(err, runScratch)
-			at.Outcome, at.Reason = stream.OutcomeInterrupted, fmt.Sprintf("%v, where the command failed: %s", err, res.reason)
-			reason := fmt.Sprintf("%s; not the shard's failure: requeued, redelivery in %s", at.Reason, scratchRecheck)
-			w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, scratchRecheck) })
+		if err := checkpoint.Writable(filepath.Join(w.cfg.Scratch, m.Run)); scratchBroken(err) {
+			w.handBackForScratch(ctx, a, l, err, ", where the command failed: "+res.reason)
 			return
 		}
 	}
@@ -1707,6 +1694,21 @@ func (w *Worker) handBackUncharged(ctx context.Context, a *attemptState, l *leas
 	w.release(l)
 	w.admission(a.m.Run, a.m.ID, a.m.Class, decision, why)
 	settle()
+}
+
+// handBackForScratch hands an attempt back uncharged where the run's
+// scratch directory failed it with err: the host's fault, not the
+// shard's. The message comes back (to another worker, or to this one
+// once its scratch works), and this worker fetches nothing meanwhile
+// (scratchFault). detail, where set, follows the fault in the attempt's
+// reason.
+func (w *Worker) handBackForScratch(ctx context.Context, a *attemptState, l *lease, err error, detail string) {
+	err = fmt.Errorf("scratch directory %s is not usable: %w", w.cfg.Scratch, err)
+	w.scratchFault(err, filepath.Join(w.cfg.Scratch, a.m.Run))
+	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
+	at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()+detail
+	reason := fmt.Sprintf("%s; not the shard's failure: requeued, redelivery in %s", at.Reason, scratchRecheck)
+	w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, scratchRecheck) })
 }
 
 // keepUnrecorded leaves a shard's message queued when its final record
