@@ -214,16 +214,40 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 	for _, q := range queues {
 		caps[q.Class] = q
 	}
+	short := map[int]uint64{} // run index -> its queued messages, short of its pending shards
 	for i := range st.Runs {
 		if st.Runs[i].Halted != "" {
 			continue // its pending shards are held back, not waiting: its reason says so
 		}
 		st.Runs[i].Waiting = waiting(st.Runs[i], st.Workers, caps)
-		if why := unqueued(ctx, js, b, st.Runs[i]); why != "" {
-			st.Runs[i].Waiting = append(st.Runs[i].Waiting, why)
+		if queued, ok := queueShort(ctx, js, st.Runs[i]); ok {
+			short[i] = queued
+		}
+	}
+	if len(short) > 0 {
+		// One wait for every run that looks short (unqueued).
+		select {
+		case <-ctx.Done():
+			return st, queues, nil
+		case <-time.After(confirmAfter):
+		}
+		for i, before := range short {
+			if why := unqueued(ctx, js, b, st.Runs[i], before); why != "" {
+				st.Runs[i].Waiting = append(st.Runs[i].Waiting, why)
+			}
 		}
 	}
 	return st, queues, nil
+}
+
+// queueShort is a run's queued messages where they fall short of its
+// pending shards, with nothing running (unqueued).
+func queueShort(ctx context.Context, js jetstream.JetStream, r RunStatus) (uint64, bool) {
+	if (r.State != stream.RunQueued && r.State != stream.RunRunning) || r.Counts.Running > 0 || r.Counts.Pending <= 0 {
+		return 0, false
+	}
+	queued, err := stream.QueuedOf(ctx, js, r.Name)
+	return queued, err == nil && queued < uint64(r.Counts.Pending)
 }
 
 // unqueued says how many of a stalled run's pending shards have no message
@@ -237,31 +261,14 @@ func readStatus(ctx context.Context, js jetstream.JetStream, run string) (*Statu
 // The run record's counts trail the shard records by the tracker's flush
 // (confirmAfter at most), and a worker removes a shard's message only
 // after its final record: a shard that just failed for good, its message
-// gone, may still count as pending. So a shortfall is confirmed by the
-// record read again once the flush has passed, against the queue as it
-// was before: every message gone by then had its final record written
-// before, and counted. (Found by hand: shards failing their start at
-// once, an output file system gone read-only, raised the alarm in the
-// middle of `run`.)
-func unqueued(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, r RunStatus) string {
-	// short is the run's queued messages where they fall short of its
-	// pending shards.
-	short := func(r RunStatus) (uint64, bool) {
-		if (r.State != stream.RunQueued && r.State != stream.RunRunning) || r.Counts.Running > 0 || r.Counts.Pending <= 0 {
-			return 0, false
-		}
-		queued, err := stream.QueuedOf(ctx, js, r.Name)
-		return queued, err == nil && queued < uint64(r.Counts.Pending)
-	}
-	before, ok := short(r)
-	if !ok {
-		return ""
-	}
-	select {
-	case <-ctx.Done():
-		return ""
-	case <-time.After(confirmAfter):
-	}
+// gone, may still count as pending. So a shortfall (queueShort: before,
+// the queued messages then) is confirmed by the record read again once
+// the flush has passed (the caller waits confirmAfter), against the
+// queue as it was before: every message gone by then had its final
+// record written before, and counted. (Found by hand: shards failing
+// their start at once, an output file system gone read-only, raised the
+// alarm in the middle of `run`.)
+func unqueued(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, r RunStatus, before uint64) string {
 	e, err := b.Runs.Get(ctx, r.Name)
 	if err != nil {
 		return ""
@@ -273,7 +280,7 @@ func unqueued(ctx context.Context, js jetstream.JetStream, b *stream.Buckets, r 
 	r.State, r.Counts = rec.State, rec.Counts
 	// Short again, as the queue is now: shards submitted meanwhile, their
 	// messages published, are not taken for lost.
-	queued, ok := short(r)
+	queued, ok := queueShort(ctx, js, r)
 	if !ok || before >= uint64(r.Counts.Pending) {
 		return ""
 	}
