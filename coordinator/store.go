@@ -55,13 +55,13 @@ func limitFor(used, free int64) int64 { return used + free/4*3 }
 // unknown), and whether its file system refuses writes.
 type storeRoom struct {
 	free, used, limit int64
-	// readOnly is the error of a directory made in the store's directory
-	// where it wraps EROFS: a file system remounted read-only after an
-	// error, which the free space does not show, and which since Linux
-	// 6.12 (ext4's errors=remount-ro) the mount does not either.
-	// nats-server then fails what it writes with errors that do not all
-	// say so (a consumer's creation: "error creating store for consumer").
-	readOnly error
+	// readOnly: a directory made in the store's directory failed with
+	// EROFS, a file system remounted read-only after an error, which the
+	// free space does not show, and which since Linux 6.12 (ext4's
+	// errors=remount-ro) the mount does not either. nats-server then
+	// fails what it writes with errors that do not all say so (a
+	// consumer's creation: "error creating store for consumer").
+	readOnly bool
 }
 
 // lookAtStore takes one look at the store, which a tick of watchStore
@@ -71,9 +71,7 @@ func (c *Coordinator) lookAtStore() storeRoom {
 	if free, err := probe.FreeBytes(c.cfg.StoreDir); err == nil {
 		r.free = free
 	}
-	if err := checkpoint.Writable(c.cfg.StoreDir); errors.Is(err, unix.EROFS) {
-		r.readOnly = err
-	}
+	r.readOnly = errors.Is(checkpoint.Writable(c.cfg.StoreDir), unix.EROFS)
 	if js, err := c.srv.Jsz(&server.JSzOptions{}); err == nil && js != nil && js.Config.MaxStore > 0 {
 		r.used, r.limit = int64(js.Store), js.Config.MaxStore
 	}
@@ -133,7 +131,7 @@ func (c *Coordinator) watchStore(ctx context.Context, every time.Duration) error
 		case <-t.C:
 		}
 		room := c.lookAtStore()
-		if c.cfg.ReloadOnWriteError && c.writeError() != "" && room.free >= reloadRoom && room.readOnly == nil {
+		if c.cfg.ReloadOnWriteError && c.writeError() != "" && room.free >= reloadRoom && !room.readOnly {
 			c.log.Warn("the store has room again: reloading it", "store", c.cfg.StoreDir, "free", stream.FormatSize(room.free))
 			return ErrReload
 		}
@@ -187,7 +185,7 @@ func (c *Coordinator) raiseStoreLimit(room storeRoom) bool {
 // checkStore says why the store has no room, or "".
 func (c *Coordinator) checkStore(room storeRoom) string {
 	var why []string
-	if room.readOnly != nil {
+	if room.readOnly {
 		// Not the probe's own error: its name changes at each look, and a
 		// reason that changes is logged again.
 		why = append(why, fmt.Sprintf("the file system of %s refuses writes: %v", c.cfg.StoreDir, unix.EROFS))

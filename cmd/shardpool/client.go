@@ -76,10 +76,7 @@ func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// with an error of nats-server's that may not say why ("error
 	// creating store for consumer", where its file system is read-only).
 	if c := st.Coordinator; c != nil && c.StoreFull != "" {
-		state := "is full"
-		if storeReadOnly(c.StoreFull) {
-			state = "cannot be written"
-		}
+		state, _ := storeState(c.StoreFull)
 		return exitErr{code: exitFailure, msg: fmt.Sprintf("submit %s: nothing published: the coordinator's store %s: %s; %s, then submit again", spec.Name, state, c.StoreFull, storeTodo(c.StoreFull))}
 	}
 	// The commands go to resume.txt and the run record: never the token
@@ -1188,6 +1185,15 @@ func profiledPeaks(spec *stream.Spec, man *stream.Manifest, path string) (mem, v
 // storeReadOnly reports whether why, a coordinator's StoreFull, is its
 // store's file system refusing writes rather than a want of space.
 func storeReadOnly(why string) bool { return strings.Contains(why, "read-only file system") }
+
+// storeState says what a coordinator's StoreFull makes of its store, now
+// and as a stop's evidence puts it.
+func storeState(why string) (is, was string) {
+	if storeReadOnly(why) {
+		return "cannot be written", "could not be written"
+	}
+	return "is full", "was full"
+}
 
 // storeTodo is what to do about a coordinator's StoreFull.
 func storeTodo(why string) string {

@@ -329,10 +329,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	var full errStoreFull
 	if errors.As(waitErr, &full) {
-		state, was := "is full", "was full"
-		if storeReadOnly(full.why) {
-			state, was = "cannot be written", "could not be written"
-		}
+		state, was := storeState(full.why)
 		stopped("its store "+was+": "+full.why, nil, 0)
 		fmt.Fprintf(stdout, "stopped: the coordinator's store %s: %s\nstate is kept in %s; %s, then resume with: %s\n", state, full.why, absData, storeTodo(full.why), resume)
 		return exitErr{code: exitFailure, msg: "run " + spec.Name + " stopped: its store " + state + ": " + full.why}
