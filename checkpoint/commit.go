@@ -25,6 +25,7 @@ import (
 type entry struct {
 	src, rel string
 	mode     fs.FileMode
+	size     int64
 }
 
 // collect lists the regular files of root (recursively) under prefix.
@@ -64,7 +65,7 @@ func collect(root, prefix string) ([]entry, []string, error) {
 			if err != nil {
 				return err
 			}
-			files = append(files, entry{src: p, rel: rel, mode: info.Mode().Perm()})
+			files = append(files, entry{src: p, rel: rel, mode: info.Mode().Perm(), size: info.Size()})
 		default:
 			return fmt.Errorf("%w: %s is a %s; %s", ErrUnsafe, rel, kind(d.Type()), only)
 		}
@@ -285,9 +286,10 @@ func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error
 	// file system unmounted under a worker), making it again would
 	// publish on the disk beneath, hidden once that is mounted back.
 	parent := filepath.Dir(dst)
+	need := needOf(files, dirs)
 	tmp, lock, err := newTemp(parent, TempPrefix+filepath.Base(dst)+"-"+randSuffix())
 	if err != nil {
-		return nil, fmt.Errorf("commit %s: %w", dst, err)
+		return nil, fmt.Errorf("commit %s: %w", dst, noRoom(err, parent, need, len(files)+len(dirs)))
 	}
 	if opt.Move && len(files)+len(dirs) > 0 {
 		files, dirs, err = moveInto(src, tmp, files, dirs)
@@ -299,7 +301,7 @@ func Prepare(ctx context.Context, dst, src string, opt Options) (*Pending, error
 	if err != nil {
 		os.RemoveAll(tmp)
 		closeLock(lock)
-		return nil, fmt.Errorf("commit %s: %w", dst, err)
+		return nil, fmt.Errorf("commit %s: %w", dst, noRoom(err, parent, need, len(files)+len(dirs)))
 	}
 	return &Pending{Marker: mk, dst: dst, tmp: tmp, lock: lock, sync: opt.Sync}, nil
 }

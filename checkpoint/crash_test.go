@@ -108,13 +108,30 @@ func TestDiskFullLeavesPreviousGeneration(t *testing.T) {
 	if left := tempDirs(dir); len(left) > 0 {
 		t.Fatalf("temp dir %s left on the full disk", left[0])
 	}
-	// CommitDir on a full disk: nothing at the destination.
+	// CommitDir on a full disk: nothing at the destination, and an
+	// error that says what the commit needed there.
 	dst := filepath.Join(dir, "out")
-	if _, err := checkpoint.CommitDir(ctx, dst, src, checkpoint.Options{}, ""); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("CommitDir on a full disk: got %v, want ENOSPC", err)
+	_, err = checkpoint.CommitDir(ctx, dst, src, checkpoint.Options{}, "")
+	var re *checkpoint.RoomError
+	if !errors.Is(err, syscall.ENOSPC) || !errors.As(err, &re) || !checkpoint.IsNoRoom(err) {
+		t.Fatalf("CommitDir on a full disk: got %v, want a RoomError of ENOSPC", err)
+	}
+	if want := int64(2<<20 + 200<<10); re.Bytes < want || re.Bytes > want+128<<10 || re.Files != 2 || re.Dir != dir {
+		t.Errorf("RoomError %+v, want about %d bytes in 2 files, in %s", re, want, dir)
 	}
 	if _, err := os.Stat(dst); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("destination exists after a failed commit")
+	}
+	// The look for room: none for the commit that failed, room for a
+	// small one; neither leaves anything behind.
+	if err := checkpoint.Room(dir, re.Bytes, re.Files); !checkpoint.IsNoRoom(err) {
+		t.Errorf("Room for %d bytes on a 1 MiB disk: %v, want no room", re.Bytes, err)
+	}
+	if err := checkpoint.Room(dir, 512<<10, 1); err != nil {
+		t.Errorf("Room for 512 KiB with about 800 KiB free: %v, want room", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("the disk holds %v after the looks, want the first generation alone", ents)
 	}
 }
 

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -121,4 +122,45 @@ func Writable(dir string) error {
 		return err
 	}
 	return nil
+}
+
+// Room looks whether dir's file system takes a commit of bytes in files
+// now: nil where it does; an error that IsNoRoom where it does not (or
+// one of the look's own). statfs(2) is read first: too few free blocks,
+// or inodes where the file system counts them, answer without a write.
+// Where it shows the room, a file of bytes is allocated there
+// (fallocate(2)) and removed, as a quota or the blocks kept for root
+// count it as they would the commit; a file system that allocates no
+// such file (EOPNOTSUPP) is taken at statfs(2)'s word. The file is in a
+// directory named as a commit's temporary one, which SweepTemps removes
+// where a crash left it.
+func Room(dir string, bytes int64, files int) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return err
+	}
+	if free := int64(st.Bavail) * int64(st.Bsize); free < bytes {
+		return fmt.Errorf("%d bytes free of %d needed: %w", free, bytes, unix.ENOSPC)
+	}
+	if st.Files > 0 && st.Ffree < uint64(files)+2 {
+		return fmt.Errorf("%d inodes free of %d needed: %w", st.Ffree, files+2, unix.ENOSPC)
+	}
+	p := filepath.Join(dir, TempPrefix+"room-"+randSuffix())
+	if err := os.Mkdir(p, 0o700); err != nil {
+		return err
+	}
+	defer os.RemoveAll(p)
+	f, err := os.OpenFile(filepath.Join(p, "room"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if bytes <= 0 {
+		return nil
+	}
+	err = unix.Fallocate(int(f.Fd()), 0, 0, bytes)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		return nil // statfs(2) said so above
+	}
+	return err
 }
