@@ -34,6 +34,9 @@ func (w *Worker) admit(ctx context.Context, class string, inflight int) (n int, 
 	if why := w.fetchHeld(); why != "" {
 		return 0, fmt.Sprintf("class %s: %s", class, why), false
 	}
+	if why := w.outputFullHeld(class); why != "" {
+		return 0, fmt.Sprintf("class %s: %s", class, why), false
+	}
 	if !w.cfg.Auto {
 		slots := w.fixedSlots(class)
 		n, why = slots-inflight, fmt.Sprintf("%d of %d slots of class %s in use; slots from configuration", inflight, slots, class)

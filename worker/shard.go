@@ -969,6 +969,10 @@ func (w *Worker) prepareAndRun(ctx context.Context, stop <-chan struct{}, a *att
 	if why := w.lookAtOutput(ctx, a); why != "" {
 		return result{outcome: stream.OutcomeStart, reason: why + "; the command was not run"}
 	}
+	if why := w.roomAt(spec.Output, a.m.Class); why != "" {
+		// Not the shard's failure: handed back, and its class held.
+		return result{outcome: stream.OutcomeInterrupted, reason: why + "; the command was not run"}
+	}
 	// {out} and {scratch} come from the worker's pool, empty. {ckpt} is
 	// created only when the command (or its validator or env) names it:
 	// directory creation is a measurable part of a short shard's cost. A
@@ -1459,6 +1463,14 @@ func (w *Worker) conclude(ctx context.Context, a *attemptState, l *lease, v stre
 			w.nakWithDelay(a.msg, w.ttl)
 			return
 		}
+		if checkpoint.IsNoRoom(err) {
+			never := w.noteFull(a, class, spec.Output, err)
+			if never == "" {
+				w.handBackForRoom(ctx, a, l, err)
+				return
+			}
+			err = fmt.Errorf("%w; %s", err, never)
+		}
 		if errors.Is(err, unix.EROFS) {
 			w.noteReadOnly(m.Run, m.ID, class, spec.Output, err)
 		}
@@ -1586,7 +1598,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 	}
 	fsDone = w.fsBegin(a.key, inCommit)
 	if published, err := p.PublishIfAbsent(); err != nil {
-		return err
+		return checkpoint.NoRoom(err, spec.Output, p.Marker)
 	} else if !published {
 		keep := ""
 		if _, err := os.Stat(dst); err == nil {
@@ -1595,7 +1607,7 @@ func (w *Worker) commit(ctx context.Context, a *attemptState, v stream.Vars, l *
 			}
 		}
 		if err := p.Publish(keep); err != nil {
-			return err
+			return checkpoint.NoRoom(err, spec.Output, p.Marker)
 		}
 	}
 	fsDone()

@@ -372,6 +372,9 @@ type Worker struct {
 	outSyncs  map[string]*stream.FSSync  // per output directory; nil: fsync per file
 	outRoots  map[string]*outputRoot     // per output directory: where it was at the first commit (outroot.go)
 	roOutputs map[string]*readOnlyOutput // per output directory where a commit failed with EROFS (readonly.go)
+	// fullOutputs: per output directory where a commit failed for want
+	// of room (outputfull.go); under mu.
+	fullOutputs map[string]*fullOutput
 	// logsLost counts attempts whose output no log could keep, and
 	// logLostSaid is when the worker last said so (readonly.go); under mu.
 	logsLost    int64
