@@ -79,7 +79,11 @@ func (w *Worker) retake(ctx context.Context, l *lease, data []byte) error {
 			return err
 		}
 		l.rev, l.confirmed = rev, sent
-		w.log.Info("lease taken back: it expired while the coordinator could not be reached, and no one took it", "shard", l.key)
+		// Or this process did not run (stopped with Ctrl-Z or SIGSTOP, a
+		// suspended job, a frozen VM): another worker may have run the
+		// shard meanwhile, and the commit claim then discards this
+		// attempt's output.
+		w.log.Info("lease taken back: it expired before this worker could renew it (the coordinator not answering, or this process stopped), and no one holds it now", "shard", l.key)
 		return nil
 	}
 	if err != nil {
