@@ -135,6 +135,45 @@ func TestDiskFullLeavesPreviousGeneration(t *testing.T) {
 	}
 }
 
+// TestRoomCountsInodes: a file system out of inodes, with blocks to
+// spare, fails a commit with ENOSPC too; the RoomError counts its files,
+// and the look for room finds none until inodes are freed.
+func TestRoomCountsInodes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "few")
+	testenv.SmallTmpfs(t, dir, "8m,nr_inodes=16")
+	var filler []string
+	for i := 0; ; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("filler-%d", i))
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+		filler = append(filler, p)
+	}
+	src := t.TempDir()
+	for i := range 3 {
+		testenv.RandomFile(t, src, fmt.Sprintf("f%d", i), 1024)
+	}
+	_, err := checkpoint.CommitDir(context.Background(), filepath.Join(dir, "out"), src, checkpoint.Options{}, "")
+	var re *checkpoint.RoomError
+	if !errors.As(err, &re) || re.Files != 3 {
+		t.Fatalf("commit with no inode free: %v (%+v), want a RoomError of 3 files", err, re)
+	}
+	if err := checkpoint.Room(dir, re.Bytes, re.Files); !checkpoint.IsNoRoom(err) || !strings.Contains(err.Error(), "inodes free") {
+		t.Fatalf("Room with no inode free: %v, want no room, naming the inodes", err)
+	}
+	for _, p := range filler[:8] {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := checkpoint.Room(dir, re.Bytes, re.Files); err != nil {
+		t.Fatalf("Room with 8 inodes freed: %v, want room", err)
+	}
+}
+
 func TestConcurrentCommittersGetDistinctGenerations(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ckpt")
 	src := t.TempDir()

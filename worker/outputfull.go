@@ -76,8 +76,8 @@ func (w *Worker) noteFull(a *attemptState, class, output string, err error) stri
 	f.looked = time.Now() // it was just found full
 	w.mu.Unlock()
 	if first {
-		detail := fmt.Sprintf("%s has no room: %v (the commit needed about %s); no shard of class %s is fetched until it has",
-			output, err, stream.FormatSize(bytes), class)
+		detail := fmt.Sprintf("%s has no room: %v (the commit needed about %s in %d file(s) and directories); no shard of class %s is fetched until it has",
+			output, err, stream.FormatSize(bytes), files, class)
 		w.admission(a.m.Run, a.m.ID, class, "output-full", detail)
 		w.hostLog(class, "output-full", "run "+a.m.Run+": "+detail)
 		w.log.Warn("output directory full: fetching no shard of its classes until it has room", "output", output, "err", err, "needed", bytes)
@@ -143,7 +143,7 @@ func (w *Worker) roomAt(output, class string) string {
 				delete(w.fullOutputs, output)
 			}
 			w.mu.Unlock()
-			detail := fmt.Sprintf("%s has room again for %s", output, stream.FormatSize(bytes))
+			detail := fmt.Sprintf("%s has room again for %s in %d file(s) and directories", output, stream.FormatSize(bytes), files)
 			if err != nil {
 				detail = fmt.Sprintf("%s: the look for room found %v; no longer held for room", output, err)
 			}
@@ -154,9 +154,9 @@ func (w *Worker) roomAt(output, class string) string {
 			return ""
 		}
 	}
-	return fmt.Sprintf("the output directory %s has no room on host %s: a commit there failed at %s (%s) needing about %s; "+
-		"no shard whose output goes there is run until it has (free room there, or raise the quota); looking again every %s",
-		output, w.host, since.UTC().Format(time.RFC3339), what, stream.FormatSize(bytes), fullLookEvery)
+	return fmt.Sprintf("the output directory %s has no room on host %s: a commit there failed at %s (%s) needing about %s in %d file(s) and directories; "+
+		"no shard whose output goes there is run until it has (free space or inodes there, or raise the quota); looking again every %s",
+		output, w.host, since.UTC().Format(time.RFC3339), what, stream.FormatSize(bytes), files, fullLookEvery)
 }
 
 // handBackForRoom hands an attempt back uncharged where its commit
