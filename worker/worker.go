@@ -1012,6 +1012,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		g.Go(func() error { return w.watchLone(gctx, min(w.cfg.ReportEvery, time.Second)) })
 	}
 	g.Go(func() error { return w.watchRuns(gctx) })
+	g.Go(func() error { return w.watchFrozen(gctx) })
 	if w.cfg.IdleExit > 0 {
 		w.busyAt.Store(time.Now().UnixNano())
 		g.Go(func() error { return w.exitWhenIdle(gctx) })

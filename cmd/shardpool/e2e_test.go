@@ -918,6 +918,36 @@ func TestStatusSaysAWorkerIsStopping(t *testing.T) {
 	}
 }
 
+// TestAWorkerThatDidNotRunSaysSo: a worker stopped with SIGSTOP (Ctrl-Z,
+// a suspended job) for longer than its lease TTL says, once it runs again,
+// that its process did not run and for how long, and that its leases may
+// have expired meanwhile: what it then loses or discards is otherwise
+// unexplained. Its shard still completes, committed once.
+func TestAWorkerThatDidNotRunSaysSo(t *testing.T) {
+	c := startCluster(t, "3s")
+	gate := testenv.NewGate(t)
+	spec := testenv.WriteJob(t, testenv.Job{Shards: 1, Command: gate.NoteThenCopy()})
+	c.submit(spec)
+	w1 := c.worker("w1", "--slots", "cpu=1")
+	gate.WaitStarted("s0000")
+	w1.SignalMain(syscall.SIGSTOP)
+	time.Sleep(4 * time.Second)
+	w1.SignalMain(syscall.SIGCONT)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		o := w1.Output()
+		return strings.Contains(o, "this worker's process did not run for ") && strings.Contains(o, "its leases (TTL 3s) may have expired meanwhile"),
+			"worker output:\n" + o
+	})
+	gate.Open()
+	r := testenv.WaitState(t, c.js, "t", 30*time.Second, stream.RunComplete)
+	if r.Counts.Validated != 1 {
+		t.Fatalf("counts %+v, want the shard validated", r.Counts)
+	}
+	if strings.Count(w1.Output(), "did not run for") != 1 {
+		t.Errorf("the worker said it did not run more than once for one stop:\n%s", w1.Output())
+	}
+}
+
 // TestAStoppedWorkerSaysWhatItWaitsOn: a worker stopped while its
 // commits hang on an output mount that does not answer (bindfs stopped
 // with SIGSTOP, as a hard NFS mount whose server is gone) cannot exit
