@@ -1,8 +1,6 @@
 package worker
 
 import (
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +16,7 @@ import (
 // TestFullOutputHoldsTheWorkerNotTheShards.)
 func TestFullOutputHoldsEachClassThatMeetsIt(t *testing.T) {
 	state, out := t.TempDir(), t.TempDir()
-	w := &Worker{host: "h", cfg: Config{StateDir: state}, logs: map[string]*openLog{}, announced: map[string]bool{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	w := logOnlyWorker(state)
 	// More than any disk here has free: no room.
 	w.fullOutputs = map[string]*fullOutput{out: {since: time.Now(), what: "no space left on device", bytes: 1 << 60, files: 1,
 		classes: map[string]bool{"cpu": true}}}

@@ -22,7 +22,7 @@ import (
 // TestOutputRemountedReadOnlyRunsNoMoreCommands.)
 func TestReadOnlyNoteIsForgottenWhereTheOutputIsWritable(t *testing.T) {
 	state, out := t.TempDir(), t.TempDir()
-	w := &Worker{host: "h", cfg: Config{StateDir: state}, logs: map[string]*openLog{}, announced: map[string]bool{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	w := logOnlyWorker(state)
 	w.noteReadOnly("r", "s1", "cpu", out, &fs.PathError{Op: "mkdir", Path: filepath.Join(out, ".tmp-x"), Err: unix.EROFS})
 	if why := w.outputReadOnly(out); why != "" {
 		t.Fatalf("a writable output noted read-only: %q, want no refusal", why)
@@ -51,6 +51,12 @@ func TestReadOnlyNoteIsForgottenWhereTheOutputIsWritable(t *testing.T) {
 	if why := w.outputReadOnly(gone); why != "" {
 		t.Fatalf("a look that finds the directory gone: %q, want the note forgotten", why)
 	}
+}
+
+// logOnlyWorker is a Worker on host "h" with state directory state and
+// only what its notes and logs need: no store, no slots.
+func logOnlyWorker(state string) *Worker {
+	return &Worker{host: "h", cfg: Config{StateDir: state}, logs: map[string]*openLog{}, announced: map[string]bool{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
 // TestScratchUsableAgainMakesNewPairs: once the scratch directory works
