@@ -164,9 +164,5 @@ func (w *Worker) roomAt(output, class string) string {
 // fault, not the shard's. The message comes back after a look's period;
 // this worker fetches none of the class meanwhile (outputFullHeld).
 func (w *Worker) handBackForRoom(ctx context.Context, a *attemptState, l *lease, err error) {
-	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
-	at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()
-	a.rec.Output = nil
-	reason := fmt.Sprintf("%s; the output directory has no room: not the shard's failure: requeued, redelivery in %s", err, fullLookEvery)
-	w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, fullLookEvery) })
+	w.handBackForHost(ctx, a, l, err.Error()+"; the output directory has no room", fullLookEvery)
 }

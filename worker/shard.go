@@ -1717,10 +1717,18 @@ func (w *Worker) handBackUncharged(ctx context.Context, a *attemptState, l *leas
 func (w *Worker) handBackForScratch(ctx context.Context, a *attemptState, l *lease, err error, detail string) {
 	err = fmt.Errorf("scratch directory %s is not usable: %w", w.cfg.Scratch, err)
 	w.scratchFault(err, filepath.Join(w.cfg.Scratch, a.m.Run))
+	w.handBackForHost(ctx, a, l, err.Error()+detail, scratchRecheck)
+}
+
+// handBackForHost ends an attempt that the host failed (its scratch or
+// its output directory), why saying how: recorded interrupted with why,
+// no output, and handed back uncharged, redelivered after delay.
+func (w *Worker) handBackForHost(ctx context.Context, a *attemptState, l *lease, why string, delay time.Duration) {
 	at := &a.rec.Attempts[len(a.rec.Attempts)-1]
-	at.Outcome, at.Reason = stream.OutcomeInterrupted, err.Error()+detail
-	reason := fmt.Sprintf("%s; not the shard's failure: requeued, redelivery in %s", at.Reason, scratchRecheck)
-	w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, scratchRecheck) })
+	at.Outcome, at.Reason = stream.OutcomeInterrupted, why
+	a.rec.Output = nil
+	reason := fmt.Sprintf("%s; not the shard's failure: requeued, redelivery in %s", why, delay)
+	w.handBackUncharged(ctx, a, l, reason, "requeue", reason, func() { w.nakWithDelay(a.msg, delay) })
 }
 
 // keepUnrecorded leaves a shard's message queued when its final record
